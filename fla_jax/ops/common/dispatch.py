@@ -1,0 +1,53 @@
+"""impl='auto' | 'reference' | 'chunked' | 'pallas' -> one implementation function.
+
+An op family registers its implementations as {impl: "module:function"}; modules are
+imported only when chosen. On a machine without a GPU, 'pallas' runs the kernels with
+`interpret=True` (see `pallas_interpret`).
+"""
+from __future__ import annotations
+
+import importlib
+
+import jax
+import numpy as np
+
+from fla_contract import ACTIVATION_DTYPES, KERNEL_DTYPES
+
+IMPLS = ("auto", "reference", "chunked", "pallas")
+KERNEL_IMPL = "pallas"
+ALLOWED_DTYPES = {"reference": ACTIVATION_DTYPES, "chunked": ACTIVATION_DTYPES,
+                  "pallas": KERNEL_DTYPES}
+
+
+def on_gpu() -> bool:
+    return jax.default_backend() == "gpu"
+
+
+def pallas_interpret() -> bool:
+    """Pallas kernels run interpreted (on CPU) when the default backend is not a GPU."""
+    return not on_gpu()
+
+
+def resolve_impl(op: str, impl: str, registry: dict, q) -> str:
+    """Pick the implementation name. 'auto': Pallas kernels on a GPU backend for kernel
+    dtypes when the op has them, else 'chunked'."""
+    if impl not in IMPLS:
+        raise ValueError(f"{op}: impl={impl!r}; expected one of {', '.join(IMPLS)}")
+    if impl == "auto":
+        if KERNEL_IMPL in registry and on_gpu() and np.dtype(q.dtype).name in (
+                "bfloat16", "float16", "float32"):
+            return KERNEL_IMPL
+        return "chunked"
+    if impl not in registry:
+        have = ", ".join(sorted(registry))
+        raise ValueError(f"{op}: impl={impl!r} is not available for this op yet; available: "
+                         f"{have}")
+    return impl
+
+
+def load_impl(registry: dict, name: str):
+    target = registry[name]
+    if callable(target):
+        return target
+    module, _, fn = target.partition(":")
+    return getattr(importlib.import_module(module), fn)

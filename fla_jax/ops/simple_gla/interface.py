@@ -1,0 +1,45 @@
+"""Public simple-GLA ops: scalar per-token decay g [B, T, H], fixed decay g_gamma [H], or none.
+
+Recurrence per head (g_t = g[t] + g_gamma, either may be absent):
+    S_t = exp(g_t) * S_{t-1} + k_t^T v_t          S: [K, V], fp32
+    o_t = scale * q_t S_t
+Covers linear attention (no gate), RetNet (g_gamma) and simple GLA / Lightning attention (g).
+"""
+from __future__ import annotations
+
+from ..common.prepare import run_op
+
+_FAMILY_ARGS = ("g", "g_gamma")
+_BASE = {"reference": "fla_jax.ops.simple_gla.reference:simple_gla_reference",
+         "chunked": "fla_jax.ops.simple_gla.chunked:simple_gla_chunked"}
+CHUNK_IMPLS = dict(_BASE)
+RECURRENT_IMPLS = dict(_BASE)
+
+
+def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
+                     output_final_state=False, cu_seqlens=None, impl="auto"):
+    """Chunk-parallel simple GLA (FLA's signature).
+
+    Args:
+        q, k: [B, T, H, K]; v: [B, T, H, V]; one dtype in {bf16, fp16, fp32} (fp64: reference,
+            chunked). g: [B, T, H] log-decay (<= 0), any float dtype, used in fp32.
+            g_gamma: [H] fixed log-decay. scale: float, default K ** -0.5.
+            initial_state: [N, H, K, V] fp32. cu_seqlens: [N+1] int, needs B == 1.
+        impl: 'auto' | 'reference' | 'chunked' | 'pallas'.
+    Returns:
+        o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] fp32, or None unless
+        output_final_state.
+    """
+    return run_op("chunk_simple_gla", CHUNK_IMPLS, impl, q, k, v, family_args=_FAMILY_ARGS,
+                  g=g, g_gamma=g_gamma, scale=scale, initial_state=initial_state,
+                  output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+
+
+def fused_recurrent_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
+                               output_final_state=False, cu_seqlens=None, impl="auto"):
+    """Token-by-token simple GLA (FLA's signature); same arguments and returns as
+    `chunk_simple_gla`. Its kernel suits decoding and short sequences."""
+    return run_op("fused_recurrent_simple_gla", RECURRENT_IMPLS, impl, q, k, v,
+                  family_args=_FAMILY_ARGS, g=g, g_gamma=g_gamma, scale=scale,
+                  initial_state=initial_state, output_final_state=output_final_state,
+                  cu_seqlens=cu_seqlens)

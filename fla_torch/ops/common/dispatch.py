@@ -1,0 +1,52 @@
+"""impl='auto' | 'reference' | 'chunked' | 'triton' -> one implementation function.
+
+An op family registers its implementations as {impl: "module:function"}; modules are
+imported only when chosen, so fla_torch imports without triton installed.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+
+import torch
+
+from fla_contract import ACTIVATION_DTYPES, KERNEL_DTYPES
+
+IMPLS = ("auto", "reference", "chunked", "triton")
+KERNEL_IMPL = "triton"
+ALLOWED_DTYPES = {"reference": ACTIVATION_DTYPES, "chunked": ACTIVATION_DTYPES,
+                  "triton": KERNEL_DTYPES}
+
+
+def triton_interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def resolve_impl(op: str, impl: str, registry: dict, q: torch.Tensor) -> str:
+    """Pick the implementation name. 'auto': Triton kernels for CUDA tensors of a kernel
+    dtype when the op has them, else 'chunked'."""
+    if impl not in IMPLS:
+        raise ValueError(f"{op}: impl={impl!r}; expected one of {', '.join(IMPLS)}")
+    if impl == "auto":
+        if (KERNEL_IMPL in registry and isinstance(q, torch.Tensor) and q.is_cuda
+                and q.dtype in (torch.bfloat16, torch.float16, torch.float32)):
+            return KERNEL_IMPL
+        return "chunked"
+    if impl not in registry:
+        have = ", ".join(sorted(registry))
+        raise ValueError(f"{op}: impl={impl!r} is not available for this op yet; available: "
+                         f"{have}")
+    if impl == KERNEL_IMPL and isinstance(q, torch.Tensor) and not q.is_cuda \
+            and not triton_interpret():
+        raise ValueError(f"{op}: impl='triton' got tensors on {q.device}; expected CUDA tensors, "
+                         f"or set TRITON_INTERPRET=1 before importing triton to run the kernels "
+                         f"on CPU")
+    return impl
+
+
+def load_impl(registry: dict, name: str):
+    target = registry[name]
+    if callable(target):
+        return target
+    module, _, fn = target.partition(":")
+    return getattr(importlib.import_module(module), fn)

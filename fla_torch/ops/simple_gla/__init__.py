@@ -1,0 +1,3 @@
+from .interface import chunk_simple_gla, fused_recurrent_simple_gla
+
+__all__ = ["chunk_simple_gla", "fused_recurrent_simple_gla"]
