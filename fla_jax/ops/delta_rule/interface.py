@@ -1,0 +1,57 @@
+"""Public DeltaNet ops: the delta rule with per-token learning rate beta [B, T, HV].
+
+Recurrence per value head hv (q/k head hv // (HV // H)):
+    S_t = (I - beta_t k_t^T k_t) S_{t-1} + beta_t k_t^T v_t      S: [K, V], fp32
+    o_t = scale * q_t S_t
+With use_qk_l2norm_in_kernel, q and k are first normalised over K in fp32:
+x / sqrt(sum(x^2) + 1e-6).
+"""
+from __future__ import annotations
+
+from ..common.prepare import run_op
+
+_FAMILY_ARGS = ("beta", "use_qk_l2norm_in_kernel")
+_BASE = {"reference": "fla_jax.ops.delta_rule.reference:delta_rule_reference",
+         "chunked": "fla_jax.ops.delta_rule.chunked:delta_rule_chunked"}
+CHUNK_IMPLS = dict(_BASE)
+RECURRENT_IMPLS = dict(_BASE)
+
+
+def _require(op: str, name: str, x) -> None:
+    if x is None:
+        raise TypeError(f"{op}: {name} is None; expected an array (this op needs {name})")
+
+
+def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
+                     cu_seqlens=None, use_qk_l2norm_in_kernel=False, impl="auto"):
+    """Chunk-parallel delta rule (FLA's signature).
+
+    Args:
+        q, k: [B, T, H, K]; v: [B, T, HV, V] with HV % H == 0; one dtype in {bf16, fp16,
+            fp32} (fp64: reference, chunked). beta: [B, T, HV], any float dtype, used in fp32
+            (in (0, 1), or (0, 2) for negative eigenvalues). scale: float, default K ** -0.5.
+            initial_state: [N, HV, K, V] fp32. cu_seqlens: [N+1] int, needs B == 1.
+            use_qk_l2norm_in_kernel: L2-normalise q and k over K inside the op.
+        impl: 'auto' | 'reference' | 'chunked' | 'pallas'.
+    Returns:
+        o: [B, T, HV, V] in q's dtype; final_state: [N, HV, K, V] fp32, or None unless
+        output_final_state.
+    """
+    _require("chunk_delta_rule", "beta", beta)
+    return run_op("chunk_delta_rule", CHUNK_IMPLS, impl, q, k, v, family_args=_FAMILY_ARGS,
+                  beta=beta, scale=scale, initial_state=initial_state,
+                  output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                  grouped_heads=True, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+
+
+def fused_recurrent_delta_rule(q, k, v, beta, scale=None, initial_state=None,
+                               output_final_state=False, cu_seqlens=None,
+                               use_qk_l2norm_in_kernel=False, impl="auto"):
+    """Token-by-token delta rule (FLA's signature); same arguments and returns as
+    `chunk_delta_rule`. Its kernel suits decoding and short sequences."""
+    _require("fused_recurrent_delta_rule", "beta", beta)
+    return run_op("fused_recurrent_delta_rule", RECURRENT_IMPLS, impl, q, k, v,
+                  family_args=_FAMILY_ARGS, beta=beta, scale=scale,
+                  initial_state=initial_state, output_final_state=output_final_state,
+                  cu_seqlens=cu_seqlens, grouped_heads=True,
+                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)

@@ -1,0 +1,51 @@
+"""Public GLA ops: per-token, per-key-channel log-decay g [B, T, H, K].
+
+Recurrence per head (g_t in R^K, <= 0):
+    S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t      S: [K, V], fp32
+    o_t = scale * q_t S_t
+"""
+from __future__ import annotations
+
+from ..common.prepare import run_op
+
+_FAMILY_ARGS = ("g",)
+_BASE = {"reference": "fla_jax.ops.gla.reference:gla_reference",
+         "chunked": "fla_jax.ops.gla.chunked:gla_chunked"}
+CHUNK_IMPLS = dict(_BASE)
+RECURRENT_IMPLS = dict(_BASE)
+
+
+def _require(op: str, name: str, x) -> None:
+    if x is None:
+        raise TypeError(f"{op}: {name} is None; expected an array (this op needs {name})")
+
+
+def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
+              cu_seqlens=None, impl="auto"):
+    """Chunk-parallel gated linear attention (FLA's signature).
+
+    Args:
+        q, k: [B, T, H, K]; v: [B, T, H, V]; one dtype in {bf16, fp16, fp32} (fp64: reference,
+            chunked). g: [B, T, H, K] log-decay (<= 0), any float dtype, used in fp32.
+            scale: float, default K ** -0.5. initial_state: [N, H, K, V] fp32.
+            cu_seqlens: [N+1] int, needs B == 1.
+        impl: 'auto' | 'reference' | 'chunked' | 'pallas'.
+    Returns:
+        o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] fp32, or None unless
+        output_final_state.
+    """
+    _require("chunk_gla", "g", g)
+    return run_op("chunk_gla", CHUNK_IMPLS, impl, q, k, v, family_args=_FAMILY_ARGS,
+                  g=g, g_kind="vector", scale=scale, initial_state=initial_state,
+                  output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+
+
+def fused_recurrent_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
+                        cu_seqlens=None, impl="auto"):
+    """Token-by-token GLA (FLA's signature); same arguments and returns as `chunk_gla`.
+    Its kernel suits decoding and short sequences."""
+    _require("fused_recurrent_gla", "g", g)
+    return run_op("fused_recurrent_gla", RECURRENT_IMPLS, impl, q, k, v,
+                  family_args=_FAMILY_ARGS, g=g, g_kind="vector", scale=scale,
+                  initial_state=initial_state, output_final_state=output_final_state,
+                  cu_seqlens=cu_seqlens)
