@@ -1,0 +1,52 @@
+"""Public delta-rule ops (DeltaNet), with grouped value heads (HV % H == 0).
+
+Recurrence per value head hv, reading q/k head hv // (HV // H) (S: [K, V], fp32):
+    S_t = (I - beta_t k_t^T k_t) S_{t-1} + beta_t k_t^T v_t
+    o_t = scale * q_t S_t
+With use_qk_l2norm_in_kernel, q and k are l2-normalised over K (in fp32) first.
+"""
+from __future__ import annotations
+
+from ..common.prepare import run_op
+from ..common.required_args import require
+
+_FAMILY_ARGS = ("beta", "use_qk_l2norm_in_kernel")
+_BASE = {"reference": "fla_torch.ops.delta_rule.reference:delta_rule_reference",
+         "chunked": "fla_torch.ops.delta_rule.chunked:delta_rule_chunked"}
+CHUNK_IMPLS = dict(_BASE)
+RECURRENT_IMPLS = dict(_BASE)
+_BETA = "beta, a [B, T, HV] tensor of write strengths"
+
+
+def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
+                     cu_seqlens=None, use_qk_l2norm_in_kernel=False, impl="auto"):
+    """Chunk-parallel delta rule (FLA's signature).
+
+    Args:
+        q, k: [B, T, H, K]; v: [B, T, HV, V] with HV % H == 0; one dtype in {bf16, fp16, fp32}
+            (fp64: reference, chunked). beta: [B, T, HV], any float dtype, used in fp32.
+            scale: float, default K ** -0.5. initial_state: [N, HV, K, V] fp32.
+            cu_seqlens: [N+1] int, needs B == 1. use_qk_l2norm_in_kernel: bool.
+        impl: 'auto' | 'reference' | 'chunked' | 'triton'.
+    Returns:
+        o: [B, T, HV, V] in q's dtype; final_state: [N, HV, K, V] fp32, or None unless
+        output_final_state.
+    """
+    require("chunk_delta_rule", "beta", beta, _BETA)
+    return run_op("chunk_delta_rule", CHUNK_IMPLS, impl, q, k, v, family_args=_FAMILY_ARGS,
+                  beta=beta, scale=scale, initial_state=initial_state,
+                  output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                  grouped_heads=True, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+
+
+def fused_recurrent_delta_rule(q, k, v, beta, scale=None, initial_state=None,
+                               output_final_state=False, cu_seqlens=None,
+                               use_qk_l2norm_in_kernel=False, impl="auto"):
+    """Token-by-token delta rule (FLA's signature); same arguments and returns as
+    `chunk_delta_rule`. Its kernel suits decoding and short sequences."""
+    require("fused_recurrent_delta_rule", "beta", beta, _BETA)
+    return run_op("fused_recurrent_delta_rule", RECURRENT_IMPLS, impl, q, k, v,
+                  family_args=_FAMILY_ARGS, beta=beta, scale=scale,
+                  initial_state=initial_state, output_final_state=output_final_state,
+                  cu_seqlens=cu_seqlens, grouped_heads=True,
+                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
