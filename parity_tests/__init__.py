@@ -1,0 +1,1 @@
+"""Cross-framework parity suite and CLI (`python -m parity_tests`)."""

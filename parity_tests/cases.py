@@ -1,0 +1,174 @@
+"""Parity cases, input generation (numpy float64, seeded) and THE tolerance table.
+
+Everything both frameworks are fed comes from `make_inputs`: one draw in float64, then each
+framework casts the same values to the dtype under test. The float64 oracle is fed the values
+after that rounding, so a measured error is the implementation's, not the input quantisation's.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+DTYPES = ("bf16", "fp16", "fp32")
+TENSORS = ("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0")
+
+# RMS(a - b) / RMS(ref), per dtype and tensor kind: an implementation against the float64
+# oracle. fp32 is held to fp32 rounding; bf16/fp16 to a few output-rounding units.
+# Two implementations against each other (e.g. JAX vs torch) get CROSS_FACTOR times this.
+TOLERANCE = {
+    "fp32": {"o": 2e-5, "ht": 2e-5, "dq": 2e-5, "dk": 2e-5, "dv": 2e-5, "dg": 5e-5,
+             "dbeta": 5e-5, "dh0": 2e-5},
+    "fp16": {"o": 2e-3, "ht": 2e-3, "dq": 3e-3, "dk": 3e-3, "dv": 3e-3, "dg": 5e-3,
+             "dbeta": 5e-3, "dh0": 3e-3},
+    "bf16": {"o": 1e-2, "ht": 1e-2, "dq": 1.5e-2, "dk": 1.5e-2, "dv": 1.5e-2, "dg": 2.5e-2,
+             "dbeta": 2.5e-2, "dh0": 1.5e-2},
+}
+CROSS_FACTOR = 2.0
+
+
+def tolerance(dtype: str, tensor: str, cross: bool = False) -> float:
+    return TOLERANCE[dtype][tensor] * (CROSS_FACTOR if cross else 1.0)
+
+
+def rel_rms(a: np.ndarray, b: np.ndarray, ref: np.ndarray) -> float:
+    """RMS(a - b) / RMS(ref); NaN/inf anywhere -> inf (never passes)."""
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    ref = np.asarray(ref, np.float64)
+    if a.shape != b.shape:
+        raise AssertionError(f"shape mismatch {a.shape} vs {b.shape}")
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return float("inf")
+    denom = np.sqrt(np.mean(ref ** 2)) if ref.size else 0.0
+    num = np.sqrt(np.mean((a - b) ** 2)) if a.size else 0.0
+    if denom == 0.0:
+        return 0.0 if num == 0.0 else float("inf")
+    return float(num / denom)
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One public op: which arguments it takes."""
+
+    name: str
+    family: str
+    variant: str                 # 'chunk' | 'fused_recurrent'
+    gate: str | None             # None | 'scalar' ([B,T,HV]) | 'vector' ([B,T,HV,K])
+    beta: bool = False
+    gamma: bool = False          # takes g_gamma (simple_gla)
+    l2norm: bool = False         # takes use_qk_l2norm_in_kernel
+    grouped: bool = False        # HV % H == 0 allowed
+    gate_required: bool = True
+
+
+def _family(family, **kw):
+    return [OpSpec(f"{variant}_{family}", family, variant, **kw)
+            for variant in ("chunk", "fused_recurrent")]
+
+
+OPS = {spec.name: spec for spec in (
+    _family("simple_gla", gate="scalar", gamma=True, gate_required=False)
+    + _family("gla", gate="vector")
+    + _family("delta_rule", gate=None, beta=True, l2norm=True, grouped=True)
+    + _family("gated_delta_rule", gate="scalar", beta=True, l2norm=True, grouped=True))}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    B: int = 2
+    T: int = 100
+    H: int = 2
+    HV: int = 2
+    K: int = 32
+    V: int = 32
+    cu_seqlens: tuple | None = None
+    strength: float = 1.0        # per-token log-decay magnitude
+    h0: bool = True
+    gate_mode: str = "g"         # simple_gla: 'g' | 'gamma' | 'both' | 'none'
+    l2norm: bool = False
+    beta_max: float = 1.0        # beta drawn in (0, beta_max)
+    families: tuple = field(default=("simple_gla", "gla", "delta_rule", "gated_delta_rule"))
+
+    def applies_to(self, spec: OpSpec) -> bool:
+        if spec.family not in self.families:
+            return False
+        if self.HV != self.H and not spec.grouped:
+            return False
+        return True
+
+
+_ALL = ("simple_gla", "gla", "delta_rule", "gated_delta_rule")
+_DELTA = ("delta_rule", "gated_delta_rule")
+
+# Small shapes for CPU (CI): T not a multiple of 64, K != V, varlen with sequences shorter
+# than a chunk, initial states, weak to strong gates, GQA and l2norm for the delta family.
+CPU_CASES = (
+    Case("basic", B=2, T=100, strength=1.0, families=_ALL),
+    Case("t63_kv", B=1, T=63, K=32, V=48, h0=False, strength=0.1, families=_ALL),
+    Case("varlen", B=1, T=300, cu_seqlens=(0, 15, 100, 300), strength=0.5, families=_ALL),
+    Case("varlen_short", B=1, T=70, cu_seqlens=(0, 5, 20, 20, 70), families=_ALL),
+    Case("strong", B=1, T=100, strength=10.0, families=_ALL),
+    Case("weak", B=1, T=100, strength=0.01, families=_ALL),
+    Case("gamma", B=1, T=100, gate_mode="gamma", families=("simple_gla",)),
+    Case("both_gates", B=1, T=100, gate_mode="both", families=("simple_gla",)),
+    Case("no_gate", B=1, T=100, gate_mode="none", strength=0.0, families=("simple_gla",)),
+    Case("gqa_l2", B=1, T=100, H=2, HV=4, l2norm=True, families=_DELTA),
+    Case("beta2", B=1, T=100, beta_max=2.0, families=_DELTA),
+    Case("g20", B=1, T=100, strength=20.0, families=("gated_delta_rule",)),
+)
+
+# Realistic shapes for a GPU run.
+GPU_CASES = (
+    Case("gpu_4k", B=2, T=4096, H=4, HV=4, K=128, V=128, strength=0.5, families=_ALL),
+    Case("gpu_varlen", B=1, T=2000, H=4, HV=4, K=128, V=128,
+         cu_seqlens=(0, 15, 100, 300, 1200, 2000), families=_ALL),
+    Case("gpu_gqa", B=1, T=1000, H=4, HV=8, K=128, V=128, l2norm=True, families=_DELTA),
+    Case("gpu_d100", B=1, T=1000, H=2, HV=2, K=100, V=100, families=_ALL),
+)
+
+CASES = {c.name: c for c in CPU_CASES + GPU_CASES}
+
+
+def seed_of(*parts) -> int:
+    return zlib.crc32("/".join(map(str, parts)).encode()) & 0x7FFFFFFF
+
+
+def make_inputs(spec: OpSpec, case: Case, seed: int) -> dict:
+    """float64 numpy inputs and cotangents for one op and case."""
+    rng = np.random.default_rng(seed)
+    B, T, H, HV, K, V = case.B, case.T, case.H, case.HV, case.K, case.V
+    N = len(case.cu_seqlens) - 1 if case.cu_seqlens else B
+    x = {}
+    x["q"] = rng.standard_normal((B, T, H, K))
+    k = rng.standard_normal((B, T, H, K))
+    if spec.beta and not case.l2norm:
+        k = k / np.linalg.norm(k, axis=-1, keepdims=True)   # delta rule is stable for |k| = 1
+    else:
+        k = k / np.sqrt(K)
+    x["k"] = k
+    x["v"] = rng.standard_normal((B, T, HV, V))
+    mode = case.gate_mode if spec.gamma else "g"
+    if spec.gate == "scalar" and mode in ("g", "both"):
+        x["g"] = -case.strength * rng.uniform(0.05, 1.0, (B, T, HV))
+    if spec.gate == "vector":
+        x["g"] = -case.strength * rng.uniform(0.05, 1.0, (B, T, HV, K))
+    if spec.gamma and mode in ("gamma", "both"):
+        x["g_gamma"] = -np.log2(1 + 2.0 ** -np.linspace(3, 8, HV)) * max(case.strength, 0.1)
+    if spec.beta:
+        x["beta"] = rng.uniform(0.02, 0.98, (B, T, HV)) * case.beta_max
+    if case.h0:
+        x["h0"] = 0.5 * rng.standard_normal((N, HV, K, V))
+    x["do"] = rng.standard_normal((B, T, HV, V))
+    x["dht"] = 0.5 * rng.standard_normal((N, HV, K, V))
+    return x
+
+
+def op_kwargs(spec: OpSpec, case: Case) -> dict:
+    """Non-tensor keyword arguments of the op for this case."""
+    kw = {"scale": None, "output_final_state": True}
+    if spec.l2norm:
+        kw["use_qk_l2norm_in_kernel"] = case.l2norm
+    return kw

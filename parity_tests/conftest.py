@@ -1,0 +1,14 @@
+"""Suite-wide setup: kernels run interpreted unless PARITY_DEVICE=cuda.
+
+TRITON_INTERPRET must be set before triton is imported, so it is set here, first.
+"""
+import os
+
+DEVICE = os.environ.get("PARITY_DEVICE", "cpu")
+if DEVICE != "cuda":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    try:
+        from parity_tests import triton_interpret_patch
+        triton_interpret_patch.apply()
+    except ImportError:  # the patch module or triton is absent: Triton kernels are skipped
+        pass

@@ -1,0 +1,101 @@
+"""The parity engine shared by the pytest suite and the CLI.
+
+`check(op, case, dtype, impls)` draws the case's inputs once (float64, seeded), rounds them to
+the dtype under test, runs every requested (framework, impl), runs the float64 oracle (fla_torch
+reference with autograd, in float64, on the same rounded values), and returns one Row per
+compared tensor: each implementation against the oracle, and JAX against torch directly.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict, dataclass
+
+from .cases import CASES, OPS, TENSORS, make_inputs, rel_rms, seed_of, tolerance
+
+FRAMEWORKS = ("jax", "torch")
+KERNEL = {"jax": "pallas", "torch": "triton"}
+
+
+@dataclass
+class Row:
+    op: str
+    case: str
+    dtype: str
+    compared: str
+    tensor: str
+    error: float
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        return self.error <= self.tolerance
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["passed"] = self.passed
+        return d
+
+
+def _runner(framework: str):
+    if framework == "torch":
+        from . import torch_runner
+        return torch_runner
+    from . import jax_runner
+    return jax_runner
+
+
+def default_impl(op: str) -> str:
+    """The implementation a CPU user gets from impl='auto' for a chunk_* op ('chunked'); for a
+    fused_recurrent_* op the token-by-token 'reference' is what the CPU path checks."""
+    return "chunked" if OPS[op].variant == "chunk" else "reference"
+
+
+def resolve(framework: str, op: str, impl: str) -> str | None:
+    """'default' | 'kernel' | a concrete name -> the impl name, or None if not registered."""
+    spec = OPS[op]
+    if impl == "default":
+        impl = default_impl(op)
+    elif impl == "kernel":
+        impl = KERNEL[framework]
+    return impl if impl in _runner(framework).registry(spec) else None
+
+
+@functools.lru_cache(maxsize=64)
+def _inputs(op: str, case: str, dtype: str):
+    from .torch_runner import round_to
+    spec, c = OPS[op], CASES[case]
+    raw = make_inputs(spec, c, seed_of(spec.family, case))
+    act = ("q", "k", "v", "do")
+    return {n: round_to(dtype if n in act else "fp32", a) for n, a in raw.items()}
+
+
+@functools.lru_cache(maxsize=64)
+def oracle(op: str, case: str, dtype: str) -> dict:
+    """fla_torch's token-by-token reference in float64 (CPU), on the rounded inputs."""
+    from . import torch_runner
+    return torch_runner.run(OPS[op], CASES[case], "reference", "fp64", _inputs(op, case, dtype))
+
+
+def check(op: str, case: str, dtype: str, impls: dict, device: str = "cpu") -> list[Row]:
+    """impls: {'jax': impl, 'torch': impl}; a framework left out is not run."""
+    spec, c = OPS[op], CASES[case]
+    if not c.applies_to(spec):
+        raise ValueError(f"case {case} does not apply to {op}")
+    x = _inputs(op, case, dtype)
+    ref = oracle(op, case, dtype)
+    results = {}
+    for fw, impl in impls.items():
+        results[fw] = (impl, _runner(fw).run(spec, c, impl, dtype, x, device=device))
+    rows = []
+    for fw, (impl, res) in results.items():
+        for t in TENSORS:
+            if t in ref:
+                rows.append(Row(op, case, dtype, f"{fw}:{impl} vs fp64", t,
+                                rel_rms(res[t], ref[t], ref[t]), tolerance(dtype, t)))
+    if len(results) == 2:
+        (ij, rj), (it, rt) = results["jax"], results["torch"]
+        for t in TENSORS:
+            if t in ref:
+                rows.append(Row(op, case, dtype, f"jax:{ij} vs torch:{it}", t,
+                                rel_rms(rj[t], rt[t], ref[t]), tolerance(dtype, t, cross=True)))
+    return rows

@@ -1,0 +1,68 @@
+"""Run one fla_jax op on harness inputs (under jax.jit, cu_seqlens traced); return outputs
+and gradients as float64 numpy."""
+from __future__ import annotations
+
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .cases import Case, OpSpec, op_kwargs
+
+DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
+
+
+def registry(spec: OpSpec) -> dict:
+    mod = importlib.import_module(f"fla_jax.ops.{spec.family}.interface")
+    return mod.CHUNK_IMPLS if spec.variant == "chunk" else mod.RECURRENT_IMPLS
+
+
+def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = "cpu") -> dict:
+    """x: float64 inputs already rounded to `dtype` (activations) / fp32 (gates, states)."""
+    import fla_jax.ops as ops
+
+    dt = DTYPES[dtype]
+    names = ["q", "k", "v"] + [n for n in ("g", "beta", "h0") if n in x]
+    primals = [jnp.asarray(np.asarray(x[n], np.float32)).astype(dt if n in "qkv" else
+                                                               jnp.float32) for n in names]
+    static = op_kwargs(spec, case)
+    g_gamma = jnp.asarray(x["g_gamma"], jnp.float32) if "g_gamma" in x else None
+    cu = None if case.cu_seqlens is None else jnp.asarray(case.cu_seqlens, jnp.int32)
+    fn = getattr(ops, spec.name)
+
+    def forward(cu_seqlens, *args):
+        kw = dict(static)
+        named = dict(zip(names, args))
+        for n in ("g", "beta"):
+            if n in named:
+                kw[n] = named[n]
+        if "h0" in named:
+            kw["initial_state"] = named["h0"]
+        if g_gamma is not None:
+            kw["g_gamma"] = g_gamma
+        if cu_seqlens is not None:
+            kw["cu_seqlens"] = cu_seqlens
+        return fn(named["q"], named["k"], named["v"], **kw, impl=impl)
+
+    @jax.jit
+    def fwd_bwd(cu_seqlens, do, dht, *args):
+        (o, ht), vjp = jax.vjp(lambda *a: forward(cu_seqlens, *a), *args)
+        return o, ht, vjp((do.astype(o.dtype), dht.astype(ht.dtype)))
+
+    do = jnp.asarray(np.asarray(x["do"], np.float32)).astype(dt)
+    dht = jnp.asarray(x["dht"], jnp.float32)
+    o, ht, grads = fwd_bwd(cu, do, dht, *primals)
+    if o.dtype != dt:
+        raise AssertionError(f"{spec.name}(impl={impl}): o has dtype {o.dtype}; expected {dt}")
+    if ht.dtype != jnp.float32:
+        raise AssertionError(f"{spec.name}(impl={impl}): final state has dtype {ht.dtype}; "
+                             f"expected float32")
+    out = {"o": o, "ht": ht}
+    for n, p, gr in zip(names, primals, grads):
+        key = "dh0" if n == "h0" else "d" + n
+        if gr.dtype != p.dtype:
+            raise AssertionError(f"{spec.name}(impl={impl}): {key} has dtype {gr.dtype}; "
+                                 f"expected its input's {p.dtype}")
+        out[key] = gr
+    return {n: np.asarray(jnp.asarray(a, jnp.float32), np.float64) for n, a in out.items()}

@@ -1,0 +1,208 @@
+"""Every bad input raises a named TypeError/ValueError, identically in both frameworks."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+FRAMEWORKS = ("torch", "jax")
+DT = ("bf16", "fp16", "fp32")
+
+
+class Torch:
+    def __init__(self):
+        import torch
+
+        import fla_torch.ops as ops
+        self.ops, self.t = ops, torch
+        self.dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+                       "fp64": torch.float64, "int32": torch.int32, "int64": torch.int64}
+        self.kernel = "triton"
+
+    def arr(self, shape, dtype="fp32", values=None):
+        if values is not None:
+            return self.t.tensor(values, dtype=self.dtypes[dtype])
+        a = np.random.default_rng(0).standard_normal(shape) * 0.1 - (0.5 if dtype != "int32" else 0)
+        return self.t.tensor(a, dtype=self.dtypes[dtype])
+
+
+class Jax:
+    def __init__(self):
+        import jax
+        import jax.numpy as jnp
+
+        import fla_jax.ops as ops
+        self.ops, self.jax, self.jnp = ops, jax, jnp
+        self.dtypes = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32,
+                       "fp64": jnp.float64, "int32": jnp.int32, "int64": jnp.int64}
+        self.kernel = "pallas"
+
+    def arr(self, shape, dtype="fp32", values=None):
+        if dtype in ("fp64", "int64"):   # without x64 a description is enough: checks run first
+            sh = shape if values is None else (len(values),)
+            return self.jax.ShapeDtypeStruct(sh, self.dtypes[dtype])
+        if values is not None:
+            return self.jnp.asarray(values, self.dtypes[dtype])
+        a = np.random.default_rng(0).standard_normal(shape) * 0.1 - 0.5
+        return self.jnp.asarray(a, self.dtypes[dtype])
+
+
+@pytest.fixture(params=FRAMEWORKS, scope="module")
+def fw(request):
+    return Torch() if request.param == "torch" else Jax()
+
+
+B, T, H, K, V = 1, 20, 2, 16, 16
+
+
+def gdn_args(fw, q="fp32", k="fp32", v="fp32", HV=H, **over):
+    args = dict(q=fw.arr((B, T, H, K), q), k=fw.arr((B, T, H, K), k),
+                v=fw.arr((B, T, HV, V), v), g=fw.arr((B, T, HV)), beta=fw.arr((B, T, HV)) + 1.0)
+    args.update(over)
+    return args
+
+
+def call(fw, op="chunk_gated_delta_rule", impl="reference", **kw):
+    return getattr(fw.ops, op)(**kw, impl=impl)
+
+
+MIXES = [c for c in itertools.product(DT, repeat=3) if len(set(c)) > 1]
+
+
+@pytest.mark.parametrize("op", ["chunk_simple_gla", "fused_recurrent_gla", "chunk_delta_rule",
+                                "fused_recurrent_gated_delta_rule"])
+@pytest.mark.parametrize("mix", MIXES, ids=["-".join(m) for m in MIXES])
+def test_qkv_dtype_mix_names_each_tensor(fw, op, mix):
+    names = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+    q, k, v = (fw.arr((B, T, H, K), d) for d in mix)
+    kw = dict(q=q, k=k, v=v)
+    if "gla" in op and "simple" not in op:
+        kw["g"] = fw.arr((B, T, H, K))
+    if "delta" in op:
+        kw["beta"] = fw.arr((B, T, H))
+    if "gated_delta" in op:
+        kw["g"] = fw.arr((B, T, H))
+    with pytest.raises(TypeError) as e:
+        call(fw, op, **kw)
+    msg = str(e.value)
+    assert op in msg
+    for n, d in zip("qkv", mix):
+        assert f"{n}={names[d]}" in msg, msg
+
+
+def _raises(exc, fragments, fn):
+    with pytest.raises(exc) as e:
+        fn()
+    for f in fragments:
+        assert f in str(e.value), str(e.value)
+
+
+def test_wrong_rank(fw):
+    _raises(ValueError, ["q has shape", "expected rank 4"],
+            lambda: call(fw, **gdn_args(fw, q=None) | {"q": fw.arr((B, T, H * K))}))
+
+
+def test_mismatched_k_shape(fw):
+    _raises(ValueError, ["k has shape", "[1, 20, 2, 16]"],
+            lambda: call(fw, **gdn_args(fw) | {"k": fw.arr((B, T + 1, H, K))}))
+
+
+def test_mismatched_v_batch_time(fw):
+    _raises(ValueError, ["v has shape"],
+            lambda: call(fw, **gdn_args(fw) | {"v": fw.arr((B, T - 1, H, V))}))
+
+
+def test_grouped_heads_must_divide(fw):
+    a = gdn_args(fw, HV=3)
+    _raises(ValueError, ["HV % H == 0", "3 heads"], lambda: call(fw, **a))
+
+
+def test_grouped_heads_refused_where_unsupported(fw):
+    _raises(ValueError, ["same number of heads"],
+            lambda: call(fw, "chunk_simple_gla", q=fw.arr((B, T, H, K)), k=fw.arr((B, T, H, K)),
+                         v=fw.arr((B, T, 2 * H, V))))
+
+
+@pytest.mark.parametrize("dt", ["bf16", "fp16"])
+def test_initial_state_must_be_fp32(fw, dt):
+    _raises(TypeError, ["initial_state has dtype", "expected float32"],
+            lambda: call(fw, **gdn_args(fw), initial_state=fw.arr((B, H, K, V), dt)))
+
+
+def test_initial_state_shape(fw):
+    _raises(ValueError, ["initial_state has shape", "[N, HV, K, V] = [1, 2, 16, 16]"],
+            lambda: call(fw, **gdn_args(fw), initial_state=fw.arr((B, H, V, K + 1))))
+
+
+def test_initial_state_shape_varlen(fw):
+    cu = fw.arr(None, "int32", [0, 5, T])
+    _raises(ValueError, ["[N, HV, K, V] = [2, 2, 16, 16]", "len(cu_seqlens) - 1"],
+            lambda: call(fw, **gdn_args(fw), cu_seqlens=cu, initial_state=fw.arr((1, H, K, V))))
+
+
+def test_cu_seqlens_not_integer(fw):
+    _raises(TypeError, ["cu_seqlens has dtype float32", "integer"],
+            lambda: call(fw, **gdn_args(fw), cu_seqlens=fw.arr(None, "fp32", [0.0, 5.0, T])))
+
+
+@pytest.mark.parametrize("values,fragment", [
+    ([1, 5, T], "starts at 1"), ([0, 12, 8, T], "decreases at index 2"),
+    ([0, 5, T - 1], f"ends at {T - 1}; expected it to end at T={T}")])
+def test_cu_seqlens_values(fw, values, fragment):
+    _raises(ValueError, ["cu_seqlens", fragment],
+            lambda: call(fw, **gdn_args(fw), cu_seqlens=fw.arr(None, "int32", values)))
+
+
+def test_cu_seqlens_needs_batch_one(fw):
+    a = dict(q=fw.arr((2, T, H, K)), k=fw.arr((2, T, H, K)), v=fw.arr((2, T, H, V)),
+             g=fw.arr((2, T, H)), beta=fw.arr((2, T, H)))
+    _raises(ValueError, ["cu_seqlens given with batch size B=2", "expected B == 1"],
+            lambda: call(fw, **a, cu_seqlens=fw.arr(None, "int32", [0, 5, T])))
+
+
+def test_gate_shape_and_dtype(fw):
+    _raises(ValueError, ["g has shape", "[B, T, HV]"],
+            lambda: call(fw, **gdn_args(fw) | {"g": fw.arr((B, T, H, K))}))
+    _raises(ValueError, ["g has shape", "[B, T, HV, K]"],
+            lambda: call(fw, "chunk_gla", q=fw.arr((B, T, H, K)), k=fw.arr((B, T, H, K)),
+                         v=fw.arr((B, T, H, V)), g=fw.arr((B, T, H))))
+    _raises(TypeError, ["g has dtype int32", "floating"],
+            lambda: call(fw, **gdn_args(fw) | {"g": fw.arr((B, T, H), "int32")}))
+
+
+def test_beta_shape(fw):
+    _raises(ValueError, ["beta has shape"],
+            lambda: call(fw, **gdn_args(fw) | {"beta": fw.arr((B, T, H, 1))}))
+
+
+def test_float64_refused_by_kernels(fw):
+    a = gdn_args(fw, q="fp64", k="fp64", v="fp64")
+    a["g"], a["beta"] = fw.arr((B, T, H), "fp64"), fw.arr((B, T, H), "fp64")
+    for op in ("chunk_simple_gla", "chunk_gated_delta_rule"):
+        kw = {n: a[n] for n in ("q", "k", "v")}
+        if op == "chunk_gated_delta_rule":
+            kw |= {"g": a["g"], "beta": a["beta"]}
+        with pytest.raises((TypeError, ValueError)) as e:
+            call(fw, op, impl=fw.kernel, **kw)
+        msg = str(e.value)
+        if "not available" in msg:   # this op has no kernel registered in this framework yet
+            continue
+        assert isinstance(e.value, TypeError) and "float64" in msg and "impl='reference'" in msg
+
+
+def test_unknown_impl(fw):
+    _raises(ValueError, ["impl='fast'", "expected one of"],
+            lambda: call(fw, impl="fast", **gdn_args(fw)))
+
+
+def test_scale_must_be_a_number(fw):
+    _raises(TypeError, ["scale is str"], lambda: call(fw, **gdn_args(fw), scale="0.1"))
+
+
+def test_required_gate_missing(fw):
+    a = gdn_args(fw)
+    a.pop("beta")
+    with pytest.raises(TypeError) as e:
+        call(fw, **a, beta=None)
+    assert "beta" in str(e.value)

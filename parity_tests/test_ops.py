@@ -1,0 +1,43 @@
+"""Every op x implementation x dtype x framework: outputs, final states and every gradient
+against the float64 oracle, and JAX against torch directly.
+
+impl 'default' is the CPU path (chunk_* -> 'chunked', fused_recurrent_* -> 'reference');
+impl 'kernel' is Pallas (JAX) and Triton (torch), interpreted on CPU. PARITY_DEVICE=cuda runs
+the GPU cases on a GPU instead.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from .cases import CPU_CASES, DTYPES, GPU_CASES, OPS
+from .harness import FRAMEWORKS, check, resolve
+
+DEVICE = os.environ.get("PARITY_DEVICE", "cpu")
+CASE_SET = GPU_CASES if DEVICE == "cuda" else CPU_CASES
+
+
+def _params():
+    for op, spec in OPS.items():
+        for case in CASE_SET:
+            if case.applies_to(spec):
+                for dtype in DTYPES:
+                    for kind in ("default", "kernel"):
+                        yield pytest.param(op, case.name, dtype, kind,
+                                           id=f"{op}-{case.name}-{dtype}-{kind}")
+
+
+def format_rows(rows) -> str:
+    return "\n".join(f"  {r.compared:34s} {r.tensor:6s} err={r.error:.3e} tol={r.tolerance:.1e}"
+                     f" {'ok' if r.passed else 'FAIL'}" for r in rows)
+
+
+@pytest.mark.parametrize("op,case,dtype,kind", list(_params()))
+def test_parity(op, case, dtype, kind):
+    impls = {fw: resolve(fw, op, kind) for fw in FRAMEWORKS}
+    impls = {fw: i for fw, i in impls.items() if i is not None}
+    if not impls:
+        pytest.skip(f"no {kind} implementation of {op} is registered in either framework")
+    rows = check(op, case, dtype, impls, device=DEVICE)
+    assert rows and all(r.passed for r in rows), "\n" + format_rows(rows)

@@ -1,0 +1,91 @@
+"""Run one fla_torch op on harness inputs; return outputs and gradients as float64 numpy."""
+from __future__ import annotations
+
+import contextlib
+import importlib
+
+import numpy as np
+import torch
+
+from .cases import Case, OpSpec, op_kwargs
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+          "fp64": torch.float64}
+
+
+def registry(spec: OpSpec) -> dict:
+    mod = importlib.import_module(f"fla_torch.ops.{spec.family}.interface")
+    return mod.CHUNK_IMPLS if spec.variant == "chunk" else mod.RECURRENT_IMPLS
+
+
+def round_to(dtype: str, a: np.ndarray) -> np.ndarray:
+    """The float64 values that `a` has once stored in `dtype` (via fp32, as both frameworks)."""
+    t = torch.from_numpy(np.asarray(a, np.float32))
+    return t.to(DTYPES[dtype]).to(torch.float64).numpy()
+
+
+@contextlib.contextmanager
+def poisoned_allocations():
+    """Make torch.empty / empty_like / Tensor.new_empty return NaN-filled float tensors, so an
+    output element a kernel forgets to write shows up as NaN."""
+    orig_empty, orig_like, orig_new = torch.empty, torch.empty_like, torch.Tensor.new_empty
+
+    def fill(t):
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        return t
+
+    torch.empty = lambda *a, **kw: fill(orig_empty(*a, **kw))
+    torch.empty_like = lambda *a, **kw: fill(orig_like(*a, **kw))
+    torch.Tensor.new_empty = lambda self, *a, **kw: fill(orig_new(self, *a, **kw))
+    try:
+        yield
+    finally:
+        torch.empty, torch.empty_like, torch.Tensor.new_empty = orig_empty, orig_like, orig_new
+
+
+def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = "cpu") -> dict:
+    """x: float64 inputs already rounded to `dtype` (activations) / fp32 (gates, states)."""
+    import fla_torch.ops as ops
+
+    dt = DTYPES[dtype]
+    gdt = torch.float64 if dtype == "fp64" else torch.float32
+
+    def leaf(a, d):
+        return torch.tensor(a, dtype=d, device=device, requires_grad=True)
+
+    q, k, v = (leaf(x[n], dt) for n in ("q", "k", "v"))
+    leaves = {"dq": q, "dk": k, "dv": v}
+    kw = op_kwargs(spec, case)
+    if "g" in x:
+        kw["g"] = leaves["dg"] = leaf(x["g"], gdt)
+    if "beta" in x:
+        kw["beta"] = leaves["dbeta"] = leaf(x["beta"], gdt)
+    if "g_gamma" in x:
+        kw["g_gamma"] = torch.tensor(x["g_gamma"], dtype=gdt, device=device)
+    if "h0" in x:
+        kw["initial_state"] = leaves["dh0"] = leaf(x["h0"], gdt)
+    if case.cu_seqlens is not None:
+        kw["cu_seqlens"] = torch.tensor(case.cu_seqlens, dtype=torch.int32, device=device)
+
+    fn = getattr(ops, spec.name)
+    kernel = impl not in ("reference", "chunked")
+    with poisoned_allocations() if kernel else contextlib.nullcontext():
+        o, ht = fn(q, k, v, **kw, impl=impl)
+        do = torch.tensor(x["do"], dtype=o.dtype, device=device)
+        dht = torch.tensor(x["dht"], dtype=ht.dtype, device=device)
+        grads = torch.autograd.grad((o, ht), list(leaves.values()), (do, dht), allow_unused=True)
+    out = {"o": o, "ht": ht}
+    for name, gr in zip(leaves, grads):
+        if gr is None:
+            raise AssertionError(f"{spec.name}(impl={impl}): no gradient reached {name[1:]}")
+        if gr.dtype != leaves[name].dtype:
+            raise AssertionError(f"{spec.name}(impl={impl}): {name} has dtype {gr.dtype}; "
+                                 f"expected its input's {leaves[name].dtype}")
+        out[name] = gr
+    if o.dtype != dt:
+        raise AssertionError(f"{spec.name}(impl={impl}): o has dtype {o.dtype}; expected {dt}")
+    if ht.dtype != gdt:
+        raise AssertionError(f"{spec.name}(impl={impl}): final state has dtype {ht.dtype}; "
+                             f"expected {gdt}")
+    return {n: t.detach().to(torch.float64).cpu().numpy() for n, t in out.items()}
