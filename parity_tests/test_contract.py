@@ -100,7 +100,7 @@ def _raises(exc, fragments, fn):
 
 def test_wrong_rank(fw):
     _raises(ValueError, ["q has shape", "expected rank 4"],
-            lambda: call(fw, **gdn_args(fw, q=None) | {"q": fw.arr((B, T, H * K))}))
+            lambda: call(fw, **gdn_args(fw) | {"q": fw.arr((B, T, H * K))}))
 
 
 def test_mismatched_k_shape(fw):
