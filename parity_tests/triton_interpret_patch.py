@@ -1,0 +1,50 @@
+"""Test-harness fix for the Triton interpreter's bfloat16 `tl.dot` (triton-lang/triton#11584).
+
+Under TRITON_INTERPRET=1, the interpreter keeps bfloat16 tensors as their raw uint16 bits
+(numpy has no bfloat16) and its `InterpreterBuilder.create_dot` hands those bits straight to
+`np.matmul`, so a bf16 `tl.dot` multiplies integers, not numbers. `apply()` wraps `create_dot`
+so bf16 operands are first widened to their exact float32 values (bf16 is the upper half of an
+fp32 word: shift the bits left by 16 and reinterpret). Nothing else changes.
+
+Only the interpreter is touched, and only when TRITON_INTERPRET=1: compiled GPU kernels never go
+through `InterpreterBuilder`, so GPU runs are unaffected. `apply()` is idempotent and returns
+True when the interpreter is (now) patched, False when it left everything alone.
+"""
+from __future__ import annotations
+
+import os
+
+_MARK = "_fla_bf16_dot_patched"
+
+
+def _bf16_bits_to_fp32(bits):
+    """uint16 numpy array of bfloat16 bit patterns -> float32 numpy array of the same values."""
+    import numpy as np
+
+    return (np.asarray(bits).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def apply() -> bool:
+    if os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return False
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    builder_cls = interpreter.InterpreterBuilder
+    original = builder_cls.create_dot
+    if getattr(original, _MARK, False):
+        return True
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.dtype.scalar == tl.bfloat16:
+            a = interpreter.TensorHandle(_bf16_bits_to_fp32(a.data), tl.float32)
+        if b.dtype.scalar == tl.bfloat16:
+            b = interpreter.TensorHandle(_bf16_bits_to_fp32(b.data), tl.float32)
+        return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    setattr(create_dot, _MARK, True)
+    create_dot.__wrapped__ = original
+    builder_cls.create_dot = create_dot
+    return True
