@@ -39,3 +39,10 @@ def prepare_qkv(q, k, v, use_qk_l2norm_in_kernel: bool = False):
         q, k = l2_normalize(q), l2_normalize(k)
     HV = v.shape[2]
     return expand_heads(q, HV), expand_heads(k, HV), v
+
+
+def einsum(spec: str, a, b):
+    """jnp.einsum at the library's fp32 matmul precision (IEEE unless `allow_tf32()`),
+    accumulating in a's dtype (the compute dtype)."""
+    return jnp.einsum(spec, a, b, precision=dtypes.matmul_precision(),
+                      preferred_element_type=a.dtype)
