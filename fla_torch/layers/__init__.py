@@ -1,0 +1,14 @@
+"""Linear-attention layers (FLA's class names, constructor arguments and parameter names).
+
+Every layer: forward(hidden_states [B, T, hidden], attention_mask=None, past_key_values=None,
+use_cache=False) -> (o [B, T, hidden], None, cache dict or None). The cache dict is described in
+fla_torch/layers/cache.py and is the same in fla_jax.layers.
+"""
+from .delta_net import DeltaNet
+from .gated_deltanet import GatedDeltaNet
+from .gla import GatedLinearAttention
+from .linear_attention import LinearAttention
+from .multiscale_retention import MultiScaleRetention
+
+__all__ = ["LinearAttention", "MultiScaleRetention", "GatedLinearAttention", "DeltaNet",
+           "GatedDeltaNet"]

@@ -1,0 +1,50 @@
+"""The per-layer decode cache, the same dict in fla_torch and fla_jax.
+
+A layer called with `use_cache=True` returns, as the third item of its output, a dict:
+
+    'recurrent_state': [B, HV, K, V] float32 -- the linear-attention state after the last token
+    'conv_state':      (q, k, v) ShortConvolution caches, each [B, D, W] in the compute dtype
+                       (the last W projected inputs, newest last), or None without short convs
+    'offset':          int -- number of tokens consumed so far (positions, e.g. for rotary)
+    'k_sum':           [B, H, K] float32 -- LinearAttention with do_feature_map_norm only
+
+Pass it back as `past_key_values=` to continue: the output of a prefill of T tokens followed by
+token-by-token decoding equals one forward over the whole sequence. A model keeps one such
+dict per layer (a list indexed by layer), replacing each with the dict the layer returns.
+"""
+from __future__ import annotations
+
+import torch
+
+CACHE_KEYS = ("recurrent_state", "conv_state", "offset", "k_sum")
+
+
+def read_cache(layer_name: str, cache, use_short_conv: bool):
+    """Check a cache dict; return (recurrent_state, (conv_q, conv_k, conv_v), offset).
+
+    None -> (None, (None, None, None), 0)."""
+    if cache is None:
+        return None, (None, None, None), 0
+    if not isinstance(cache, dict) or "recurrent_state" not in cache:
+        raise TypeError(f"{layer_name}: past_key_values is {type(cache).__name__}; expected the "
+                        f"per-layer cache dict this layer returned with use_cache=True (keys "
+                        f"{', '.join(CACHE_KEYS[:3])})")
+    conv = cache.get("conv_state")
+    if use_short_conv:
+        if conv is None or len(conv) != 3:
+            raise ValueError(f"{layer_name}: past_key_values['conv_state'] is {conv!r}; expected "
+                             f"a (q, k, v) tuple of [B, D, W] tensors (use_short_conv=True)")
+        conv = tuple(conv)
+    else:
+        conv = (None, None, None)
+    state = cache["recurrent_state"]
+    if state is not None and state.dtype != torch.float32:
+        raise TypeError(f"{layer_name}: past_key_values['recurrent_state'] has dtype "
+                        f"{state.dtype}; expected torch.float32 (recurrent states are float32)")
+    return state, conv, int(cache.get("offset", 0))
+
+
+def make_cache(recurrent_state, conv_state, offset: int, **extra) -> dict:
+    cache = {"recurrent_state": recurrent_state, "conv_state": conv_state, "offset": offset}
+    cache.update(extra)
+    return cache
