@@ -1,21 +1,22 @@
 """Chunk-parallel gated delta rule (WY / UT transform) in plain torch ops (autograd).
 
-Inside a chunk of C tokens with inclusive cumulative log-decay b (b = 0 for the plain delta
-rule) and entering state S0, the per-token "new values" u'_t = beta_t (v_t - exp(g_t) k_t S_{t-1})
-solve the unit lower-triangular system
-    (I + L) U' = diag(beta) V - diag(beta exp(b)) K S0,   L_ij = beta_i (k_i . k_j) exp(b_i - b_j), j < i
+Inside a chunk of C tokens with entering state S0, write G(j, i) = g_{j+1} + ... + g_i
+(G = 0 for the plain delta rule) and b_i = G(0, i). The per-token "new values"
+u'_t = beta_t (v_t - exp(g_t) k_t S_{t-1}) solve the unit lower-triangular system
+    (I + L) U' = diag(beta) V - diag(beta exp(b)) K S0,
+    L_ij = beta_i (k_i . k_j) exp(G(j, i)) for j < i, 0 otherwise,
 so with T = (I + L)^-1 (one triangular solve per chunk):
     u = T diag(beta) V,   w = T diag(beta exp(b)) K,   U' = u - w S0
-    o_i   = scale * ( exp(b_i) q_i S0 + sum_{j <= i} exp(b_i - b_j) (q_i . k_j) u'_j )
-    S_end = exp(b_C) S0 + sum_j exp(b_C - b_j) k_j^T u'_j
-Only U' and the states are sequential across chunks. Decays are masked differences (every
-exponent <= 0). Computes in fp32 (fp64 for fp64 inputs).
+    o_i   = scale * ( exp(b_i) q_i S0 + sum_{j <= i} exp(G(j, i)) (q_i . k_j) u'_j )
+    S_end = exp(b_C) S0 + sum_j exp(G(j, C)) k_j^T u'_j
+Only U' and the states are sequential across chunks. Every exponent is a segment sum <= 0,
+masked before exp (see common/causal_decay.py). Computes in fp32 (fp64 for fp64 inputs).
 """
 from __future__ import annotations
 
 import torch
 
-from ..common.causal_decay import causal_ones, scalar_decay_matrix
+from ..common.causal_decay import causal_ones, chunk_decays
 from ..common.chunk_packing import from_chunks, make_plan, scan_chunks, to_chunks
 from ..common.qk_inputs import prepare_qkv
 
@@ -43,13 +44,11 @@ def delta_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, cu
         strict = causal_ones(C, cd, q.device, strict=True)
         q_in, k_out, w_key, chunk_decay = qc, kc, kc, None
     else:
-        b = to_chunks(plan, g.to(cd)).cumsum(-1)                         # [R,HV,NC,C]
-        incl = scalar_decay_matrix(b)
-        strict = scalar_decay_matrix(b, strict=True)
-        q_in = qc * b.exp()[..., None]
-        k_out = kc * (b[..., -1:] - b).exp()[..., None]
-        w_key = kc * b.exp()[..., None]
-        chunk_decay = b[..., -1].exp()                                   # [R,HV,NC]
+        incl, to_start, to_end, chunk_decay = chunk_decays(to_chunks(plan, g.to(cd)))
+        strict = incl * causal_ones(C, cd, q.device, strict=True)       # [R,HV,NC,C,C]
+        q_in = qc * to_start[..., None]
+        k_out = kc * to_end[..., None]
+        w_key = kc * to_start[..., None]
 
     eye = torch.eye(C, dtype=cd, device=q.device)
     lower = bc[..., :, None] * (kc @ kc.transpose(-1, -2)) * strict     # [R,HV,NC,C,C]

@@ -1,15 +1,15 @@
 """Chunk-parallel GLA (per-channel gate) in plain torch ops (autograd; the CPU path).
 
-Inside a chunk with inclusive cumulative log-decay b_i in R^K and entering state S0:
-    o_i   = scale * ( (q_i * exp(b_i)) S0 + sum_{j <= i} A_ij v_j ),
-            A_ij = sum_k q_ik k_jk exp(b_ik - b_jk)
-    S_end = diag(exp(b_C)) S0 + sum_j (k_j * exp(b_C - b_j))^T v_j
-A is formed from masked per-channel gate differences ([C, C, K] per chunk), so the chunk
-is small (16) to bound memory. Computes in fp32 (fp64 for fp64 inputs).
+Inside a chunk with entering state S0, write G(j, i) = g_{j+1} + ... + g_i in R^K:
+    o_i   = scale * ( (q_i * exp(G(0, i))) S0 + sum_{j <= i} A_ij v_j ),
+            A_ij = sum_k q_ik k_jk exp(G(j, i)_k)
+    S_end = diag(exp(G(0, C))) S0 + sum_j (k_j * exp(G(j, C)))^T v_j
+A needs the per-channel segment sums ([C, C, K] per chunk, masked before exp; see
+common/causal_decay.py), so the chunk is small (16) to bound memory. Computes in fp32 (fp64 for fp64 inputs).
 """
 from __future__ import annotations
 
-from ..common.causal_decay import vector_decay_scores
+from ..common.causal_decay import chunk_decays, vector_decay_scores
 from ..common.chunk_packing import from_chunks, make_plan, scan_chunks, to_chunks
 from ..common.qk_inputs import prepare_qkv
 
@@ -28,13 +28,12 @@ def gla_chunked(q, k, v, g, scale=1.0, initial_state=None, output_final_state=Fa
     cd = qf.dtype
     plan = make_plan(B, T, cu_seqlens, chunk_size, device=q.device)
     qc, kc, vc = to_chunks(plan, qf), to_chunks(plan, kf), to_chunks(plan, vf)  # [R,H,NC,C,*]
-    b = to_chunks(plan, g.to(cd)).cumsum(-2)                             # [R,H,NC,C,K]
+    D, to_start, to_end, chunk_decay = chunk_decays(to_chunks(plan, g.to(cd)), chunk_axis=-2)
 
-    o_intra = vector_decay_scores(qc, kc, b) @ vc                        # [R,H,NC,C,V]
-    q_in = qc * b.exp()
-    k_out = kc * (b[..., -1:, :] - b).exp()
+    o_intra = vector_decay_scores(qc, kc, D) @ vc                        # [R,H,NC,C,V]
+    q_in = qc * to_start                                                 # [R,H,NC,C,K]
+    k_out = kc * to_end
     updates = k_out.transpose(-1, -2) @ vc                               # [R,H,NC,K,V]
-    chunk_decay = b[..., -1, :].exp()                                    # [R,H,NC,K]
 
     def step(c, S):
         return chunk_decay[:, :, c, :, None] * S + updates[:, :, c], None

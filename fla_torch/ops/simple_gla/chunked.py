@@ -1,17 +1,16 @@
 """Chunk-parallel simple GLA in plain torch ops (differentiable by autograd; the CPU path).
 
-Inside a chunk of C tokens with inclusive cumulative log-decay b (b_i = g_1 + ... + g_i) and
-entering state S0:
-    o_i   = scale * ( exp(b_i) q_i S0 + sum_{j <= i} exp(b_i - b_j) (q_i . k_j) v_j )
-    S_end = exp(b_C) S0 + sum_j exp(b_C - b_j) k_j^T v_j
-Every exponent is <= 0 (decays are formed as masked differences), so strong gates underflow
-to 0 instead of overflowing. Computes in fp32 (fp64 for fp64 inputs).
+Inside a chunk of C tokens with entering state S0, write G(j, i) = g_{j+1} + ... + g_i:
+    o_i   = scale * ( exp(G(0, i)) q_i S0 + sum_{j <= i} exp(G(j, i)) (q_i . k_j) v_j )
+    S_end = exp(G(0, C)) S0 + sum_j exp(G(j, C)) k_j^T v_j
+Every exponent is a segment sum <= 0, masked before exp (see common/causal_decay.py), so
+strong gates underflow to 0 instead of overflowing and the gate gradient does not cancel. Computes in fp32 (fp64 for fp64 inputs).
 """
 from __future__ import annotations
 
 import torch
 
-from ..common.causal_decay import causal_ones, scalar_decay_matrix
+from ..common.causal_decay import causal_ones, chunk_decays
 from ..common.chunk_packing import from_chunks, make_plan, scan_chunks, to_chunks
 from ..common.qk_inputs import prepare_qkv
 
@@ -42,11 +41,10 @@ def simple_gla_chunked(q, k, v, g=None, g_gamma=None, scale=1.0, initial_state=N
         scores = scores * causal_ones(chunk_size, cd, q.device)
         q_in, k_out, chunk_decay = qc, kc, None
     else:
-        b = to_chunks(plan, logd).cumsum(-1)                             # [R,H,NC,C]
-        scores = scores * scalar_decay_matrix(b)
-        q_in = qc * b.exp()[..., None]
-        k_out = kc * (b[..., -1:] - b).exp()[..., None]
-        chunk_decay = b[..., -1].exp()                                   # [R,H,NC]
+        D, to_start, to_end, chunk_decay = chunk_decays(to_chunks(plan, logd))  # [R,H,NC,C(,C)]
+        scores = scores * D
+        q_in = qc * to_start[..., None]
+        k_out = kc * to_end[..., None]
     o_intra = scores @ vc                                                # [R,H,NC,C,V]
     updates = k_out.transpose(-1, -2) @ vc                               # [R,H,NC,K,V]
 
