@@ -15,6 +15,7 @@ _BASE = {"reference": "fla_torch.ops.gated_delta_rule.reference:gated_delta_rule
          "chunked": "fla_torch.ops.gated_delta_rule.chunked:gated_delta_rule_chunked"}
 CHUNK_IMPLS = dict(_BASE)
 RECURRENT_IMPLS = dict(_BASE)
+RECURRENT_IMPLS["triton"] = "fla_torch.ops.gated_delta_rule.triton_recurrent:fused_recurrent_gated_delta_rule_triton"
 _G = "g, a [B, T, HV] log-decay tensor"
 _BETA = "beta, a [B, T, HV] tensor of write strengths"
 

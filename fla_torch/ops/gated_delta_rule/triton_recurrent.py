@@ -1,0 +1,264 @@
+"""Token-by-token gated delta rule in Triton, forward AND backward (torch.autograd.Function).
+
+Per sequence and value head hv (q/k head hv // (HV // H)), state S [K, V] fp32 in registers:
+    S' = exp(g_t) S_{t-1};  w_t = v_t - k_t S';  S_t = S' + k_t^T (beta_t w_t);  o_t = scale q_t S_t
+One program per (value block of BV columns, sequence x value head); columns of S are
+independent, so reductions over K stay inside a program.
+
+Backward (three sweeps, each one program per (value block, sequence x value head)):
+  forward (in the forward pass): w_t = v_t - k_t S' stored fp32 when a gradient is needed;
+  reverse: dS (from dS_final) gives dv, dbeta, the dS.(beta w) part of dk, and
+           du_t = -beta_t dS_t^T k_t, then dS_{t-1} = exp(g_t) (dS_t + k_t du_t);  dh0 = dS_0;
+  forward: S' du_t (rest of dk), dq_t = scale S_t do_t, and the per-token gate term
+           q.dq - v.dv, whose reverse cumsum is dg (see common/triton_gate_grad.py).
+Partial sums over value blocks (dq, dk, dbeta, gate term) are stored per block and summed.
+With g=None this is the (ungated) delta rule.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common.triton_gate_grad import sequence_reverse_cumsum
+from ..common.triton_seq_layout import seq_offsets
+
+L2_EPS = 1e-6
+
+
+@triton.jit
+def _load_qk(ptr, o_k, mask_k, L2NORM: tl.constexpr):
+    x = tl.load(ptr + o_k, mask=mask_k, other=0.0).to(tl.float32)
+    if L2NORM:
+        x = x / tl.sqrt(tl.sum(x * x, axis=0) + 1e-6)
+    return x
+
+
+@triton.jit
+def _fwd_kernel(q, k, v, g, beta, h0, o, ht, w_buf, offsets, scale,
+                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr, HAS_H0: tl.constexpr,
+                STORE_HT: tl.constexpr, STORE_W: tl.constexpr, L2NORM: tl.constexpr):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos = tl.load(offsets + i_n).to(tl.int64)
+    eos = tl.load(offsets + i_n + 1).to(tl.int64)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_k = o_k < K
+    mask_v = o_v < V
+    mask_kv = mask_k[:, None] & mask_v[None, :]
+    p_state = (i_n * HV + i_hv).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        S += tl.load(h0 + p_state, mask=mask_kv, other=0.0)
+    for t in range(bos, eos):
+        b_q = _load_qk(q + (t * H + i_h) * K, o_k, mask_k, L2NORM)
+        b_k = _load_qk(k + (t * H + i_h) * K, o_k, mask_k, L2NORM)
+        b_v = tl.load(v + (t * HV + i_hv) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+        b_beta = tl.load(beta + t * HV + i_hv)
+        if HAS_G:
+            S = S * tl.exp(tl.load(g + t * HV + i_hv))
+        b_w = b_v - tl.sum(S * b_k[:, None], axis=0)
+        if STORE_W:
+            tl.store(w_buf + (t * HV + i_hv) * V + o_v, b_w, mask=mask_v)
+        S += b_k[:, None] * (b_beta * b_w)[None, :]
+        b_o = tl.sum(S * b_q[:, None], axis=0) * scale
+        tl.store(o + (t * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mask_v)
+    if STORE_HT:
+        tl.store(ht + p_state, S, mask=mask_kv)
+
+
+@triton.jit
+def _bwd_reverse_kernel(q, k, g, beta, w_buf, do, dht, dh0, dk_part, dv, dbeta_part, du_buf,
+                        offsets, scale, TT,
+                        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                        BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
+                        HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, L2NORM: tl.constexpr):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos = tl.load(offsets + i_n).to(tl.int64)
+    eos = tl.load(offsets + i_n + 1).to(tl.int64)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_k = o_k < K
+    mask_v = o_v < V
+    mask_kv = mask_k[:, None] & mask_v[None, :]
+    p_state = (i_n * HV + i_hv).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
+    dS = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_DHT:
+        dS += tl.load(dht + p_state, mask=mask_kv, other=0.0)
+    for r in range(0, eos - bos):
+        t = eos - 1 - r
+        b_q = _load_qk(q + (t * H + i_h) * K, o_k, mask_k, L2NORM)
+        b_k = _load_qk(k + (t * H + i_h) * K, o_k, mask_k, L2NORM)
+        b_w = tl.load(w_buf + (t * HV + i_hv) * V + o_v, mask=mask_v, other=0.0)
+        b_do = tl.load(do + (t * HV + i_hv) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+        b_beta = tl.load(beta + t * HV + i_hv)
+        dS += scale * b_q[:, None] * b_do[None, :]
+        b_dvn = tl.sum(dS * b_k[:, None], axis=0)
+        b_dk = tl.sum(dS * (b_beta * b_w)[None, :], axis=1)
+        tl.store(dk_part + (i_v * TT + t * HV + i_hv) * K + o_k, b_dk, mask=mask_k)
+        tl.store(dv + (t * HV + i_hv) * V + o_v, (b_beta * b_dvn).to(dv.dtype.element_ty),
+                 mask=mask_v)
+        tl.store(dbeta_part + i_v * TT + t * HV + i_hv, tl.sum(b_dvn * b_w, axis=0))
+        b_du = -b_beta * b_dvn
+        tl.store(du_buf + (t * HV + i_hv) * V + o_v, b_du, mask=mask_v)
+        dS += b_k[:, None] * b_du[None, :]
+        if HAS_G:
+            dS = dS * tl.exp(tl.load(g + t * HV + i_hv))
+    if STORE_DH0:
+        tl.store(dh0 + p_state, dS, mask=mask_kv)
+
+
+@triton.jit
+def _bwd_forward_kernel(q, k, v, g, beta, h0, w_buf, du_buf, do, dv, dq_part, dk_part, dgt_part,
+                        offsets, scale, TT,
+                        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                        BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
+                        HAS_H0: tl.constexpr, L2NORM: tl.constexpr):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos = tl.load(offsets + i_n).to(tl.int64)
+    eos = tl.load(offsets + i_n + 1).to(tl.int64)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_k = o_k < K
+    mask_v = o_v < V
+    mask_kv = mask_k[:, None] & mask_v[None, :]
+    p_state = (i_n * HV + i_hv).to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        S += tl.load(h0 + p_state, mask=mask_kv, other=0.0)
+    for t in range(bos, eos):
+        b_q = _load_qk(q + (t * H + i_h) * K, o_k, mask_k, L2NORM)
+        b_k = _load_qk(k + (t * H + i_h) * K, o_k, mask_k, L2NORM)
+        b_w = tl.load(w_buf + (t * HV + i_hv) * V + o_v, mask=mask_v, other=0.0)
+        b_du = tl.load(du_buf + (t * HV + i_hv) * V + o_v, mask=mask_v, other=0.0)
+        b_do = tl.load(do + (t * HV + i_hv) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+        b_beta = tl.load(beta + t * HV + i_hv)
+        if HAS_G:
+            S = S * tl.exp(tl.load(g + t * HV + i_hv))
+        p_dk = dk_part + (i_v * TT + t * HV + i_hv) * K + o_k
+        b_dk = tl.load(p_dk, mask=mask_k, other=0.0) + tl.sum(S * b_du[None, :], axis=1)
+        tl.store(p_dk, b_dk, mask=mask_k)
+        S += b_k[:, None] * (b_beta * b_w)[None, :]
+        b_dq = scale * tl.sum(S * b_do[None, :], axis=1)
+        tl.store(dq_part + (i_v * TT + t * HV + i_hv) * K + o_k, b_dq, mask=mask_k)
+        if HAS_G:
+            b_v = tl.load(v + (t * HV + i_hv) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+            b_dv = tl.load(dv + (t * HV + i_hv) * V + o_v, mask=mask_v, other=0.0)
+            term = tl.sum(b_q * b_dq, axis=0) - tl.sum(b_v * b_dv.to(tl.float32), axis=0)
+            tl.store(dgt_part + i_v * TT + t * HV + i_hv, term)
+
+
+def _blocks(K: int, V: int):
+    BK = triton.next_power_of_2(K)
+    BV = min(triton.next_power_of_2(V), 32 if BK <= 128 else 16)
+    return BK, BV, triton.cdiv(V, BV)
+
+
+def l2norm_backward(x: torch.Tensor, dy: torch.Tensor, eps: float = L2_EPS) -> torch.Tensor:
+    """Gradient of y = x / sqrt(sum(x^2) + eps) over the last axis; x raw, dy fp32."""
+    xf = x.float()
+    rn = torch.rsqrt((xf * xf).sum(-1, keepdim=True) + eps)
+    y = xf * rn
+    return (dy - y * (y * dy).sum(-1, keepdim=True)) * rn
+
+
+def group_sum(x: torch.Tensor, H: int) -> torch.Tensor:
+    """[B, T, HV, K] per-value-head gradient -> [B, T, H, K] (value heads hv // (HV//H))."""
+    B, T, HV, K = x.shape
+    if HV == H:
+        return x
+    return x.view(B, T, H, HV // H, K).sum(3)
+
+
+class FusedRecurrentGatedDeltaRule(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, h0, scale, output_final_state, cu_seqlens, l2norm):
+        B, T, H, K = q.shape
+        HV, V = v.shape[2], v.shape[3]
+        offsets = seq_offsets(B, T, cu_seqlens, q.device)
+        N = offsets.shape[0] - 1
+        BK, BV, NV = _blocks(K, V)
+        q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
+        g = g.contiguous() if g is not None else None
+        needs_grad = any(ctx.needs_input_grad[:6])
+        o = torch.full((B, T, HV, V), float("nan"), dtype=q.dtype, device=q.device)
+        ht = (torch.full((N, HV, K, V), float("nan"), dtype=torch.float32, device=q.device)
+              if output_final_state else None)
+        w_buf = (torch.full((B, T, HV, V), float("nan"), dtype=torch.float32, device=q.device)
+                 if needs_grad else None)
+        _fwd_kernel[(NV, N * HV)](
+            q, k, v, g if g is not None else beta, beta, h0 if h0 is not None else o, o,
+            ht if ht is not None else o, w_buf if w_buf is not None else o, offsets, scale,
+            H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, HAS_G=g is not None, HAS_H0=h0 is not None,
+            STORE_HT=ht is not None, STORE_W=w_buf is not None, L2NORM=l2norm)
+        ctx.save_for_backward(q, k, v, g, beta, h0, w_buf, offsets, ht)
+        ctx.scale, ctx.l2norm = scale, l2norm
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, beta, h0, w_buf, offsets, ht = ctx.saved_tensors
+        scale, l2norm = ctx.scale, ctx.l2norm
+        B, T, H, K = q.shape
+        HV, V = v.shape[2], v.shape[3]
+        N = offsets.shape[0] - 1
+        TT = B * T * HV
+        BK, BV, NV = _blocks(K, V)
+        dev = q.device
+        do = do.contiguous()
+        nan = float("nan")
+        dk_part = torch.full((NV, B, T, HV, K), nan, dtype=torch.float32, device=dev)
+        dq_part = torch.full((NV, B, T, HV, K), nan, dtype=torch.float32, device=dev)
+        dbeta_part = torch.full((NV, B, T, HV), nan, dtype=torch.float32, device=dev)
+        dgt_part = torch.full((NV, B, T, HV), nan, dtype=torch.float32, device=dev)
+        du_buf = torch.full((B, T, HV, V), nan, dtype=torch.float32, device=dev)
+        dv = torch.full((B, T, HV, V), nan, dtype=torch.float32, device=dev)
+        dh0 = torch.full((N, HV, K, V), nan, dtype=torch.float32, device=dev) \
+            if h0 is not None else None
+        if dht is not None:
+            dht = dht.contiguous()
+        _bwd_reverse_kernel[(NV, N * HV)](
+            q, k, g if g is not None else beta, beta, w_buf, do,
+            dht if dht is not None else dv, dh0 if dh0 is not None else dv, dk_part, dv,
+            dbeta_part, du_buf, offsets, scale, TT,
+            H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, HAS_G=g is not None, HAS_DHT=dht is not None,
+            STORE_DH0=dh0 is not None, L2NORM=l2norm)
+        _bwd_forward_kernel[(NV, N * HV)](
+            q, k, v, g if g is not None else beta, beta, h0 if h0 is not None else dv, w_buf,
+            du_buf, do, dv, dq_part, dk_part, dgt_part, offsets, scale, TT,
+            H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, HAS_G=g is not None, HAS_H0=h0 is not None,
+            L2NORM=l2norm)
+        dq = group_sum(dq_part.sum(0), H)
+        dk = group_sum(dk_part.sum(0), H)
+        dbeta = dbeta_part.sum(0)
+        dg = None
+        if g is not None:
+            extra = None
+            if dht is not None and ht is not None:
+                extra = (dht * ht).sum((2, 3))
+            dg = sequence_reverse_cumsum(dgt_part.sum(0).view(B * T, HV), offsets, extra)
+            dg = dg.view(B, T, HV)
+        if l2norm:
+            dq = l2norm_backward(q, dq)
+            dk = l2norm_backward(k, dk)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg, dbeta, dh0,
+                None, None, None, None)
+
+
+def fused_recurrent_gated_delta_rule_triton(q, k, v, *, g, beta, scale, initial_state,
+                                            output_final_state, cu_seqlens,
+                                            use_qk_l2norm_in_kernel):
+    """q, k: [B, T, H, K]; v: [B, T, HV, V] (HV % H == 0), one dtype in bf16/fp16/fp32;
+    g (None = delta rule), beta: [B, T, HV] fp32; initial_state: None or [N, HV, K, V] fp32;
+    cu_seqlens: None or [N+1] int (B == 1). Returns (o [B, T, HV, V] in q's dtype,
+    final_state [N, HV, K, V] fp32 or None)."""
+    return FusedRecurrentGatedDeltaRule.apply(q, k, v, g, beta, initial_state, float(scale),
+                                              bool(output_final_state), cu_seqlens,
+                                              bool(use_qk_l2norm_in_kernel))

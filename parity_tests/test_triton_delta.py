@@ -1,0 +1,162 @@
+"""Triton kernels of delta_rule / gated_delta_rule (chunk and fused_recurrent), forward and
+backward, against fla_torch's float64 reference with autograd.
+
+Runs interpreted on CPU (TRITON_INTERPRET=1, set before triton is imported) with tiny shapes,
+or on CUDA with PARITY_DEVICE=cuda. Outputs of the kernels are NaN-poisoned before writing.
+Metric: RMS(kernel - ref) / RMS(ref), tolerances from parity_tests/cases.py.
+"""
+from __future__ import annotations
+
+import os
+
+DEVICE = os.environ.get("PARITY_DEVICE", "cpu")
+if DEVICE != "cuda":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+triton = pytest.importorskip("triton")
+
+try:  # bf16 tl.dot under the interpreter (triton#11584); test harness only
+    from parity_tests import triton_interpret_patch
+    triton_interpret_patch.apply()
+except ImportError:
+    pass
+
+from parity_tests.cases import tolerance  # noqa: E402
+from fla_torch.ops.gated_delta_rule.reference import gated_delta_rule_reference  # noqa: E402
+
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _kernel(kind: str, gated: bool):
+    if kind == "recurrent":
+        if gated:
+            from fla_torch.ops.gated_delta_rule.triton_recurrent import \
+                fused_recurrent_gated_delta_rule_triton as fn
+        else:
+            from fla_torch.ops.delta_rule.triton_recurrent import \
+                fused_recurrent_delta_rule_triton as fn
+    else:
+        if gated:
+            from fla_torch.ops.gated_delta_rule.triton_chunk import \
+                chunk_gated_delta_rule_triton as fn
+        else:
+            from fla_torch.ops.delta_rule.triton_chunk import chunk_delta_rule_triton as fn
+    return fn
+
+
+def _rel(a, ref):
+    a = a.detach().double().cpu()
+    ref = ref.detach().double().cpu()
+    if not torch.isfinite(a).all():
+        return float("inf")
+    return ((a - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30)).item()
+
+
+def run_case(kind, gated, dtype, B=2, T=37, H=2, HV=2, K=32, V=16, h0=True, final=True,
+             cu=None, l2norm=False, beta_lo=0.05, beta_hi=1.0, g_lo=-0.3, g_hi=0.0,
+             seed=0, check_grads=True):
+    rng = np.random.default_rng(seed)
+    N = B if cu is None else len(cu) - 1
+    knorm = 1.0 if l2norm else K ** -0.5
+    arrays = {
+        "q": rng.standard_normal((B, T, H, K)),
+        "k": rng.standard_normal((B, T, H, K)) * knorm,
+        "v": rng.standard_normal((B, T, HV, V)),
+        "g": rng.uniform(g_lo, g_hi, (B, T, HV)),
+        "beta": rng.uniform(beta_lo, beta_hi, (B, T, HV)),
+        "h0": rng.standard_normal((N, HV, K, V)) * 0.5,
+        "do": rng.standard_normal((B, T, HV, V)),
+        "dht": rng.standard_normal((N, HV, K, V)) * 0.5,
+    }
+    dt = DT[dtype]
+    dev = torch.device(DEVICE)
+    # activations rounded to the tested dtype; the oracle sees those same values in float64
+    act = {n: torch.tensor(arrays[n]).to(dt) for n in ("q", "k", "v")}
+    f32 = {n: torch.tensor(arrays[n], dtype=torch.float32) for n in ("g", "beta", "h0", "dht")}
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    scale = K ** -0.5
+
+    def leaves(device, float_dtype=None):
+        out = {}
+        for n in ("q", "k", "v"):
+            x = act[n].to(float_dtype) if float_dtype else act[n]
+            out[n] = x.to(device).requires_grad_(check_grads)
+        for n in ("g", "beta", "h0"):
+            x = f32[n].to(float_dtype) if float_dtype else f32[n]
+            out[n] = x.to(device).requires_grad_(check_grads)
+        return out
+
+    ref_in = leaves("cpu", torch.float64)
+    o_ref, ht_ref = gated_delta_rule_reference(
+        ref_in["q"], ref_in["k"], ref_in["v"], ref_in["g"] if gated else None, ref_in["beta"],
+        scale=scale, initial_state=ref_in["h0"] if h0 else None, output_final_state=True,
+        cu_seqlens=cu_t, use_qk_l2norm_in_kernel=l2norm)
+
+    kin = leaves(dev)
+    fn = _kernel(kind, gated)
+    kwargs = dict(beta=kin["beta"], scale=scale, initial_state=kin["h0"] if h0 else None,
+                  output_final_state=final, cu_seqlens=None if cu_t is None else cu_t.to(dev),
+                  use_qk_l2norm_in_kernel=l2norm)
+    if gated:
+        kwargs["g"] = kin["g"]
+    o, ht = fn(kin["q"], kin["k"], kin["v"], **kwargs)
+    assert o.dtype == dt and o.shape == (B, T, HV, V)
+    errs = {"o": _rel(o, o_ref)}
+    if final:
+        assert ht.dtype == torch.float32 and ht.shape == (N, HV, K, V)
+        errs["ht"] = _rel(ht, ht_ref)
+    else:
+        assert ht is None
+    if check_grads:
+        do = torch.tensor(arrays["do"])
+        dht = torch.tensor(arrays["dht"])
+        loss_ref = (o_ref * do).sum() + ((ht_ref * dht).sum() if final else 0.0)
+        names = ["q", "k", "v", "beta"] + (["g"] if gated else []) + (["h0"] if h0 else [])
+        grads_ref = torch.autograd.grad(loss_ref, [ref_in[n] for n in names])
+        loss = (o.float() * do.float().to(dev)).sum()
+        if final:
+            loss = loss + (ht * dht.float().to(dev)).sum()
+        grads = torch.autograd.grad(loss, [kin[n] for n in names])
+        for n, g_k, g_r in zip(names, grads, grads_ref):
+            assert g_k.dtype == kin[n].dtype, (n, g_k.dtype)
+            errs["d" + n] = _rel(g_k, g_r)
+    bad = {n: e for n, e in errs.items() if not e <= tolerance(dtype, n)}
+    assert not bad, f"{kind} gated={gated} {dtype}: over tolerance {bad}; all {errs}"
+    return errs
+
+
+KINDS = ["recurrent", "chunk"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_gated_basic(kind, dtype):
+    run_case(kind, True, dtype, B=2, T=37, H=2, HV=4, K=32, V=24)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_delta_basic(kind, dtype):
+    run_case(kind, False, dtype, B=2, T=41, H=2, HV=2, K=16, V=32, beta_lo=0.0, beta_hi=2.0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gated_varlen_l2norm(kind):
+    run_case(kind, True, "fp32", B=1, T=90, H=1, HV=2, K=32, V=16, cu=[0, 7, 7, 71, 90],
+             l2norm=True, beta_lo=0.0, beta_hi=2.0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gated_strong_gates_no_state(kind):
+    run_case(kind, True, "fp32", B=1, T=70, H=1, HV=1, K=16, V=16, h0=False, final=False,
+             g_lo=-20.0, g_hi=0.0, beta_lo=0.0, beta_hi=1e-3)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_delta_fp16_l2norm_beta_near_one(kind):
+    run_case(kind, False, "fp16", B=1, T=33, H=1, HV=2, K=24, V=16, l2norm=True,
+             beta_lo=0.999, beta_hi=1.0)
