@@ -1,0 +1,119 @@
+"""Pieces shared by the Pallas kernels that use the Triton lowering.
+
+- `compiler_params(num_warps, num_stages)`: selects the Triton lowering (the default GPU
+  lowering of recent JAX is Mosaic GPU, which cannot run interpreted on CPU).
+- `interpret()`: True off-GPU, so every kernel also runs (slowly) on CPU arrays.
+- `matmul(a, b, contract)`: fp32-accumulating 2-D matmul; fp32 operands run at IEEE precision
+  unless `fla_jax.dtypes.allow_tf32()` was active when the op was traced.
+- `load_rows` / `store_rows`: a [BT, D] tile at rows `start + arange(BT)` of a [T, D] ref,
+  rows >= `n_valid` and columns >= `n_cols` masked (loaded as 0, never stored).
+- `chunk_gates`: chunk-local cumsum of the scalar log-decay (fp32) and the decay matrix.
+Shapes use BT = chunk length, D = a padded head size (power of two >= 16).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+from ... import dtypes
+from .dispatch import pallas_interpret
+
+
+def compiler_params(num_warps: int, num_stages: int):
+    """Triton-lowering compiler parameters (works with jax 0.10 and 0.11)."""
+    return plt.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def interpret() -> bool:
+    """Run kernels with interpret=True (CPU) when the default backend is not a GPU."""
+    return pallas_interpret()
+
+
+def padded(size: int) -> int:
+    """Head size padded to a power of two >= 16 (Triton tiles and dots need it)."""
+    return max(16, pl.next_power_of_2(int(size)))
+
+
+def dot_precision():
+    """lax precision for in-kernel matmuls: HIGHEST (IEEE fp32) unless allow_tf32()."""
+    if dtypes.fp32_matmul_precision() == "ieee":
+        return lax.Precision.HIGHEST
+    return lax.Precision.HIGH
+
+
+def matmul(a, b, contract=(1, 0), precision=lax.Precision.HIGHEST):
+    """2-D matmul accumulated in fp32. contract=(1, 0): a @ b; (1, 1): a @ b.T;
+    (0, 0): a.T @ b. a and b must share a dtype (cast before the call)."""
+    return lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((), ())),
+                           precision=precision, preferred_element_type=jnp.float32)
+
+
+def load_rows(ref, start, bt, n_valid, n_cols=None, col0=0):
+    """ref: [T, D] (or [T]) block. Returns ref[start:start+bt] with rows >= n_valid and
+    columns col0 + j >= n_cols read as 0."""
+    shape = ref.shape
+    idx = jnp.arange(bt)
+    row_ok = idx < n_valid
+    if len(shape) == 1:
+        return plt.load(ref.at[pl.ds(start, bt)], mask=row_ok, other=0.0)
+    cols = col0 + jnp.arange(shape[1])
+    mask = row_ok[:, None] & (cols < n_cols)[None, :]
+    return plt.load(ref.at[pl.ds(start, bt), :], mask=mask, other=0.0)
+
+
+def store_rows(ref, start, n_valid, n_cols, value, col0=0):
+    """Store value [BT, D] (or [BT]) into ref[start:start+BT], masked like `load_rows`."""
+    bt = value.shape[0]
+    row_ok = jnp.arange(bt) < n_valid
+    if value.ndim == 1:
+        plt.store(ref.at[pl.ds(start, bt)], value.astype(ref.dtype), mask=row_ok)
+        return
+    cols = col0 + jnp.arange(value.shape[1])
+    mask = row_ok[:, None] & (cols < n_cols)[None, :]
+    plt.store(ref.at[pl.ds(start, bt), :], value.astype(ref.dtype), mask=mask)
+
+
+def load_tile(ref, n_rows, n_cols, row0=0, col0=0):
+    """Whole [R, C] block of a state ref, rows/cols beyond the real sizes read as 0."""
+    r, c = ref.shape
+    mask = ((row0 + jnp.arange(r)) < n_rows)[:, None] & ((col0 + jnp.arange(c)) < n_cols)[None, :]
+    return plt.load(ref, mask=mask, other=0.0)
+
+
+def store_tile(ref, value, n_rows, n_cols, row0=0, col0=0):
+    r, c = ref.shape
+    mask = ((row0 + jnp.arange(r)) < n_rows)[:, None] & ((col0 + jnp.arange(c)) < n_cols)[None, :]
+    plt.store(ref, value.astype(ref.dtype), mask=mask)
+
+
+def chunk_gates(g, gamma, n_valid, bt, transposed=False):
+    """Chunk-local decay terms, all fp32.
+
+    g: [BT] raw per-token log-decay (0 where masked) or None; gamma: scalar or None.
+    Returns gc [BT] (inclusive cumsum of g + gamma over valid rows, flat after them; None
+    without any decay), g_last (scalar: gc at the last valid row) and D [BT, BT] with
+    D[i, j] = exp(gc[i] - gc[j]) for j <= i, else 0 (its transpose when `transposed`).
+    """
+    idx = jnp.arange(bt)
+    if transposed:
+        row, col = idx[None, :], idx[:, None]
+    else:
+        row, col = idx[:, None], idx[None, :]
+    causal = row >= col
+    if g is None and gamma is None:
+        return None, None, causal.astype(jnp.float32)
+    inc = jnp.zeros((bt,), jnp.float32)
+    if g is not None:
+        inc = inc + g.astype(jnp.float32)
+    if gamma is not None:
+        inc = inc + jnp.where(idx < n_valid, gamma, 0.0)
+    gc = jnp.cumsum(inc)
+    g_last = jnp.sum(inc)
+    gi = gc[:, None] if not transposed else gc[None, :]
+    gj = gc[None, :] if not transposed else gc[:, None]
+    diff = jnp.where(causal, gi - gj, 0.0)
+    d = jnp.where(causal, jnp.exp(diff), 0.0)
+    return gc, g_last, d

@@ -1,0 +1,451 @@
+"""Chunked simple GLA as Pallas kernels (Triton lowering), forward and backward.
+
+Recurrence per sequence and head (decay a_t = g_t + gamma, either may be absent):
+    S_t = exp(a_t) S_{t-1} + k_t^T v_t,   o_t = scale * q_t S_t          S: [K, V] fp32
+Every kernel reads q, k, v, do in place in their [B, T, H, D] layout (BlockSpecs over the whole
+time axis of one (batch, head)), walks the sequence in chunks of BT tokens and keeps the
+recurrent state in registers. With gc = chunk-local inclusive cumsum of a (fp32) and
+D[i, j] = exp(gc_i - gc_j) [j <= i]:
+    o_c   = scale * ((q exp(gc)) S + ((q k^T) * D) v)
+    S     = exp(gc_last) S + (k exp(gc_last - gc))^T v
+Kernels (program = one sequence n, one head h, one block of K or V):
+    forward   (n, h, V-block)  chunks forward:  o, final state
+    dq        (n, h, K-block)  chunks forward:  dq = scale (exp(gc) do S^T + ((do v^T) * D) k),
+                                                 and q . dq per token (for dg)
+    dv        (n, h, V-block)  chunks backward: dv = (k exp(gc_last - gc)) dS + scale ((k q^T) * D^T) do
+    dk        (n, h, K-block)  chunks backward: dk = exp(gc_last - gc) v dS^T + scale ((do v^T) * D)^T q,
+                                                 dh0, and dg = reverse cumsum of (q.dq - k.dk)
+                                                 (+ <dS_T, S_T> for every token of a sequence)
+where dS (the gradient w.r.t. the state after a chunk) runs dS <- exp(gc_last) dS +
+scale (q exp(gc))^T do, starting from the final state's cotangent.
+Varlen: cu_seqlens (int32 [N+1], may be traced) is an input read inside the kernels; sequences
+shorter than a chunk and partial last chunks are masked.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from ..common import pallas_triton as ptr
+
+# Tunables (tests and benchmarks may change them before the first trace).
+TUNING = {
+    "bt": 64,            # chunk length
+    "state_elems": 8192,  # K-block x V-block size of the register state
+    "fwd_bv": None,      # None: state_elems // Kp
+    "bwd_bk": None,
+    "bwd_bv": None,
+    "fwd_warps": 4, "fwd_stages": 2,
+    "bwd_warps": 4, "bwd_stages": 2,
+}
+
+
+@dataclass(frozen=True)
+class _Static:
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    N: int
+    scale: float
+    varlen: bool
+    has_g: bool
+    has_gamma: bool
+    has_h0: bool
+    precision: object
+    bt: int
+    fwd_bv: int
+    bwd_bk: int
+    bwd_bv: int
+    fwd_warps: int
+    fwd_stages: int
+    bwd_warps: int
+    bwd_stages: int
+
+    @property
+    def Kp(self):
+        return ptr.padded(self.K)
+
+    @property
+    def Vp(self):
+        return ptr.padded(self.V)
+
+
+def _block(size_p, want):
+    return int(min(size_p, max(16, pl.next_power_of_2(int(want)))))
+
+
+def _make_static(q, v, g, g_gamma, initial_state, cu_seqlens, scale):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    Kp, Vp = ptr.padded(K), ptr.padded(V)
+    t = TUNING
+    fwd_bv = _block(Vp, t["fwd_bv"] or t["state_elems"] // Kp)
+    bwd_bk = _block(Kp, t["bwd_bk"] or t["state_elems"] // Vp)
+    bwd_bv = _block(Vp, t["bwd_bv"] or t["state_elems"] // Kp)
+    return _Static(B, T, H, K, V, N, float(scale), cu_seqlens is not None, g is not None,
+                   g_gamma is not None, initial_state is not None, ptr.dot_precision(),
+                   int(t["bt"]), fwd_bv, bwd_bk, bwd_bv, t["fwd_warps"], t["fwd_stages"],
+                   t["bwd_warps"], t["bwd_stages"])
+
+
+# ----------------------------------------------------------------------------- specs
+def _seq_spec(st, width, col_block):
+    """[B, T, H, D] array, block = the whole time axis of one (batch, head), `width` columns."""
+    if st.varlen:
+        return pl.BlockSpec((None, st.T, None, width), lambda n, h, j: (0, 0, h, col_block(j)))
+    return pl.BlockSpec((None, st.T, None, width), lambda n, h, j: (n, 0, h, col_block(j)))
+
+
+def _gate_spec(st):
+    """[B, T, H] fp32 gate."""
+    if st.varlen:
+        return pl.BlockSpec((None, st.T, None), lambda n, h, j: (0, 0, h))
+    return pl.BlockSpec((None, st.T, None), lambda n, h, j: (n, 0, h))
+
+
+def _part_spec(st):
+    """[NK, B, T, H] fp32 per-K-block partial of a per-token scalar."""
+    if st.varlen:
+        return pl.BlockSpec((None, None, st.T, None), lambda n, h, j: (j, 0, 0, h))
+    return pl.BlockSpec((None, None, st.T, None), lambda n, h, j: (j, n, 0, h))
+
+
+def _state_spec(rows, cols, row_block, col_block):
+    """[N, H, K, V] fp32 state."""
+    return pl.BlockSpec((None, None, rows, cols),
+                        lambda n, h, j: (n, h, row_block(j), col_block(j)))
+
+
+def _full_spec(x):
+    return pl.BlockSpec(x.shape, lambda n, h, j: (0,) * x.ndim)
+
+
+def _zero(j):
+    return 0
+
+
+def _same(j):
+    return j
+
+
+def _call(kernel, st, grid, inputs, outputs, warps, stages, name):
+    """inputs / outputs: lists of (name, array-or-ShapeDtypeStruct, BlockSpec)."""
+    names = [n for n, _, _ in inputs] + [n for n, _, _ in outputs]
+
+    def body(*refs):
+        kernel(dict(zip(names, refs)), st)
+
+    out = pl.pallas_call(
+        body, grid=grid,
+        in_specs=[s for _, _, s in inputs],
+        out_specs=[s for _, _, s in outputs],
+        out_shape=[a for _, a, _ in outputs],
+        compiler_params=ptr.compiler_params(warps, stages),
+        interpret=ptr.interpret(), name=name,
+    )(*[a for _, a, _ in inputs])
+    return dict(zip([n for n, _, _ in outputs], out))
+
+
+def _bounds(refs, st):
+    """(bos, length) of this program's sequence."""
+    n = pl.program_id(0)
+    if st.varlen:
+        bos = refs["cu"][n]
+        return bos, refs["cu"][n + 1] - bos
+    return 0, st.T
+
+
+def _gamma(refs, st):
+    """This head's fixed log-decay (read once, outside the chunk loop), or None."""
+    return refs["gamma"][pl.program_id(1)] if st.has_gamma else None
+
+
+def _gates(refs, st, gamma, start, nv, transposed=False):
+    g = ptr.load_rows(refs["g"], start, st.bt, nv) if st.has_g else None
+    return ptr.chunk_gates(g, gamma, nv, st.bt, transposed)
+
+
+def _common_inputs(st, cu, g, gamma):
+    ins = []
+    if st.varlen:
+        ins.append(("cu", cu, _full_spec(cu)))
+    if st.has_g:
+        ins.append(("g", g, _gate_spec(st)))
+    if st.has_gamma:
+        ins.append(("gamma", gamma, _full_spec(gamma)))
+    return ins
+
+
+# ----------------------------------------------------------------------------- forward
+def _fwd_kernel(refs, st):
+    bt, BV = st.bt, st.fwd_bv
+    vb = pl.program_id(2)
+    c0 = vb * BV
+    bos, L = _bounds(refs, st)
+    nt = (L + bt - 1) // bt
+    gamma = _gamma(refs, st)
+    if st.has_h0:
+        S0 = ptr.load_tile(refs["h0"], st.K, st.V, 0, c0)
+    else:
+        S0 = jnp.zeros((st.Kp, BV), jnp.float32)
+
+    def body(c, S):
+        start = bos + c * bt
+        nv = L - c * bt
+        q = ptr.load_rows(refs["q"], start, bt, nv, st.K)
+        k = ptr.load_rows(refs["k"], start, bt, nv, st.K)
+        v = ptr.load_rows(refs["v"], start, bt, nv, st.V, c0)
+        dt = q.dtype
+        gc, g_last, D = _gates(refs, st, gamma, start, nv)
+        A = ptr.matmul(q, k, (1, 1), st.precision) * D
+        if gc is not None:
+            qd = (q * jnp.exp(gc)[:, None]).astype(dt)
+            kd = (k * jnp.exp(g_last - gc)[:, None]).astype(dt)
+            S_dec = S * jnp.exp(g_last)
+        else:
+            qd, kd, S_dec = q, k, S
+        o = ptr.matmul(qd, S.astype(dt), (1, 0), st.precision)
+        o = o + ptr.matmul(A.astype(dt), v, (1, 0), st.precision)
+        ptr.store_rows(refs["o"], start, nv, st.V, o * st.scale, c0)
+        return S_dec + ptr.matmul(kd, v, (0, 0), st.precision)
+
+    S = lax.fori_loop(0, nt, body, S0)
+    ptr.store_tile(refs["ht"], S, st.K, st.V, 0, c0)
+
+
+def _forward(st, q, k, v, g, gamma, h0, cu):
+    NV = pl.cdiv(st.V, st.fwd_bv)
+    ins = [("q", q, _seq_spec(st, st.Kp, _zero)), ("k", k, _seq_spec(st, st.Kp, _zero)),
+           ("v", v, _seq_spec(st, st.fwd_bv, _same))] + _common_inputs(st, cu, g, gamma)
+    if st.has_h0:
+        ins.append(("h0", h0, _state_spec(st.Kp, st.fwd_bv, _zero, _same)))
+    outs = [("o", jax.ShapeDtypeStruct(v.shape[:3] + (st.V,), q.dtype),
+             _seq_spec(st, st.fwd_bv, _same)),
+            ("ht", jax.ShapeDtypeStruct((st.N, st.H, st.K, st.V), jnp.float32),
+             _state_spec(st.Kp, st.fwd_bv, _zero, _same))]
+    r = _call(_fwd_kernel, st, (st.N, st.H, NV), ins, outs, st.fwd_warps, st.fwd_stages,
+              "simple_gla_chunk_fwd")
+    return r["o"], r["ht"]
+
+
+# ----------------------------------------------------------------------------- backward
+def _dq_kernel(refs, st):
+    bt, BK = st.bt, st.bwd_bk
+    kb = pl.program_id(2)
+    r0 = kb * BK
+    bos, L = _bounds(refs, st)
+    nt = (L + bt - 1) // bt
+    gamma = _gamma(refs, st)
+    if st.has_h0:
+        S0 = ptr.load_tile(refs["h0"], st.K, st.V, r0, 0)
+    else:
+        S0 = jnp.zeros((BK, st.Vp), jnp.float32)
+
+    def body(c, S):
+        start = bos + c * bt
+        nv = L - c * bt
+        k = ptr.load_rows(refs["k"], start, bt, nv, st.K, r0)
+        v = ptr.load_rows(refs["v"], start, bt, nv, st.V)
+        do = ptr.load_rows(refs["do"], start, bt, nv, st.V)
+        dt = k.dtype
+        gc, g_last, D = _gates(refs, st, gamma, start, nv)
+        P = ptr.matmul(do, v, (1, 1), st.precision) * D
+        inter = ptr.matmul(do, S.astype(dt), (1, 1), st.precision)
+        if gc is not None:
+            inter = inter * jnp.exp(gc)[:, None]
+            kd = (k * jnp.exp(g_last - gc)[:, None]).astype(dt)
+            S_dec = S * jnp.exp(g_last)
+        else:
+            kd, S_dec = k, S
+        dq = (inter + ptr.matmul(P.astype(dt), k, (1, 0), st.precision)) * st.scale
+        ptr.store_rows(refs["dq"], start, nv, st.K, dq, r0)
+        if st.has_g:
+            q = ptr.load_rows(refs["q"], start, bt, nv, st.K, r0)
+            ptr.store_rows(refs["qdq"], start, nv, None, jnp.sum(q.astype(jnp.float32) * dq, 1))
+        return S_dec + ptr.matmul(kd, v, (0, 0), st.precision)
+
+    lax.fori_loop(0, nt, body, S0)
+
+
+def _dv_kernel(refs, st):
+    bt, BV = st.bt, st.bwd_bv
+    vb = pl.program_id(2)
+    c0 = vb * BV
+    bos, L = _bounds(refs, st)
+    nt = (L + bt - 1) // bt
+    gamma = _gamma(refs, st)
+    dS0 = ptr.load_tile(refs["dht"], st.K, st.V, 0, c0)
+
+    def body(i, dS):
+        c = nt - 1 - i
+        start = bos + c * bt
+        nv = L - c * bt
+        q = ptr.load_rows(refs["q"], start, bt, nv, st.K)
+        k = ptr.load_rows(refs["k"], start, bt, nv, st.K)
+        do = ptr.load_rows(refs["do"], start, bt, nv, st.V, c0)
+        dt = q.dtype
+        gc, g_last, Dt = _gates(refs, st, gamma, start, nv, transposed=True)
+        # (k q^T)[j, i] * D[i, j]
+        At = ptr.matmul(k, q, (1, 1), st.precision) * Dt
+        if gc is not None:
+            kd = (k * jnp.exp(g_last - gc)[:, None]).astype(dt)
+            qd = (q * jnp.exp(gc)[:, None]).astype(dt)
+            dS_dec = dS * jnp.exp(g_last)
+        else:
+            kd, qd, dS_dec = k, q, dS
+        dv = ptr.matmul(kd, dS.astype(dt), (1, 0), st.precision)
+        dv = dv + st.scale * ptr.matmul(At.astype(dt), do, (1, 0), st.precision)
+        ptr.store_rows(refs["dv"], start, nv, st.V, dv, c0)
+        return dS_dec + st.scale * ptr.matmul(qd, do, (0, 0), st.precision)
+
+    lax.fori_loop(0, nt, body, dS0)
+
+
+def _dk_kernel(refs, st):
+    bt, BK = st.bt, st.bwd_bk
+    kb = pl.program_id(2)
+    r0 = kb * BK
+    bos, L = _bounds(refs, st)
+    nt = (L + bt - 1) // bt
+    gamma = _gamma(refs, st)
+    dS0 = ptr.load_tile(refs["dht"], st.K, st.V, r0, 0)
+    idx = jnp.arange(bt)
+    upper = idx[None, :] >= idx[:, None]          # [i, j]: j >= i
+    if st.has_g:
+        n, h = pl.program_id(0), pl.program_id(1)
+        carry0 = jnp.where(kb == 0, refs["cterm"][n, h], 0.0).astype(jnp.float32)
+    else:
+        carry0 = jnp.zeros((), jnp.float32)
+
+    def body(i, state):
+        dS, carry = state
+        c = nt - 1 - i
+        start = bos + c * bt
+        nv = L - c * bt
+        q = ptr.load_rows(refs["q"], start, bt, nv, st.K, r0)
+        k = ptr.load_rows(refs["k"], start, bt, nv, st.K, r0)
+        v = ptr.load_rows(refs["v"], start, bt, nv, st.V)
+        do = ptr.load_rows(refs["do"], start, bt, nv, st.V)
+        dt = q.dtype
+        gc, g_last, D = _gates(refs, st, gamma, start, nv)
+        P = ptr.matmul(do, v, (1, 1), st.precision) * D
+        inter = ptr.matmul(v, dS.astype(dt), (1, 1), st.precision)
+        if gc is not None:
+            inter = inter * jnp.exp(g_last - gc)[:, None]
+            qd = (q * jnp.exp(gc)[:, None]).astype(dt)
+            dS_dec = dS * jnp.exp(g_last)
+        else:
+            qd, dS_dec = q, dS
+        dk = inter + st.scale * ptr.matmul(P.astype(dt), q, (0, 0), st.precision)
+        ptr.store_rows(refs["dk"], start, nv, st.K, dk, r0)
+        if st.has_g:
+            qdq = ptr.load_rows(refs["qdq"], start, bt, nv)
+            dG = qdq - jnp.sum(k.astype(jnp.float32) * dk, 1)
+            rev = jnp.sum(jnp.where(upper, dG[None, :], 0.0), 1)
+            ptr.store_rows(refs["dg"], start, nv, None, rev + carry)
+            carry = carry + jnp.sum(dG)
+        return dS_dec + st.scale * ptr.matmul(qd, do, (0, 0), st.precision), carry
+
+    dS, _ = lax.fori_loop(0, nt, body, (dS0, carry0))
+    if st.has_h0:
+        ptr.store_tile(refs["dh0"], dS, st.K, st.V, r0, 0)
+
+
+def _backward(st, q, k, v, g, gamma, h0, cu, ht, do, dht):
+    NK = pl.cdiv(st.K, st.bwd_bk)
+    NV = pl.cdiv(st.V, st.bwd_bv)
+    common = _common_inputs(st, cu, g, gamma)
+    part = jax.ShapeDtypeStruct((NK,) + g.shape, jnp.float32) if st.has_g else None
+
+    # dq (and q . dq per K-block)
+    ins = [("q", q, _seq_spec(st, st.bwd_bk, _same)), ("k", k, _seq_spec(st, st.bwd_bk, _same)),
+           ("v", v, _seq_spec(st, st.Vp, _zero)), ("do", do, _seq_spec(st, st.Vp, _zero))]
+    ins += common
+    if st.has_h0:
+        ins.append(("h0", h0, _state_spec(st.bwd_bk, st.Vp, _same, _zero)))
+    outs = [("dq", jax.ShapeDtypeStruct(q.shape, q.dtype), _seq_spec(st, st.bwd_bk, _same))]
+    if st.has_g:
+        outs.append(("qdq", part, _part_spec(st)))
+    r = _call(_dq_kernel, st, (st.N, st.H, NK), ins, outs, st.bwd_warps, st.bwd_stages,
+              "simple_gla_chunk_bwd_dq")
+    dq = r["dq"]
+
+    # dv
+    ins = [("q", q, _seq_spec(st, st.Kp, _zero)), ("k", k, _seq_spec(st, st.Kp, _zero)),
+           ("do", do, _seq_spec(st, st.bwd_bv, _same))] + common
+    ins.append(("dht", dht, _state_spec(st.Kp, st.bwd_bv, _zero, _same)))
+    outs = [("dv", jax.ShapeDtypeStruct(v.shape, v.dtype), _seq_spec(st, st.bwd_bv, _same))]
+    dv = _call(_dv_kernel, st, (st.N, st.H, NV), ins, outs, st.bwd_warps, st.bwd_stages,
+               "simple_gla_chunk_bwd_dv")["dv"]
+
+    # dk, dh0, dg
+    ins = [("q", q, _seq_spec(st, st.bwd_bk, _same)), ("k", k, _seq_spec(st, st.bwd_bk, _same)),
+           ("v", v, _seq_spec(st, st.Vp, _zero)), ("do", do, _seq_spec(st, st.Vp, _zero))]
+    ins += common
+    if st.has_g:
+        cterm = jnp.sum(dht * ht, axis=(2, 3))            # [N, H]: <dS_T, S_T>
+        ins += [("qdq", r["qdq"], _part_spec(st)), ("cterm", cterm, _full_spec(cterm))]
+    ins.append(("dht", dht, _state_spec(st.bwd_bk, st.Vp, _same, _zero)))
+    outs = [("dk", jax.ShapeDtypeStruct(k.shape, k.dtype), _seq_spec(st, st.bwd_bk, _same))]
+    if st.has_h0:
+        outs.append(("dh0", jax.ShapeDtypeStruct(h0.shape, jnp.float32),
+                     _state_spec(st.bwd_bk, st.Vp, _same, _zero)))
+    if st.has_g:
+        outs.append(("dg", part, _part_spec(st)))
+    r = _call(_dk_kernel, st, (st.N, st.H, NK), ins, outs, st.bwd_warps, st.bwd_stages,
+              "simple_gla_chunk_bwd_dk")
+    dg = None
+    if st.has_g:
+        dg = r["dg"][0] if NK == 1 else jnp.sum(r["dg"], axis=0)
+    dh0 = r["dh0"] if st.has_h0 else None
+    return dq, r["dk"], dv, dg, dh0
+
+
+# ----------------------------------------------------------------------------- custom_vjp
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _simple_gla(st, q, k, v, g, gamma, h0, cu):
+    return _forward(st, q, k, v, g, gamma, h0, cu)
+
+
+def _simple_gla_fwd(st, q, k, v, g, gamma, h0, cu):
+    o, ht = _forward(st, q, k, v, g, gamma, h0, cu)
+    return (o, ht), (q, k, v, g, gamma, h0, cu, ht)
+
+
+def _simple_gla_bwd(st, res, cts):
+    q, k, v, g, gamma, h0, cu, ht = res
+    do, dht = cts
+    dq, dk, dv, dg, dh0 = _backward(st, q, k, v, g, gamma, h0, cu, ht, do,
+                                    dht.astype(jnp.float32))
+    dgamma = None if gamma is None else jnp.zeros_like(gamma)
+    return dq, dk, dv, dg, dgamma, dh0, None
+
+
+_simple_gla.defvjp(_simple_gla_fwd, _simple_gla_bwd)
+
+
+def chunk_simple_gla_pallas(q, k, v, *, g=None, g_gamma=None, scale, initial_state=None,
+                            output_final_state=False, cu_seqlens=None):
+    """Pallas (Triton lowering) chunked simple GLA; runs interpreted off-GPU.
+
+    Args:
+        q, k: [B, T, H, K]; v: [B, T, H, V]; one dtype in bf16/fp16/fp32.
+        g: None or fp32 [B, T, H] raw log-decay; g_gamma: None or fp32 [H].
+        scale: float. initial_state: None or fp32 [N, H, K, V].
+        cu_seqlens: None or int [N+1] (B == 1), may be traced.
+    Returns:
+        o [B, T, H, V] in q's dtype; final state fp32 [N, H, K, V] or None.
+    Differentiable (custom_vjp with Pallas backward kernels) w.r.t. q, k, v, g, initial_state.
+    """
+    st = _make_static(q, v, g, g_gamma, initial_state, cu_seqlens, scale)
+    cu = None if cu_seqlens is None else cu_seqlens.astype(jnp.int32)
+    o, ht = _simple_gla(st, q, k, v, g, g_gamma, initial_state, cu)
+    return o, (ht if output_final_state else None)
