@@ -12,7 +12,7 @@ from ..common.prepare import run_op
 _FAMILY_ARGS = ("g", "g_gamma")
 _BASE = {"reference": "fla_torch.ops.simple_gla.reference:simple_gla_reference",
          "chunked": "fla_torch.ops.simple_gla.chunked:simple_gla_chunked"}
-CHUNK_IMPLS = dict(_BASE)
+CHUNK_IMPLS = dict(_BASE, triton="fla_torch.ops.simple_gla.triton_chunk:chunk_simple_gla_triton")
 RECURRENT_IMPLS = dict(_BASE)
 
 
