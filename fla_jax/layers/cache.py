@@ -1,0 +1,51 @@
+"""The per-layer decode cache, the same dict in fla_jax and fla_torch (a pytree, so it passes
+through jax.jit).
+
+A layer called with `use_cache=True` returns, as the third item of its output, a dict:
+
+    'recurrent_state': [B, HV, K, V] float32 -- the linear-attention state after the last token
+    'conv_state':      (q, k, v) ShortConvolution caches, each [B, D, W] in the compute dtype
+                       (the last W projected inputs, newest last), or None without short convs
+    'offset':          int (or an int32 scalar under jit) -- tokens consumed so far
+    'k_sum':           [B, H, K] float32 -- LinearAttention with do_feature_map_norm only
+
+Pass it back as `past_key_values=` to continue: a prefill followed by token-by-token decoding
+equals one forward over the whole sequence. A model keeps one such dict per layer.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+CACHE_KEYS = ("recurrent_state", "conv_state", "offset", "k_sum")
+
+
+def read_cache(layer_name: str, cache, use_short_conv: bool):
+    """Check a cache dict; return (recurrent_state, (conv_q, conv_k, conv_v), offset).
+
+    None -> (None, (None, None, None), 0)."""
+    if cache is None:
+        return None, (None, None, None), 0
+    if not isinstance(cache, dict) or "recurrent_state" not in cache:
+        raise TypeError(f"{layer_name}: past_key_values is {type(cache).__name__}; expected the "
+                        f"per-layer cache dict this layer returned with use_cache=True (keys "
+                        f"{', '.join(CACHE_KEYS[:3])})")
+    conv = cache.get("conv_state")
+    if use_short_conv:
+        if conv is None or len(conv) != 3:
+            raise ValueError(f"{layer_name}: past_key_values['conv_state'] is {conv!r}; expected "
+                             f"a (q, k, v) tuple of [B, D, W] arrays (use_short_conv=True)")
+        conv = tuple(conv)
+    else:
+        conv = (None, None, None)
+    state = cache["recurrent_state"]
+    if state is not None and np.dtype(state.dtype) != np.dtype(np.float32):
+        raise TypeError(f"{layer_name}: past_key_values['recurrent_state'] has dtype "
+                        f"{np.dtype(state.dtype).name}; expected float32 (recurrent states are "
+                        f"float32)")
+    return state, conv, cache.get("offset", 0)
+
+
+def make_cache(recurrent_state, conv_state, offset, **extra) -> dict:
+    cache = {"recurrent_state": recurrent_state, "conv_state": conv_state, "offset": offset}
+    cache.update(extra)
+    return cache

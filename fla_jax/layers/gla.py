@@ -1,0 +1,115 @@
+"""GatedLinearAttention for Flax NNX (FLA's class name, constructor arguments and parameter
+names; the same parameters, shapes and arithmetic as fla_torch.layers.GatedLinearAttention)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ..modules import Linear, ShortConvolution
+from ..modules.precision import canonical, compute_dtype
+from .cache import make_cache, read_cache
+from .projections import (activate, build_output_norm, call_op, check_activation, check_mode,
+                          effective_mode, output_gate, project_qkv, repeat_heads, split_heads)
+
+
+class GatedLinearAttention(nnx.Module):
+    """Gated Linear Attention layer.
+
+    Args (FLA's): mode ('chunk' | 'fused_recurrent' | 'fused_chunk' = chunk), hidden_size,
+        expand_k, expand_v, num_heads, num_kv_heads, feature_map, use_short_conv, conv_size,
+        conv_bias, use_output_gate, gate_fn, elementwise_affine, norm_eps,
+        gate_logit_normalizer, gate_low_rank_dim, clamp_min, fuse_norm, layer_idx.
+        Flax's: dtype, param_dtype, rngs.
+    Parameters: q_proj, k_proj, v_proj, g_proj, q/k/v_conv1d, gk_proj.0, gk_proj.1 (+ bias),
+        o_proj, g_norm_swish_gate.weight or g_norm.weight -- torch names and shapes.
+    __call__ -> (o [B, T, hidden], None, cache dict or None); see layers/cache.py.
+    """
+
+    def __init__(self, mode: str = "chunk", hidden_size: int = 1024, expand_k: float = 0.5,
+                 expand_v: float = 1.0, num_heads: int = 4, num_kv_heads: int | None = None,
+                 feature_map: str | None = None, use_short_conv: bool = False,
+                 conv_size: int = 4, conv_bias: bool = False, use_output_gate: bool = True,
+                 gate_fn: str = "swish", elementwise_affine: bool | None = True,
+                 norm_eps: float = 1e-5, gate_logit_normalizer: int = 16,
+                 gate_low_rank_dim: int = 16, clamp_min: float | None = None,
+                 fuse_norm: bool = True, layer_idx: int | None = None, *, dtype=None,
+                 param_dtype=jnp.float32, rngs: nnx.Rngs, **kwargs):
+        name = "GatedLinearAttention"
+        self.mode = check_mode(name, mode, ("chunk", "fused_recurrent", "fused_chunk"))
+        self.hidden_size = hidden_size
+        self.expand_k, self.expand_v = expand_k, expand_v
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads if num_kv_heads is not None else num_heads
+        if num_heads % self.num_kv_heads != 0:
+            raise ValueError(f"{name}: num_heads={num_heads} is not a multiple of "
+                             f"num_kv_heads={self.num_kv_heads}")
+        self.num_kv_groups = num_heads // self.num_kv_heads
+        self.feature_map = check_activation(name, "feature_map", feature_map)
+        self.use_short_conv = use_short_conv
+        self.conv_size, self.conv_bias = conv_size, conv_bias
+        self.use_output_gate = use_output_gate
+        self.key_dim = int(hidden_size * expand_k)
+        self.value_dim = int(hidden_size * expand_v)
+        for dim_name, dim in (("key_dim", self.key_dim), ("value_dim", self.value_dim)):
+            if dim % num_heads != 0:
+                raise ValueError(f"{name}: {dim_name}={dim} is not divisible by "
+                                 f"num_heads={num_heads}")
+        self.key_dim_per_group = self.key_dim // self.num_kv_groups
+        self.value_dim_per_group = self.value_dim // self.num_kv_groups
+        self.clamp_min = clamp_min
+        self.layer_idx = layer_idx
+        self.head_k_dim = self.key_dim // num_heads
+        self.head_v_dim = self.value_dim // num_heads
+        self.gate_logit_normalizer = gate_logit_normalizer
+        self.dtype, self.param_dtype = canonical(dtype), canonical(param_dtype)
+        check_activation(name, "gate_fn", gate_fn, allow_none=False)
+        f = {"dtype": self.dtype, "param_dtype": self.param_dtype, "rngs": rngs}
+        self.q_proj = Linear(hidden_size, self.key_dim, bias=False, **f)
+        self.k_proj = Linear(hidden_size, self.key_dim_per_group, bias=False, **f)
+        self.v_proj = Linear(hidden_size, self.value_dim_per_group, bias=False, **f)
+        if use_output_gate:
+            self.g_proj = Linear(hidden_size, self.value_dim, bias=False, **f)
+        if use_short_conv:
+            self.q_conv1d = ShortConvolution(self.key_dim, conv_size, bias=conv_bias, **f)
+            self.k_conv1d = ShortConvolution(self.key_dim_per_group, conv_size, bias=conv_bias,
+                                             **f)
+            self.v_conv1d = ShortConvolution(self.value_dim_per_group, conv_size,
+                                             bias=conv_bias, **f)
+        self.gk_proj = nnx.List([
+            Linear(hidden_size, gate_low_rank_dim, bias=False, **f),
+            Linear(gate_low_rank_dim, self.key_dim_per_group, bias=True, **f)])
+        self.o_proj = Linear(self.value_dim, hidden_size, bias=False, **f)
+        build_output_norm(self, gate_fn, fuse_norm, elementwise_affine, norm_eps,
+                          {"dtype": self.dtype, "param_dtype": self.param_dtype})
+
+    def log_decay(self, x):
+        """float32 gk [B, T, H, K] = logsigmoid(gk_proj(x)) / gate_logit_normalizer."""
+        gk = self.gk_proj[1](self.gk_proj[0](x, jnp.float32), jnp.float32)
+        gk = jax.nn.log_sigmoid(gk) / self.gate_logit_normalizer
+        if self.clamp_min is not None:
+            gk = jnp.maximum(gk, self.clamp_min)
+        return repeat_heads(split_heads(gk, self.head_k_dim), self.num_kv_groups)
+
+    def __call__(self, hidden_states, attention_mask=None, past_key_values=None,
+                 use_cache: bool = False, **kwargs):
+        if attention_mask is not None:
+            raise NotImplementedError("GatedLinearAttention: attention_mask (padding) is not "
+                                      "supported yet; pass unpadded batches")
+        B, T, _ = hidden_states.shape
+        cd = compute_dtype(hidden_states, self.dtype)
+        x = hidden_states.astype(cd)
+        state, conv_cache, offset = read_cache("GatedLinearAttention", past_key_values,
+                                               self.use_short_conv)
+        mode = effective_mode(self.mode, past_key_values, T)
+        q, k, v, conv_state = project_qkv(self, x, cd, conv_cache, use_cache)
+        q = split_heads(q, self.head_k_dim)
+        k = repeat_heads(split_heads(k, self.head_k_dim), self.num_kv_groups)
+        v = repeat_heads(split_heads(v, self.head_v_dim), self.num_kv_groups)
+        q, k = activate(q, self.feature_map), activate(k, self.feature_map)
+        gk = self.log_decay(x)
+        o, state = call_op("gla", mode, q, k, v, g=gk, initial_state=state,
+                           output_final_state=use_cache)
+        o = self.o_proj(output_gate(self, o, x, cd), cd)
+        cache = make_cache(state, conv_state, offset + T) if use_cache else None
+        return o, None, cache

@@ -1,0 +1,114 @@
+"""Pieces every layer shares (mirror of fla_torch/layers/projections.py): q/k/v projections
+with optional short convolutions, head reshapes, activations by name, the op call for a mode,
+the mode rule and the GLA / retention output stage."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .. import ops
+
+MODES = ("chunk", "fused_recurrent")
+MODE_ALIASES = {"fused_chunk": "chunk", "parallel": "chunk"}
+
+
+def check_mode(layer_name: str, mode: str, allowed: tuple) -> str:
+    if mode not in allowed:
+        raise ValueError(f"{layer_name}: mode={mode!r}; expected one of "
+                         f"{', '.join(repr(m) for m in allowed)}")
+    return MODE_ALIASES.get(mode, mode)
+
+
+def effective_mode(mode: str, past_key_values, T: int) -> str:
+    """The rule (same in fla_torch): a call continuing from a cache with T <= 64 new tokens runs
+    the fused_recurrent op (decoding); every other call runs the layer's mode."""
+    return "fused_recurrent" if (past_key_values is not None and T <= 64) else mode
+
+
+def call_op(family: str, mode: str, q, k, v, **kwargs):
+    """ops.chunk_<family> or ops.fused_recurrent_<family> with impl='auto'."""
+    fn = getattr(ops, f"{mode}_{family}")
+    return fn(q, k, v, impl="auto", **kwargs)
+
+
+def project_qkv(layer, x, cd, conv_cache, use_cache: bool, qk_silu_without_conv: bool = False):
+    """q, k, v = (conv(proj(x))) in dtype cd. Returns (q, k, v, conv_state or None)."""
+    q = layer.q_proj(x, cd)
+    k = layer.k_proj(x, cd)
+    v = layer.v_proj(x, cd)
+    if layer.use_short_conv:
+        cq, ck, cv = conv_cache
+        q, cq = layer.q_conv1d(q, cache=cq, output_final_state=use_cache)
+        k, ck = layer.k_conv1d(k, cache=ck, output_final_state=use_cache)
+        v, cv = layer.v_conv1d(v, cache=cv, output_final_state=use_cache)
+        return q, k, v, ((cq, ck, cv) if use_cache else None)
+    if qk_silu_without_conv:
+        q, k = activate(q, "silu"), activate(k, "silu")
+    if getattr(layer, "v_silu_without_conv", False):
+        v = activate(v, "silu")
+    return q, k, v, None
+
+
+def split_heads(x, head_dim: int):
+    """[B, T, H * D] -> [B, T, H, D]."""
+    return x.reshape(*x.shape[:-1], x.shape[-1] // head_dim, head_dim)
+
+
+def flatten_heads(x):
+    """[B, T, H, D] -> [B, T, H * D]."""
+    return x.reshape(*x.shape[:-2], x.shape[-2] * x.shape[-1])
+
+
+def repeat_heads(x, groups: int):
+    """[B, T, H, D] -> [B, T, H * groups, D], each head repeated `groups` times in a row."""
+    return x if groups == 1 else jnp.repeat(x, groups, axis=2)
+
+
+_ACTS = {
+    "swish": jax.nn.silu, "silu": jax.nn.silu, "relu": jax.nn.relu, "sigmoid": jax.nn.sigmoid,
+    "tanh": jnp.tanh, "elu": jax.nn.elu, "identity": lambda x: x,
+    "elu_p1": lambda x: jax.nn.elu(x) + 1.0, "logsigmoid": jax.nn.log_sigmoid,
+}
+ACTIVATIONS = tuple(_ACTS)
+
+
+def check_activation(layer_name: str, arg: str, name, allow_none: bool = True):
+    if name is None and allow_none:
+        return None
+    if name not in _ACTS:
+        raise ValueError(f"{layer_name}: {arg}={name!r}; expected "
+                         f"{'None or ' if allow_none else ''}one of {', '.join(ACTIVATIONS)}")
+    return name
+
+
+def activate(x, name):
+    """Elementwise activation computed in float32, returned in x's dtype."""
+    if name is None:
+        return x
+    return _ACTS[name](x.astype(jnp.float32)).astype(x.dtype)
+
+
+def output_gate(layer, o, x, cd):
+    """GLA / MultiScaleRetention output stage: o [B, T, H, V] -> [B, T, H * V] in cd."""
+    if layer.use_output_gate:
+        g = layer.g_proj(x, cd)
+        if layer.fuse_norm_and_gate:
+            return flatten_heads(layer.g_norm_swish_gate(o, split_heads(g, layer.head_v_dim)))
+        normed = flatten_heads(layer.g_norm(o)).astype(cd)
+        return normed * activate(g, layer.gate_fn)
+    return flatten_heads(layer.g_norm(o)).astype(cd)
+
+
+def build_output_norm(layer, gate_fn: str, fuse_norm: bool, elementwise_affine, norm_eps: float,
+                      factory: dict) -> None:
+    """Create FLA's g_norm_swish_gate (FusedRMSNormGated) or g_norm (RMSNorm) on `layer`."""
+    from ..modules import FusedRMSNormGated, RMSNorm
+    layer.gate_fn = gate_fn
+    if gate_fn == "swish" and fuse_norm and layer.use_output_gate:
+        layer.g_norm_swish_gate = FusedRMSNormGated(
+            layer.head_v_dim, elementwise_affine=elementwise_affine, eps=norm_eps, **factory)
+        layer.fuse_norm_and_gate = True
+    else:
+        layer.fuse_norm_and_gate = False
+        layer.g_norm = RMSNorm(layer.head_v_dim, elementwise_affine=elementwise_affine,
+                               eps=norm_eps, **factory)
