@@ -25,46 +25,42 @@ def causal_ones(C: int, dtype: torch.dtype, device, strict: bool = False) -> tor
     return causal_mask(C, device, strict).to(dtype)
 
 
-def segment_sums(g: torch.Tensor, chunk_axis: int = -1) -> torch.Tensor:
+def segment_sums(g: torch.Tensor) -> torch.Tensor:
     """Log-decays of a chunk -> the log-decay between every pair of its tokens.
 
-    g: [..., C] (scalar gates, chunk_axis=-1) or [..., C, K] (per-channel gates,
-    chunk_axis=-2). Returns G: [..., C, C] or [..., C, C, K] with
-    G[i, j] = sum_{s=j+1..i} g_s for j <= i and -inf for j > i.
+    g: [..., C] (per-channel gates: put the channel axis before the chunk axis, [..., K, C]).
+    Returns G: [..., C, C] with G[i, j] = sum_{s=j+1..i} g_s for j <= i and -inf for j > i.
     """
-    axis = chunk_axis % g.dim()
-    C = g.shape[axis]
-    tail = (1,) * (g.dim() - 1 - axis)
-    # X[s, j] = g_s where s > j, else 0; cumsum over s gives G[i, j] = sum_{j < s <= i} g_s
-    x = g.unsqueeze(axis + 1).expand(g.shape[:axis + 1] + (C,) + g.shape[axis + 1:])
-    zero = torch.zeros((), dtype=g.dtype, device=g.device)
-    x = torch.where(causal_mask(C, g.device, strict=True).view((C, C) + tail), x, zero)
-    G = x.cumsum(axis)
-    neg_inf = torch.full((), float("-inf"), dtype=g.dtype, device=g.device)
-    return torch.where(causal_mask(C, g.device).view((C, C) + tail), G, neg_inf)
+    C = g.shape[-1]
+    # X[j, s] = g_s where s > j, else 0; a cumsum over s (the last, contiguous axis) gives
+    # Z[j, i] = sum_{j < s <= i} g_s = G[i, j]
+    x = g.unsqueeze(-2) * causal_ones(C, g.dtype, g.device, strict=True).T
+    G = x.cumsum(-1).transpose(-1, -2)
+    bias = torch.zeros(C, C, dtype=g.dtype, device=g.device).masked_fill(
+        ~causal_mask(C, g.device), float("-inf"))
+    return G + bias
 
 
-def chunk_decays(g: torch.Tensor, chunk_axis: int = -1):
+def chunk_decays(g: torch.Tensor):
     """Everything a chunked op needs from the log-decays g of its chunks.
 
-    g: [..., C] or [..., C, K] (see `segment_sums`). Returns
-      D        [..., C, C(, K)]  exp(G): causal decay matrix (0 above the diagonal, 1 on it)
-      to_start [..., C(, K)]     exp(g_1 + ... + g_i): decay from the chunk's start to token i
-      to_end   [..., C(, K)]     exp(g_{j+1} + ... + g_C): decay from token j to the chunk's end
-      total    [...(, K)]        exp(g_1 + ... + g_C): decay across the whole chunk
+    g: [..., C] (per-channel gates as [..., K, C]). Returns
+      D        [..., C, C]  exp(G): causal decay matrix (0 above the diagonal, 1 on it)
+      to_start [..., C]     exp(g_1 + ... + g_i): decay from the chunk's start to token i
+      to_end   [..., C]     exp(g_{j+1} + ... + g_C): decay from token j to the chunk's end
+      total    [...]        exp(g_1 + ... + g_C): decay across the whole chunk
     """
-    axis = chunk_axis % g.dim()
-    G = segment_sums(g, chunk_axis)
-    b = g.cumsum(axis)
-    to_end = G.select(axis, G.shape[axis] - 1)
-    total = b.select(axis, b.shape[axis] - 1)
-    return G.exp(), b.exp(), to_end.exp(), total.exp()
+    G = segment_sums(g)
+    b = g.cumsum(-1)
+    return G.exp(), b.exp(), G[..., -1, :].exp(), b[..., -1].exp()
 
 
 def vector_decay_scores(q: torch.Tensor, k: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
     """Per-channel decayed scores for gla.
 
-    q, k: [..., C, K]; D: [..., C, C, K] causal per-channel decays (from `chunk_decays`).
-    Returns A [..., C, C]: A_ij = sum_k q_ik k_jk D_ijk (0 for j > i). Memory [..., C, C, K].
+    q, k: [..., C, K]; D: [..., K, C, C] causal per-channel decays (`chunk_decays` of the
+    gates laid out [..., K, C]). Returns A [..., C, C]: A_ij = sum_k q_ik k_jk D_kij
+    (0 for j > i). Memory [..., K, C, C]: keep C small.
     """
-    return torch.einsum("...ik,...jk,...ijk->...ij", q, k, D)
+    qt, kt = q.transpose(-1, -2), k.transpose(-1, -2)                 # [..., K, C]
+    return (qt[..., :, None] * kt[..., None, :] * D).sum(-3)

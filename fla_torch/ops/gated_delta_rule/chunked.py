@@ -57,11 +57,15 @@ def delta_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, cu
     u, w = solved[..., :V], solved[..., V:]
     scores = (qc @ kc.transpose(-1, -2)) * incl                          # [R,HV,NC,C,C]
 
+    # per-chunk views for the sequential part (unbind: one gradient stack, not one per chunk)
+    us, ws, k_outs_t = u.unbind(2), w.unbind(2), k_out.transpose(-1, -2).unbind(2)
+    decays = None if chunk_decay is None else chunk_decay.unbind(2)      # NC x [R,HV]
+
     def step(c, S):
-        v_new = u[:, :, c] - w[:, :, c] @ S                              # [R,HV,C,V]
-        if chunk_decay is not None:
-            S = chunk_decay[:, :, c, None, None] * S
-        return S + k_out[:, :, c].transpose(-1, -2) @ v_new, v_new
+        v_new = us[c] - ws[c] @ S                                        # [R,HV,C,V]
+        if decays is not None:
+            S = decays[c][..., None, None] * S
+        return S + k_outs_t[c] @ v_new, v_new
 
     S_in, v_news, final = scan_chunks(plan, initial_state, (HV, K, V), cd, q.device, step)
     v_new = torch.stack(v_news, dim=2)                                   # [R,HV,NC,C,V]

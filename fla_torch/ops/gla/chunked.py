@@ -28,15 +28,17 @@ def gla_chunked(q, k, v, g, scale=1.0, initial_state=None, output_final_state=Fa
     cd = qf.dtype
     plan = make_plan(B, T, cu_seqlens, chunk_size, device=q.device)
     qc, kc, vc = to_chunks(plan, qf), to_chunks(plan, kf), to_chunks(plan, vf)  # [R,H,NC,C,*]
-    D, to_start, to_end, chunk_decay = chunk_decays(to_chunks(plan, g.to(cd)), chunk_axis=-2)
+    gc = to_chunks(plan, g.to(cd)).transpose(-1, -2)                    # [R,H,NC,K,C]
+    D, to_start, to_end, chunk_decay = chunk_decays(gc)                  # D [R,H,NC,K,C,C]
 
     o_intra = vector_decay_scores(qc, kc, D) @ vc                        # [R,H,NC,C,V]
-    q_in = qc * to_start                                                 # [R,H,NC,C,K]
-    k_out = kc * to_end
-    updates = k_out.transpose(-1, -2) @ vc                               # [R,H,NC,K,V]
+    q_in = qc * to_start.transpose(-1, -2)                               # [R,H,NC,C,K]
+    k_out = kc * to_end.transpose(-1, -2)
+    updates = (k_out.transpose(-1, -2) @ vc).unbind(2)                   # NC x [R,H,K,V]
+    decays = chunk_decay.unbind(2)                                       # NC x [R,H,K]
 
     def step(c, S):
-        return chunk_decay[:, :, c, :, None] * S + updates[:, :, c], None
+        return decays[c][..., None] * S + updates[c], None
 
     S_in, _, final = scan_chunks(plan, initial_state, (H, K, V), cd, q.device, step)
     o = scale * (q_in @ S_in + o_intra)

@@ -46,12 +46,13 @@ def simple_gla_chunked(q, k, v, g=None, g_gamma=None, scale=1.0, initial_state=N
         q_in = qc * to_start[..., None]
         k_out = kc * to_end[..., None]
     o_intra = scores @ vc                                                # [R,H,NC,C,V]
-    updates = k_out.transpose(-1, -2) @ vc                               # [R,H,NC,K,V]
+    updates = (k_out.transpose(-1, -2) @ vc).unbind(2)                   # NC x [R,H,K,V]
+    decays = None if chunk_decay is None else chunk_decay.unbind(2)      # NC x [R,H]
 
     def step(c, S):
-        if chunk_decay is not None:
-            S = chunk_decay[:, :, c, None, None] * S
-        return S + updates[:, :, c], None
+        if decays is not None:
+            S = decays[c][..., None, None] * S
+        return S + updates[c], None
 
     S_in, _, final = scan_chunks(plan, initial_state, (H, K, V), cd, q.device, step)
     o = scale * (q_in @ S_in + o_intra)
