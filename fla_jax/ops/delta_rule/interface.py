@@ -15,6 +15,7 @@ _BASE = {"reference": "fla_jax.ops.delta_rule.reference:delta_rule_reference",
          "chunked": "fla_jax.ops.delta_rule.chunked:delta_rule_chunked"}
 CHUNK_IMPLS = dict(_BASE)
 RECURRENT_IMPLS = dict(_BASE)
+RECURRENT_IMPLS["pallas"] = "fla_jax.ops.delta_rule.pallas_recurrent:fused_recurrent_delta_rule_pallas"
 
 
 def _require(op: str, name: str, x) -> None:

@@ -15,6 +15,7 @@ _BASE = {"reference": "fla_jax.ops.gated_delta_rule.reference:gated_delta_rule_r
          "chunked": "fla_jax.ops.gated_delta_rule.chunked:gated_delta_rule_chunked"}
 CHUNK_IMPLS = dict(_BASE)
 RECURRENT_IMPLS = dict(_BASE)
+RECURRENT_IMPLS["pallas"] = "fla_jax.ops.gated_delta_rule.pallas_recurrent:fused_recurrent_gated_delta_rule_pallas"
 
 
 def _require(op: str, name: str, x) -> None:

@@ -1,0 +1,152 @@
+"""Pallas delta-rule / gated-delta-rule kernels (interpreted on CPU) vs the float64 reference.
+
+Kernel outputs are NaN-poisoned: Pallas' interpreter allocates every kernel output filled
+with NaN, so any element a kernel forgets to write fails the finite check of rel_rms.
+Inputs: random (never zeros), drawn in float64; the oracle is fla_jax's token-by-token
+reference run in float64 (jax x64) on the values after rounding to the tested dtype, with
+jax.vjp for all gradients (dq, dk, dv, dg, dbeta, dh0).
+"""
+from __future__ import annotations
+
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from parity_tests.cases import rel_rms, tolerance
+
+DT = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
+KERNELS = {
+    ("gdn", "recurrent"): "fla_jax.ops.gated_delta_rule.pallas_recurrent:"
+                          "fused_recurrent_gated_delta_rule_pallas",
+    ("delta", "recurrent"): "fla_jax.ops.delta_rule.pallas_recurrent:"
+                            "fused_recurrent_delta_rule_pallas",
+    ("gdn", "chunk"): "fla_jax.ops.gated_delta_rule.pallas_chunk:chunk_gated_delta_rule_pallas",
+    ("delta", "chunk"): "fla_jax.ops.delta_rule.pallas_chunk:chunk_delta_rule_pallas",
+}
+
+
+def _load(name):
+    module, _, fn = name.partition(":")
+    try:
+        return getattr(importlib.import_module(module), fn)
+    except (ImportError, AttributeError) as err:
+        pytest.skip(f"{name} not available: {err}")
+
+
+def _inputs(seed, B, T, H, HV, K, V, N, gated, beta_range, g_min, h0):
+    rng = np.random.default_rng(seed)
+    x = {"q": rng.standard_normal((B, T, H, K)), "k": rng.standard_normal((B, T, H, K)),
+         "v": rng.standard_normal((B, T, HV, V)),
+         "beta": rng.uniform(*beta_range, size=(B, T, HV))}
+    if gated:
+        x["g"] = rng.uniform(g_min, 0.0, size=(B, T, HV)) if g_min < -1 else \
+            np.log(rng.uniform(0.85, 0.999, size=(B, T, HV)))
+    if h0:
+        x["h0"] = rng.standard_normal((N, HV, K, V)) * 0.5
+    x["do"] = rng.standard_normal((B, T, HV, V))
+    x["dht"] = rng.standard_normal((N, HV, K, V))
+    return x
+
+
+def _run(fn, x, dtype, *, gated, scale, l2norm, cu, h0, float_dtype):
+    """Forward + vjp of fn in the given dtype; returns dict of float64 numpy results."""
+    dt = float_dtype
+    acts = {n: jnp.asarray(x[n], dtype) for n in ("q", "k", "v")}
+    gf = jnp.float64 if dt == jnp.float64 else jnp.float32
+    prim = dict(acts, beta=jnp.asarray(x["beta"], gf))
+    if gated:
+        prim["g"] = jnp.asarray(x["g"], gf)
+    if h0:
+        prim["h0"] = jnp.asarray(x["h0"], gf)
+    cu_arr = None if cu is None else jnp.asarray(cu, jnp.int32)
+
+    def f(p):
+        kw = dict(beta=p["beta"], scale=scale, initial_state=p.get("h0"),
+                  output_final_state=True, cu_seqlens=cu_arr, use_qk_l2norm_in_kernel=l2norm)
+        if gated:
+            kw["g"] = p["g"]
+        return fn(p["q"], p["k"], p["v"], **kw)
+
+    (o, ht), vjp = jax.vjp(f, prim)
+    (grads,) = vjp((jnp.asarray(x["do"], o.dtype), jnp.asarray(x["dht"], ht.dtype)))
+    out = {"o": o, "ht": ht, "dq": grads["q"], "dk": grads["k"], "dv": grads["v"],
+           "dbeta": grads["beta"]}
+    if gated:
+        out["dg"] = grads["g"]
+    if h0:
+        out["dh0"] = grads["h0"]
+    for n in ("dq", "dk", "dv"):
+        assert out[n].dtype == acts[n[1]].dtype, (n, out[n].dtype)
+    assert out["o"].dtype == acts["q"].dtype and out["ht"].dtype == jnp.float32 or dt == jnp.float64
+    return {n: np.asarray(jnp.asarray(a, jnp.float32) if a.dtype == jnp.bfloat16 else a,
+                          np.float64) for n, a in out.items()}
+
+
+def _reference(x, dtype, *, gated, scale, l2norm, cu, h0):
+    mod = importlib.import_module("fla_jax.ops.gated_delta_rule.reference")
+    ref = mod.gated_delta_rule_reference
+    # the oracle sees the inputs after rounding to the tested dtype
+    xr = dict(x)
+    for n in ("q", "k", "v"):
+        xr[n] = np.asarray(jnp.asarray(x[n], DT[dtype]).astype(jnp.float32), np.float64)
+    if not gated:
+        def fn(q, k, v, *, beta, **kw):
+            return ref(q, k, v, g=jnp.zeros(beta.shape, beta.dtype), beta=beta, **kw)
+    else:
+        fn = ref
+    with jax.enable_x64(True):
+        return _run(fn, xr, jnp.float64, gated=gated, scale=scale, l2norm=l2norm, cu=cu,
+                    h0=h0, float_dtype=jnp.float64)
+
+
+CASES = {
+    # name: (B, T, H, HV, K, V, cu_seqlens, gated-specific g_min, beta range, h0, l2norm)
+    "base": dict(B=2, T=19, H=2, HV=2, K=16, V=32, cu=None, g_min=0, beta=(0.05, 0.95),
+                 h0=True, l2norm=False),
+    "gqa_l2norm": dict(B=1, T=21, H=1, HV=2, K=32, V=16, cu=None, g_min=0, beta=(0.05, 0.95),
+                       h0=False, l2norm=True),
+    "varlen": dict(B=1, T=40, H=1, HV=2, K=16, V=16, cu=[0, 7, 7, 25, 40], g_min=0,
+                   beta=(0.05, 0.95), h0=True, l2norm=True),
+    "neg_eig_strong_gate": dict(B=1, T=24, H=2, HV=2, K=16, V=64, cu=None, g_min=-20,
+                                beta=(0.0, 2.0), h0=True, l2norm=True),
+    "odd_dims": dict(B=1, T=17, H=1, HV=1, K=12, V=20, cu=None, g_min=0, beta=(0.9, 1.0),
+                     h0=True, l2norm=False),
+}
+
+
+def _check(family, variant, case, dtype):
+    c = CASES[case]
+    gated = family == "gdn"
+    fn = _load(KERNELS[(family, variant)])
+    N = c["B"] if c["cu"] is None else len(c["cu"]) - 1
+    x = _inputs(hash((family, case)) % 1000, c["B"], c["T"], c["H"], c["HV"], c["K"], c["V"],
+                N, gated, c["beta"], c["g_min"], c["h0"])
+    if not c["l2norm"]:   # keep the delta rule contractive: |k|^2 ~ 1
+        x["k"] = x["k"] / np.sqrt(c["K"])
+    scale = c["K"] ** -0.5
+    kw = dict(gated=gated, scale=scale, l2norm=c["l2norm"], cu=c["cu"], h0=c["h0"])
+    ref = _reference(x, dtype, **kw)
+    got = _run(fn, x, DT[dtype], float_dtype=DT[dtype], **kw)
+    errors = {}
+    for name, r in ref.items():
+        err = rel_rms(got[name], r, r)
+        errors[name] = err
+    bad = {n: e for n, e in errors.items() if not e <= tolerance(dtype, n)}
+    assert not bad, f"{family}/{variant}/{case}/{dtype}: {errors}"
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("family", ["gdn", "delta"])
+def test_recurrent(family, case, dtype):
+    _check(family, "recurrent", case, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("family", ["gdn", "delta"])
+def test_chunk(family, case, dtype):
+    _check(family, "chunk", case, dtype)
