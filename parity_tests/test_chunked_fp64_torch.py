@@ -112,7 +112,7 @@ def compare(family, tensors, kwargs, **perturb):
 CASES = []
 for fam in OPS:
     extra = {"HV": 4} if fam in DELTA else {}
-    for T in (1, 63, 100, 130):
+    for T in (1, 63, 64, 100, 130):
         CASES.append((f"{fam}-T{T}", fam, dict(T=T, B=2, **extra)))
     CASES.append((f"{fam}-varlen", fam, dict(T=300, cu_seqlens=[0, 15, 100, 300], **extra)))
     CASES.append((f"{fam}-varlen-empty", fam,
@@ -151,6 +151,42 @@ def test_chunked_matches_reference_fp64(family, params):
     expected = {"o", "final_state", "dq", "dk", "dv"} | {f"d{n}" for n in tensors
                                                           if n not in ("q", "k", "v")}
     assert set(errs) == expected
+
+
+CHUNKED_FNS = {
+    "simple_gla": "fla_torch.ops.simple_gla.chunked:simple_gla_chunked",
+    "gla": "fla_torch.ops.gla.chunked:gla_chunked",
+    "delta_rule": "fla_torch.ops.gated_delta_rule.chunked:delta_chunked",
+    "gated_delta_rule": "fla_torch.ops.gated_delta_rule.chunked:delta_chunked",
+}
+
+
+@pytest.mark.parametrize("family", list(OPS))
+@pytest.mark.parametrize("chunk_size", [8, 32])
+def test_chunk_size_does_not_change_results(family, chunk_size):
+    """Other chunk sizes (other packing / alignment of the varlen sequences) give the same
+    results as the reference."""
+    import importlib
+    module, _, name = CHUNKED_FNS[family].partition(":")
+    fn = getattr(importlib.import_module(module), name)
+    tensors, kwargs = make_inputs(family, T=90, HV=4 if family in DELTA else None,
+                                  cu_seqlens=[0, 7, 40, 40, 90], l2norm=family in DELTA)
+    K = tensors["q"].shape[-1]
+
+    def op(q, k, v, impl, **kw):
+        assert impl == "chunked"
+        if family == "delta_rule":
+            kw["g"] = None
+        if family in DELTA:
+            return fn(q, k, v, kw.pop("g"), kw.pop("beta"), K ** -0.5, kw["initial_state"],
+                      True, kw["cu_seqlens"], kw["use_qk_l2norm_in_kernel"],
+                      chunk_size=chunk_size)
+        return fn(q, k, v, scale=K ** -0.5, chunk_size=chunk_size, **kw)
+
+    ref = run_with_grads(family, "reference", tensors, kwargs)
+    got = run_with_grads(family, "chunked", tensors, kwargs, op=op)
+    errs = {n: rel_rms(got[n], ref[n]) for n in ref}
+    assert max(errs.values()) < TOL, errs
 
 
 @pytest.mark.parametrize("family", list(OPS))
