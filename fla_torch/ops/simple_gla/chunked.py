@@ -8,8 +8,6 @@ strong gates underflow to 0 instead of overflowing and the gate gradient does no
 """
 from __future__ import annotations
 
-import torch
-
 from ..common.causal_decay import causal_ones, chunk_decays
 from ..common.chunk_packing import from_chunks, make_plan, scan_chunks, to_chunks
 from ..common.qk_inputs import prepare_qkv
