@@ -136,3 +136,19 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_chunk(case, dtype):
     run_case(pallas_chunk.chunk_simple_gla_pallas, dtype, **CASES[case])
+
+
+REC_CASES = {
+    "g_h0": dict(T=20),
+    "g_and_gamma_blocks": dict(T=12, K=100, V=40, use_gamma=True,
+                               tuning={"state_elems": 1024}),
+    "plain": dict(T=12, use_g=False, use_h0=False, K=16, V=16),
+    "varlen": dict(B=1, T=24, cu=[0, 3, 3, 24], use_gamma=True),
+}
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("case", sorted(REC_CASES))
+def test_recurrent(case, dtype):
+    run_case(pallas_recurrent.fused_recurrent_simple_gla_pallas, dtype,
+             module=pallas_recurrent, **REC_CASES[case])

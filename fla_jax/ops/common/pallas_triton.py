@@ -64,6 +64,18 @@ def load_rows(ref, start, bt, n_valid, n_cols=None, col0=0):
     return plt.load(ref.at[pl.ds(start, bt), :], mask=mask, other=0.0)
 
 
+def load_row(ref, t, n_cols, col0=0):
+    """Row t of a [T, D] ref as a [D] vector; columns col0 + j >= n_cols read as 0."""
+    cols = col0 + jnp.arange(ref.shape[1])
+    return plt.load(ref.at[t, :], mask=cols < n_cols, other=0.0)
+
+
+def store_row(ref, t, value, n_cols, col0=0):
+    """ref[t, :] = value ([D]), columns col0 + j >= n_cols not written."""
+    cols = col0 + jnp.arange(value.shape[0])
+    plt.store(ref.at[t, :], value.astype(ref.dtype), mask=cols < n_cols)
+
+
 def store_rows(ref, start, n_valid, n_cols, value, col0=0):
     """Store value [BT, D] (or [BT]) into ref[start:start+BT], masked like `load_rows`."""
     bt = value.shape[0]

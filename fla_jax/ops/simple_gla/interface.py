@@ -12,8 +12,9 @@ from ..common.prepare import run_op
 _FAMILY_ARGS = ("g", "g_gamma")
 _BASE = {"reference": "fla_jax.ops.simple_gla.reference:simple_gla_reference",
          "chunked": "fla_jax.ops.simple_gla.chunked:simple_gla_chunked"}
-CHUNK_IMPLS = dict(_BASE)
-RECURRENT_IMPLS = dict(_BASE)
+CHUNK_IMPLS = dict(_BASE, pallas="fla_jax.ops.simple_gla.pallas_chunk:chunk_simple_gla_pallas")
+RECURRENT_IMPLS = dict(
+    _BASE, pallas="fla_jax.ops.simple_gla.pallas_recurrent:fused_recurrent_simple_gla_pallas")
 
 
 def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -81,12 +82,12 @@ def _block(size_p, want):
     return int(min(size_p, max(16, pl.next_power_of_2(int(want)))))
 
 
-def _make_static(q, v, g, g_gamma, initial_state, cu_seqlens, scale):
+def _make_static(q, v, g, g_gamma, initial_state, cu_seqlens, scale, tuning=None):
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     Kp, Vp = ptr.padded(K), ptr.padded(V)
-    t = TUNING
+    t = TUNING if tuning is None else tuning
     fwd_bv = _block(Vp, t["fwd_bv"] or t["state_elems"] // Kp)
     bwd_bk = _block(Kp, t["bwd_bk"] or t["state_elems"] // Vp)
     bwd_bv = _block(Vp, t["bwd_bv"] or t["state_elems"] // Kp)
@@ -221,7 +222,7 @@ def _fwd_kernel(refs, st):
     ptr.store_tile(refs["ht"], S, st.K, st.V, 0, c0)
 
 
-def _forward(st, q, k, v, g, gamma, h0, cu):
+def _forward(kn, st, q, k, v, g, gamma, h0, cu):
     NV = pl.cdiv(st.V, st.fwd_bv)
     ins = [("q", q, _seq_spec(st, st.Kp, _zero)), ("k", k, _seq_spec(st, st.Kp, _zero)),
            ("v", v, _seq_spec(st, st.fwd_bv, _same))] + _common_inputs(st, cu, g, gamma)
@@ -231,8 +232,8 @@ def _forward(st, q, k, v, g, gamma, h0, cu):
              _seq_spec(st, st.fwd_bv, _same)),
             ("ht", jax.ShapeDtypeStruct((st.N, st.H, st.K, st.V), jnp.float32),
              _state_spec(st.Kp, st.fwd_bv, _zero, _same))]
-    r = _call(_fwd_kernel, st, (st.N, st.H, NV), ins, outs, st.fwd_warps, st.fwd_stages,
-              "simple_gla_chunk_fwd")
+    r = _call(kn.fwd, st, (st.N, st.H, NV), ins, outs, st.fwd_warps, st.fwd_stages,
+              kn.name + "_fwd")
     return r["o"], r["ht"]
 
 
@@ -359,7 +360,7 @@ def _dk_kernel(refs, st):
         ptr.store_tile(refs["dh0"], dS, st.K, st.V, r0, 0)
 
 
-def _backward(st, q, k, v, g, gamma, h0, cu, ht, do, dht):
+def _backward(kn, st, q, k, v, g, gamma, h0, cu, ht, do, dht):
     NK = pl.cdiv(st.K, st.bwd_bk)
     NV = pl.cdiv(st.V, st.bwd_bv)
     common = _common_inputs(st, cu, g, gamma)
@@ -374,8 +375,8 @@ def _backward(st, q, k, v, g, gamma, h0, cu, ht, do, dht):
     outs = [("dq", jax.ShapeDtypeStruct(q.shape, q.dtype), _seq_spec(st, st.bwd_bk, _same))]
     if st.has_g:
         outs.append(("qdq", part, _part_spec(st)))
-    r = _call(_dq_kernel, st, (st.N, st.H, NK), ins, outs, st.bwd_warps, st.bwd_stages,
-              "simple_gla_chunk_bwd_dq")
+    r = _call(kn.dq, st, (st.N, st.H, NK), ins, outs, st.bwd_warps, st.bwd_stages,
+              kn.name + "_bwd_dq")
     dq = r["dq"]
 
     # dv
@@ -383,8 +384,8 @@ def _backward(st, q, k, v, g, gamma, h0, cu, ht, do, dht):
            ("do", do, _seq_spec(st, st.bwd_bv, _same))] + common
     ins.append(("dht", dht, _state_spec(st.Kp, st.bwd_bv, _zero, _same)))
     outs = [("dv", jax.ShapeDtypeStruct(v.shape, v.dtype), _seq_spec(st, st.bwd_bv, _same))]
-    dv = _call(_dv_kernel, st, (st.N, st.H, NV), ins, outs, st.bwd_warps, st.bwd_stages,
-               "simple_gla_chunk_bwd_dv")["dv"]
+    dv = _call(kn.dv, st, (st.N, st.H, NV), ins, outs, st.bwd_warps, st.bwd_stages,
+               kn.name + "_bwd_dv")["dv"]
 
     # dk, dh0, dg
     ins = [("q", q, _seq_spec(st, st.bwd_bk, _same)), ("k", k, _seq_spec(st, st.bwd_bk, _same)),
@@ -400,8 +401,8 @@ def _backward(st, q, k, v, g, gamma, h0, cu, ht, do, dht):
                      _state_spec(st.bwd_bk, st.Vp, _same, _zero)))
     if st.has_g:
         outs.append(("dg", part, _part_spec(st)))
-    r = _call(_dk_kernel, st, (st.N, st.H, NK), ins, outs, st.bwd_warps, st.bwd_stages,
-              "simple_gla_chunk_bwd_dk")
+    r = _call(kn.dk, st, (st.N, st.H, NK), ins, outs, st.bwd_warps, st.bwd_stages,
+              kn.name + "_bwd_dk")
     dg = None
     if st.has_g:
         dg = r["dg"][0] if NK == 1 else jnp.sum(r["dg"], axis=0)
@@ -410,26 +411,40 @@ def _backward(st, q, k, v, g, gamma, h0, cu, ht, do, dht):
 
 
 # ----------------------------------------------------------------------------- custom_vjp
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _simple_gla(st, q, k, v, g, gamma, h0, cu):
-    return _forward(st, q, k, v, g, gamma, h0, cu)
+class Kernels(NamedTuple):
+    """The four kernel bodies of one variant (chunked here, token-by-token in
+    pallas_recurrent.py); each is fn(refs: dict[str, Ref], st: _Static)."""
+    fwd: Callable
+    dq: Callable
+    dv: Callable
+    dk: Callable
+    name: str
 
 
-def _simple_gla_fwd(st, q, k, v, g, gamma, h0, cu):
-    o, ht = _forward(st, q, k, v, g, gamma, h0, cu)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def simple_gla_vjp(kn, st, q, k, v, g, gamma, h0, cu):
+    """(o, final_state) of kernels `kn`; differentiable w.r.t. q, k, v, g, h0 through the
+    Pallas backward kernels (gamma gets a zero cotangent, cu none)."""
+    return _forward(kn, st, q, k, v, g, gamma, h0, cu)
+
+
+def _vjp_fwd(kn, st, q, k, v, g, gamma, h0, cu):
+    o, ht = _forward(kn, st, q, k, v, g, gamma, h0, cu)
     return (o, ht), (q, k, v, g, gamma, h0, cu, ht)
 
 
-def _simple_gla_bwd(st, res, cts):
+def _vjp_bwd(kn, st, res, cts):
     q, k, v, g, gamma, h0, cu, ht = res
     do, dht = cts
-    dq, dk, dv, dg, dh0 = _backward(st, q, k, v, g, gamma, h0, cu, ht, do,
+    dq, dk, dv, dg, dh0 = _backward(kn, st, q, k, v, g, gamma, h0, cu, ht, do,
                                     dht.astype(jnp.float32))
     dgamma = None if gamma is None else jnp.zeros_like(gamma)
     return dq, dk, dv, dg, dgamma, dh0, None
 
 
-_simple_gla.defvjp(_simple_gla_fwd, _simple_gla_bwd)
+simple_gla_vjp.defvjp(_vjp_fwd, _vjp_bwd)
+_KERNELS = Kernels(fwd=_fwd_kernel, dq=_dq_kernel, dv=_dv_kernel, dk=_dk_kernel,
+                   name="simple_gla_chunk")
 
 
 def chunk_simple_gla_pallas(q, k, v, *, g=None, g_gamma=None, scale, initial_state=None,
@@ -447,5 +462,5 @@ def chunk_simple_gla_pallas(q, k, v, *, g=None, g_gamma=None, scale, initial_sta
     """
     st = _make_static(q, v, g, g_gamma, initial_state, cu_seqlens, scale)
     cu = None if cu_seqlens is None else cu_seqlens.astype(jnp.int32)
-    o, ht = _simple_gla(st, q, k, v, g, g_gamma, initial_state, cu)
+    o, ht = simple_gla_vjp(_KERNELS, st, q, k, v, g, g_gamma, initial_state, cu)
     return o, (ht if output_final_state else None)
