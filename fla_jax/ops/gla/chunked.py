@@ -1,0 +1,82 @@
+"""Chunk-parallel GLA (per-key-channel log-decay) in plain jnp (jit-able, differentiable).
+
+Per chunk of C tokens with b = inclusive cumsum of g over the chunk ([C, K]) and S the state
+entering the chunk:
+    o     = scale * ((q * exp(b)) S + A v),   A[i, j] = sum_k q_ik k_jk exp(b_ik - b_jk), j <= i
+    S_out = diag(exp(b_C)) S + (k * exp(b_C - b))^T v
+A is built from sub-blocks of c = 16 tokens so every exponent stays <= 0 (strong gates):
+  - diagonal sub-blocks use the full masked [c, c, K] tensor of exp(b_i - b_j), masked
+    before exp;
+  - for i in a later sub-block than j's sub-block J, with r_J = b at J's last token,
+    exp(b_i - b_j) = exp(b_i - r_J) * exp(r_J - b_j), both factors <= 1.
+The state passes from chunk to chunk in fla_jax.ops.common.chunk_state_scan.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from ..common.chunk_decay import causal_mask, chunk_cumsum
+from ..common.chunk_packing import (chunk_initial_states, from_chunks, gather_final_states,
+                                    plan_chunks, to_chunks)
+from ..common.chunk_state_scan import scan_chunk_states
+from ..common.compute_operands import einsum, prepare_qkv
+
+CHUNK_SIZE = 64
+SUB_CHUNK = 16
+
+
+def _masked_exp(diff, mask):
+    """exp(diff) where mask else 0, masking before exp (no overflow, no NaN gradients)."""
+    return jnp.where(mask, jnp.exp(jnp.where(mask, diff, 0.0)), 0.0)
+
+
+def intra_chunk_scores(qn, kn, b, sub: int):
+    """qn, kn, b: [B, NC, H, C, K] -> A [B, NC, H, C, C] (zero above the diagonal)."""
+    *lead, C, K = qn.shape
+    nb = C // sub
+    qs, ks, bs = (x.reshape(*lead, nb, sub, K) for x in (qn, kn, b))
+
+    diag_mask = causal_mask(sub)[..., None]                               # [c, c, 1]
+    decay = _masked_exp(bs[..., :, None, :] - bs[..., None, :, :], diag_mask)
+    diag = jnp.sum(qs[..., :, None, :] * ks[..., None, :, :] * decay, axis=-1)  # [.., nb, c, c]
+
+    ref = bs[..., -1, :]                                                  # [.., nb, K]
+    block = jnp.arange(C) // sub
+    earlier = (jnp.arange(nb)[None, :] < block[:, None])[..., None]      # [C, nb, 1]
+    q_off = qn[..., :, None, :] * _masked_exp(b[..., :, None, :] - ref[..., None, :, :], earlier)
+    k_off = ks * jnp.exp(ref[..., :, None, :] - bs)                       # [.., nb, c, K]
+    off = einsum("bnhiJk,bnhJjk->bnhiJj", q_off, k_off)                   # [.., C, nb, c]
+    off = off.reshape(*lead, nb, sub, nb, sub)
+    eye = jnp.eye(nb, dtype=qn.dtype)[:, None, :, None]
+    return (off + diag[..., :, :, None, :] * eye).reshape(*lead, C, C)
+
+
+def gla_chunked(q, k, v, *, g, scale, initial_state, output_final_state, cu_seqlens,
+                chunk_size: int = CHUNK_SIZE):
+    """q, k: [B, T, H, K]; v: [B, T, H, V]; g: [B, T, H, K] fp32/fp64;
+    initial_state: None or [N, H, K, V]; cu_seqlens: None or [N+1] int (may be traced).
+    Returns (o [B, T, H, V] in q's dtype, final_state [N, H, K, V] or None)."""
+    qc, kc, vc = prepare_qkv(q, k, v)
+    cd = qc.dtype
+    B, T, HV, K = qc.shape
+    V = vc.shape[-1]
+    sub = min(SUB_CHUNK, chunk_size)
+    if chunk_size % sub:
+        raise ValueError(f"gla_chunked: chunk_size={chunk_size}; expected a multiple of {sub}")
+    plan = plan_chunks(B, T, cu_seqlens, chunk_size)
+    qn, kn, vn = to_chunks(plan, qc), to_chunks(plan, kc), to_chunks(plan, vc)
+    b = chunk_cumsum(to_chunks(plan, g.astype(cd)))                       # [B, NC, H, C, K]
+    b_last = b[..., -1, :]                                                # [B, NC, H, K]
+
+    o_intra = einsum("bnhij,bnhjv->bnhiv", intra_chunk_scores(qn, kn, b, sub), vn)
+    k_decayed = kn * jnp.exp(b_last[..., None, :] - b)
+    carry0, reset_states = chunk_initial_states(plan, initial_state, (HV, K, V), cd)
+    S_in, S_after, S_last = scan_chunk_states(
+        jnp.exp(b_last), k_decayed, vn, None, carry0,
+        reset=plan.reset, reset_states=reset_states,
+        collect_after=output_final_state and plan.varlen)
+    o_inter = einsum("bnhck,bnhkv->bnhcv", qn * jnp.exp(b), S_in)
+    o = from_chunks(plan, scale * (o_inter + o_intra)).astype(q.dtype)
+    if not output_final_state:
+        return o, None
+    return o, gather_final_states(plan, S_after, S_last, initial_state, (HV, K, V), cd)
