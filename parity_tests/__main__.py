@@ -36,6 +36,8 @@ def main(argv=None) -> int:
     if args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 "
+                                           "--xla_llvm_disable_expensive_passes=true")
     os.environ["PARITY_DEVICE"] = args.device
     if args.device == "cpu" and "kernel" in args.impls and "torch" in args.frameworks:
         from . import triton_interpret_patch
@@ -55,7 +57,7 @@ def main(argv=None) -> int:
         for name in names:
             if not CASES[name].applies_to(OPS[op]):
                 continue
-            for dtype in args.dtypes:
+            for dtype in [d for d in args.dtypes if d in CASES[name].dtypes]:
                 for kind in args.impls:
                     impls = {fw: resolve(fw, op, kind) for fw in args.frameworks}
                     missing = [fw for fw, i in impls.items() if i is None]

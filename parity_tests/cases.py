@@ -91,6 +91,7 @@ class Case:
     l2norm: bool = False
     beta_max: float = 1.0        # beta drawn in (0, beta_max)
     families: tuple = field(default=("simple_gla", "gla", "delta_rule", "gated_delta_rule"))
+    dtypes: tuple = ("bf16", "fp16", "fp32")
 
     def applies_to(self, spec: OpSpec) -> bool:
         if spec.family not in self.families:
@@ -104,20 +105,23 @@ _ALL = ("simple_gla", "gla", "delta_rule", "gated_delta_rule")
 _DELTA = ("delta_rule", "gated_delta_rule")
 
 # Small shapes for CPU (CI): T not a multiple of 64, K != V, varlen with sequences shorter
-# than a chunk, initial states, weak to strong gates, GQA and l2norm for the delta family.
+# than a chunk (one empty), initial states, weak to strong gates (down to -20 per token),
+# GQA + l2norm + beta in (0, 2) for the delta family. The two base cases run in all three
+# dtypes; the feature cases in fp32 (tightest check) and bf16 (the training dtype).
+_FEATURE = ("fp32", "bf16")
 CPU_CASES = (
     Case("basic", B=2, T=100, strength=1.0, families=_ALL),
-    Case("t63_kv", B=1, T=63, K=32, V=48, h0=False, strength=0.1, families=_ALL),
     Case("varlen", B=1, T=300, cu_seqlens=(0, 15, 100, 300), strength=0.5, families=_ALL),
-    Case("varlen_short", B=1, T=70, cu_seqlens=(0, 5, 20, 20, 70), families=_ALL),
-    Case("strong", B=1, T=100, strength=10.0, families=_ALL),
-    Case("weak", B=1, T=100, strength=0.01, families=_ALL),
-    Case("gamma", B=1, T=100, gate_mode="gamma", families=("simple_gla",)),
-    Case("both_gates", B=1, T=100, gate_mode="both", families=("simple_gla",)),
-    Case("no_gate", B=1, T=100, gate_mode="none", strength=0.0, families=("simple_gla",)),
-    Case("gqa_l2", B=1, T=100, H=2, HV=4, l2norm=True, families=_DELTA),
-    Case("beta2", B=1, T=100, beta_max=2.0, families=_DELTA),
-    Case("g20", B=1, T=100, strength=20.0, families=("gated_delta_rule",)),
+    Case("t63_kv_weak", B=1, T=63, K=32, V=48, h0=False, strength=0.01, families=_ALL,
+         dtypes=_FEATURE),
+    Case("short_strong", B=1, T=70, cu_seqlens=(0, 5, 20, 20, 70), strength=20.0, families=_ALL,
+         dtypes=_FEATURE),
+    Case("gamma", B=1, T=100, gate_mode="gamma", families=("simple_gla",), dtypes=_FEATURE),
+    Case("both_gates", B=1, T=100, gate_mode="both", families=("simple_gla",), dtypes=("fp32",)),
+    Case("no_gate", B=1, T=100, gate_mode="none", strength=0.0, families=("simple_gla",),
+         dtypes=_FEATURE),
+    Case("gqa_l2_beta2", B=1, T=100, H=2, HV=4, l2norm=True, beta_max=2.0, families=_DELTA,
+         dtypes=_FEATURE),
 )
 
 # Realistic shapes for a GPU run.

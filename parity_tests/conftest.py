@@ -7,6 +7,10 @@ import os
 DEVICE = os.environ.get("PARITY_DEVICE", "cpu")
 if DEVICE != "cuda":
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # CPU compile time dominates the suite; XLA's cheaper backend passes cut it by about a third.
+    os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 "
+                                       "--xla_llvm_disable_expensive_passes=true")
     try:
         from parity_tests import triton_interpret_patch
         triton_interpret_patch.apply()

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from .cases import CPU_CASES, DTYPES, GPU_CASES, OPS
+from .cases import CPU_CASES, GPU_CASES, OPS
 from .harness import FRAMEWORKS, check, resolve
 
 DEVICE = os.environ.get("PARITY_DEVICE", "cpu")
@@ -22,7 +22,7 @@ def _params():
     for op, spec in OPS.items():
         for case in CASE_SET:
             if case.applies_to(spec):
-                for dtype in DTYPES:
+                for dtype in case.dtypes:
                     for kind in ("default", "kernel"):
                         yield pytest.param(op, case.name, dtype, kind,
                                            id=f"{op}-{case.name}-{dtype}-{kind}")
