@@ -112,6 +112,8 @@ CASES = {
                    beta=(0.05, 0.95), h0=True, l2norm=True),
     "neg_eig_strong_gate": dict(B=1, T=24, H=2, HV=2, K=16, V=64, cu=None, g_min=-20,
                                 beta=(0.0, 2.0), h0=True, l2norm=True),
+    "multi_chunk_varlen": dict(B=1, T=200, H=1, HV=2, K=16, V=32, cu=[0, 3, 131, 200],
+                               g_min=-3, beta=(0.05, 1.5), h0=True, l2norm=True),
     "odd_dims": dict(B=1, T=17, H=1, HV=1, K=12, V=20, cu=None, g_min=0, beta=(0.9, 1.0),
                      h0=True, l2norm=False),
 }

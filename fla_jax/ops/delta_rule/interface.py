@@ -14,6 +14,7 @@ _FAMILY_ARGS = ("beta", "use_qk_l2norm_in_kernel")
 _BASE = {"reference": "fla_jax.ops.delta_rule.reference:delta_rule_reference",
          "chunked": "fla_jax.ops.delta_rule.chunked:delta_rule_chunked"}
 CHUNK_IMPLS = dict(_BASE)
+CHUNK_IMPLS["pallas"] = "fla_jax.ops.delta_rule.pallas_chunk:chunk_delta_rule_pallas"
 RECURRENT_IMPLS = dict(_BASE)
 RECURRENT_IMPLS["pallas"] = "fla_jax.ops.delta_rule.pallas_recurrent:fused_recurrent_delta_rule_pallas"
 

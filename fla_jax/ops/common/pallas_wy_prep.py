@@ -1,0 +1,158 @@
+"""Pallas kernel: per-chunk WY (UT-transform) preparation for the (gated) delta rule.
+
+For one chunk of BT tokens (rows i, j) of one value head, with gc = chunk-local cumsum of g
+(fp32; zero when ungated) and Gamma = exp(gc):
+    A[i, j] = beta_i (k_i . k_j) exp(gc_i - gc_j)        for j < i   (strictly lower)
+    Tm      = (I + A)^{-1}                                (unit lower triangular)
+    W       = Tm (beta Gamma K)     [BT, K]
+    U       = Tm (beta V)           [BT, V]
+so that the chunk's innovations are v_new = U - W S0 (S0 = state at the chunk start).
+Tm is built from 16x16 diagonal blocks (forward substitution in registers) joined by
+block products: Tm_ab = -Tm_aa sum_{b <= c < a} A_ac Tm_cb.
+
+Chunks are listed in a table (sequence id, first token, end token) so one grid covers
+padded batches and packed varlen batches alike (entries past the real chunk count are empty).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from .dispatch import pallas_interpret
+from .pallas_delta_layout import dot_precision, l2norm_fwd, triton_params
+
+F32 = jnp.float32
+SUB = 16
+
+
+def chunk_table(cu, total_tokens: int, BT: int):
+    """cu: int32 [N+1] (may be traced). Returns int32 [NC, 2] (start, end) per chunk slot,
+    NC = total_tokens // BT + N (an upper bound); unused slots are (0, 0)."""
+    N = cu.shape[0] - 1
+    NC = total_tokens // BT + N
+    lens = cu[1:] - cu[:-1]
+    nch = (lens + BT - 1) // BT
+    first = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(nch).astype(jnp.int32)])
+    s = jnp.arange(NC, dtype=jnp.int32)
+    n = jnp.clip(jnp.searchsorted(first[1:], s, side="right"), 0, N - 1).astype(jnp.int32)
+    start = cu[n] + (s - first[n]) * BT
+    end = jnp.minimum(start + BT, cu[n + 1])
+    valid = s < first[N]
+    return jnp.stack([jnp.where(valid, start, 0), jnp.where(valid, end, 0)], axis=1)
+
+
+def masked_rows(ref, start, end, n_rows, head, cols=None, other=0.0):
+    """Load rows start .. start+n_rows of ref[:, head, cols] with rows >= end set to `other`."""
+    from jax.experimental.pallas import triton as plt
+    rows = start + lax.broadcasted_iota(jnp.int32, (n_rows,), 0)
+    mask = rows < end
+    if ref.ndim == 2:
+        return plt.load(ref.at[pl.ds(start, n_rows), head], mask=mask, other=other)
+    cols = slice(None) if cols is None else cols
+    return plt.load(ref.at[pl.ds(start, n_rows), head, cols], mask=mask[:, None], other=other)
+
+
+def store_rows(ref, val, start, end, head, cols=None):
+    from jax.experimental.pallas import triton as plt
+    n_rows = val.shape[0]
+    rows = start + lax.broadcasted_iota(jnp.int32, (n_rows,), 0)
+    mask = rows < end
+    if ref.ndim == 2:
+        plt.store(ref.at[pl.ds(start, n_rows), head], val.astype(ref.dtype), mask=mask)
+        return
+    cols = slice(None) if cols is None else cols
+    plt.store(ref.at[pl.ds(start, n_rows), head, cols], val.astype(ref.dtype),
+              mask=mask[:, None])
+
+
+def _inv_unit_lower(A):
+    """(I + A)^{-1} for a strictly lower [SUB, SUB] fp32 block, by forward substitution."""
+    r = lax.broadcasted_iota(jnp.int32, A.shape, 0)
+    c = lax.broadcasted_iota(jnp.int32, A.shape, 1)
+    Tm = (r == c).astype(F32)
+    col = lax.broadcasted_iota(jnp.int32, (A.shape[0],), 0)
+
+    def step(i, Tm):
+        a_i = jnp.sum(jnp.where(r == i, A, 0.0), axis=0)            # row i of A  [SUB]
+        new = jnp.where(col == i, 1.0, 0.0) - jnp.sum(a_i[:, None] * Tm, axis=0)
+        return jnp.where(r == i, new[None, :], Tm)
+
+    return lax.fori_loop(1, A.shape[0], step, Tm)
+
+
+def _prep_kernel(tab_ref, k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, *, G, BT, has_g, l2norm,
+                 prec):
+    s, hv = pl.program_id(0), pl.program_id(1)
+    h = hv // G
+    start, end = tab_ref[s, 0], tab_ref[s, 1]
+    NB = BT // SUB
+    dt = k_ref.dtype
+
+    @pl.when(end > start)
+    def _():
+        ks, xs_w, xs_u, gcs, betas = [], [], [], [], []
+        carry = jnp.zeros((), F32)
+        for b in range(NB):
+            st = start + b * SUB
+            k = masked_rows(k_ref, st, end, SUB, h)
+            k = l2norm_fwd(k).astype(dt) if l2norm else k
+            beta = masked_rows(b_ref, st, end, SUB, hv)
+            v = masked_rows(v_ref, st, end, SUB, hv)
+            if has_g:
+                gb = masked_rows(g_ref, st, end, SUB, hv)
+                gc = jnp.cumsum(gb) + carry
+                carry = carry + jnp.sum(gb)
+            else:
+                gc = jnp.zeros((SUB,), F32)
+            ks.append(k)
+            gcs.append(gc)
+            betas.append(beta)
+            xs_w.append((k.astype(F32) * (beta * jnp.exp(gc))[:, None]).astype(dt))
+            xs_u.append((v.astype(F32) * beta[:, None]).astype(dt))
+        r = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 0)
+        c = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 1)
+        A = {}
+        for a in range(NB):
+            for b in range(a + 1):
+                kk = jnp.dot(ks[a], ks[b].T, precision=prec, preferred_element_type=F32)
+                keep = (r > c) if a == b else jnp.ones((SUB, SUB), jnp.bool_)
+                diff = jnp.where(keep, gcs[a][:, None] - gcs[b][None, :], 0.0)
+                A[a, b] = jnp.where(keep, betas[a][:, None] * kk * jnp.exp(diff), 0.0)
+        Tm = {}
+        for a in range(NB):
+            Tm[a, a] = _inv_unit_lower(A[a, a])
+            for b in range(a - 1, -1, -1):
+                acc = jnp.zeros((SUB, SUB), F32)
+                for cc in range(b, a):
+                    acc = acc + jnp.dot(A[a, cc], Tm[cc, b], precision=prec,
+                                        preferred_element_type=F32)
+                Tm[a, b] = -jnp.dot(Tm[a, a], acc, precision=prec, preferred_element_type=F32)
+        for a in range(NB):
+            w = jnp.zeros((SUB, k_ref.shape[-1]), F32)
+            u = jnp.zeros((SUB, v_ref.shape[-1]), F32)
+            for b in range(a + 1):
+                t = Tm[a, b].astype(dt)
+                w = w + jnp.dot(t, xs_w[b], precision=prec, preferred_element_type=F32)
+                u = u + jnp.dot(t, xs_u[b], precision=prec, preferred_element_type=F32)
+            store_rows(w_ref, w, start + a * SUB, end, hv)
+            store_rows(u_ref, u, start + a * SUB, end, hv)
+
+
+def wy_prep(k, v, g, beta, table, *, H_ratio: int, BT: int, l2norm: bool, out_rows: int):
+    """k: [R, H, K]; v: [R, HV, V] (one dtype); g (fp32 or None), beta fp32: [R, HV];
+    table: int32 [NC, 2]. Returns W [out_rows, HV, K] and U [out_rows, HV, V] in k's dtype
+    (rows not covered by a chunk are left unwritten)."""
+    HV, K, V = v.shape[1], k.shape[2], v.shape[2]
+    interpret = pallas_interpret()
+    kernel = functools.partial(_prep_kernel, G=H_ratio, BT=BT, has_g=g is not None,
+                               l2norm=l2norm, prec=dot_precision())
+    ins = [table, k, v, g if g is not None else beta, beta]
+    out_shape = [jax.ShapeDtypeStruct((out_rows, HV, K), k.dtype),
+                 jax.ShapeDtypeStruct((out_rows, HV, V), k.dtype)]
+    return pl.pallas_call(kernel, out_shape=out_shape, grid=(table.shape[0], HV),
+                          interpret=interpret, name="delta_wy_prep",
+                          compiler_params=None if interpret else triton_params(4, 2))(*ins)

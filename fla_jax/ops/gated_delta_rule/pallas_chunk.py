@@ -1,0 +1,188 @@
+"""Chunked gated delta rule (WY / UT transform) as Pallas kernels.
+
+Forward, chunks of BT = 64 tokens:
+  1. `wy_prep` (fla_jax/ops/common/pallas_wy_prep.py), parallel over chunks: W, U per chunk.
+  2. `_state_out_kernel`, one program per (sequence, value head, block of BV value columns),
+     sequential over the sequence's chunks with the state S [K, BV] fp32 in registers:
+        v_new = U - W S
+        o     = scale (Gamma * (Q S) + tril(Q K^T * exp(gc_i - gc_j)) v_new)
+        S     = exp(gc_last) S + (K * exp(gc_last - gc))^T v_new
+     For training it also writes u_t = v_t - k_t S'_t (fp32; S'_t = exp(g_t) S_{t-1}), the
+     residual of the backward.
+Backward: the token-serial Pallas backward kernel of pallas_recurrent.py (exact, fp32 states;
+not the chunk-parallel backward, which is still to be written).
+q, k, v are read in place ([B, T, H, D] viewed as [B*T, H, D]); varlen is handled inside the
+kernels through cu_seqlens (may be traced).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from ..common.dispatch import pallas_interpret
+from ..common.pallas_delta_layout import (dot_precision, group_sum, l2norm_bwd, l2norm_fwd,
+                                          next_pow2, pad_last, sequence_bounds, triton_params)
+from ..common.pallas_wy_prep import chunk_table, masked_rows, store_rows, wy_prep
+from .pallas_recurrent import _backward as recurrent_backward
+
+F32 = jnp.float32
+BT = 64
+TUNING = {"BV": 64, "num_warps": 4, "num_stages": 2}
+
+
+def _state_out_kernel(*refs, scale, G, BV, has_g, has_h0, l2norm, save_u, prec):
+    it = iter(refs)
+    cu_ref, q_ref, k_ref, v_ref, w_ref, uu_ref = (next(it) for _ in range(6))
+    g_ref = next(it) if has_g else None
+    h0_ref = next(it) if has_h0 else None
+    o_ref, ht_ref = next(it), next(it)
+    u_ref = next(it) if save_u else None
+
+    n, hv, iv = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    h = hv // G
+    vs = pl.ds(iv * BV, BV)
+    bos, eos = cu_ref[n], cu_ref[n + 1]
+    K = q_ref.shape[-1]
+    dt = q_ref.dtype
+    r = lax.broadcasted_iota(jnp.int32, (BT, BT), 0)
+    c = lax.broadcasted_iota(jnp.int32, (BT, BT), 1)
+    S = h0_ref[n, hv, :, vs].astype(F32) if has_h0 else jnp.zeros((K, BV), F32)
+
+    def body(i, S):
+        st = bos + i * BT
+        q = masked_rows(q_ref, st, eos, BT, h)
+        k = masked_rows(k_ref, st, eos, BT, h)
+        if l2norm:
+            q, k = l2norm_fwd(q).astype(dt), l2norm_fwd(k).astype(dt)
+        w = masked_rows(w_ref, st, eos, BT, hv)
+        uu = masked_rows(uu_ref, st, eos, BT, hv, vs).astype(F32)
+        if has_g:
+            gb = masked_rows(g_ref, st, eos, BT, hv)
+            gc = jnp.cumsum(gb)
+            g_last = jnp.sum(gb)
+        else:
+            gc = jnp.zeros((BT,), F32)
+            g_last = jnp.zeros((), F32)
+        Sd = S.astype(dt)
+        v_new = uu - jnp.dot(w, Sd, precision=prec, preferred_element_type=F32)
+        vn_d = v_new.astype(dt)
+        diff = jnp.where(r >= c, gc[:, None] - gc[None, :], 0.0)
+        decay = jnp.where(r >= c, jnp.exp(diff), 0.0)
+        qk = jnp.dot(q, k.T, precision=prec, preferred_element_type=F32) * decay
+        o = jnp.exp(gc)[:, None] * jnp.dot(q, Sd, precision=prec, preferred_element_type=F32)
+        o = o + jnp.dot(qk.astype(dt), vn_d, precision=prec, preferred_element_type=F32)
+        store_rows(o_ref, scale * o, st, eos, hv, vs)
+        if save_u:
+            v = masked_rows(v_ref, st, eos, BT, hv, vs).astype(F32)
+            kk = jnp.dot(k, k.T, precision=prec, preferred_element_type=F32)
+            kk = jnp.where(r > c, kk * decay, 0.0)
+            pred = jnp.exp(gc)[:, None] * jnp.dot(k, Sd, precision=prec,
+                                                  preferred_element_type=F32)
+            pred = pred + jnp.dot(kk.astype(dt), vn_d, precision=prec,
+                                  preferred_element_type=F32)
+            store_rows(u_ref, v - pred, st, eos, hv, vs)
+        kd = (k.astype(F32) * jnp.exp(g_last - gc)[:, None]).astype(dt)
+        return jnp.exp(g_last) * S + jnp.dot(kd.T, vn_d, precision=prec,
+                                             preferred_element_type=F32)
+
+    S = lax.fori_loop(0, (eos - bos + BT - 1) // BT, body, S)
+    ht_ref[n, hv, :, vs] = S
+
+
+def _forward(q, k, v, g, beta, h0, cu, *, scale, l2norm, save_u):
+    """q, k: [R, H, K]; v: [R, HV, V]; g (or None), beta: [R, HV] fp32; h0: [N, HV, K, V] fp32
+    or None; cu int32 [N+1]. Returns o [R, HV, V], ht [N, HV, K, V] fp32, u (fp32) or None."""
+    R, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    N = cu.shape[0] - 1
+    interpret = pallas_interpret()
+    if interpret:
+        # the interpreter clamps out-of-range windows instead of masking them: give every
+        # chunk window real rows to read (the GPU path reads the arrays in place)
+        pad = lambda x: None if x is None else jnp.pad(x, [(0, BT)] + [(0, 0)] * (x.ndim - 1))
+        q, k, v, g, beta = pad(q), pad(k), pad(v), pad(g), pad(beta)
+    rows = q.shape[0]
+    table = chunk_table(cu, R, BT)
+    w, uu = wy_prep(k, v, g, beta, table, H_ratio=HV // H, BT=BT, l2norm=l2norm, out_rows=rows)
+    BV = min(V, TUNING["BV"])
+    kernel = functools.partial(_state_out_kernel, scale=scale, G=HV // H, BV=BV,
+                               has_g=g is not None, has_h0=h0 is not None, l2norm=l2norm,
+                               save_u=save_u, prec=dot_precision())
+    ins = [x for x in (cu, q, k, v, w, uu, g, h0) if x is not None]
+    out_shape = [jax.ShapeDtypeStruct((rows, HV, V), q.dtype),
+                 jax.ShapeDtypeStruct((N, HV, K, V), F32)]
+    if save_u:
+        out_shape.append(jax.ShapeDtypeStruct((rows, HV, V), F32))
+    params = None if interpret else triton_params(TUNING["num_warps"], TUNING["num_stages"])
+    outs = pl.pallas_call(kernel, out_shape=out_shape, grid=(N, HV, V // BV),
+                          interpret=interpret, name="chunk_gdn_state_out",
+                          compiler_params=params)(*ins)
+    o = outs[0][:R]
+    return o, outs[1], (outs[2][:R] if save_u else None)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
+def _chunk(q, k, v, g, beta, h0, cu, scale, l2norm, want_ht):
+    o, ht, _ = _forward(q, k, v, g, beta, h0, cu, scale=scale, l2norm=l2norm, save_u=False)
+    return o, ht
+
+
+def _chunk_fwd(q, k, v, g, beta, h0, cu, scale, l2norm, want_ht):
+    o, ht, u = _forward(q, k, v, g, beta, h0, cu, scale=scale, l2norm=l2norm, save_u=True)
+    return (o, ht), (q, k, v, g, beta, h0, cu, u)
+
+
+def _chunk_bwd(scale, l2norm, want_ht, res, cts):
+    q, k, v, g, beta, h0, cu, u = res
+    do, dht = cts
+    H = q.shape[1]
+    dq, dk, dv, db, dg, dh0 = recurrent_backward(q, k, v, g, beta, h0, cu, u, do,
+                                                 dht.astype(F32) if want_ht else None,
+                                                 scale=scale, l2norm=l2norm)
+    dq, dk = group_sum(dq, H), group_sum(dk, H)
+    if l2norm:
+        dq, dk = l2norm_bwd(q, dq), l2norm_bwd(k, dk)
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
+            None if g is None else dg.astype(g.dtype), db.astype(beta.dtype),
+            None if h0 is None else dh0.astype(h0.dtype), None)
+
+
+_chunk.defvjp(_chunk_fwd, _chunk_bwd)
+
+
+def chunk_gated_delta_rule_pallas(q, k, v, *, g, beta, scale, initial_state, output_final_state,
+                                  cu_seqlens, use_qk_l2norm_in_kernel=False):
+    """Chunked gated delta rule as Pallas kernels (Triton lowering; interpreted on CPU).
+
+    Args:
+        q, k: [B, T, H, K]; v: [B, T, HV, V] (HV % H == 0); one dtype in {bf16, fp16, fp32}.
+        g: [B, T, HV] fp32 raw log-decay (cumsum'd chunk-locally inside), or None (plain
+        delta rule); beta: [B, T, HV] fp32. scale: float. initial_state: None or
+        [N, HV, K, V] fp32. cu_seqlens: None or int [N+1] (B == 1; may be traced).
+        use_qk_l2norm_in_kernel: normalise q and k over K in fp32 inside the kernels.
+    Returns:
+        o [B, T, HV, V] in q's dtype; final_state [N, HV, K, V] fp32, or None unless
+        output_final_state. Differentiable w.r.t. q, k, v, g, beta, initial_state.
+    """
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    Kp, Vp = max(16, next_pow2(K)), max(16, next_pow2(V))
+    cu = sequence_bounds(B, T, cu_seqlens)
+    qf = pad_last(q.reshape(B * T, H, K), Kp)
+    kf = pad_last(k.reshape(B * T, H, K), Kp)
+    vf = pad_last(v.reshape(B * T, HV, V), Vp)
+    gf = None if g is None else g.reshape(B * T, HV)
+    bf = beta.reshape(B * T, HV)
+    h0 = initial_state
+    if h0 is not None and (Kp != K or Vp != V):
+        h0 = jnp.pad(h0, ((0, 0), (0, 0), (0, Kp - K), (0, Vp - V)))
+    o, ht = _chunk(qf, kf, vf, gf, bf, h0, cu, float(scale), bool(use_qk_l2norm_in_kernel),
+                   bool(output_final_state))
+    o = o[..., :V].reshape(B, T, HV, V)
+    if not output_final_state:
+        return o, None
+    return o, ht[:, :, :K, :V]
