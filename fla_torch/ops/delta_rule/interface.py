@@ -14,6 +14,7 @@ _FAMILY_ARGS = ("beta", "use_qk_l2norm_in_kernel")
 _BASE = {"reference": "fla_torch.ops.delta_rule.reference:delta_rule_reference",
          "chunked": "fla_torch.ops.delta_rule.chunked:delta_rule_chunked"}
 CHUNK_IMPLS = dict(_BASE)
+CHUNK_IMPLS["triton"] = "fla_torch.ops.delta_rule.triton_chunk:chunk_delta_rule_triton"
 RECURRENT_IMPLS = dict(_BASE)
 RECURRENT_IMPLS["triton"] = "fla_torch.ops.delta_rule.triton_recurrent:fused_recurrent_delta_rule_triton"
 _BETA = "beta, a [B, T, HV] tensor of write strengths"

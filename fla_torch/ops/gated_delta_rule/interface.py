@@ -14,6 +14,7 @@ _FAMILY_ARGS = ("g", "beta", "use_qk_l2norm_in_kernel")
 _BASE = {"reference": "fla_torch.ops.gated_delta_rule.reference:gated_delta_rule_reference",
          "chunked": "fla_torch.ops.gated_delta_rule.chunked:gated_delta_rule_chunked"}
 CHUNK_IMPLS = dict(_BASE)
+CHUNK_IMPLS["triton"] = "fla_torch.ops.gated_delta_rule.triton_chunk:chunk_gated_delta_rule_triton"
 RECURRENT_IMPLS = dict(_BASE)
 RECURRENT_IMPLS["triton"] = "fla_torch.ops.gated_delta_rule.triton_recurrent:fused_recurrent_gated_delta_rule_triton"
 _G = "g, a [B, T, HV] log-decay tensor"

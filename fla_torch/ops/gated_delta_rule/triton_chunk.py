@@ -1,0 +1,170 @@
+"""Chunked gated delta rule in Triton (WY / UT transform), forward and backward as one
+torch.autograd.Function. Kernels: triton_chunk_fwd.py, triton_chunk_bwd.py.
+
+Forward: wy_fwd -> chunk_h -> chunk_o.  Backward: chunk_h again (states are not kept),
+dvn_local -> chunk_dh (reverse) -> dqk -> wy_bwd, then dg = reverse cumsum per sequence of
+q.dq - v.dv (+ dS_final . S_final) and the group sum over value heads sharing a q/k head.
+With g=None it is the (ungated) delta rule. Inputs are read in place ([B, T, H, D]); the time
+axis is flattened so fixed-length batches and cu_seqlens share one code path.
+use_qk_l2norm_in_kernel: q, k are normalised in fp32 (torch ops, differentiated by autograd)
+and handed to the kernels in the input dtype.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from ... import dtypes
+from ..common.l2norm import l2norm
+from ..common.triton_gate_grad import sequence_reverse_cumsum
+from ..common.triton_seq_layout import chunk_tables, seq_offsets
+from .triton_chunk_bwd import _chunk_dh_kernel, _dqk_kernel, _dvn_local_kernel, _wy_bwd_kernel
+from .triton_chunk_fwd import BT, _chunk_h_kernel, _chunk_o_kernel, _wy_fwd_kernel
+from .triton_recurrent import group_sum
+
+
+def _poison() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1" or \
+        os.environ.get("FLA_TORCH_POISON", "0") == "1"
+
+
+def _buf(shape, dtype, device):
+    if _poison():
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+# Internal buffers kept in fp32 for bf16/fp16 inputs: u, because vn = u - w h cancels (a bf16
+# u doubled the bf16 error of o and dg in the interpreted tests); the rest are dot operands.
+_FP32_BUFFERS = {"u"}
+
+
+def _bdt(name, dtype):
+    return torch.float32 if name in _FP32_BUFFERS else dtype
+
+
+def _precisions(dtype):
+    """(PREC for dots on operands in the input dtype, PREC32 for fp32-internal dots)."""
+    if dtype == torch.float32:
+        p = dtypes.fp32_matmul_precision()
+        return p, p
+    return "tf32", "tf32"
+
+
+def _state_blocks(K, V):
+    BK = triton.next_power_of_2(K)
+    BV = 64 if BK <= 128 else 32
+    return BK, min(BV, triton.next_power_of_2(V))
+
+
+def _fwd_states(k, w, u, gc, h0, offsets, chunk_offsets, NT, N, output_final_state, PREC):
+    B, T, H, K = k.shape
+    HV, V = u.shape[2], u.shape[3]
+    BK, BV = _state_blocks(K, V)
+    h_buf = _buf((NT, HV, K, V), _bdt("h", k.dtype), k.device)
+    vn = _buf((B, T, HV, V), _bdt("vn", k.dtype), k.device)
+    ht = _buf((N, HV, K, V), torch.float32, k.device) if output_final_state else None
+    _chunk_h_kernel[(triton.cdiv(V, BV), N * HV)](
+        k, w, u, gc if gc is not None else u, h0 if h0 is not None else u, h_buf, vn,
+        ht if ht is not None else u, offsets, chunk_offsets,
+        H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_G=gc is not None,
+        HAS_H0=h0 is not None, STORE_HT=ht is not None, PREC=PREC, num_warps=4)
+    return h_buf, vn, ht
+
+
+class ChunkGatedDeltaRule(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, h0, scale, output_final_state, cu_seqlens):
+        B, T, H, K = q.shape
+        HV, V = v.shape[2], v.shape[3]
+        dev = q.device
+        q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
+        g = g.contiguous() if g is not None else None
+        h0 = h0.contiguous() if h0 is not None else None
+        offsets = seq_offsets(B, T, cu_seqlens, dev)
+        table, chunk_offsets, NT = chunk_tables(B, T, cu_seqlens, BT, dev)
+        N = offsets.shape[0] - 1
+        PREC, PREC32 = _precisions(q.dtype)
+        BK = min(64, triton.next_power_of_2(K))
+        BV = min(64, triton.next_power_of_2(V))
+        gc = _buf((B, T, HV), torch.float32, dev) if g is not None else None
+        tm = _buf((B, T, HV, BT), torch.float32, dev)
+        w = _buf((B, T, HV, K), _bdt("w", q.dtype), dev)
+        u = _buf((B, T, HV, V), _bdt("u", q.dtype), dev)
+        _wy_fwd_kernel[(NT, HV)](
+            k, v, g if g is not None else beta, beta, gc if gc is not None else beta, tm, w, u,
+            table, offsets, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_G=g is not None,
+            PREC=PREC32, num_warps=4)
+        h_buf, vn, ht = _fwd_states(k, w, u, gc, h0, offsets, chunk_offsets, NT, N,
+                                    output_final_state, PREC)
+        o = _buf((B, T, HV, V), q.dtype, dev)
+        _chunk_o_kernel[(triton.cdiv(V, BV), NT, HV)](
+            q, k, vn, h_buf, gc if gc is not None else beta, o, table, offsets, scale,
+            H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_G=g is not None, PREC=PREC,
+            num_warps=4)
+        ctx.save_for_backward(q, k, v, beta, gc, tm, w, u, h0, ht, offsets, table,
+                              chunk_offsets)
+        ctx.meta = (scale, NT, N, g is not None)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, beta, gc, tm, w, u, h0, ht, offsets, table, chunk_offsets = ctx.saved_tensors
+        scale, NT, N, has_g = ctx.meta
+        B, T, H, K = q.shape
+        HV, V = v.shape[2], v.shape[3]
+        dev = q.device
+        PREC, PREC32 = _precisions(q.dtype)
+        do = do.contiguous()
+        dht = dht.contiguous() if dht is not None else None
+        BK = min(64, triton.next_power_of_2(K))
+        BV = min(64, triton.next_power_of_2(V))
+        gc_arg = gc if gc is not None else beta
+        h_buf, vn, _ = _fwd_states(k, w, u, gc, h0, offsets, chunk_offsets, NT, N, False, PREC)
+        dvn = _buf((B, T, HV, V), torch.float32, dev)
+        _dvn_local_kernel[(triton.cdiv(V, BV), NT, HV)](
+            q, k, do, gc_arg, dvn, table, offsets, scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK,
+            BV=BV, HAS_G=has_g, PREC=PREC, num_warps=4)
+        SK, SV = _state_blocks(K, V)
+        dh_buf = _buf((NT, HV, K, V), _bdt("dh", q.dtype), dev)
+        dh0 = _buf((N, HV, K, V), torch.float32, dev) if h0 is not None else None
+        _chunk_dh_kernel[(triton.cdiv(V, SV), N * HV)](
+            q, k, w, do, gc_arg, dvn, dht if dht is not None else dvn,
+            dh0 if dh0 is not None else dvn, dh_buf, offsets, chunk_offsets, scale,
+            H=H, HV=HV, K=K, V=V, BT=BT, BK=SK, BV=SV, HAS_G=has_g, HAS_DHT=dht is not None,
+            STORE_DH0=dh0 is not None, PREC=PREC, num_warps=4)
+        dq = _buf((B, T, HV, K), torch.float32, dev)
+        dk = _buf((B, T, HV, K), torch.float32, dev)
+        dw = _buf((B, T, HV, K), torch.float32, dev)
+        _dqk_kernel[(triton.cdiv(K, BK), NT, HV)](
+            q, k, do, vn, dvn, h_buf, dh_buf, gc_arg, dq, dk, dw, table, offsets, scale,
+            H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_G=has_g, PREC=PREC, num_warps=4)
+        dv = _buf((B, T, HV, V), v.dtype, dev)
+        dbeta = _buf((B, T, HV), torch.float32, dev)
+        dgt = _buf((B, T, HV), torch.float32, dev) if has_g else None
+        _wy_bwd_kernel[(NT, HV)](
+            q, k, v, beta, gc_arg, tm, dq, dk, dw, dvn, dv, dbeta,
+            dgt if dgt is not None else dbeta, table, offsets, H=H, HV=HV, K=K, V=V, BT=BT,
+            BK=BK, BV=BV, HAS_G=has_g, PREC=PREC, PREC32=PREC32, num_warps=4)
+        dg = None
+        if has_g:
+            extra = (dht * ht).sum((2, 3)) if (dht is not None and ht is not None) else None
+            dg = sequence_reverse_cumsum(dgt.view(B * T, HV), offsets, extra).view(B, T, HV)
+        dq = group_sum(dq, H).to(q.dtype)
+        dk = group_sum(dk, H).to(k.dtype)
+        return dq, dk, dv, dg, dbeta, dh0, None, None, None
+
+
+def chunk_gated_delta_rule_triton(q, k, v, *, g, beta, scale, initial_state, output_final_state,
+                                  cu_seqlens, use_qk_l2norm_in_kernel):
+    """q, k: [B, T, H, K]; v: [B, T, HV, V] (HV % H == 0), one dtype in bf16/fp16/fp32;
+    g (None = delta rule), beta: [B, T, HV] fp32; initial_state: None or [N, HV, K, V] fp32;
+    cu_seqlens: None or [N+1] int (B == 1). Returns (o [B, T, HV, V] in q's dtype,
+    final_state [N, HV, K, V] fp32 or None)."""
+    if use_qk_l2norm_in_kernel:
+        q = l2norm(q.float()).to(q.dtype)
+        k = l2norm(k.float()).to(k.dtype)
+    return ChunkGatedDeltaRule.apply(q, k, v, g, beta, initial_state, float(scale),
+                                     bool(output_final_state), cu_seqlens)

@@ -1,0 +1,258 @@
+"""Backward Triton kernels of the chunked (gated) delta rule (see triton_chunk_fwd.py).
+
+Per chunk, with do the output gradient and dh_next the gradient of the chunk's end state:
+    dvn     = scale (causal(q k^T) * D)^T do + (exp(gc_L - gc) k) dh_next     (D: decays)
+    dh      = exp(gc_L) dh_next + scale (exp(gc) q)^T do - w^T dvn          (sequential)
+    dq      = scale (exp(gc) (do h^T) + (causal(do vn^T) * D) k)
+    dk      = scale (causal(do vn^T) * D)^T q + exp(gc_L - gc) (vn dh_next^T)  + WY part
+    dw      = -dvn h^T,   du = dvn
+  WY part (kb = beta exp(gc) k, vb = beta v, A strictly lower):
+    dTm = dw kb^T + du vb^T;  dA = -(Tm^T dTm Tm^T) on the strict lower triangle; B = dA * D
+    dk += beta exp(gc) Tm^T dw + (beta B) k + (beta B)^T k;   dv = beta Tm^T du
+    dbeta = rowsum(B * k k^T) + exp(gc) k . (Tm^T dw) + v . (Tm^T du)
+The gate gradient needs none of this: dg comes from the per-token term q.dq - v.dv
+(common/triton_gate_grad.py), written by `wy_bwd`.
+Kernels: `dvn_local` (chunk-parallel), `chunk_dh` (sequential, reverse), `dqk` (per K block
+x chunk), `wy_bwd` (per chunk).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .triton_chunk_fwd import chunk_coords, decay_matrix
+
+
+@triton.jit
+def _dvn_local_kernel(q, k, do, gc_buf, dvn_buf, chunk_table, offsets, scale,
+                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      HAS_G: tl.constexpr, PREC: tl.constexpr):
+    """dvn_local[s] = scale sum_{t >= s} exp(gc_t - gc_s) (q_t . k_s) do_t  (fp32)."""
+    i_v, i_c, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h = i_hv // (HV // H)
+    i_n, t0, eos, i_i = chunk_coords(chunk_table, offsets, i_c, BT)
+    o_t = tl.arange(0, BT)
+    rows = t0 + o_t
+    mask_t = rows < eos
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_tv = mask_t[:, None] & (o_v < V)[None, :]
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)  # [s, t] = k_s . q_t
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_tk = mask_t[:, None] & (o_k < K)[None, :]
+        b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+        b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+        b_A += tl.dot(b_k, tl.trans(b_q), input_precision=PREC)
+    anti = o_t[:, None] <= o_t[None, :]
+    if HAS_G:
+        b_gc = tl.load(gc_buf + rows * HV + i_hv, mask=mask_t, other=0.0)
+        b_A = b_A * decay_matrix(-b_gc, -b_gc, anti)  # exp(gc_t - gc_s) for s <= t
+    else:
+        b_A = tl.where(anti, b_A, 0.0)
+    b_do = tl.load(do + (rows * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_tv, other=0.0)
+    b_dvn = tl.dot(b_A.to(b_do.dtype), b_do, input_precision=PREC) * scale
+    tl.store(dvn_buf + (rows * HV + i_hv)[:, None] * V + o_v[None, :], b_dvn, mask=m_tv)
+
+
+@triton.jit
+def _chunk_dh_kernel(q, k, w_buf, do, gc_buf, dvn_buf, dht, dh0, dh_buf, offsets, chunk_offsets,
+                     scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                     V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                     HAS_G: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+                     PREC: tl.constexpr):
+    """Reverse over chunks: dh_buf[c] = gradient of the state at the END of chunk c (operand
+    dtype); dvn_buf (in: local part, out: total dvn, fp32); dh0 (fp32)."""
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos = tl.load(offsets + i_n).to(tl.int64)
+    eos = tl.load(offsets + i_n + 1).to(tl.int64)
+    c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
+    nc = tl.load(chunk_offsets + i_n + 1).to(tl.int64) - c0
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_k = o_k < K
+    mask_v = o_v < V
+    mask_kv = mask_k[:, None] & mask_v[None, :]
+    p_kv = o_k[:, None] * V + o_v[None, :]
+    DT = q.dtype.element_ty
+    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_DHT:
+        b_dh += tl.load(dht + (i_n * HV + i_hv).to(tl.int64) * K * V + p_kv, mask=mask_kv,
+                        other=0.0)
+    for r in range(0, nc):
+        i = nc - 1 - r
+        t0 = bos + i * BT
+        rows = t0 + o_t
+        mask_t = rows < eos
+        t_last = tl.minimum(t0 + BT, eos) - 1
+        tl.store(dh_buf + ((c0 + i) * HV + i_hv) * K * V + p_kv,
+                 b_dh.to(dh_buf.dtype.element_ty), mask=mask_kv)
+        m_tk = mask_t[:, None] & mask_k[None, :]
+        m_tv = mask_t[:, None] & mask_v[None, :]
+        b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+        b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+        b_w = tl.load(w_buf + (rows * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_tk,
+                      other=0.0)
+        b_do = tl.load(do + (rows * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_tv,
+                       other=0.0)
+        p_dvn = dvn_buf + (rows * HV + i_hv)[:, None] * V + o_v[None, :]
+        b_dvn = tl.load(p_dvn, mask=m_tv, other=0.0)
+        if HAS_G:
+            b_gc = tl.load(gc_buf + rows * HV + i_hv, mask=mask_t, other=0.0)
+            g_last = tl.load(gc_buf + t_last * HV + i_hv)
+            b_kd = (b_k.to(tl.float32) * tl.exp(tl.where(mask_t, g_last - b_gc, 0.0))[:, None])
+            b_qd = (b_q.to(tl.float32) * tl.exp(b_gc)[:, None]).to(DT)
+            b_dvn += tl.dot(b_kd.to(DT), b_dh.to(DT), input_precision=PREC)
+            b_dh = b_dh * tl.exp(g_last)
+        else:
+            b_qd = b_q
+            b_dvn += tl.dot(b_k, b_dh.to(DT), input_precision=PREC)
+        tl.store(p_dvn, b_dvn, mask=m_tv)
+        b_dh += scale * tl.dot(tl.trans(b_qd), b_do, input_precision=PREC)
+        b_dh -= tl.dot(tl.trans(b_w.to(DT)), b_dvn.to(DT), input_precision=PREC)
+    if STORE_DH0:
+        tl.store(dh0 + (i_n * HV + i_hv).to(tl.int64) * K * V + p_kv, b_dh, mask=mask_kv)
+
+
+@triton.jit
+def _dqk_kernel(q, k, do, vn_buf, dvn_buf, h_buf, dh_buf, gc_buf, dq_buf, dk_buf, dw_buf,
+                chunk_table, offsets, scale,
+                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
+                PREC: tl.constexpr):
+    """Per K block x chunk x value head: dq (final, per value head), dk (direct part), dw."""
+    i_kb, i_c, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h = i_hv // (HV // H)
+    i_n, t0, eos, i_i = chunk_coords(chunk_table, offsets, i_c, BT)
+    o_t = tl.arange(0, BT)
+    rows = t0 + o_t
+    mask_t = rows < eos
+    t_last = tl.minimum(t0 + BT, eos) - 1
+    o_k = i_kb * BK + tl.arange(0, BK)
+    mask_k = o_k < K
+    m_tk = mask_t[:, None] & mask_k[None, :]
+    DT = q.dtype.element_ty
+    p_state = (i_c.to(tl.int64) * HV + i_hv) * K * V
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dw = tl.zeros([BT, BK], dtype=tl.float32)
+    b_P = tl.zeros([BT, BT], dtype=tl.float32)   # [t, s] = do_t . vn_s
+    for i_v in range(0, tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        mask_v = o_v < V
+        m_tv = mask_t[:, None] & mask_v[None, :]
+        m_kv = mask_k[:, None] & mask_v[None, :]
+        p_tv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
+        b_do = tl.load(do + p_tv, mask=m_tv, other=0.0)
+        b_vn = tl.load(vn_buf + p_tv, mask=m_tv, other=0.0).to(DT)
+        b_dvn = tl.load(dvn_buf + p_tv, mask=m_tv, other=0.0).to(DT)
+        b_h = tl.load(h_buf + p_state + o_k[:, None] * V + o_v[None, :], mask=m_kv,
+                      other=0.0).to(DT)
+        b_dh = tl.load(dh_buf + p_state + o_k[:, None] * V + o_v[None, :], mask=m_kv,
+                       other=0.0).to(DT)
+        b_dq += tl.dot(b_do, tl.trans(b_h), input_precision=PREC)
+        b_dk += tl.dot(b_vn, tl.trans(b_dh), input_precision=PREC)
+        b_dw += tl.dot(b_dvn, tl.trans(b_h), input_precision=PREC)
+        b_P += tl.dot(b_do, tl.trans(b_vn), input_precision=PREC)
+    causal = o_t[:, None] >= o_t[None, :]
+    if HAS_G:
+        b_gc = tl.load(gc_buf + rows * HV + i_hv, mask=mask_t, other=0.0)
+        g_last = tl.load(gc_buf + t_last * HV + i_hv)
+        b_P = b_P * decay_matrix(b_gc, b_gc, causal)
+        b_dq = b_dq * tl.exp(b_gc)[:, None]
+        b_dk = b_dk * tl.exp(tl.where(mask_t, g_last - b_gc, 0.0))[:, None]
+    else:
+        b_P = tl.where(causal, b_P, 0.0)
+    b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+    b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+    b_dq = (b_dq + tl.dot(b_P.to(DT), b_k, input_precision=PREC)) * scale
+    b_dk += scale * tl.dot(tl.trans(b_P).to(DT), b_q, input_precision=PREC)
+    p_tk = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
+    tl.store(dq_buf + p_tk, b_dq, mask=m_tk)
+    tl.store(dk_buf + p_tk, b_dk, mask=m_tk)
+    tl.store(dw_buf + p_tk, -b_dw, mask=m_tk)
+
+
+@triton.jit
+def _wy_bwd_kernel(q, k, v, beta, gc_buf, tm_buf, dq_buf, dk_buf, dw_buf, dvn_buf, dv, dbeta,
+                   dgt, chunk_table, offsets,
+                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
+                   PREC: tl.constexpr, PREC32: tl.constexpr):
+    """Backward of w = Tm (beta exp(gc) k), u = Tm (beta v), Tm = (I + A)^-1; adds to dk_buf
+    (fp32, in place), writes dv, dbeta and the gate term dgt = q.dq - v.dv (fp32)."""
+    i_c, i_hv = tl.program_id(0), tl.program_id(1)
+    i_h = i_hv // (HV // H)
+    i_n, t0, eos, i_i = chunk_coords(chunk_table, offsets, i_c, BT)
+    o_t = tl.arange(0, BT)
+    rows = t0 + o_t
+    mask_t = rows < eos
+    b_beta = tl.load(beta + rows * HV + i_hv, mask=mask_t, other=0.0)
+    if HAS_G:
+        b_gc = tl.load(gc_buf + rows * HV + i_hv, mask=mask_t, other=0.0)
+    else:
+        b_gc = tl.zeros([BT], dtype=tl.float32)
+    b_eg = tl.exp(b_gc)
+    m_tt = mask_t[:, None] & (o_t < BT)[None, :]
+    b_Tm = tl.load(tm_buf + (rows * HV + i_hv)[:, None] * BT + o_t[None, :], mask=m_tt, other=0.0)
+    b_dTm = tl.zeros([BT, BT], dtype=tl.float32)
+    b_KK = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_tk = mask_t[:, None] & (o_k < K)[None, :]
+        b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+        b_dw = tl.load(dw_buf + (rows * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_tk,
+                       other=0.0)
+        b_kb = b_k.to(tl.float32) * (b_beta * b_eg)[:, None]
+        b_dTm += tl.dot(b_dw, tl.trans(b_kb), input_precision=PREC32)
+        b_KK += tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
+    for i_v in range(0, tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_tv = mask_t[:, None] & (o_v < V)[None, :]
+        p_tv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
+        b_v = tl.load(v + p_tv, mask=m_tv, other=0.0).to(tl.float32)
+        b_du = tl.load(dvn_buf + p_tv, mask=m_tv, other=0.0)
+        b_dTm += tl.dot(b_du, tl.trans(b_v * b_beta[:, None]), input_precision=PREC32)
+    strict = o_t[:, None] > o_t[None, :]
+    b_dA = tl.dot(tl.trans(b_Tm), b_dTm, input_precision=PREC32)
+    b_dA = -tl.dot(b_dA, tl.trans(b_Tm), input_precision=PREC32)
+    b_B = b_dA * decay_matrix(b_gc, b_gc, strict)
+    b_db = tl.sum(b_B * b_KK, axis=1)
+    b_Bb = b_B * b_beta[:, None]
+    b_gt = tl.zeros([BT], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_tk = mask_t[:, None] & (o_k < K)[None, :]
+        p_tk = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
+        b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk,
+                      other=0.0).to(tl.float32)
+        b_dw = tl.load(dw_buf + p_tk, mask=m_tk, other=0.0)
+        b_dkb = tl.dot(tl.trans(b_Tm), b_dw, input_precision=PREC32)
+        b_dk = tl.load(dk_buf + p_tk, mask=m_tk, other=0.0)
+        b_dk += (b_beta * b_eg)[:, None] * b_dkb
+        b_dk += tl.dot(b_Bb, b_k, input_precision=PREC32)
+        b_dk += tl.dot(tl.trans(b_Bb), b_k, input_precision=PREC32)
+        b_db += b_eg * tl.sum(b_k * b_dkb, axis=1)
+        tl.store(dk_buf + p_tk, b_dk, mask=m_tk)
+        if HAS_G:
+            b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk,
+                          other=0.0).to(tl.float32)
+            b_dq = tl.load(dq_buf + p_tk, mask=m_tk, other=0.0)
+            b_gt += tl.sum(b_q * b_dq, axis=1)
+    for i_v in range(0, tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_tv = mask_t[:, None] & (o_v < V)[None, :]
+        p_tv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
+        b_v = tl.load(v + p_tv, mask=m_tv, other=0.0).to(tl.float32)
+        b_du = tl.load(dvn_buf + p_tv, mask=m_tv, other=0.0)
+        b_dvb = tl.dot(tl.trans(b_Tm), b_du, input_precision=PREC32)
+        b_dv = b_beta[:, None] * b_dvb
+        b_db += tl.sum(b_v * b_dvb, axis=1)
+        b_gt -= tl.sum(b_v * b_dv, axis=1)
+        tl.store(dv + p_tv, b_dv.to(dv.dtype.element_ty), mask=m_tv)
+    tl.store(dbeta + rows * HV + i_hv, b_db, mask=mask_t)
+    if HAS_G:
+        tl.store(dgt + rows * HV + i_hv, b_gt, mask=mask_t)

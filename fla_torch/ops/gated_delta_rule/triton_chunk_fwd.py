@@ -1,0 +1,192 @@
+"""Forward Triton kernels of the chunked (gated) delta rule (WY / UT transform), chunk BT = 64.
+
+Per chunk (tokens s, r of one sequence and value head; gc = chunk-local cumsum of g, fp32):
+    A[s, r]  = beta_s (k_s . k_r) exp(gc_s - gc_r)   for r < s, else 0
+    Tm       = (I + A)^-1                 (forward substitution in registers, fp32)
+    w        = Tm (beta exp(gc) k)        [BT, K]      u = Tm (beta v)   [BT, V]
+    vn       = u - w h                    (h: state at the chunk start, [K, V])
+    h_next   = exp(gc_L) h + (exp(gc_L - gc) k)^T vn          (L: last token of the chunk)
+    o        = scale (exp(gc) q h + (causal(q k^T) * exp(gc_t - gc_s)) vn)
+Kernels: `wy_fwd` (gc, Tm, w, u; one program per chunk x value head), `chunk_h`
+(sequential over the chunks of a sequence; one program per value block x sequence x value
+head; stores h per chunk and vn), `chunk_o` (one program per value block x chunk x head).
+All decays are exp of a non-positive number: masked entries are masked in the exponent.
+Time is the flattened B*T axis; `chunk_table` maps a global chunk to (sequence, index).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+BT = 64
+
+
+@triton.jit
+def chunk_coords(chunk_table, offsets, i_c, BT: tl.constexpr):
+    """Global chunk i_c -> (sequence n, first token t0, end of sequence eos, index in seq)."""
+    i_n = tl.load(chunk_table + 2 * i_c)
+    i_i = tl.load(chunk_table + 2 * i_c + 1)
+    bos = tl.load(offsets + i_n).to(tl.int64)
+    eos = tl.load(offsets + i_n + 1).to(tl.int64)
+    return i_n, bos + i_i * BT, eos, i_i
+
+
+@triton.jit
+def load_gates(gc_buf, rows, mask_t, t_last, i_hv, HV: tl.constexpr, HAS_G: tl.constexpr):
+    """(gc [BT] fp32, gc at the chunk's last token); zeros without a gate."""
+    if HAS_G:
+        b_gc = tl.load(gc_buf + rows * HV + i_hv, mask=mask_t, other=0.0)
+        g_last = tl.load(gc_buf + t_last * HV + i_hv)
+    else:
+        b_gc = tl.zeros([rows.shape[0]], dtype=tl.float32)
+        g_last = 0.0
+    return b_gc, g_last
+
+
+@triton.jit
+def decay_matrix(b_gc_row, b_gc_col, keep):
+    """exp(gc_row[:, None] - gc_col[None, :]) where keep, else 0 (masked in the exponent)."""
+    return tl.where(keep, tl.exp(tl.where(keep, b_gc_row[:, None] - b_gc_col[None, :], 0.0)), 0.0)
+
+
+@triton.jit
+def _wy_fwd_kernel(k, v, g, beta, gc_buf, tm_buf, w_buf, u_buf, chunk_table, offsets,
+                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
+                   PREC: tl.constexpr):
+    i_c, i_hv = tl.program_id(0), tl.program_id(1)
+    i_h = i_hv // (HV // H)
+    i_n, t0, eos, i_i = chunk_coords(chunk_table, offsets, i_c, BT)
+    o_t = tl.arange(0, BT)
+    rows = t0 + o_t
+    mask_t = rows < eos
+    b_beta = tl.load(beta + rows * HV + i_hv, mask=mask_t, other=0.0)
+    if HAS_G:
+        b_g = tl.load(g + rows * HV + i_hv, mask=mask_t, other=0.0)
+        b_gc = tl.cumsum(b_g, axis=0)
+        tl.store(gc_buf + rows * HV + i_hv, b_gc, mask=mask_t)
+    else:
+        b_gc = tl.zeros([BT], dtype=tl.float32)
+    strict = o_t[:, None] > o_t[None, :]
+    A = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m = mask_t[:, None] & (o_k < K)[None, :]
+        b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m, other=0.0)
+        A += tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
+    A = A * b_beta[:, None] * decay_matrix(b_gc, b_gc, strict)
+    # Tm = (I + A)^-1 by forward substitution: row i = e_i - sum_{j<i} A[i, j] Tm[j, :]
+    Tm = tl.zeros([BT, BT], dtype=tl.float32)
+    for i in range(0, BT):
+        sel = o_t[:, None] == i
+        a_i = tl.sum(tl.where(sel, A, 0.0), axis=0)
+        row = tl.where(o_t == i, 1.0, 0.0) - tl.sum(a_i[:, None] * Tm, axis=0)
+        Tm = tl.where(sel, row[None, :], Tm)
+    m_tt = mask_t[:, None] & (o_t < BT)[None, :]
+    tl.store(tm_buf + (rows * HV + i_hv)[:, None] * BT + o_t[None, :], Tm, mask=m_tt)
+    b_kscale = b_beta * tl.exp(b_gc)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m = mask_t[:, None] & (o_k < K)[None, :]
+        b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m, other=0.0)
+        b_w = tl.dot(Tm, b_k.to(tl.float32) * b_kscale[:, None], input_precision=PREC)
+        tl.store(w_buf + (rows * HV + i_hv)[:, None] * K + o_k[None, :],
+                 b_w.to(w_buf.dtype.element_ty), mask=m)
+    for i_v in range(0, tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m = mask_t[:, None] & (o_v < V)[None, :]
+        b_v = tl.load(v + (rows * HV + i_hv)[:, None] * V + o_v[None, :], mask=m, other=0.0)
+        b_u = tl.dot(Tm, b_v.to(tl.float32) * b_beta[:, None], input_precision=PREC)
+        tl.store(u_buf + (rows * HV + i_hv)[:, None] * V + o_v[None, :],
+                 b_u.to(u_buf.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _chunk_h_kernel(k, w_buf, u_buf, gc_buf, h0, h_buf, vn_buf, ht, offsets, chunk_offsets,
+                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
+                    HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr):
+    """Sequential over the chunks of one sequence: h_buf[c] = state at the start of chunk c
+    (operand dtype), vn = u - w h (operand dtype), ht = final state (fp32)."""
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos = tl.load(offsets + i_n).to(tl.int64)
+    eos = tl.load(offsets + i_n + 1).to(tl.int64)
+    c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
+    nc = tl.load(chunk_offsets + i_n + 1).to(tl.int64) - c0
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_k = o_k < K
+    mask_v = o_v < V
+    mask_kv = mask_k[:, None] & mask_v[None, :]
+    p_kv = o_k[:, None] * V + o_v[None, :]
+    DT = k.dtype.element_ty
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        b_h += tl.load(h0 + (i_n * HV + i_hv).to(tl.int64) * K * V + p_kv, mask=mask_kv,
+                       other=0.0)
+    for i in range(0, nc):
+        t0 = bos + i * BT
+        rows = t0 + o_t
+        mask_t = rows < eos
+        t_last = tl.minimum(t0 + BT, eos) - 1
+        tl.store(h_buf + ((c0 + i) * HV + i_hv) * K * V + p_kv, b_h.to(h_buf.dtype.element_ty),
+                 mask=mask_kv)
+        m_tk = mask_t[:, None] & mask_k[None, :]
+        m_tv = mask_t[:, None] & mask_v[None, :]
+        b_w = tl.load(w_buf + (rows * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_tk,
+                      other=0.0)
+        b_u = tl.load(u_buf + (rows * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_tv,
+                      other=0.0)
+        b_vn = b_u.to(tl.float32) - tl.dot(b_w.to(DT), b_h.to(DT), input_precision=PREC)
+        tl.store(vn_buf + (rows * HV + i_hv)[:, None] * V + o_v[None, :],
+                 b_vn.to(vn_buf.dtype.element_ty), mask=m_tv)
+        b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+        if HAS_G:
+            b_gc, g_last = load_gates(gc_buf, rows, mask_t, t_last, i_hv, HV, HAS_G)
+            b_vn = b_vn * tl.exp(tl.where(mask_t, g_last - b_gc, 0.0))[:, None]
+            b_h = b_h * tl.exp(g_last)
+        b_h += tl.dot(tl.trans(b_k), b_vn.to(DT), input_precision=PREC)
+    if STORE_HT:
+        tl.store(ht + (i_n * HV + i_hv).to(tl.int64) * K * V + p_kv, b_h, mask=mask_kv)
+
+
+@triton.jit
+def _chunk_o_kernel(q, k, vn_buf, h_buf, gc_buf, o, chunk_table, offsets, scale,
+                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
+                    PREC: tl.constexpr):
+    i_v, i_c, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h = i_hv // (HV // H)
+    i_n, t0, eos, i_i = chunk_coords(chunk_table, offsets, i_c, BT)
+    o_t = tl.arange(0, BT)
+    rows = t0 + o_t
+    mask_t = rows < eos
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_v = o_v < V
+    m_tv = mask_t[:, None] & mask_v[None, :]
+    DT = q.dtype.element_ty
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_tk = mask_t[:, None] & (o_k < K)[None, :]
+        b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+        b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+        b_h = tl.load(h_buf + (i_c.to(tl.int64) * HV + i_hv) * K * V + o_k[:, None] * V
+                      + o_v[None, :], mask=(o_k < K)[:, None] & mask_v[None, :], other=0.0)
+        b_o += tl.dot(b_q, b_h.to(DT), input_precision=PREC)
+        b_A += tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
+    causal = o_t[:, None] >= o_t[None, :]
+    if HAS_G:
+        b_gc = tl.load(gc_buf + rows * HV + i_hv, mask=mask_t, other=0.0)
+        b_o = b_o * tl.exp(b_gc)[:, None]
+        b_A = b_A * decay_matrix(b_gc, b_gc, causal)
+    else:
+        b_A = tl.where(causal, b_A, 0.0)
+    b_vn = tl.load(vn_buf + (rows * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_tv, other=0.0)
+    b_o = (b_o + tl.dot(b_A.to(DT), b_vn.to(DT), input_precision=PREC)) * scale
+    tl.store(o + (rows * HV + i_hv)[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty),
+             mask=m_tv)
