@@ -123,6 +123,7 @@ CASES = {
     "g_h0": dict(),
     "g_h0_chunks16": dict(T=50, tuning={"bt": 16}),
     "t150": dict(B=1, T=150, H=1, use_gamma=True),
+    "unmasked_t128": dict(B=1, T=128, H=2, K=32, V=32, tuning={"state_elems": 512}),
     "gamma_only": dict(use_g=False, use_gamma=True, use_h0=False),
     "g_and_gamma": dict(use_gamma=True),
     "plain": dict(use_g=False, use_h0=False, K=16, V=16),

@@ -37,31 +37,56 @@ def padded(size: int) -> int:
     return max(16, pl.next_power_of_2(int(size)))
 
 
+# What 'ieee' fp32 matmuls run as on a GPU: "ieee" (Triton's FMA path, exact fp32 products but
+# slow on Hopper) or "tf32x3" (three tf32 tensor-core products, error ~1e-6 relative, the usual
+# fp32-accurate tensor-core emulation). Interpreted kernels always use HIGHEST.
+GPU_IEEE_ALGORITHM = ["tf32x3"]
+
+
 def dot_precision():
-    """lax precision for in-kernel matmuls: HIGHEST (IEEE fp32) unless allow_tf32()."""
+    """lax precision for in-kernel matmuls: fp32-accurate unless allow_tf32() (then tf32)."""
     if dtypes.fp32_matmul_precision() == "ieee":
+        if not interpret() and GPU_IEEE_ALGORITHM[-1] == "tf32x3":
+            return lax.DotAlgorithmPreset.TF32_TF32_F32_X3
         return lax.Precision.HIGHEST
     return lax.Precision.HIGH
 
 
 def matmul(a, b, contract=(1, 0), precision=lax.Precision.HIGHEST):
     """2-D matmul accumulated in fp32. contract=(1, 0): a @ b; (1, 1): a @ b.T;
-    (0, 0): a.T @ b. a and b must share a dtype (cast before the call)."""
+    (0, 0): a.T @ b. a and b must share a dtype (cast before the call); `precision` applies
+    to fp32 operands only (half-precision operands always multiply exactly on tensor cores)."""
+    if a.dtype != jnp.float32:
+        precision = None
     return lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((), ())),
                            precision=precision, preferred_element_type=jnp.float32)
 
 
+def _mask(bt, n_valid, width, n_cols, col0):
+    """Row mask (None when n_valid is None) & column mask (None when n_cols is None).
+    Leaving out a mask the shapes make unnecessary keeps loads vectorised."""
+    row = None if n_valid is None else jnp.arange(bt) < n_valid
+    if width is None:
+        return row
+    col = None if n_cols is None else (col0 + jnp.arange(width)) < n_cols
+    if row is None and col is None:
+        return None
+    if row is None:
+        return jnp.broadcast_to(col[None, :], (bt, width))
+    if col is None:
+        return jnp.broadcast_to(row[:, None], (bt, width))
+    return row[:, None] & col[None, :]
+
+
 def load_rows(ref, start, bt, n_valid, n_cols=None, col0=0):
     """ref: [T, D] (or [T]) block. Returns ref[start:start+bt] with rows >= n_valid and
-    columns col0 + j >= n_cols read as 0."""
-    shape = ref.shape
-    idx = jnp.arange(bt)
-    row_ok = idx < n_valid
-    if len(shape) == 1:
-        return plt.load(ref.at[pl.ds(start, bt)], mask=row_ok, other=0.0)
-    cols = col0 + jnp.arange(shape[1])
-    mask = row_ok[:, None] & (cols < n_cols)[None, :]
-    return plt.load(ref.at[pl.ds(start, bt), :], mask=mask, other=0.0)
+    columns col0 + j >= n_cols read as 0 (None: that mask is not needed)."""
+    width = ref.shape[1] if len(ref.shape) == 2 else None
+    mask = _mask(bt, n_valid, width, n_cols, col0)
+    view = ref.at[pl.ds(start, bt)] if width is None else ref.at[pl.ds(start, bt), :]
+    if mask is None:
+        return plt.load(view)
+    return plt.load(view, mask=mask, other=0.0)
 
 
 def load_row(ref, t, n_cols, col0=0):
@@ -79,13 +104,10 @@ def store_row(ref, t, value, n_cols, col0=0):
 def store_rows(ref, start, n_valid, n_cols, value, col0=0):
     """Store value [BT, D] (or [BT]) into ref[start:start+BT], masked like `load_rows`."""
     bt = value.shape[0]
-    row_ok = jnp.arange(bt) < n_valid
-    if value.ndim == 1:
-        plt.store(ref.at[pl.ds(start, bt)], value.astype(ref.dtype), mask=row_ok)
-        return
-    cols = col0 + jnp.arange(value.shape[1])
-    mask = row_ok[:, None] & (cols < n_cols)[None, :]
-    plt.store(ref.at[pl.ds(start, bt), :], value.astype(ref.dtype), mask=mask)
+    width = value.shape[1] if value.ndim == 2 else None
+    mask = _mask(bt, n_valid, width, n_cols, col0)
+    view = ref.at[pl.ds(start, bt)] if width is None else ref.at[pl.ds(start, bt), :]
+    plt.store(view, value.astype(ref.dtype), mask=mask)
 
 
 def load_tile(ref, n_rows, n_cols, row0=0, col0=0):

@@ -12,8 +12,10 @@ Kernels (program = one sequence n, one head h, one block of K or V):
     forward   (n, h, V-block)  chunks forward:  o, final state
     dq        (n, h, K-block)  chunks forward:  dq = scale (exp(gc) do S^T + ((do v^T) * D) k),
                                                  and q . dq per token (for dg)
-    dv        (n, h, V-block)  chunks backward: dv = (k exp(gc_last - gc)) dS + scale ((k q^T) * D^T) do
-    dk        (n, h, K-block)  chunks backward: dk = exp(gc_last - gc) v dS^T + scale ((do v^T) * D)^T q,
+    dv        (n, h, V-block)  chunks backward: dv = (k exp(gc_last - gc)) dS
+                                                      + scale ((k q^T) * D^T) do
+    dk        (n, h, K-block)  chunks backward: dk = exp(gc_last - gc) v dS^T
+                                                      + scale ((do v^T) * D)^T q,
                                                  dh0, and dg = reverse cumsum of (q.dq - k.dk)
                                                  (+ <dS_T, S_T> for every token of a sequence)
 where dS (the gradient w.r.t. the state after a chunk) runs dS <- exp(gc_last) dS +
@@ -155,6 +157,27 @@ def _call(kernel, st, grid, inputs, outputs, warps, stages, name):
     return dict(zip([n for n, _, _ in outputs], out))
 
 
+def _rows(st, nv):
+    """Row bound for masks: None when every chunk is full (fixed length, T % bt == 0)."""
+    return None if (not st.varlen and st.T % st.bt == 0) else nv
+
+
+def _cols(size, width):
+    """Column bound for masks: None when blocks of `width` tile `size` exactly."""
+    return None if size % width == 0 else size
+
+
+def _load(refs, st, name, start, nv, size, col0=0):
+    """Chunk [bt, width] of refs[name] at rows start.., masked only where shapes need it."""
+    ref = refs[name]
+    return ptr.load_rows(ref, start, st.bt, _rows(st, nv), _cols(size, ref.shape[1]), col0)
+
+
+def _store(refs, st, name, start, nv, size, value, col0=0):
+    ref = refs[name]
+    ptr.store_rows(ref, start, _rows(st, nv), _cols(size, ref.shape[1]), value, col0)
+
+
 def _bounds(refs, st):
     """(bos, length) of this program's sequence."""
     n = pl.program_id(0)
@@ -170,7 +193,7 @@ def _gamma(refs, st):
 
 
 def _gates(refs, st, gamma, start, nv, transposed=False):
-    g = ptr.load_rows(refs["g"], start, st.bt, nv) if st.has_g else None
+    g = ptr.load_rows(refs["g"], start, st.bt, _rows(st, nv)) if st.has_g else None
     return ptr.chunk_gates(g, gamma, nv, st.bt, transposed)
 
 
@@ -201,9 +224,9 @@ def _fwd_kernel(refs, st):
     def body(c, S):
         start = bos + c * bt
         nv = L - c * bt
-        q = ptr.load_rows(refs["q"], start, bt, nv, st.K)
-        k = ptr.load_rows(refs["k"], start, bt, nv, st.K)
-        v = ptr.load_rows(refs["v"], start, bt, nv, st.V, c0)
+        q = _load(refs, st, "q", start, nv, st.K)
+        k = _load(refs, st, "k", start, nv, st.K)
+        v = _load(refs, st, "v", start, nv, st.V, c0)
         dt = q.dtype
         gc, g_last, D = _gates(refs, st, gamma, start, nv)
         A = ptr.matmul(q, k, (1, 1), st.precision) * D
@@ -215,7 +238,7 @@ def _fwd_kernel(refs, st):
             qd, kd, S_dec = q, k, S
         o = ptr.matmul(qd, S.astype(dt), (1, 0), st.precision)
         o = o + ptr.matmul(A.astype(dt), v, (1, 0), st.precision)
-        ptr.store_rows(refs["o"], start, nv, st.V, o * st.scale, c0)
+        _store(refs, st, "o", start, nv, st.V, o * st.scale, c0)
         return S_dec + ptr.matmul(kd, v, (0, 0), st.precision)
 
     S = lax.fori_loop(0, nt, body, S0)
@@ -253,9 +276,9 @@ def _dq_kernel(refs, st):
     def body(c, S):
         start = bos + c * bt
         nv = L - c * bt
-        k = ptr.load_rows(refs["k"], start, bt, nv, st.K, r0)
-        v = ptr.load_rows(refs["v"], start, bt, nv, st.V)
-        do = ptr.load_rows(refs["do"], start, bt, nv, st.V)
+        k = _load(refs, st, "k", start, nv, st.K, r0)
+        v = _load(refs, st, "v", start, nv, st.V)
+        do = _load(refs, st, "do", start, nv, st.V)
         dt = k.dtype
         gc, g_last, D = _gates(refs, st, gamma, start, nv)
         P = ptr.matmul(do, v, (1, 1), st.precision) * D
@@ -267,10 +290,11 @@ def _dq_kernel(refs, st):
         else:
             kd, S_dec = k, S
         dq = (inter + ptr.matmul(P.astype(dt), k, (1, 0), st.precision)) * st.scale
-        ptr.store_rows(refs["dq"], start, nv, st.K, dq, r0)
+        _store(refs, st, "dq", start, nv, st.K, dq, r0)
         if st.has_g:
-            q = ptr.load_rows(refs["q"], start, bt, nv, st.K, r0)
-            ptr.store_rows(refs["qdq"], start, nv, None, jnp.sum(q.astype(jnp.float32) * dq, 1))
+            q = _load(refs, st, "q", start, nv, st.K, r0)
+            qdq = jnp.sum(q.astype(jnp.float32) * dq, 1)
+            ptr.store_rows(refs["qdq"], start, _rows(st, nv), None, qdq)
         return S_dec + ptr.matmul(kd, v, (0, 0), st.precision)
 
     lax.fori_loop(0, nt, body, S0)
@@ -289,9 +313,9 @@ def _dv_kernel(refs, st):
         c = nt - 1 - i
         start = bos + c * bt
         nv = L - c * bt
-        q = ptr.load_rows(refs["q"], start, bt, nv, st.K)
-        k = ptr.load_rows(refs["k"], start, bt, nv, st.K)
-        do = ptr.load_rows(refs["do"], start, bt, nv, st.V, c0)
+        q = _load(refs, st, "q", start, nv, st.K)
+        k = _load(refs, st, "k", start, nv, st.K)
+        do = _load(refs, st, "do", start, nv, st.V, c0)
         dt = q.dtype
         gc, g_last, Dt = _gates(refs, st, gamma, start, nv, transposed=True)
         # (k q^T)[j, i] * D[i, j]
@@ -304,7 +328,7 @@ def _dv_kernel(refs, st):
             kd, qd, dS_dec = k, q, dS
         dv = ptr.matmul(kd, dS.astype(dt), (1, 0), st.precision)
         dv = dv + st.scale * ptr.matmul(At.astype(dt), do, (1, 0), st.precision)
-        ptr.store_rows(refs["dv"], start, nv, st.V, dv, c0)
+        _store(refs, st, "dv", start, nv, st.V, dv, c0)
         return dS_dec + st.scale * ptr.matmul(qd, do, (0, 0), st.precision)
 
     lax.fori_loop(0, nt, body, dS0)
@@ -331,10 +355,10 @@ def _dk_kernel(refs, st):
         c = nt - 1 - i
         start = bos + c * bt
         nv = L - c * bt
-        q = ptr.load_rows(refs["q"], start, bt, nv, st.K, r0)
-        k = ptr.load_rows(refs["k"], start, bt, nv, st.K, r0)
-        v = ptr.load_rows(refs["v"], start, bt, nv, st.V)
-        do = ptr.load_rows(refs["do"], start, bt, nv, st.V)
+        q = _load(refs, st, "q", start, nv, st.K, r0)
+        k = _load(refs, st, "k", start, nv, st.K, r0)
+        v = _load(refs, st, "v", start, nv, st.V)
+        do = _load(refs, st, "do", start, nv, st.V)
         dt = q.dtype
         gc, g_last, D = _gates(refs, st, gamma, start, nv)
         P = ptr.matmul(do, v, (1, 1), st.precision) * D
@@ -346,12 +370,12 @@ def _dk_kernel(refs, st):
         else:
             qd, dS_dec = q, dS
         dk = inter + st.scale * ptr.matmul(P.astype(dt), q, (0, 0), st.precision)
-        ptr.store_rows(refs["dk"], start, nv, st.K, dk, r0)
+        _store(refs, st, "dk", start, nv, st.K, dk, r0)
         if st.has_g:
-            qdq = ptr.load_rows(refs["qdq"], start, bt, nv)
+            qdq = ptr.load_rows(refs["qdq"], start, bt, _rows(st, nv))
             dG = qdq - jnp.sum(k.astype(jnp.float32) * dk, 1)
             rev = jnp.sum(jnp.where(upper, dG[None, :], 0.0), 1)
-            ptr.store_rows(refs["dg"], start, nv, None, rev + carry)
+            ptr.store_rows(refs["dg"], start, _rows(st, nv), None, rev + carry)
             carry = carry + jnp.sum(dG)
         return dS_dec + st.scale * ptr.matmul(qd, do, (0, 0), st.precision), carry
 

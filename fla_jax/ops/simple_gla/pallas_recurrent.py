@@ -8,9 +8,11 @@ sequences the chunked kernels (pallas_chunk.py) are faster. Kernels (program = o
 one head, one block of K or V), the same split as the chunked backward:
     forward  (n, h, V-block) tokens forward:  o_t, final state
     dq       (n, h, K-block) tokens forward:  dq_t = scale S_t do_t, q_t . dq_t
-    dv       (n, h, V-block) tokens backward: dS += scale q_t^T do_t; dv_t = dS^T k_t; dS *= exp(a_t)
+    dv       (n, h, V-block) tokens backward: dS += scale q_t^T do_t; dv_t = dS^T k_t;
+                                               dS *= exp(a_t)
     dk       (n, h, K-block) tokens backward: same dS; dk_t = dS v_t, dh0,
-                                               dg_t = sum_{s >= t} (q_s . dq_s - k_s . dk_s) + <dS_T, S_T>
+                                               dg_t = sum_{s >= t} (q_s.dq_s - k_s.dk_s)
+                                                      + <dS_T, S_T>
 BlockSpecs, varlen handling and the custom_vjp wiring are shared with pallas_chunk.py.
 """
 from __future__ import annotations
