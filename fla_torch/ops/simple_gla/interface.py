@@ -13,7 +13,8 @@ _FAMILY_ARGS = ("g", "g_gamma")
 _BASE = {"reference": "fla_torch.ops.simple_gla.reference:simple_gla_reference",
          "chunked": "fla_torch.ops.simple_gla.chunked:simple_gla_chunked"}
 CHUNK_IMPLS = dict(_BASE, triton="fla_torch.ops.simple_gla.triton_chunk:chunk_simple_gla_triton")
-RECURRENT_IMPLS = dict(_BASE)
+RECURRENT_IMPLS = dict(
+    _BASE, triton="fla_torch.ops.simple_gla.triton_recurrent:fused_recurrent_simple_gla_triton")
 
 
 def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
