@@ -16,7 +16,7 @@ from typing import Optional
 
 import jax.numpy as jnp
 
-from .token_recurrence import token_sequence_ids
+from .token_recurrence import count_offsets_up_to, token_sequence_ids
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def plan_chunks(B: int, T: int, cu_seqlens, chunk: int) -> ChunkPlan:
     pad_off = pad_off.astype(jnp.int32)
 
     p = jnp.arange(Tp, dtype=jnp.int32)
-    n = jnp.searchsorted(pad_off[1:], p, side="right").astype(jnp.int32)  # N past the end
+    n = count_offsets_up_to(pad_off[1:], Tp)           # sequence of each slot; N past the end
     nc = jnp.minimum(n, N - 1)
     local = p - pad_off[nc]
     valid = (n < N) & (local < seq_len[nc])
@@ -72,7 +72,7 @@ def plan_chunks(B: int, T: int, cu_seqlens, chunk: int) -> ChunkPlan:
     token_pos = pad_off[seq_id] + jnp.arange(T, dtype=jnp.int32) - cu[seq_id]
 
     chunk_start = jnp.arange(NC, dtype=jnp.int32) * C
-    cn = jnp.searchsorted(pad_off[1:], chunk_start, side="right").astype(jnp.int32)
+    cn = n[::C]
     cn_c = jnp.minimum(cn, N - 1)
     reset = (cn < N) & (chunk_start == pad_off[cn_c])
     last_chunk = jnp.maximum(pad_off[1:] // C - 1, 0)

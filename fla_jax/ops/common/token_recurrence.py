@@ -18,13 +18,20 @@ import jax.numpy as jnp
 from ... import dtypes
 
 
+def count_offsets_up_to(offsets, length: int):
+    """[length] int32: c[p] = number of entries of `offsets` that are <= p (offsets >= 0,
+    may be traced; entries >= length count nowhere). A scatter-add and a cumsum: cheap to
+    compile and O(length + len(offsets))."""
+    hits = jnp.zeros((length,), jnp.int32).at[offsets].add(1, mode="drop")
+    return jnp.cumsum(hits).astype(jnp.int32)
+
+
 def token_sequence_ids(cu_seqlens, T: int):
-    """(seq_id [T] int32, starts [T] bool) for a packed batch; cu_seqlens may be traced."""
+    """(seq_id [T] int32, starts [T] bool) for a packed batch; cu_seqlens may be traced.
+    Zero-length sequences own no token."""
     cu = jnp.asarray(cu_seqlens).astype(jnp.int32)
-    t = jnp.arange(T, dtype=jnp.int32)
-    seq_id = jnp.searchsorted(cu[1:], t, side="right").astype(jnp.int32)
-    seq_id = jnp.minimum(seq_id, cu.shape[0] - 2)
-    starts = t == cu[seq_id]
+    seq_id = count_offsets_up_to(cu[1:-1], T)
+    starts = jnp.arange(T, dtype=jnp.int32) == cu[seq_id]
     return seq_id, starts
 
 
