@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from ..modules import FusedRMSNormGated, RMSNorm, ShortConvolution
 from ..modules.precision import (compute_dtype, linear, linear_fp32, no_autocast, output_dtype,
-                                 resolve_policy)
+                                 resolve_policy, storage_dtype)
 from .cache import make_cache, read_cache
 from .projections import activate, call_op, check_mode, effective_mode, project_qkv, split_heads
 
@@ -75,6 +75,7 @@ class DeltaNet(nn.Module):
                                  f"num_heads={num_heads}")
         self.head_k_dim = self.key_dim // num_heads
         self.head_v_dim = self.value_dim // num_heads
+        dtype = storage_dtype(dtype, self.policy)
         f = {"device": device, "dtype": dtype}
         self.q_proj = nn.Linear(hidden_size, self.key_dim, bias=False, **f)
         self.k_proj = nn.Linear(hidden_size, self.key_dim, bias=False, **f)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ..modules import FusedRMSNormGated, RMSNorm, ShortConvolution
 from ..modules.precision import (compute_dtype, linear, linear_fp32, no_autocast, output_dtype,
-                                 resolve_policy)
+                                 resolve_policy, storage_dtype)
 from .cache import make_cache, read_cache
 from .projections import call_op, check_mode, effective_mode, project_qkv, split_heads
 
@@ -67,6 +67,7 @@ class GatedDeltaNet(nn.Module):
         if self.num_v_heads % num_heads != 0:
             raise ValueError(f"{name}: num_v_heads={self.num_v_heads}; expected a multiple of "
                              f"num_heads={num_heads} (grouped value heads)")
+        dtype = storage_dtype(dtype, self.policy)
         f = {"device": device, "dtype": dtype}
         self.q_proj = nn.Linear(hidden_size, self.key_dim, bias=False, **f)
         self.k_proj = nn.Linear(hidden_size, self.key_dim, bias=False, **f)

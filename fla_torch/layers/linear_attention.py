@@ -13,7 +13,8 @@ import torch.nn as nn
 
 from ..modules import RMSNorm
 from ..modules.feature_map import HadamardFeatureMap
-from ..modules.precision import compute_dtype, linear, no_autocast, output_dtype, resolve_policy
+from ..modules.precision import (compute_dtype, linear, no_autocast, output_dtype, resolve_policy,
+                                 storage_dtype)
 from .cache import make_cache, read_cache
 from .projections import activate, call_op, check_mode, effective_mode, repeat_heads, split_heads
 
@@ -76,6 +77,7 @@ class LinearAttention(nn.Module):
         self.do_feature_map_norm = do_feature_map_norm
         self.layer_idx = layer_idx
         self.policy = resolve_policy(policy)
+        dtype = storage_dtype(dtype, self.policy)
         f = {"device": device, "dtype": dtype}
         if feature_map == "elementwise_product":
             self.feature_map_q = HadamardFeatureMap(self.head_k_dim, **f)

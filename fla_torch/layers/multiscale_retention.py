@@ -10,7 +10,8 @@ import torch
 import torch.nn as nn
 
 from ..modules import ShortConvolution
-from ..modules.precision import compute_dtype, linear, output_dtype, resolve_policy
+from ..modules.precision import (compute_dtype, linear, output_dtype, resolve_policy,
+                                 storage_dtype)
 from .cache import make_cache, read_cache
 from .projections import (activate, build_output_norm, call_op, check_activation, check_mode,
                           effective_mode, output_gate, project_qkv, repeat_heads, split_heads)
@@ -71,6 +72,7 @@ class MultiScaleRetention(nn.Module):
         self.head_v_dim = self.value_dim // num_heads
         self.policy = resolve_policy(policy)
         check_activation(name, "gate_fn", gate_fn, allow_none=False)
+        dtype = storage_dtype(dtype, self.policy)
         f = {"device": device, "dtype": dtype}
         self.q_proj = nn.Linear(hidden_size, self.key_dim, bias=False, **f)
         self.k_proj = nn.Linear(hidden_size, self.key_dim_per_group, bias=False, **f)

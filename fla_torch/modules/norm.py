@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .precision import no_autocast, resolve_policy
+from .precision import no_autocast, resolve_policy, storage_dtype
 
 _GATE_ACTIVATIONS = ("swish", "silu", "sigmoid")
 
@@ -59,7 +59,7 @@ class RMSNorm(nn.Module):
         self.elementwise_affine = elementwise_affine
         self.eps = eps
         self.policy = resolve_policy(policy)
-        factory = {"device": device, "dtype": dtype}
+        factory = {"device": device, "dtype": storage_dtype(dtype, self.policy)}
         self.register_parameter("weight", None)
         self.register_parameter("bias", None)
         if elementwise_affine:
@@ -103,7 +103,8 @@ class FusedRMSNormGated(nn.Module):
         self.register_parameter("weight", None)
         self.register_parameter("bias", None)
         if elementwise_affine:
-            self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+            self.weight = nn.Parameter(torch.ones(hidden_size, device=device,
+                                                  dtype=storage_dtype(dtype, self.policy)))
 
     def forward(self, x: torch.Tensor, g: torch.Tensor, residual: torch.Tensor | None = None,
                 prenorm: bool = False, residual_in_fp32: bool = False):

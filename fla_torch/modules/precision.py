@@ -77,3 +77,11 @@ def linear(x: torch.Tensor, layer: torch.nn.Linear, dtype: torch.dtype) -> torch
 def linear_fp32(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
     """`layer(x)` in float32 (for gate / decay / beta projections, lesson 3)."""
     return linear(x, layer, torch.float32)
+
+
+def storage_dtype(dtype, policy: DtypePolicy | None):
+    """The parameter dtype at construction: `dtype=` when given, else policy.param_dtype when
+    a policy is given, else None (torch's default dtype)."""
+    if dtype is not None or policy is None:
+        return dtype
+    return policy.param_dtype

@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .precision import compute_dtype, no_autocast, resolve_policy
+from .precision import compute_dtype, no_autocast, resolve_policy, storage_dtype
 
 _ACTIVATIONS = (None, "silu", "swish")
 
@@ -33,11 +33,13 @@ class ShortConvolution(nn.Conv1d):
         if activation not in _ACTIVATIONS:
             raise ValueError(f"ShortConvolution: activation={activation!r}; expected one of "
                              f"None, 'silu', 'swish'")
+        policy = resolve_policy(policy)
         super().__init__(hidden_size, hidden_size, kernel_size, groups=hidden_size, bias=bias,
-                         padding=kernel_size - 1, device=device, dtype=dtype)
+                         padding=kernel_size - 1, device=device,
+                         dtype=storage_dtype(dtype, policy))
         self.hidden_size = hidden_size
         self.activation = activation
-        self.policy = resolve_policy(policy)
+        self.policy = policy
 
     @property
     def width(self) -> int:
