@@ -102,18 +102,25 @@ def scan_chunks(plan: ChunkPlan, initial_state: Optional[torch.Tensor], state_sh
     Returns (S_in [R, HV, NC, K, V] the state entering each chunk, extras (list per chunk),
     final_state [N, HV, K, V]).
     """
-    def initial(rows: slice, count: int) -> torch.Tensor:
-        if initial_state is None:
-            return torch.zeros((count,) + tuple(state_shape), dtype=dtype, device=device)
-        return initial_state[rows].to(dtype)
+    # one view per sequence, unbound once (per-sequence slicing would make autograd allocate a
+    # full-size gradient per sequence)
+    h0 = None if initial_state is None else initial_state.to(dtype).unbind(0)
 
-    S = None if plan.varlen else initial(slice(0, plan.rows), plan.rows)
+    def initial(n: int) -> torch.Tensor:
+        """State entering sequence n (varlen), [1, HV, K, V]."""
+        if h0 is None:
+            return torch.zeros((1,) + tuple(state_shape), dtype=dtype, device=device)
+        return h0[n][None]
+
+    S = None
+    if not plan.varlen:
+        S = (torch.zeros((plan.rows,) + tuple(state_shape), dtype=dtype, device=device)
+             if initial_state is None else initial_state.to(dtype))
     finals = [None] * plan.num_seqs
     states_in, extras = [], []
     for c in range(plan.num_chunks):
         if c in plan.starts:
-            n = plan.starts[c]
-            S = initial(slice(n, n + 1), 1)
+            S = initial(plan.starts[c])
         states_in.append(S)
         S, extra = step(c, S)
         extras.append(extra)
@@ -122,7 +129,7 @@ def scan_chunks(plan: ChunkPlan, initial_state: Optional[torch.Tensor], state_sh
     if plan.varlen:
         for n in range(plan.num_seqs):
             if finals[n] is None:  # zero-length sequence: its state is its initial state
-                finals[n] = initial(slice(n, n + 1), 1)[0]
+                finals[n] = initial(n)[0]
         final = torch.stack(finals, dim=0)
     else:
         final = S

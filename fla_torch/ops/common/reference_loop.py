@@ -11,10 +11,13 @@ import torch
 
 
 def _run(inputs: Sequence[Optional[torch.Tensor]], S: torch.Tensor, step):
-    T = next(x for x in inputs if x is not None).shape[1]
+    # unbind once: indexing x[:, t] per token would make autograd allocate a full-size
+    # gradient per token (quadratic in T)
+    per_token = [None if x is None else x.unbind(1) for x in inputs]
+    T = next(len(x) for x in per_token if x is not None)
     outs = []
     for t in range(T):
-        o_t, S = step([None if x is None else x[:, t] for x in inputs], S)
+        o_t, S = step([None if x is None else x[t] for x in per_token], S)
         outs.append(o_t)
     return outs, S
 
@@ -30,22 +33,22 @@ def run_recurrence(inputs: Sequence[Optional[torch.Tensor]], initial_state, cu_s
     dtype, device = ref.dtype, ref.device
     B, T = ref.shape[:2]
 
-    def initial(rows: slice, count: int) -> torch.Tensor:
-        if initial_state is None:
-            return torch.zeros((count,) + tuple(state_shape), dtype=dtype, device=device)
-        return initial_state[rows].to(dtype)
-
     if cu_seqlens is None:
-        outs, S = _run(inputs, initial(slice(0, B), B), step)
+        S = (torch.zeros((B,) + tuple(state_shape), dtype=dtype, device=device)
+             if initial_state is None else initial_state.to(dtype))
+        outs, S = _run(inputs, S, step)
         return torch.stack(outs, dim=1), S
     offsets = [int(x) for x in cu_seqlens.detach().cpu().tolist()]
+    lens = [offsets[n + 1] - offsets[n] for n in range(len(offsets) - 1)]
+    # split once (not one slice per sequence, whose gradients would each be full-size)
+    seqs = [None if x is None else x.split(lens, dim=1) for x in inputs]
+    h0 = None if initial_state is None else initial_state.to(dtype).unbind(0)
     outs, finals = [], []
-    for n in range(len(offsets) - 1):
-        lo, hi = offsets[n], offsets[n + 1]
-        seq = [None if x is None else x[:, lo:hi] for x in inputs]
-        S = initial(slice(n, n + 1), 1)
-        if hi > lo:
-            o_n, S = _run(seq, S, step)
+    for n, L in enumerate(lens):
+        S = (torch.zeros((1,) + tuple(state_shape), dtype=dtype, device=device)
+             if h0 is None else h0[n][None])
+        if L > 0:
+            o_n, S = _run([None if x is None else x[n] for x in seqs], S, step)
             outs.extend(o_n)
         finals.append(S[0])
     o = torch.stack(outs, dim=1) if outs else torch.zeros((B, 0, state_shape[0], V),
