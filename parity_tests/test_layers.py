@@ -1,0 +1,302 @@
+"""Layers across frameworks: parity of outputs and gradients, decode == full forward, lossless
+weight round trips, and FLA state_dicts loading strictly into fla_torch layers.
+
+Parity: one seeded fla_torch layer gives the weights (fp32 parameters); fla_jax gets them
+through fla_jax.interop.from_state_dict. x and the output cotangent are drawn once in float64,
+rounded to the dtype under test, and fed to both; the oracle is the torch layer in float64 on
+the rounded values. Metric RMS(a - b) / RMS(oracle); tolerances: cases.LAYER_TOLERANCE.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+
+import numpy as np
+import pytest
+
+from .cases import CROSS_FACTOR, LAYER_TOLERANCE, rel_rms
+from .layer_runners import (CASES_BY_NAME, LAYER_CASES, draw, make_jax_layer, make_torch_layer,
+                            run_jax, run_torch)
+
+torch = pytest.importorskip("torch")
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from fla_jax import interop as jinterop  # noqa: E402
+from fla_torch import interop as tinterop  # noqa: E402
+
+BASE = ("gdn", "deltanet", "gla", "retention", "linear_attn")     # one per layer class
+PARITY = ([(c, d) for c in BASE for d in ("fp32", "bf16", "fp16")]
+          + [(c.name, d) for c in LAYER_CASES if c.name not in BASE for d in ("fp32", "bf16")])
+
+
+def _round(a: np.ndarray, dtype: str) -> np.ndarray:
+    import ml_dtypes
+    npd = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}[dtype]
+    return a.astype(npd).astype(np.float64)
+
+
+@functools.lru_cache(maxsize=None)
+def _layers(name: str):
+    case = CASES_BY_NAME[name]
+    tl = make_torch_layer(case)
+    sd = tinterop.to_numpy(tl)
+    return case, tl, sd
+
+
+@pytest.mark.parametrize("name,dtype", PARITY, ids=[f"{c}-{d}" for c, d in PARITY])
+def test_layer_parity(name, dtype):
+    case, tl, sd = _layers(name)
+    jl = make_jax_layer(case, sd)
+    x, dy = draw(case)
+    ref = run_torch(copy.deepcopy(tl).double(), _round(x, dtype), _round(dy, dtype), "fp64")
+    rt = run_torch(tl, x, dy, dtype)
+    rj = run_jax(jl, x, dy, dtype)
+
+    torch_dt = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16"}
+    jax_dt = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+    assert rt["o_dtype"] == rt["dx_dtype"] == torch_dt[dtype]
+    assert rj["o_dtype"] == rj["dx_dtype"] == jax_dt[dtype]
+    keys = sorted(k for k in ref if k == "o" or k == "dx" or k.startswith("d:"))
+    assert set(keys) <= set(rt) and set(keys) <= set(rj), "gradient names differ"
+    assert len([k for k in keys if k.startswith("d:")]) == len(sd) - _tied(case)
+    failures = []
+    for k in keys:
+        tol = LAYER_TOLERANCE[dtype]["o" if k == "o" else "grad"]
+        errs = {"torch": rel_rms(rt[k], ref[k], ref[k]), "jax": rel_rms(rj[k], ref[k], ref[k]),
+                "jax-torch": rel_rms(rj[k], rt[k], ref[k])}
+        for who, err in errs.items():
+            limit = tol * (CROSS_FACTOR if who == "jax-torch" else 1.0)
+            if not err <= limit:
+                failures.append(f"{k} {who}: {err:.3e} > {limit:.1e}")
+    assert not failures, f"{name} {dtype}: " + "; ".join(failures)
+
+
+def _tied(case) -> int:
+    """Parameters a torch state_dict lists twice (tied feature maps) but named_parameters once."""
+    if case.cls == "LinearAttention" and case.kwargs.get("tie_feature_map_qk"):
+        return 4
+    return 0
+
+
+# ----------------------------------------------------------------------------- decode
+
+SPLITS = (7, 66, 1, 1, 1, 1, 1)     # prefill 7 (chunk), 66 more (chunk, from the cache), 5 singles
+
+
+def _decode_torch(tl, x):
+    with torch.no_grad():
+        xt = torch.tensor(x, dtype=torch.float32)
+        full, _, cache_full = tl(xt, use_cache=True)
+        outs, cache, t = [], None, 0
+        for n in SPLITS:
+            o, _, cache = tl(xt[:, t:t + n], past_key_values=cache, use_cache=True)
+            outs.append(o)
+            t += n
+    return full.numpy(), torch.cat(outs, 1).numpy(), cache_full, cache
+
+
+def _decode_jax(jl, x):
+    graphdef, state = nnx.split(jl)
+
+    @jax.jit
+    def step(state, xs, cache):
+        o, _, new_cache = nnx.merge(graphdef, state)(xs, past_key_values=cache, use_cache=True)
+        return o, new_cache
+
+    xj = jnp.asarray(x, jnp.float32)
+    full, cache_full = step(state, xj, None)
+    outs, cache, t = [], None, 0
+    for n in SPLITS:
+        o, cache = step(state, xj[:, t:t + n], cache)
+        outs.append(o)
+        t += n
+    return np.asarray(full), np.asarray(jnp.concatenate(outs, 1)), cache_full, cache
+
+
+def _np_state(cache):
+    out = {"recurrent_state": np.asarray(cache["recurrent_state"], np.float64),
+           "offset": int(cache["offset"])}
+    if cache.get("conv_state") is not None:
+        for i, c in enumerate(cache["conv_state"]):
+            out[f"conv{i}"] = np.asarray(c, np.float64)
+    if "k_sum" in cache:
+        out["k_sum"] = np.asarray(cache["k_sum"], np.float64)
+    return out
+
+
+DECODE_CASES = [c.name for c in LAYER_CASES]
+
+
+@pytest.mark.parametrize("name", DECODE_CASES)
+def test_decode_equals_full_forward(name):
+    """Prefill + cached chunks + token-by-token decoding == one forward, in both frameworks
+    (fp32), and the two frameworks' final caches agree."""
+    case, tl, sd = _layers(name)
+    x, _ = draw(case)
+    x = x[:, :sum(SPLITS)]
+    jl = make_jax_layer(case, sd)
+    tol = LAYER_TOLERANCE["fp32"]["o"]
+    results = {"torch": _decode_torch(tl, x), "jax": _decode_jax(jl, x)}
+    for fw, (full, stepped, cache_full, cache) in results.items():
+        err = rel_rms(stepped, full, full)
+        assert err <= tol, f"{fw} decode vs full forward: {err:.3e} > {tol:.1e}"
+        a, b = _np_state(cache), _np_state(cache_full)
+        assert a.keys() == b.keys() and a["offset"] == b["offset"] == x.shape[1]
+        for key in a:
+            if key != "offset":
+                assert rel_rms(a[key], b[key], b[key]) <= tol, f"{fw} cache {key}"
+    assert results["torch"][3]["recurrent_state"].dtype == torch.float32
+    assert results["jax"][3]["recurrent_state"].dtype == jnp.float32
+    ct, cj = _np_state(results["torch"][3]), _np_state(results["jax"][3])
+    for key in ct:
+        if key != "offset":
+            err = rel_rms(cj[key], ct[key], ct[key])
+            assert err <= tol * CROSS_FACTOR, f"cache {key} jax vs torch: {err:.3e}"
+
+
+# ----------------------------------------------------------------------------- weights
+
+def _assert_bit_equal(a: dict, b: dict):
+    assert list(a) == list(b) or set(a) == set(b), (sorted(a), sorted(b))
+    for k in a:
+        x, y = np.asarray(a[k]), np.asarray(b[k])
+        assert x.dtype == y.dtype and x.shape == y.shape, (k, x.dtype, y.dtype, x.shape, y.shape)
+        assert x.tobytes() == y.tobytes(), f"{k} differs"
+
+
+@pytest.mark.parametrize("name", DECODE_CASES)
+def test_state_dict_round_trip_is_lossless(name, tmp_path):
+    """torch -> numpy -> fla_jax -> numpy -> torch, and through safetensors files both ways:
+    fp32 bit-exact, same names (torch's), same shapes."""
+    case, tl, sd = _layers(name)
+    jl = make_jax_layer(case, sd)
+    back = jinterop.to_state_dict(jl)
+    assert set(back) == set(tl.state_dict())
+    _assert_bit_equal(sd, back)
+
+    fresh = make_torch_layer(case, seed=123)
+    fresh.load_state_dict(tinterop.from_numpy(back), strict=True)
+    _assert_bit_equal(sd, tinterop.to_numpy(fresh))
+
+    # torch file -> jax -> jax file -> torch
+    tinterop.save_safetensors(tl, tmp_path / "t.safetensors")
+    jl2 = make_jax_layer(case, tinterop.to_numpy(make_torch_layer(case, seed=7)))
+    jinterop.load_safetensors(jl2, tmp_path / "t.safetensors")
+    _assert_bit_equal(sd, jinterop.to_state_dict(jl2))
+    jinterop.save_safetensors(jl2, tmp_path / "j.safetensors")
+    fresh2 = make_torch_layer(case, seed=9)
+    tinterop.load_safetensors(fresh2, tmp_path / "j.safetensors", strict=True)
+    _assert_bit_equal(sd, tinterop.to_numpy(fresh2))
+
+
+@pytest.mark.parametrize("name", BASE)
+def test_bf16_parameters_round_trip(name):
+    """bf16 parameter storage on both sides (dtype=torch.bfloat16 / param_dtype=jnp.bfloat16)
+    survives torch -> jax -> torch bit for bit."""
+    case = CASES_BY_NAME[name]
+    torch.manual_seed(0)
+    import fla_torch.layers as tlayers
+    tl = getattr(tlayers, case.cls)(**case.kwargs, dtype=torch.bfloat16)
+    sd = tinterop.to_numpy(tl)
+    assert all(v.dtype.name == "bfloat16" for v in sd.values())
+    jl = make_jax_layer(case, sd, param_dtype=jnp.bfloat16)
+    back = jinterop.to_state_dict(jl)
+    _assert_bit_equal(sd, back)
+    fresh = getattr(tlayers, case.cls)(**case.kwargs, dtype=torch.bfloat16)
+    fresh.load_state_dict(tinterop.from_numpy(back), strict=True)
+    _assert_bit_equal(sd, tinterop.to_numpy(fresh))
+
+
+def test_from_state_dict_errors_name_the_key():
+    case, tl, sd = _layers("gdn")
+    jl = make_jax_layer(case, sd)
+    bad = dict(sd)
+    bad["q_proj.weight"] = bad["q_proj.weight"][:, :-1]
+    with pytest.raises(ValueError, match="q_proj.weight"):
+        jinterop.from_state_dict(jl, bad)
+    missing = {k: v for k, v in sd.items() if k != "A_log"}
+    with pytest.raises(KeyError, match="A_log"):
+        jinterop.from_state_dict(jl, missing)
+    extra = dict(sd, **{"bogus.weight": np.zeros(3, np.float32)})
+    with pytest.raises(KeyError, match="bogus.weight"):
+        jinterop.from_state_dict(jl, extra)
+    result = jinterop.from_state_dict(jl, missing, strict=False)
+    assert result.missing_keys == ["A_log"] and result.unexpected_keys == []
+
+
+# ----------------------------------------------------------------------------- FLA key sets
+
+# FLA's state_dict keys and shapes for these constructor arguments, written out by hand from
+# FLA's layer definitions (fla/layers/*.py, fla/modules/*), so the test does not need FLA.
+FLA_STATE_DICTS = {
+    "GatedDeltaNet": (
+        dict(hidden_size=64, expand_v=2, head_dim=16, num_heads=2, num_v_heads=4),
+        {"A_log": [4], "dt_bias": [4], "q_proj.weight": [32, 64], "k_proj.weight": [32, 64],
+         "v_proj.weight": [128, 64], "a_proj.weight": [4, 64], "b_proj.weight": [4, 64],
+         "q_conv1d.weight": [32, 1, 4], "k_conv1d.weight": [32, 1, 4],
+         "v_conv1d.weight": [128, 1, 4], "g_proj.weight": [128, 64], "o_norm.weight": [32],
+         "o_proj.weight": [64, 128]}),
+    "GatedDeltaNet-nogate-bias": (
+        dict(hidden_size=64, expand_v=1, head_dim=16, num_heads=4, use_gate=False,
+             conv_bias=True, conv_size=3),
+        {"A_log": [4], "dt_bias": [4], "q_proj.weight": [64, 64], "k_proj.weight": [64, 64],
+         "v_proj.weight": [64, 64], "a_proj.weight": [4, 64], "b_proj.weight": [4, 64],
+         "q_conv1d.weight": [64, 1, 3], "q_conv1d.bias": [64], "k_conv1d.weight": [64, 1, 3],
+         "k_conv1d.bias": [64], "v_conv1d.weight": [64, 1, 3], "v_conv1d.bias": [64],
+         "o_norm.weight": [16], "o_proj.weight": [64, 64]}),
+    "GatedLinearAttention": (
+        dict(hidden_size=64, num_heads=4, num_kv_heads=2, use_short_conv=True),
+        {"q_proj.weight": [32, 64], "k_proj.weight": [16, 64], "v_proj.weight": [32, 64],
+         "g_proj.weight": [64, 64], "q_conv1d.weight": [32, 1, 4],
+         "k_conv1d.weight": [16, 1, 4], "v_conv1d.weight": [32, 1, 4],
+         "gk_proj.0.weight": [16, 64], "gk_proj.1.weight": [16, 16], "gk_proj.1.bias": [16],
+         "o_proj.weight": [64, 64], "g_norm_swish_gate.weight": [16]}),
+    "GatedLinearAttention-unfused": (
+        dict(hidden_size=64, num_heads=4, fuse_norm=False),
+        {"q_proj.weight": [32, 64], "k_proj.weight": [32, 64], "v_proj.weight": [64, 64],
+         "g_proj.weight": [64, 64], "gk_proj.0.weight": [16, 64], "gk_proj.1.weight": [32, 16],
+         "gk_proj.1.bias": [32], "o_proj.weight": [64, 64], "g_norm.weight": [16]}),
+    "DeltaNet": (
+        dict(hidden_size=64, num_heads=4, use_gate=True),
+        {"q_proj.weight": [64, 64], "k_proj.weight": [64, 64], "v_proj.weight": [64, 64],
+         "b_proj.weight": [4, 64], "q_conv1d.weight": [64, 1, 4], "k_conv1d.weight": [64, 1, 4],
+         "v_conv1d.weight": [64, 1, 4], "g_proj.weight": [64, 64], "o_norm.weight": [16],
+         "o_proj.weight": [64, 64]}),
+    "MultiScaleRetention": (
+        dict(hidden_size=64, num_heads=4),
+        {"q_proj.weight": [64, 64], "k_proj.weight": [64, 64], "v_proj.weight": [128, 64],
+         "g_proj.weight": [128, 64], "o_proj.weight": [64, 128],
+         "g_norm_swish_gate.weight": [32]}),
+    "LinearAttention": (
+        dict(hidden_size=64, num_heads=4),
+        {"feature_map_q.layer1.weight": [16, 16], "feature_map_q.layer1.bias": [16],
+         "feature_map_q.layer2.weight": [16, 16], "feature_map_q.layer2.bias": [16],
+         "feature_map_k.layer1.weight": [16, 16], "feature_map_k.layer1.bias": [16],
+         "feature_map_k.layer2.weight": [16, 16], "feature_map_k.layer2.bias": [16],
+         "q_proj.weight": [64, 64], "k_proj.weight": [64, 64], "v_proj.weight": [64, 64],
+         "norm.weight": [16], "o_proj.weight": [64, 64]}),
+}
+
+
+@pytest.mark.parametrize("key", list(FLA_STATE_DICTS))
+def test_fla_state_dict_loads_strict(key):
+    """An FLA layer's state_dict (same constructor arguments) loads with strict=True into our
+    torch layer and, through interop, into our Flax layer; outputs then agree."""
+    import fla_torch.layers as tlayers
+    cls = key.split("-")[0]
+    kwargs, shapes = FLA_STATE_DICTS[key]
+    gen = torch.Generator().manual_seed(0)
+    fla_sd = {k: 0.2 * torch.randn(*shape, generator=gen) for k, shape in shapes.items()}
+    layer = getattr(tlayers, cls)(**kwargs)
+    layer.load_state_dict(fla_sd, strict=True)
+    assert {k: list(v.shape) for k, v in layer.state_dict().items()} == shapes
+    from fla_jax import layers as jlayers
+    jl = getattr(jlayers, cls)(**kwargs, rngs=nnx.Rngs(0))
+    jinterop.from_state_dict(jl, tinterop.to_numpy(fla_sd))
+    x = np.random.default_rng(0).standard_normal((1, 9, kwargs["hidden_size"]))
+    with torch.no_grad():
+        ot = layer(torch.tensor(x, dtype=torch.float32))[0].numpy()
+    oj = np.asarray(jl(jnp.asarray(x, jnp.float32))[0])
+    assert rel_rms(oj, ot, ot) <= LAYER_TOLERANCE["fp32"]["o"] * CROSS_FACTOR
