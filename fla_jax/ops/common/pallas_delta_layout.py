@@ -21,11 +21,26 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
-def dot_precision():
-    """lax precision for jnp.dot inside kernels: IEEE fp32 unless allow_tf32() is active
-    (in the Triton lowering, Precision.DEFAULT on fp32 operands means tf32)."""
-    return lax.Precision.HIGHEST if dtypes.fp32_matmul_precision() == "ieee" \
-        else lax.Precision.DEFAULT
+# How 'ieee' fp32 dots run on the GPU: "3xtf32" (three tf32 tensor-core passes, fp32-level
+# accuracy) or "fma" (Triton's IEEE path on CUDA cores, exact but slow for 64-wide tiles).
+FP32_GPU_DOT = ["3xtf32"]
+
+
+def dot_precision(interpret: bool = True):
+    """Precision for fp32-operand jnp.dot inside kernels: fp32 accuracy unless allow_tf32() is
+    active (in the Triton lowering, Precision.DEFAULT on fp32 operands means plain tf32)."""
+    if dtypes.fp32_matmul_precision() != "ieee":
+        return lax.Precision.DEFAULT
+    if interpret or FP32_GPU_DOT[0] == "fma":
+        return lax.Precision.HIGHEST
+    return lax.DotAlgorithmPreset.TF32_TF32_F32_X3
+
+
+def kdot(a, b, prec32):
+    """a @ b accumulated in fp32; fp32 operands use prec32 (see dot_precision), half-precision
+    operands the native tensor-core path."""
+    prec = prec32 if a.dtype == jnp.float32 else lax.Precision.HIGHEST
+    return jnp.dot(a, b, precision=prec, preferred_element_type=jnp.float32)
 
 
 def sequence_bounds(B: int, T: int, cu_seqlens):

@@ -23,7 +23,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from .dispatch import pallas_interpret
-from .pallas_delta_layout import dot_precision, l2norm_fwd, triton_params
+from .pallas_delta_layout import dot_precision, kdot, l2norm_fwd, triton_params
 
 F32 = jnp.float32
 SUB = 16
@@ -118,7 +118,7 @@ def _prep_kernel(tab_ref, k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, *, G, BT, ha
         A = {}
         for a in range(NB):
             for b in range(a + 1):
-                kk = jnp.dot(ks[a], ks[b].T, precision=prec, preferred_element_type=F32)
+                kk = kdot(ks[a], ks[b].T, prec)
                 keep = (r > c) if a == b else jnp.ones((SUB, SUB), jnp.bool_)
                 diff = jnp.where(keep, gcs[a][:, None] - gcs[b][None, :], 0.0)
                 A[a, b] = jnp.where(keep, betas[a][:, None] * kk * jnp.exp(diff), 0.0)
@@ -128,16 +128,15 @@ def _prep_kernel(tab_ref, k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, *, G, BT, ha
             for b in range(a - 1, -1, -1):
                 acc = jnp.zeros((SUB, SUB), F32)
                 for cc in range(b, a):
-                    acc = acc + jnp.dot(A[a, cc], Tm[cc, b], precision=prec,
-                                        preferred_element_type=F32)
-                Tm[a, b] = -jnp.dot(Tm[a, a], acc, precision=prec, preferred_element_type=F32)
+                    acc = acc + kdot(A[a, cc], Tm[cc, b], prec)
+                Tm[a, b] = -kdot(Tm[a, a], acc, prec)
         for a in range(NB):
             w = jnp.zeros((SUB, k_ref.shape[-1]), F32)
             u = jnp.zeros((SUB, v_ref.shape[-1]), F32)
             for b in range(a + 1):
                 t = Tm[a, b].astype(dt)
-                w = w + jnp.dot(t, xs_w[b], precision=prec, preferred_element_type=F32)
-                u = u + jnp.dot(t, xs_u[b], precision=prec, preferred_element_type=F32)
+                w = w + kdot(t, xs_w[b], prec)
+                u = u + kdot(t, xs_u[b], prec)
             store_rows(w_ref, w, start + a * SUB, end, hv)
             store_rows(u_ref, u, start + a * SUB, end, hv)
 
@@ -149,7 +148,7 @@ def wy_prep(k, v, g, beta, table, *, H_ratio: int, BT: int, l2norm: bool, out_ro
     HV, K, V = v.shape[1], k.shape[2], v.shape[2]
     interpret = pallas_interpret()
     kernel = functools.partial(_prep_kernel, G=H_ratio, BT=BT, has_g=g is not None,
-                               l2norm=l2norm, prec=dot_precision())
+                               l2norm=l2norm, prec=dot_precision(interpret))
     ins = [table, k, v, g if g is not None else beta, beta]
     out_shape = [jax.ShapeDtypeStruct((out_rows, HV, K), k.dtype),
                  jax.ShapeDtypeStruct((out_rows, HV, V), k.dtype)]

@@ -24,7 +24,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from ..common.dispatch import pallas_interpret
-from ..common.pallas_delta_layout import (dot_precision, group_sum, l2norm_bwd, l2norm_fwd,
+from ..common.pallas_delta_layout import (dot_precision, kdot, group_sum, l2norm_bwd, l2norm_fwd,
                                           next_pow2, pad_last, sequence_bounds, triton_params)
 from ..common.pallas_wy_prep import chunk_table, masked_rows, store_rows, wy_prep
 from .pallas_recurrent import _backward as recurrent_backward
@@ -64,30 +64,29 @@ def _state_out_kernel(*refs, scale, G, BV, has_g, has_h0, l2norm, save_u, prec):
             gb = masked_rows(g_ref, st, eos, BT, hv)
             gc = jnp.cumsum(gb)
             g_last = jnp.sum(gb)
+            # g_last - gc_i as a direct suffix sum (exact for the recent tokens that dominate)
+            suffix = jnp.sum(jnp.where(c > r, gb[None, :], 0.0), axis=1)
         else:
             gc = jnp.zeros((BT,), F32)
             g_last = jnp.zeros((), F32)
+            suffix = gc
         Sd = S.astype(dt)
-        v_new = uu - jnp.dot(w, Sd, precision=prec, preferred_element_type=F32)
+        v_new = uu - kdot(w, Sd, prec)
         vn_d = v_new.astype(dt)
         diff = jnp.where(r >= c, gc[:, None] - gc[None, :], 0.0)
         decay = jnp.where(r >= c, jnp.exp(diff), 0.0)
-        qk = jnp.dot(q, k.T, precision=prec, preferred_element_type=F32) * decay
-        o = jnp.exp(gc)[:, None] * jnp.dot(q, Sd, precision=prec, preferred_element_type=F32)
-        o = o + jnp.dot(qk.astype(dt), vn_d, precision=prec, preferred_element_type=F32)
+        qk = kdot(q, k.T, prec) * decay
+        o = jnp.exp(gc)[:, None] * kdot(q, Sd, prec)
+        o = o + kdot(qk.astype(dt), vn_d, prec)
         store_rows(o_ref, scale * o, st, eos, hv, vs)
-        if save_u:
+        if save_u:   # the backward's residual, from fp32 operands: u = v - k S'
             v = masked_rows(v_ref, st, eos, BT, hv, vs).astype(F32)
-            kk = jnp.dot(k, k.T, precision=prec, preferred_element_type=F32)
-            kk = jnp.where(r > c, kk * decay, 0.0)
-            pred = jnp.exp(gc)[:, None] * jnp.dot(k, Sd, precision=prec,
-                                                  preferred_element_type=F32)
-            pred = pred + jnp.dot(kk.astype(dt), vn_d, precision=prec,
-                                  preferred_element_type=F32)
+            k32 = k.astype(F32)
+            kk = jnp.where(r > c, kdot(k32, k32.T, prec) * decay, 0.0)
+            pred = jnp.exp(gc)[:, None] * kdot(k32, S, prec) + kdot(kk, v_new, prec)
             store_rows(u_ref, v - pred, st, eos, hv, vs)
-        kd = (k.astype(F32) * jnp.exp(g_last - gc)[:, None]).astype(dt)
-        return jnp.exp(g_last) * S + jnp.dot(kd.T, vn_d, precision=prec,
-                                             preferred_element_type=F32)
+        kd = (k.astype(F32) * jnp.exp(suffix)[:, None]).astype(dt)
+        return jnp.exp(g_last) * S + kdot(kd.T, vn_d, prec)
 
     S = lax.fori_loop(0, (eos - bos + BT - 1) // BT, body, S)
     ht_ref[n, hv, :, vs] = S
@@ -111,7 +110,7 @@ def _forward(q, k, v, g, beta, h0, cu, *, scale, l2norm, save_u):
     BV = min(V, TUNING["BV"])
     kernel = functools.partial(_state_out_kernel, scale=scale, G=HV // H, BV=BV,
                                has_g=g is not None, has_h0=h0 is not None, l2norm=l2norm,
-                               save_u=save_u, prec=dot_precision())
+                               save_u=save_u, prec=dot_precision(interpret))
     ins = [x for x in (cu, q, k, v, w, uu, g, h0) if x is not None]
     out_shape = [jax.ShapeDtypeStruct((rows, HV, V), q.dtype),
                  jax.ShapeDtypeStruct((N, HV, K, V), F32)]
