@@ -29,7 +29,10 @@ def resolve_policy(policy) -> DtypePolicy | None:
     if isinstance(policy, DtypePolicy):
         return policy
     if isinstance(policy, str):
-        return DtypePolicy.parse(policy)
+        try:
+            return DtypePolicy.parse(policy)
+        except ValueError as e:
+            raise ValueError(f"policy={policy!r}: {e}") from None
     raise TypeError(f"policy: got {type(policy).__name__} {policy!r}; expected None, a "
                     f"fla_torch.DtypePolicy or a policy string such as 'bf16' or "
                     f"'params=fp32,compute=bf16,output=fp32'")
