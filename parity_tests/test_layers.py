@@ -299,3 +299,34 @@ def test_fla_state_dict_loads_strict(key):
         ot = layer(torch.tensor(x, dtype=torch.float32))[0].numpy()
     oj = np.asarray(jl(jnp.asarray(x, jnp.float32))[0])
     assert rel_rms(oj, ot, ot) <= LAYER_TOLERANCE["fp32"]["o"] * CROSS_FACTOR
+
+
+# ----------------------------------------------------------------------------- sanity
+
+def test_parity_metric_catches_a_perturbed_weight():
+    """The comparison can fail: a 1% change of one small parameter (dt_bias) in the Flax copy
+    moves the output far beyond the fp32 tolerance."""
+    case, tl, sd = _layers("gdn")
+    bad = dict(sd, dt_bias=sd["dt_bias"] * np.float32(1.01))
+    jl = make_jax_layer(case, bad)
+    x, _ = draw(case)
+    with torch.no_grad():
+        ot = tl(torch.tensor(x, dtype=torch.float32))[0].numpy()
+    oj = np.asarray(jl(jnp.asarray(x, jnp.float32))[0])
+    assert rel_rms(oj, ot, ot) > 10 * LAYER_TOLERANCE["fp32"]["o"] * CROSS_FACTOR
+
+
+@pytest.mark.parametrize("name", ["gdn", "gla"])
+def test_torch_autocast_matches_flax_bf16_dtype(name):
+    """Mixed precision across frameworks: torch autocast(bf16) on fp32 parameters and the
+    Flax layer with dtype=bfloat16 on the same fp32 parameters give the same bf16 output."""
+    case, tl, sd = _layers(name)
+    jl = make_jax_layer(case, sd, dtype=jnp.bfloat16)
+    x, _ = draw(case)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ot = tl(torch.tensor(x, dtype=torch.float32))[0]
+    oj = jl(jnp.asarray(x, jnp.float32))[0]
+    assert ot.dtype == torch.bfloat16 and oj.dtype == jnp.bfloat16
+    ref = run_torch(copy.deepcopy(tl).double(), _round(x, "bf16"), np.zeros_like(x), "fp64")["o"]
+    err = rel_rms(np.asarray(oj.astype(jnp.float32), np.float64), ot.double().numpy(), ref)
+    assert err <= LAYER_TOLERANCE["bf16"]["o"] * CROSS_FACTOR, f"{err:.3e}"
