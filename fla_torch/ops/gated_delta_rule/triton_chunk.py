@@ -6,8 +6,8 @@ dvn_local -> chunk_dh (reverse) -> dqk -> wy_bwd, then dg = reverse cumsum per s
 q.dq - v.dv (+ dS_final . S_final) and the group sum over value heads sharing a q/k head.
 With g=None it is the (ungated) delta rule. Inputs are read in place ([B, T, H, D]); the time
 axis is flattened so fixed-length batches and cu_seqlens share one code path.
-use_qk_l2norm_in_kernel: q, k are normalised in fp32 (torch ops, differentiated by autograd)
-and handed to the kernels in the input dtype.
+use_qk_l2norm_in_kernel: q, k are normalised in fp32 by common/triton_l2norm.py (fused
+forward and backward) and handed to the kernels in the input dtype.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 import triton
 
 from ... import dtypes
-from ..common.l2norm import l2norm
+from ..common.triton_l2norm import l2norm_triton
 from ..common.triton_gate_grad import sequence_reverse_cumsum
 from ..common.triton_seq_layout import chunk_tables, seq_offsets
 from .triton_chunk_bwd import _chunk_dh_kernel, _dqk_kernel, _dvn_local_kernel, _wy_bwd_kernel
@@ -53,16 +53,16 @@ def _precisions(dtype):
     return "tf32", "tf32"
 
 
-def _state_blocks(K, V):
+def _state_blocks(K, V, dtype):
     BK = triton.next_power_of_2(K)
-    BV = 64 if BK <= 128 else 32
+    BV = 64 if BK <= 128 and dtype != torch.float32 else 32
     return BK, min(BV, triton.next_power_of_2(V))
 
 
 def _fwd_states(k, w, u, gc, h0, offsets, chunk_offsets, NT, N, output_final_state, PREC):
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
-    BK, BV = _state_blocks(K, V)
+    BK, BV = _state_blocks(K, V, k.dtype)
     h_buf = _buf((NT, HV, K, V), _bdt("h", k.dtype), k.device)
     vn = _buf((B, T, HV, V), _bdt("vn", k.dtype), k.device)
     ht = _buf((N, HV, K, V), torch.float32, k.device) if output_final_state else None
@@ -127,7 +127,7 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         _dvn_local_kernel[(triton.cdiv(V, BV), NT, HV)](
             q, k, do, gc_arg, dvn, table, offsets, scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK,
             BV=BV, HAS_G=has_g, PREC=PREC, num_warps=4)
-        SK, SV = _state_blocks(K, V)
+        SK, SV = _state_blocks(K, V, q.dtype)
         dh_buf = _buf((NT, HV, K, V), _bdt("dh", q.dtype), dev)
         dh0 = _buf((N, HV, K, V), torch.float32, dev) if h0 is not None else None
         _chunk_dh_kernel[(triton.cdiv(V, SV), N * HV)](
@@ -164,7 +164,7 @@ def chunk_gated_delta_rule_triton(q, k, v, *, g, beta, scale, initial_state, out
     cu_seqlens: None or [N+1] int (B == 1). Returns (o [B, T, HV, V] in q's dtype,
     final_state [N, HV, K, V] fp32 or None)."""
     if use_qk_l2norm_in_kernel:
-        q = l2norm(q.float()).to(q.dtype)
-        k = l2norm(k.float()).to(k.dtype)
+        q = l2norm_triton(q)
+        k = l2norm_triton(k)
     return ChunkGatedDeltaRule.apply(q, k, v, g, beta, initial_state, float(scale),
                                      bool(output_final_state), cu_seqlens)
