@@ -123,13 +123,13 @@ CASES = {
     "g_h0": dict(),
     "g_h0_chunks16": dict(T=50, tuning={"bt": 16}),
     "t150": dict(B=1, T=150, H=1, use_gamma=True),
-    "unmasked_t128": dict(B=1, T=128, H=2, K=32, V=32, tuning={"state_elems": 512}),
+    "unmasked_t128": dict(B=1, T=128, H=2, K=32, V=32, tuning={"state_elems": 256}),
     "gamma_only": dict(use_g=False, use_gamma=True, use_h0=False),
     "g_and_gamma": dict(use_gamma=True),
     "plain": dict(use_g=False, use_h0=False, K=16, V=16),
     "varlen": dict(B=1, T=90, cu=[0, 7, 7, 70, 90], use_gamma=True),
     "varlen_chunks16": dict(B=1, T=90, cu=[0, 5, 40, 40, 90], tuning={"bt": 16}),
-    "kv100_blocks": dict(B=1, T=40, H=1, K=100, V=100, tuning={"state_elems": 2048}),
+    "kv100_blocks": dict(B=1, T=40, H=1, K=100, V=100, tuning={"state_elems": 1024}),
 }
 
 

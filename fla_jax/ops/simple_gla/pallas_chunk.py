@@ -36,16 +36,20 @@ from jax.experimental import pallas as pl
 
 from ..common import pallas_triton as ptr
 
-# Tunables (tests and benchmarks may change them before the first trace).
+# Tunables, read when an op is traced (tests and benchmarks may change them). Defaults from a
+# sweep on an H100 (jax 0.11.2, B=4 T=4096 H=16 K=V=128, bf16): forward V-block 32 (256
+# programs), backward K/V-blocks 64 with 8 warps. fp32 tiles are twice as large: stages are
+# capped at FP32_MAX_STAGES (3 stages overflow shared memory).
 TUNING = {
     "bt": 64,            # chunk length
-    "state_elems": 8192,  # K-block x V-block size of the register state
+    "state_elems": 4096,  # K-block x V-block size of the forward register state
     "fwd_bv": None,      # None: state_elems // Kp
-    "bwd_bk": None,
-    "bwd_bv": None,
-    "fwd_warps": 4, "fwd_stages": 2,
-    "bwd_warps": 4, "bwd_stages": 2,
+    "bwd_bk": None,      # None: 2 * state_elems // Vp
+    "bwd_bv": None,      # None: 2 * state_elems // Kp
+    "fwd_warps": 4, "fwd_stages": 3,
+    "bwd_warps": 8, "bwd_stages": 3,
 }
+FP32_MAX_STAGES = 2
 
 
 @dataclass(frozen=True)
@@ -91,12 +95,13 @@ def _make_static(q, v, g, g_gamma, initial_state, cu_seqlens, scale, tuning=None
     Kp, Vp = ptr.padded(K), ptr.padded(V)
     t = TUNING if tuning is None else tuning
     fwd_bv = _block(Vp, t["fwd_bv"] or t["state_elems"] // Kp)
-    bwd_bk = _block(Kp, t["bwd_bk"] or t["state_elems"] // Vp)
-    bwd_bv = _block(Vp, t["bwd_bv"] or t["state_elems"] // Kp)
+    bwd_bk = _block(Kp, t["bwd_bk"] or 2 * t["state_elems"] // Vp)
+    bwd_bv = _block(Vp, t["bwd_bv"] or 2 * t["state_elems"] // Kp)
+    cap = FP32_MAX_STAGES if q.dtype == jnp.float32 else 99
     return _Static(B, T, H, K, V, N, float(scale), cu_seqlens is not None, g is not None,
                    g_gamma is not None, initial_state is not None, ptr.dot_precision(),
-                   int(t["bt"]), fwd_bv, bwd_bk, bwd_bv, t["fwd_warps"], t["fwd_stages"],
-                   t["bwd_warps"], t["bwd_stages"])
+                   int(t["bt"]), fwd_bv, bwd_bk, bwd_bv, t["fwd_warps"],
+                   min(t["fwd_stages"], cap), t["bwd_warps"], min(t["bwd_stages"], cap))
 
 
 # ----------------------------------------------------------------------------- specs
