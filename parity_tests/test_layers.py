@@ -330,3 +330,40 @@ def test_torch_autocast_matches_flax_bf16_dtype(name):
     ref = run_torch(copy.deepcopy(tl).double(), _round(x, "bf16"), np.zeros_like(x), "fp64")["o"]
     err = rel_rms(np.asarray(oj.astype(jnp.float32), np.float64), ot.double().numpy(), ref)
     assert err <= LAYER_TOLERANCE["bf16"]["o"] * CROSS_FACTOR, f"{err:.3e}"
+
+
+# ----------------------------------------------------------------------------- packed sequences
+
+CU = (0, 5, 5, 40, 47)      # includes an empty sequence
+
+
+@pytest.mark.parametrize("name", [c.name for c in LAYER_CASES
+                                  if not c.kwargs.get("do_feature_map_norm")])
+def test_packed_sequences(name):
+    """cu_seqlens (B == 1): packed == each sequence alone; the returned cache (one row per
+    sequence, per-sequence offsets) continues every sequence with one decoding step; fla_jax
+    matches fla_torch. fp32."""
+    case, tl, sd = _layers(name)
+    jl = make_jax_layer(case, sd)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, CU[-1], tl.hidden_size))
+    xn = rng.standard_normal((len(CU) - 1, 1, tl.hidden_size))
+    tol = LAYER_TOLERANCE["fp32"]["o"]
+    f32 = functools.partial(torch.tensor, dtype=torch.float32)
+    with torch.no_grad():
+        packed, _, cache = tl(f32(x), cu_seqlens=torch.tensor(CU), use_cache=True)
+        step, _, _ = tl(f32(xn), past_key_values=cache, use_cache=True)
+        alone, cont = [], []
+        for n, (a, b) in enumerate(zip(CU[:-1], CU[1:])):
+            if b > a:
+                alone.append(tl(f32(x[:, a:b]))[0])
+            whole = np.concatenate([x[:, a:b], xn[n:n + 1]], axis=1)
+            cont.append(tl(f32(whole))[0][:, -1:])
+    alone, cont = torch.cat(alone, 1).numpy(), torch.cat(cont, 0).numpy()
+    packed, step = packed.numpy(), step.numpy()
+    assert rel_rms(packed, alone, alone) <= tol
+    assert rel_rms(step, cont, cont) <= tol
+    pj, _, cj = jl(jnp.asarray(x, jnp.float32), cu_seqlens=jnp.asarray(CU), use_cache=True)
+    sj, _, _ = jl(jnp.asarray(xn, jnp.float32), past_key_values=cj, use_cache=True)
+    assert rel_rms(np.asarray(pj), packed, packed) <= tol * CROSS_FACTOR
+    assert rel_rms(np.asarray(sj), step, step) <= tol * CROSS_FACTOR

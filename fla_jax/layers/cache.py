@@ -6,7 +6,8 @@ A layer called with `use_cache=True` returns, as the third item of its output, a
     'recurrent_state': [B, HV, K, V] float32 -- the linear-attention state after the last token
     'conv_state':      (q, k, v) ShortConvolution caches, each [B, D, W] in the compute dtype
                        (the last W projected inputs, newest last), or None without short convs
-    'offset':          int (or an int32 scalar under jit) -- tokens consumed so far
+    'offset':          int (or an int32 scalar under jit) -- tokens consumed so far; an int
+                       array [N] (tokens per sequence) after a packed (cu_seqlens) call
     'k_sum':           [B, H, K] float32 -- LinearAttention with do_feature_map_norm only
 
 Pass it back as `past_key_values=` to continue: a prefill followed by token-by-token decoding
@@ -49,3 +50,10 @@ def make_cache(recurrent_state, conv_state, offset, **extra) -> dict:
     cache = {"recurrent_state": recurrent_state, "conv_state": conv_state, "offset": offset}
     cache.update(extra)
     return cache
+
+
+def advance_offset(offset, T: int, cu_seqlens=None):
+    """offset after T more tokens; with cu_seqlens, per sequence: offset + lengths [N]."""
+    if cu_seqlens is None:
+        return offset + T
+    return offset + (cu_seqlens[1:] - cu_seqlens[:-1])

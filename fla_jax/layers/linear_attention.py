@@ -8,7 +8,7 @@ from flax import nnx
 from ..modules import Linear, RMSNorm
 from ..modules.feature_map import HadamardFeatureMap
 from ..modules.precision import canonical, compute_dtype
-from .cache import make_cache, read_cache
+from .cache import advance_offset, make_cache, read_cache
 from .projections import (activate, call_op, check_mode, effective_mode, flatten_heads,
                           repeat_heads, split_heads)
 
@@ -88,7 +88,7 @@ class LinearAttention(nnx.Module):
         return activate(x, _ACT[self.feature_map])
 
     def __call__(self, hidden_states, attention_mask=None, past_key_values=None,
-                 use_cache: bool = False, **kwargs):
+                 use_cache: bool = False, cu_seqlens=None, **kwargs):
         if attention_mask is not None:
             raise NotImplementedError("LinearAttention: attention_mask (padding) is not "
                                       "supported yet; pass unpadded batches")
@@ -108,14 +108,18 @@ class LinearAttention(nnx.Module):
             kf = k.astype(jnp.float32)
             k = (kf / (jnp.sum(kf, axis=-1, keepdims=True) + 1e-4)).astype(cd)
         o, state = call_op("simple_gla", mode, q, k, v, initial_state=state,
-                           output_final_state=use_cache)
+                           output_final_state=use_cache, cu_seqlens=cu_seqlens)
         extra = {}
         if self.do_feature_map_norm:
+            if cu_seqlens is not None:
+                raise NotImplementedError("LinearAttention: do_feature_map_norm=True with "
+                                          "cu_seqlens is not supported yet")
             o, extra["k_sum"] = self._normalize(q, k, o, past_key_values)
         if self.output_norm == "rmsnorm":
             o = self.norm(o)
         o = self.o_proj(flatten_heads(o).astype(cd), cd)
-        cache = make_cache(state, None, offset + T, **extra) if use_cache else None
+        cache = make_cache(state, None, advance_offset(offset, T, cu_seqlens),
+                           **extra) if use_cache else None
         return o, None, cache
 
     def _normalize(self, q, k, o, past_key_values):

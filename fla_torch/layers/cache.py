@@ -5,7 +5,8 @@ A layer called with `use_cache=True` returns, as the third item of its output, a
     'recurrent_state': [B, HV, K, V] float32 -- the linear-attention state after the last token
     'conv_state':      (q, k, v) ShortConvolution caches, each [B, D, W] in the compute dtype
                        (the last W projected inputs, newest last), or None without short convs
-    'offset':          int -- number of tokens consumed so far (positions, e.g. for rotary)
+    'offset':          int -- number of tokens consumed so far (positions, e.g. for rotary);
+                       an int64 tensor [N] (tokens per sequence) after a packed (cu_seqlens) call
     'k_sum':           [B, H, K] float32 -- LinearAttention with do_feature_map_norm only
 
 Pass it back as `past_key_values=` to continue: the output of a prefill of T tokens followed by
@@ -41,10 +42,18 @@ def read_cache(layer_name: str, cache, use_short_conv: bool):
     if state is not None and state.dtype != torch.float32:
         raise TypeError(f"{layer_name}: past_key_values['recurrent_state'] has dtype "
                         f"{state.dtype}; expected torch.float32 (recurrent states are float32)")
-    return state, conv, int(cache.get("offset", 0))
+    return state, conv, cache.get("offset", 0)
 
 
 def make_cache(recurrent_state, conv_state, offset: int, **extra) -> dict:
     cache = {"recurrent_state": recurrent_state, "conv_state": conv_state, "offset": offset}
     cache.update(extra)
     return cache
+
+
+def advance_offset(offset, T: int, cu_seqlens=None):
+    """offset after T more tokens; with cu_seqlens, per sequence: offset + lengths [N]."""
+    if cu_seqlens is None:
+        return offset + T
+    cu = cu_seqlens.to(torch.long)
+    return offset + (cu[1:] - cu[:-1])

@@ -15,7 +15,7 @@ import torch.nn as nn
 from ..modules import FusedRMSNormGated, RMSNorm, ShortConvolution
 from ..modules.precision import (compute_dtype, linear, linear_fp32, no_autocast, output_dtype,
                                  resolve_policy, storage_dtype)
-from .cache import make_cache, read_cache
+from .cache import advance_offset, make_cache, read_cache
 from .projections import activate, call_op, check_mode, effective_mode, project_qkv, split_heads
 
 _QK_ACT = {"silu": None, "relu": "relu", "elu": "elu_p1", "identity": None}
@@ -102,7 +102,8 @@ class DeltaNet(nn.Module):
         self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False, **f)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None,
-                use_cache: bool = False, output_attentions: bool = False, **kwargs):
+                use_cache: bool = False, output_attentions: bool = False, cu_seqlens=None,
+                **kwargs):
         if attention_mask is not None:
             raise NotImplementedError("DeltaNet: attention_mask (padding) is not supported yet; "
                                       "pass unpadded batches")
@@ -112,7 +113,8 @@ class DeltaNet(nn.Module):
         state, conv_cache, offset = read_cache("DeltaNet", past_key_values, self.use_short_conv)
         mode = effective_mode(self.mode, past_key_values, T)
         q, k, v, conv_state = project_qkv(self, x, cd, conv_cache, use_cache,
-                                          qk_silu_without_conv=self.qk_activation == "silu")
+                                          qk_silu_without_conv=self.qk_activation == "silu",
+                                          cu_seqlens=cu_seqlens)
         q, k = split_heads(q, self.head_k_dim), split_heads(k, self.head_k_dim)
         v = split_heads(v, self.head_v_dim)
         act = _QK_ACT[self.qk_activation]
@@ -127,12 +129,13 @@ class DeltaNet(nn.Module):
             if self.allow_neg_eigval:
                 beta = beta * 2.0
         o, state = call_op("delta_rule", mode, q, k, v, beta=beta, initial_state=state,
-                           output_final_state=use_cache,
+                           output_final_state=use_cache, cu_seqlens=cu_seqlens,
                            use_qk_l2norm_in_kernel=self.qk_norm == "l2")
         if self.use_gate:
             o = self.o_norm(o, split_heads(linear(x, self.g_proj, cd), self.head_v_dim))
         else:
             o = self.o_norm(o)
         o = linear(o.flatten(-2), self.o_proj, cd).to(output_dtype(cd, self.policy))
-        cache = make_cache(state, conv_state, offset + T) if use_cache else None
+        cache = (make_cache(state, conv_state, advance_offset(offset, T, cu_seqlens))
+                 if use_cache else None)
         return o, None, cache

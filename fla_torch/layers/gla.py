@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from ..modules import ShortConvolution
 from ..modules.precision import (compute_dtype, linear, linear_fp32, no_autocast, output_dtype,
                                  resolve_policy, storage_dtype)
-from .cache import make_cache, read_cache
+from .cache import advance_offset, make_cache, read_cache
 from .projections import (activate, build_output_norm, call_op, check_activation, check_mode,
                           effective_mode, output_gate, project_qkv, repeat_heads, split_heads)
 
@@ -101,7 +101,8 @@ class GatedLinearAttention(nn.Module):
         return repeat_heads(split_heads(gk, self.head_k_dim), self.num_kv_groups)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None,
-                use_cache: bool = False, output_attentions: bool = False, **kwargs):
+                use_cache: bool = False, output_attentions: bool = False, cu_seqlens=None,
+                **kwargs):
         if attention_mask is not None:
             raise NotImplementedError("GatedLinearAttention: attention_mask (padding) is not "
                                       "supported yet; pass unpadded batches")
@@ -111,14 +112,16 @@ class GatedLinearAttention(nn.Module):
         state, conv_cache, offset = read_cache("GatedLinearAttention", past_key_values,
                                                self.use_short_conv)
         mode = effective_mode(self.mode, past_key_values, T)
-        q, k, v, conv_state = project_qkv(self, x, cd, conv_cache, use_cache)
+        q, k, v, conv_state = project_qkv(self, x, cd, conv_cache, use_cache,
+                                          cu_seqlens=cu_seqlens)
         q = split_heads(q, self.head_k_dim)
         k = repeat_heads(split_heads(k, self.head_k_dim), self.num_kv_groups)
         v = repeat_heads(split_heads(v, self.head_v_dim), self.num_kv_groups)
         q, k = activate(q, self.feature_map), activate(k, self.feature_map)
         gk = self.log_decay(x)
         o, state = call_op("gla", mode, q, k, v, g=gk, initial_state=state,
-                           output_final_state=use_cache)
+                           output_final_state=use_cache, cu_seqlens=cu_seqlens)
         o = linear(output_gate(self, o, x, cd), self.o_proj, cd).to(output_dtype(cd, self.policy))
-        cache = make_cache(state, conv_state, offset + T) if use_cache else None
+        cache = (make_cache(state, conv_state, advance_offset(offset, T, cu_seqlens))
+                 if use_cache else None)
         return o, None, cache

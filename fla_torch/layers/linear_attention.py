@@ -15,7 +15,7 @@ from ..modules import RMSNorm
 from ..modules.feature_map import HadamardFeatureMap
 from ..modules.precision import (compute_dtype, linear, no_autocast, output_dtype, resolve_policy,
                                  storage_dtype)
-from .cache import make_cache, read_cache
+from .cache import advance_offset, make_cache, read_cache
 from .projections import activate, call_op, check_mode, effective_mode, repeat_heads, split_heads
 
 _FEATURE_MAPS = ("elementwise_product", "elu", "relu", "identity")
@@ -97,7 +97,8 @@ class LinearAttention(nn.Module):
         return activate(x, _ACT[self.feature_map])
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None,
-                use_cache: bool = False, output_attentions: bool = False, **kwargs):
+                use_cache: bool = False, output_attentions: bool = False, cu_seqlens=None,
+                **kwargs):
         if attention_mask is not None:
             raise NotImplementedError("LinearAttention: attention_mask (padding) is not "
                                       "supported yet; pass unpadded batches")
@@ -118,15 +119,19 @@ class LinearAttention(nn.Module):
             if self.norm_k:
                 k = (k.float() / (k.float().sum(-1, keepdim=True) + 1e-4)).to(cd)
         o, state = call_op("simple_gla", mode, q, k, v, initial_state=state,
-                           output_final_state=use_cache)
+                           output_final_state=use_cache, cu_seqlens=cu_seqlens)
         extra = {}
         if self.do_feature_map_norm:
+            if cu_seqlens is not None:
+                raise NotImplementedError("LinearAttention: do_feature_map_norm=True with "
+                                          "cu_seqlens is not supported yet")
             o, k_sum = self._normalize(q, k, o, past_key_values)
             extra["k_sum"] = k_sum
         if self.output_norm == "rmsnorm":
             o = self.norm(o)
         o = linear(o.flatten(-2).to(cd), self.o_proj, cd).to(output_dtype(cd, self.policy))
-        cache = make_cache(state, None, offset + T, **extra) if use_cache else None
+        cache = make_cache(state, None, advance_offset(offset, T, cu_seqlens),
+                           **extra) if use_cache else None
         return o, None, cache
 
     def _normalize(self, q, k, o, past_key_values):

@@ -12,10 +12,10 @@ import torch.nn as nn
 from ..modules import ShortConvolution
 from ..modules.precision import (compute_dtype, linear, output_dtype, resolve_policy,
                                  storage_dtype)
-from .cache import make_cache, read_cache
+from .cache import advance_offset, make_cache, read_cache
 from .projections import (activate, build_output_norm, call_op, check_activation, check_mode,
                           effective_mode, output_gate, project_qkv, repeat_heads, split_heads)
-from .rotary import apply_rotary, retention_log_decay
+from .rotary import apply_rotary, retention_log_decay, rotary_positions
 
 
 class MultiScaleRetention(nn.Module):
@@ -88,7 +88,8 @@ class MultiScaleRetention(nn.Module):
         build_output_norm(self, gate_fn, fuse_norm, elementwise_affine, norm_eps, f)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None,
-                use_cache: bool = False, output_attentions: bool = False, **kwargs):
+                use_cache: bool = False, output_attentions: bool = False, cu_seqlens=None,
+                **kwargs):
         if attention_mask is not None:
             raise NotImplementedError("MultiScaleRetention: attention_mask (padding) is not "
                                       "supported yet; pass unpadded batches")
@@ -98,15 +99,18 @@ class MultiScaleRetention(nn.Module):
         state, conv_cache, offset = read_cache("MultiScaleRetention", past_key_values,
                                                self.use_short_conv)
         mode = effective_mode(self.mode, past_key_values, T)
-        q, k, v, conv_state = project_qkv(self, x, cd, conv_cache, use_cache)
+        q, k, v, conv_state = project_qkv(self, x, cd, conv_cache, use_cache,
+                                          cu_seqlens=cu_seqlens)
         q, k = split_heads(q, self.head_k_dim), split_heads(k, self.head_k_dim)
         q, k = activate(q, self.feature_map), activate(k, self.feature_map)
-        q, k = apply_rotary(q, offset), apply_rotary(k, offset)
+        pos = rotary_positions(B, T, offset, cu_seqlens, device=x.device)
+        q, k = apply_rotary(q, pos), apply_rotary(k, pos)
         k = repeat_heads(k, self.num_kv_groups)
         v = repeat_heads(split_heads(v, self.head_v_dim), self.num_kv_groups)
         g_gamma = retention_log_decay(self.num_heads, device=x.device)
         o, state = call_op("simple_gla", mode, q, k, v, g_gamma=g_gamma, initial_state=state,
-                           output_final_state=use_cache)
+                           output_final_state=use_cache, cu_seqlens=cu_seqlens)
         o = linear(output_gate(self, o, x, cd), self.o_proj, cd).to(output_dtype(cd, self.policy))
-        cache = make_cache(state, conv_state, offset + T) if use_cache else None
+        cache = (make_cache(state, conv_state, advance_offset(offset, T, cu_seqlens))
+                 if use_cache else None)
         return o, None, cache

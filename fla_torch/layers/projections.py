@@ -33,7 +33,7 @@ def call_op(family: str, mode: str, q, k, v, **kwargs):
 
 
 def project_qkv(layer, x: torch.Tensor, cd: torch.dtype, conv_cache, use_cache: bool,
-                qk_silu_without_conv: bool = False):
+                qk_silu_without_conv: bool = False, cu_seqlens=None):
     """q, k, v = (conv(proj(x))) in dtype cd. Returns (q, k, v, conv_state or None).
 
     layer has q_proj/k_proj/v_proj and, when layer.use_short_conv, q_conv1d/k_conv1d/v_conv1d.
@@ -44,9 +44,12 @@ def project_qkv(layer, x: torch.Tensor, cd: torch.dtype, conv_cache, use_cache: 
     v = linear(x, layer.v_proj, cd)
     if layer.use_short_conv:
         cq, ck, cv = conv_cache
-        q, cq = layer.q_conv1d(q, cache=cq, output_final_state=use_cache)
-        k, ck = layer.k_conv1d(k, cache=ck, output_final_state=use_cache)
-        v, cv = layer.v_conv1d(v, cache=cv, output_final_state=use_cache)
+        q, cq = layer.q_conv1d(q, cache=cq, output_final_state=use_cache,
+                                   cu_seqlens=cu_seqlens)
+        k, ck = layer.k_conv1d(k, cache=ck, output_final_state=use_cache,
+                                   cu_seqlens=cu_seqlens)
+        v, cv = layer.v_conv1d(v, cache=cv, output_final_state=use_cache,
+                                   cu_seqlens=cu_seqlens)
         return q, k, v, ((cq, ck, cv) if use_cache else None)
     if qk_silu_without_conv:
         q, k = activate(q, "silu"), activate(k, "silu")

@@ -7,6 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .precision import compute_dtype, no_autocast, resolve_policy, storage_dtype
+from .varlen import token_sequence
 
 _ACTIVATIONS = (None, "silu", "swish")
 
@@ -23,8 +24,8 @@ class ShortConvolution(nn.Conv1d):
         policy: optional compute policy (`fla_torch.DtypePolicy` or string).
 
     Cache (`conv_state`): [B, D, W], the last W inputs, newest last (FLA's layout), in the
-    compute dtype. The products are accumulated in float32 and the result is returned in the
-    compute dtype.
+    compute dtype. Packed sequences: x [1, T, D] with cu_seqlens [N+1] and a cache [N, D, W].
+    The products are accumulated in float32 and the result is returned in the compute dtype.
     """
 
     def __init__(self, hidden_size: int, kernel_size: int, bias: bool = False,
@@ -49,9 +50,6 @@ class ShortConvolution(nn.Conv1d):
                 output_final_state: bool = False, cu_seqlens=None, **kwargs):
         """x: [B, T, D]; cache: None or [B, D, W]. Returns (y [B, T, D] in the compute dtype,
         final cache [B, D, W] or None unless output_final_state)."""
-        if cu_seqlens is not None:
-            raise NotImplementedError("ShortConvolution: cu_seqlens (packed sequences) is not "
-                                      "supported yet; pass a padded batch [B, T, D]")
         B, T, D = x.shape
         W = self.width
         if D != self.hidden_size:
@@ -59,6 +57,8 @@ class ShortConvolution(nn.Conv1d):
                              f"{list(x.shape)}); expected D = hidden_size = {self.hidden_size}")
         cd = compute_dtype(x, self.policy)
         x = x.to(cd)
+        if cu_seqlens is not None:
+            return self._forward_varlen(x, cache, output_final_state, cu_seqlens, cd)
         if cache is None:
             prefix = x.new_zeros(B, W - 1, D)
         else:
@@ -67,17 +67,57 @@ class ShortConvolution(nn.Conv1d):
                                  f"expected [B, D, W] = [{B}, {D}, {W}]")
             prefix = cache[:, :, 1:].transpose(1, 2).to(cd)
         xp = torch.cat([prefix, x], dim=1)                       # [B, T + W - 1, D]
-        with no_autocast(x):
-            w = self.weight[:, 0, :].float()                     # [D, W]
-            y = xp[:, 0:T].float() * w[:, 0]
-            for j in range(1, W):
-                y = y + xp[:, j:j + T].float() * w[:, j]
+        y = self._combine([xp[:, j:j + T] for j in range(W)], cd)
+        final = xp[:, -W:].transpose(1, 2).contiguous() if output_final_state else None
+        return y, final
+
+    def _combine(self, taps, cd):
+        """taps[j]: [..., D] input seen by filter tap j -> act(sum_j w[:, j] taps[j] + b)."""
+        with no_autocast(taps[0]):
+            w = self.weight[:, 0, :].float()
+            y = taps[0].float() * w[:, 0]
+            for j in range(1, len(taps)):
+                y = y + taps[j].float() * w[:, j]
             if self.bias is not None:
                 y = y + self.bias.float()
             if self.activation is not None:
                 y = F.silu(y)
-        final = xp[:, -W:].transpose(1, 2).contiguous() if output_final_state else None
-        return y.to(cd), final
+        return y.to(cd)
+
+    def _forward_varlen(self, x, cache, output_final_state, cu_seqlens, cd):
+        """Packed sequences: x [1, T, D], cu_seqlens [N+1]; cache None or [N, D, W] (one row
+        per sequence). No tap reads across a sequence boundary; before its start a sequence
+        reads its cache row (or zeros)."""
+        B, T, D = x.shape
+        W = self.width
+        N = cu_seqlens.numel() - 1
+        if B != 1:
+            raise ValueError(f"ShortConvolution: cu_seqlens given with batch size B={B}; "
+                             f"expected B == 1 (sequences packed along T)")
+        if cache is not None and tuple(cache.shape) != (N, D, W):
+            raise ValueError(f"ShortConvolution: cache has shape {list(cache.shape)}; expected "
+                             f"[N, D, W] = [{N}, {D}, {W}] (one row per sequence)")
+        seq, start = token_sequence(cu_seqlens, T)
+        t = torch.arange(T, device=x.device)
+
+        def read(pos, rel, rows):
+            """x[0, pos] where rel = pos - start >= 0, else cache[rows, :, W + rel] (or 0)."""
+            inside = x[0, pos.clamp(min=0, max=T - 1)]
+            if cache is None:
+                before = torch.zeros_like(inside)
+            else:
+                before = cache[rows, :, (W + rel).clamp(min=0, max=W - 1)].to(cd)
+            return torch.where((rel >= 0)[:, None], inside, before)
+
+        taps = [read(t - (W - 1 - j), t - (W - 1 - j) - start, seq)[None] for j in range(W)]
+        y = self._combine(taps, cd)
+        final = None
+        if output_final_state:
+            cu = cu_seqlens.to(torch.long)
+            rows = torch.arange(N, device=x.device)
+            cols = [read(cu[1:] - W + i, cu[1:] - W + i - cu[:-1], rows) for i in range(W)]
+            final = torch.stack(cols, dim=-1)                       # [N, D, W]
+        return y, final
 
     def step(self, x: torch.Tensor, cache: torch.Tensor | None):
         """One decoding step: x [B, 1, D] (or [B, D]) -> (y like x, new cache [B, D, W])."""
