@@ -363,7 +363,15 @@ def test_packed_sequences(name):
     packed, step = packed.numpy(), step.numpy()
     assert rel_rms(packed, alone, alone) <= tol
     assert rel_rms(step, cont, cont) <= tol
-    pj, _, cj = jl(jnp.asarray(x, jnp.float32), cu_seqlens=jnp.asarray(CU), use_cache=True)
-    sj, _, _ = jl(jnp.asarray(xn, jnp.float32), past_key_values=cj, use_cache=True)
+    graphdef, state = nnx.split(jl)
+
+    @jax.jit
+    def run(state, x, cu_seqlens, cache):
+        o, _, c = nnx.merge(graphdef, state)(x, past_key_values=cache, use_cache=True,
+                                            cu_seqlens=cu_seqlens)
+        return o, c
+
+    pj, cj = run(state, jnp.asarray(x, jnp.float32), jnp.asarray(CU, jnp.int32), None)
+    sj, _ = run(state, jnp.asarray(xn, jnp.float32), None, cj)
     assert rel_rms(np.asarray(pj), packed, packed) <= tol * CROSS_FACTOR
     assert rel_rms(np.asarray(sj), step, step) <= tol * CROSS_FACTOR
