@@ -111,6 +111,7 @@ CASES = [
     ("varlen", 1, 300, 2, 32, 32, (0, 15, 100, 300), "g", 0.5, True),
     ("varlen_short", 1, 70, 2, 32, 32, (0, 5, 20, 20, 70), "g", 1.0, True),
     ("strong", 1, 100, 2, 32, 32, None, "g", 10.0, True),
+    ("short_strong", 1, 70, 2, 32, 32, (0, 5, 20, 20, 70), "g", 20.0, True),
     ("weak", 1, 100, 2, 32, 32, None, "g", 0.01, True),
     ("gamma", 1, 100, 2, 32, 32, None, "gamma", 1.0, True),
     ("both_gates", 1, 100, 2, 32, 32, None, "both", 1.0, True),
@@ -130,7 +131,8 @@ def _check(op, case, dt, scale=None, tol_dtype=None):
     name, B, T, H, K, V, cu, gate, strength, h0 = next(c for c in CASES if c[0] == case)
     N = B if cu is None else len(cu) - 1
     dtype = DTYPES[dt]
-    x = _draw(B, T, H, K, V, N, gate, strength, h0, dtype, seed=zlib.crc32(f"{op}/{case}/{dt}".encode()))
+    seed = zlib.crc32(f"{op}/{case}/{dt}".encode())
+    x = _draw(B, T, H, K, V, N, gate, strength, h0, dtype, seed)
     scale = K ** -0.5 if scale is None else scale
     got = _run(op, "triton", x, dtype, cu, scale, dtype)
     ref = _run("recurrent", "reference", x, torch.float64, cu, scale, torch.float64)

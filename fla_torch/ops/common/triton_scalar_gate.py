@@ -52,24 +52,36 @@ def seq_bounds(cu_seqlens, i_n, T, IS_VARLEN: tl.constexpr):
 @triton.jit
 def chunk_log_decay(g, gamma, row, m_t, USE_G: tl.constexpr, USE_GAMMA: tl.constexpr,
                     BT: tl.constexpr):
-    """Inclusive cumsum [BT] fp32 of the per-token log-decay inside one chunk, and its total.
+    """Cumulative log-decay inside one chunk, kept accurate for differences.
 
-    row: [BT] flat indices (token * H + head) into g [B*T, H]; m_t: valid tokens. Padded
-    tokens add nothing, so the total is the decay over the chunk's valid tokens.
+    row: [BT] flat indices (token * H + head) into g [B*T, H]; m_t: valid tokens (padded
+    tokens add nothing). The cumsum b is taken in fp64 and split into fp32 b (rounded) + b_lo
+    (the rest), so a gap b_i - b_j is (b_i - b_j) + (b_lo_i - b_lo_j) to fp32 accuracy of the
+    gap itself even when |b| is large (strong gates: b reaches -1000s inside a chunk, where a
+    plain fp32 cumsum would put ~1e-4 relative error on exp(b_i - b_j)).
+    Returns b [BT], b_lo [BT], to_end [BT] = b_last - b_j (accurate), b_last (scalar), fp32.
     """
-    gt = tl.zeros([BT], dtype=tl.float32)
+    gt = tl.zeros([BT], dtype=tl.float64)
     if USE_G:
-        gt += tl.load(g + row, mask=m_t, other=0.).to(tl.float32)
+        gt += tl.load(g + row, mask=m_t, other=0.).to(tl.float64)
     if USE_GAMMA:
-        gt += tl.where(m_t, gamma, 0.)
-    return tl.cumsum(gt, axis=0), tl.sum(gt, axis=0)
+        gt += tl.where(m_t, gamma, 0.).to(tl.float64)
+    b64 = tl.cumsum(gt, axis=0)
+    b = b64.to(tl.float32)
+    b_lo = (b64 - b.to(tl.float64)).to(tl.float32)
+    last64 = tl.sum(gt, axis=0)
+    b_last = last64.to(tl.float32)
+    last_lo = (last64 - b_last.to(tl.float64)).to(tl.float32)
+    to_end = (b_last - b) + (last_lo - b_lo)
+    return b, b_lo, to_end, b_last
 
 
 @triton.jit
-def causal_decay(A, b, causal, HAS_DECAY: tl.constexpr):
-    """A[i, j] * exp(b_i - b_j) where i >= j, else 0 (exp only of non-positive-side gaps)."""
+def causal_decay(A, b, b_lo, causal, HAS_DECAY: tl.constexpr):
+    """A[i, j] * exp(b_i - b_j) where i >= j, else 0 (see chunk_log_decay for b, b_lo)."""
     if HAS_DECAY:
-        A = A * tl.exp(tl.where(causal, b[:, None] - b[None, :], 0.))
+        gap = (b[:, None] - b[None, :]) + (b_lo[:, None] - b_lo[None, :])
+        A = A * tl.exp(tl.where(causal, gap, 0.))
     return tl.where(causal, A, 0.)
 
 

@@ -86,14 +86,15 @@ def _fwd_kernel(q, k, v, g, g_gamma, h0, o, ht, h, cu_seqlens, scale, T,
         A = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
         b_o = tl.dot(b_q, state.to(dt), input_precision=PREC)
         if USE_G or USE_GAMMA:
-            b, b_last = chunk_log_decay(g, gamma, row, m_t, USE_G, USE_GAMMA, BT)
+            b, b_lo, to_end, b_last = chunk_log_decay(g, gamma, row, m_t, USE_G, USE_GAMMA, BT)
             b_o *= tl.exp(b)[:, None]
-            b_vw = (b_v * tl.exp(b_last - b)[:, None]).to(dt)
+            b_vw = (b_v * tl.exp(to_end)[:, None]).to(dt)
             state *= tl.exp(b_last)
         else:
             b = tl.zeros([BT], dtype=tl.float32)
+            b_lo = b
             b_vw = b_v
-        A = causal_decay(A, b, causal, USE_G or USE_GAMMA)
+        A = causal_decay(A, b, b_lo, causal, USE_G or USE_GAMMA)
         b_o += tl.dot(A.to(dt), b_v, input_precision=PREC)
         tl.store(o + row[:, None] * V + o_v[None, :], (b_o * scale).to(o.dtype.element_ty),
                  mask=m_tv)
@@ -145,14 +146,15 @@ def _bwd_dq(q, k, v, g, gamma, h0, do, dq, dgp, i_kb, i_nh, i_h, bos, eos, scale
         dA = tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
         b_dq = tl.dot(b_do, tl.trans(state.to(dt)), input_precision=PREC)
         if USE_G or USE_GAMMA:
-            b, b_last = chunk_log_decay(g, gamma, row, m_t, USE_G, USE_GAMMA, BT)
+            b, b_lo, to_end, b_last = chunk_log_decay(g, gamma, row, m_t, USE_G, USE_GAMMA, BT)
             b_dq *= tl.exp(b)[:, None]
-            b_vw = (b_v * tl.exp(b_last - b)[:, None]).to(dt)
+            b_vw = (b_v * tl.exp(to_end)[:, None]).to(dt)
             state *= tl.exp(b_last)
         else:
             b = tl.zeros([BT], dtype=tl.float32)
+            b_lo = b
             b_vw = b_v
-        dA = causal_decay(dA, b, causal, USE_G or USE_GAMMA)
+        dA = causal_decay(dA, b, b_lo, causal, USE_G or USE_GAMMA)
         if STORE_DG:
             b_q = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
             p = tl.sum(b_dq * b_q.to(tl.float32), axis=1)
@@ -201,11 +203,12 @@ def _bwd_dk(q, k, v, g, gamma, dht, h, do, dk, dh0, dgp, i_kb, i_n, i_nh, i_h, b
         dA = tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
         b_dk = tl.dot(b_v, tl.trans(dstate.to(dt)), input_precision=PREC)
         if USE_G or USE_GAMMA:
-            b, b_last = chunk_log_decay(g, gamma, row, m_t, USE_G, USE_GAMMA, BT)
-            b_dk *= tl.exp(b_last - b)[:, None]
+            b, b_lo, to_end, b_last = chunk_log_decay(g, gamma, row, m_t, USE_G, USE_GAMMA, BT)
+            b_dk *= tl.exp(to_end)[:, None]
             b_qw = (b_q * tl.exp(b)[:, None]).to(dt)
         else:
             b = tl.zeros([BT], dtype=tl.float32)
+            b_lo = b
             b_qw = b_q
         if STORE_DG:
             slot = _chunk_slot(i_n, bos, i_c, T, BT, IS_VARLEN)
@@ -218,7 +221,7 @@ def _bwd_dk(q, k, v, g, gamma, dht, h, do, dk, dh0, dgp, i_kb, i_n, i_nh, i_h, b
                      mask=m_t)
         if USE_G or USE_GAMMA:
             dstate *= tl.exp(b_last)
-        dA = causal_decay(dA, b, causal, USE_G or USE_GAMMA) * scale
+        dA = causal_decay(dA, b, b_lo, causal, USE_G or USE_GAMMA) * scale
         b_dk += tl.dot(tl.trans(dA.to(dt)), b_q, input_precision=PREC)
         tl.store(dk + row[:, None] * K + o_k[None, :], b_dk.to(dk.dtype.element_ty), mask=m_tk)
         dstate += scale * tl.dot(tl.trans(b_qw), b_do, input_precision=PREC)
@@ -256,14 +259,15 @@ def _bwd_dv(q, k, g, gamma, dht, do, dv, i_vb, i_nh, i_h, bos, eos, scale,
         A = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
         b_dv = tl.dot(b_k, dstate.to(dt), input_precision=PREC)
         if USE_G or USE_GAMMA:
-            b, b_last = chunk_log_decay(g, gamma, row, m_t, USE_G, USE_GAMMA, BT)
-            b_dv *= tl.exp(b_last - b)[:, None]
+            b, b_lo, to_end, b_last = chunk_log_decay(g, gamma, row, m_t, USE_G, USE_GAMMA, BT)
+            b_dv *= tl.exp(to_end)[:, None]
             b_qw = (b_q * tl.exp(b)[:, None]).to(dt)
             dstate *= tl.exp(b_last)
         else:
             b = tl.zeros([BT], dtype=tl.float32)
+            b_lo = b
             b_qw = b_q
-        A = causal_decay(A, b, causal, USE_G or USE_GAMMA) * scale
+        A = causal_decay(A, b, b_lo, causal, USE_G or USE_GAMMA) * scale
         b_dv += tl.dot(tl.trans(A.to(dt)), b_do, input_precision=PREC)
         tl.store(dv + row[:, None] * V + o_v[None, :], b_dv.to(dv.dtype.element_ty), mask=m_tv)
         dstate += scale * tl.dot(tl.trans(b_qw), b_do, input_precision=PREC)
@@ -290,9 +294,9 @@ def _bwd_kernel(q, k, v, g, g_gamma, h0, dht, h, do, dq, dk, dv, dh0, dgp, cu_se
         _bwd_dq(q, k, v, g, gamma, h0, do, dq, dgp, i_r, i_nh, i_h, bos, eos, scale,
                 part_stride, H, K, V, BT, BK, VF, USE_G, USE_GAMMA, USE_H0, STORE_DG, PREC)
     elif i_r < 2 * NKB:
-        _bwd_dk(q, k, v, g, gamma, dht, h, do, dk, dh0, dgp + NKB * part_stride, i_r - NKB, i_n, i_nh, i_h, bos, eos, T,
-                scale, part_stride, H, K, V, BT, BK, VF, USE_G, USE_GAMMA, USE_DHT, STORE_DH0,
-                STORE_DG, IS_VARLEN, PREC)
+        _bwd_dk(q, k, v, g, gamma, dht, h, do, dk, dh0, dgp + NKB * part_stride, i_r - NKB, i_n,
+                i_nh, i_h, bos, eos, T, scale, part_stride, H, K, V, BT, BK, VF, USE_G,
+                USE_GAMMA, USE_DHT, STORE_DH0, STORE_DG, IS_VARLEN, PREC)
     else:
         _bwd_dv(q, k, g, gamma, dht, do, dv, i_r - 2 * NKB, i_nh, i_h, bos, eos, scale,
                 H, K, V, BT, KF, BV, USE_G, USE_GAMMA, USE_DHT, PREC)
