@@ -8,16 +8,19 @@ Chunks of BT = 64 tokens; per chunk, with b_i the inclusive cumsum of the log-de
     o_i    = scale * (exp(b_i) q_i S + sum_{j <= i} exp(b_i - b_j) (q_i . k_j) v_j)
     S_next = exp(b_last) S + sum_j exp(b_last - b_j) k_j^T v_j
 
-Every kernel walks the chunks of one sequence in order and keeps its state tile in registers,
-so no per-chunk state ever goes to memory:
-- forward: one program per (sequence, head, block of V); full K.
+Every kernel walks the chunks of one sequence in order and keeps its state tile in registers:
+- forward: one program per (sequence, head, block of V); full K. Only when g needs a gradient
+  does it also write the state before each chunk, h [chunks, H, K, V] in q's dtype (for dg).
 - backward (one launch, three kinds of programs, all independent):
     dq: forward order, recomputes S, per (sequence, head, block of K) with full V;
     dk: reverse order, carries dS, per (sequence, head, block of K) with full V;
     dv: reverse order, carries dS, per (sequence, head, block of V) with full K.
-  dh0 comes from the dk programs; dg from q.dq - k.dk (see common/triton_scalar_gate.py).
+  dh0 comes from the dk programs; dg is assembled chunk by chunk (see the note above _bwd_dq)
+  from shares written by the dq and dk programs, summed on the host.
 Matmul operands are in the input dtype (fp32 at IEEE precision unless allow_tf32()),
-accumulation, decays and states in fp32.
+accumulation, decays and states in fp32; the in-chunk cumsum of the log-decay in fp64 (split
+into two fp32 parts, see common/triton_scalar_gate.chunk_log_decay).
+Tested: Triton 3.9 interpreter (CPU) and Triton 3.6 on an H100.
 """
 from __future__ import annotations
 
