@@ -7,10 +7,13 @@ Forward, chunks of BT = 64 tokens:
         v_new = U - W S
         o     = scale (Gamma * (Q S) + tril(Q K^T * exp(gc_i - gc_j)) v_new)
         S     = exp(gc_last) S + (K * exp(gc_last - gc))^T v_new
-     For training it also writes u_t = v_t - k_t S'_t (fp32; S'_t = exp(g_t) S_{t-1}), the
-     residual of the backward.
-Backward: the token-serial Pallas backward kernel of pallas_recurrent.py (exact, fp32 states;
-not the chunk-parallel backward, which is still to be written).
+     For training it also stores the chunk start states h (q's dtype) and v_new, the
+     residuals of the backward.
+Backward (default): chunk-parallel kernels of common/pallas_delta_chunk_bwd.py: a reverse
+sequential pass over chunks for the state gradients dh and dv_new, then one parallel kernel per
+chunk for dq, dk, dv, dbeta (WY backward, Tm rebuilt in-kernel); dg from the per-token
+identity by a segmented scan. `backward="recurrent"` keeps the exact token-serial backward
+kernel of pallas_recurrent.py (forward then stores the fp32 u_t = v_t - k_t S'_t instead).
 q, k, v are read in place ([B, T, H, D] viewed as [B*T, H, D]); varlen is handled inside the
 kernels through cu_seqlens (may be traced).
 """
@@ -24,6 +27,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from ..common.dispatch import pallas_interpret
+from ..common.pallas_delta_chunk_bwd import chunk_dh, chunk_first, chunk_grads, gate_grad
 from ..common.pallas_delta_layout import (dot_precision, kdot, group_sum, l2norm_bwd, l2norm_fwd,
                                           next_pow2, pad_last, sequence_bounds, triton_params)
 from ..common.pallas_wy_prep import chunk_table, masked_rows, store_rows, wy_prep
@@ -37,13 +41,15 @@ TUNING = {"BV": 64, "num_warps": 8, "num_stages": 2}
 TUNING_FP32 = {"BV": 32, "num_warps": 4, "num_stages": 1}
 
 
-def _state_out_kernel(*refs, scale, G, BV, has_g, has_h0, l2norm, save_u, prec):
+def _state_out_kernel(*refs, scale, G, BV, has_g, has_h0, l2norm, resid, prec):
     it = iter(refs)
-    cu_ref, q_ref, k_ref, v_ref, w_ref, uu_ref = (next(it) for _ in range(6))
+    cu_ref, first_ref, q_ref, k_ref, v_ref, w_ref, uu_ref = (next(it) for _ in range(7))
     g_ref = next(it) if has_g else None
     h0_ref = next(it) if has_h0 else None
     o_ref, ht_ref = next(it), next(it)
+    save_u = resid == "u"
     u_ref = next(it) if save_u else None
+    h_ref, vn_ref = (next(it), next(it)) if resid == "h" else (None, None)
 
     n, hv, iv = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     h = hv // G
@@ -76,6 +82,9 @@ def _state_out_kernel(*refs, scale, G, BV, has_g, has_h0, l2norm, save_u, prec):
         Sd = S.astype(dt)
         v_new = uu - kdot(w, Sd, prec)
         vn_d = v_new.astype(dt)
+        if h_ref is not None:   # residuals of the chunk-parallel backward
+            h_ref[first_ref[n] + i, hv, :, vs] = Sd
+            store_rows(vn_ref, vn_d, st, eos, hv, vs)
         diff = jnp.where(r >= c, gc[:, None] - gc[None, :], 0.0)
         decay = jnp.where(r >= c, jnp.exp(diff), 0.0)
         qk = kdot(q, k.T, prec) * decay
@@ -95,57 +104,98 @@ def _state_out_kernel(*refs, scale, G, BV, has_g, has_h0, l2norm, save_u, prec):
     ht_ref[n, hv, :, vs] = S
 
 
-def _forward(q, k, v, g, beta, h0, cu, *, scale, l2norm, save_u):
+def _pad_rows(interpret, *xs):
+    """The interpreter clamps out-of-range windows instead of masking them: give every chunk
+    window real rows to read (the GPU path reads the arrays in place)."""
+    if not interpret:
+        return xs
+    return tuple(None if x is None else jnp.pad(x, [(0, BT)] + [(0, 0)] * (x.ndim - 1))
+                 for x in xs)
+
+
+def _forward(q, k, v, g, beta, h0, cu, *, scale, l2norm, resid):
     """q, k: [R, H, K]; v: [R, HV, V]; g (or None), beta: [R, HV] fp32; h0: [N, HV, K, V] fp32
-    or None; cu int32 [N+1]. Returns o [R, HV, V], ht [N, HV, K, V] fp32, u (fp32) or None."""
+    or None; cu int32 [N+1]. resid: None, "u" (token-serial backward: u fp32 [R, HV, V]) or
+    "h" (chunk backward: w, U [rows, HV, K|V], v_new [rows, HV, V] and the chunk start
+    states h [R // BT + N, HV, K, V], all in q's dtype; rows = R, + BT when interpreted).
+    Returns o [R, HV, V], ht [N, HV, K, V] fp32 and the residual tuple (empty for None)."""
     R, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     N = cu.shape[0] - 1
     interpret = pallas_interpret()
-    if interpret:
-        # the interpreter clamps out-of-range windows instead of masking them: give every
-        # chunk window real rows to read (the GPU path reads the arrays in place)
-        pad = lambda x: None if x is None else jnp.pad(x, [(0, BT)] + [(0, 0)] * (x.ndim - 1))
-        q, k, v, g, beta = pad(q), pad(k), pad(v), pad(g), pad(beta)
+    q, k, v, g, beta = _pad_rows(interpret, q, k, v, g, beta)
     rows = q.shape[0]
     table = chunk_table(cu, R, BT)
+    first = chunk_first(cu, BT)
     w, uu = wy_prep(k, v, g, beta, table, H_ratio=HV // H, BT=BT, l2norm=l2norm, out_rows=rows)
     tune = TUNING_FP32 if q.dtype == jnp.float32 else TUNING
     BV = min(V, tune["BV"])
     kernel = functools.partial(_state_out_kernel, scale=scale, G=HV // H, BV=BV,
                                has_g=g is not None, has_h0=h0 is not None, l2norm=l2norm,
-                               save_u=save_u, prec=dot_precision(interpret))
-    ins = [x for x in (cu, q, k, v, w, uu, g, h0) if x is not None]
+                               resid=resid, prec=dot_precision(interpret))
+    ins = [x for x in (cu, first, q, k, v, w, uu, g, h0) if x is not None]
     out_shape = [jax.ShapeDtypeStruct((rows, HV, V), q.dtype),
                  jax.ShapeDtypeStruct((N, HV, K, V), F32)]
-    if save_u:
+    if resid == "u":
         out_shape.append(jax.ShapeDtypeStruct((rows, HV, V), F32))
+    elif resid == "h":
+        out_shape += [jax.ShapeDtypeStruct((table.shape[0], HV, K, V), q.dtype),
+                      jax.ShapeDtypeStruct((rows, HV, V), q.dtype)]
     params = None if interpret else triton_params(tune["num_warps"], tune["num_stages"])
     outs = pl.pallas_call(kernel, out_shape=out_shape, grid=(N, HV, V // BV),
                           interpret=interpret, name="chunk_gdn_state_out",
                           compiler_params=params)(*ins)
     o = outs[0][:R]
-    return o, outs[1], (outs[2][:R] if save_u else None)
+    if resid == "u":
+        return o, outs[1], (outs[2][:R],)
+    if resid == "h":
+        return o, outs[1], (w, uu, outs[3], outs[2])
+    return o, outs[1], ()
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
-def _chunk(q, k, v, g, beta, h0, cu, scale, l2norm, want_ht):
-    o, ht, _ = _forward(q, k, v, g, beta, h0, cu, scale=scale, l2norm=l2norm, save_u=False)
+def _chunk_backward(q, k, v, g, beta, h0, cu, w, uu, vn, hs, do, dht, *, scale, l2norm):
+    """Chunk-parallel backward (pallas_delta_chunk_bwd.py). Returns per-value-head fp32
+    dq, dk [R, HV, K], dv [R, HV, V] (v's dtype), dbeta [R, HV], dg [R, HV] (or None),
+    dh0 (or None)."""
+    R = q.shape[0]
+    interpret = pallas_interpret()
+    q, k, v, g, beta, do = _pad_rows(interpret, q, k, v, g, beta, do)
+    table = chunk_table(cu, R, BT)
+    first = chunk_first(cu, BT)
+    dh, dvn, dh0 = chunk_dh(q, k, w, do, g, dht, cu, first, n_slots=table.shape[0],
+                            has_h0=h0 is not None, scale=scale, l2norm=l2norm, BT=BT)
+    dq, dk, dv, db, dgt = chunk_grads(q, k, v, g, beta, do, w, uu, vn, hs, dh, dvn, table,
+                                      scale=scale, l2norm=l2norm, BT=BT)
+    dq, dk, dv, db, dgt = dq[:R], dk[:R], dv[:R], db[:R], dgt[:R]
+    dg = None if g is None else gate_grad(dgt, cu, h0, dh0)
+    return dq, dk, dv, db, dg, dh0
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10))
+def _chunk(q, k, v, g, beta, h0, cu, scale, l2norm, want_ht, backward):
+    o, ht, _ = _forward(q, k, v, g, beta, h0, cu, scale=scale, l2norm=l2norm, resid=None)
     return o, ht
 
 
-def _chunk_fwd(q, k, v, g, beta, h0, cu, scale, l2norm, want_ht):
-    o, ht, u = _forward(q, k, v, g, beta, h0, cu, scale=scale, l2norm=l2norm, save_u=True)
-    return (o, ht), (q, k, v, g, beta, h0, cu, u)
+def _chunk_fwd(q, k, v, g, beta, h0, cu, scale, l2norm, want_ht, backward):
+    resid = "u" if backward == "recurrent" else "h"
+    o, ht, extra = _forward(q, k, v, g, beta, h0, cu, scale=scale, l2norm=l2norm, resid=resid)
+    return (o, ht), (q, k, v, g, beta, h0, cu) + extra
 
 
-def _chunk_bwd(scale, l2norm, want_ht, res, cts):
-    q, k, v, g, beta, h0, cu, u = res
+def _chunk_bwd(scale, l2norm, want_ht, backward, res, cts):
+    q, k, v, g, beta, h0, cu = res[:7]
     do, dht = cts
     H = q.shape[1]
-    dq, dk, dv, db, dg, dh0 = recurrent_backward(q, k, v, g, beta, h0, cu, u, do,
-                                                 dht.astype(F32) if want_ht else None,
-                                                 scale=scale, l2norm=l2norm)
+    dht = dht.astype(F32) if want_ht else None
+    if backward == "recurrent":
+        (u,) = res[7:]
+        dq, dk, dv, db, dg, dh0 = recurrent_backward(q, k, v, g, beta, h0, cu, u, do, dht,
+                                                     scale=scale, l2norm=l2norm)
+    else:
+        w, uu, vn, hs = res[7:]
+        dq, dk, dv, db, dg, dh0 = _chunk_backward(q, k, v, g, beta, h0, cu, w, uu, vn, hs, do,
+                                                  dht, scale=scale, l2norm=l2norm)
     dq, dk = group_sum(dq, H), group_sum(dk, H)
     if l2norm:
         dq, dk = l2norm_bwd(q, dq), l2norm_bwd(k, dk)
@@ -156,9 +206,11 @@ def _chunk_bwd(scale, l2norm, want_ht, res, cts):
 
 _chunk.defvjp(_chunk_fwd, _chunk_bwd)
 
+BACKWARDS = ("chunk", "recurrent")
+
 
 def chunk_gated_delta_rule_pallas(q, k, v, *, g, beta, scale, initial_state, output_final_state,
-                                  cu_seqlens, use_qk_l2norm_in_kernel=False):
+                                  cu_seqlens, use_qk_l2norm_in_kernel=False, backward="chunk"):
     """Chunked gated delta rule as Pallas kernels (Triton lowering; interpreted on CPU).
 
     Args:
@@ -167,10 +219,14 @@ def chunk_gated_delta_rule_pallas(q, k, v, *, g, beta, scale, initial_state, out
         delta rule); beta: [B, T, HV] fp32. scale: float. initial_state: None or
         [N, HV, K, V] fp32. cu_seqlens: None or int [N+1] (B == 1; may be traced).
         use_qk_l2norm_in_kernel: normalise q and k over K in fp32 inside the kernels.
+        backward: "chunk" (chunk-parallel kernels, the default) or "recurrent" (the exact
+        token-serial backward kernel of pallas_recurrent.py, kept as a fallback).
     Returns:
         o [B, T, HV, V] in q's dtype; final_state [N, HV, K, V] fp32, or None unless
         output_final_state. Differentiable w.r.t. q, k, v, g, beta, initial_state.
     """
+    if backward not in BACKWARDS:
+        raise ValueError(f"backward: got {backward!r}, expected one of {BACKWARDS}")
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     Kp, Vp = max(16, next_pow2(K)), max(16, next_pow2(V))
@@ -184,7 +240,7 @@ def chunk_gated_delta_rule_pallas(q, k, v, *, g, beta, scale, initial_state, out
     if h0 is not None and (Kp != K or Vp != V):
         h0 = jnp.pad(h0, ((0, 0), (0, 0), (0, Kp - K), (0, Vp - V)))
     o, ht = _chunk(qf, kf, vf, gf, bf, h0, cu, float(scale), bool(use_qk_l2norm_in_kernel),
-                   bool(output_final_state))
+                   bool(output_final_state), backward)
     o = o[..., :V].reshape(B, T, HV, V)
     if not output_final_state:
         return o, None

@@ -1,0 +1,290 @@
+"""Chunk-parallel backward of the chunked (gated) delta rule as Pallas kernels (Triton lowering).
+
+Forward of one chunk of BT tokens (see gated_delta_rule/pallas_chunk.py), one value head,
+gc = chunk-local inclusive cumsum of g, Gamma = exp(gc), Dc[i, j] = exp(gc_i - gc_j) (j <= i),
+A = strict_tril(beta_i (k_i . k_j) Dc), Tm = (I + A)^-1, W = Tm (beta Gamma K), U = Tm (beta V),
+h = state at the chunk start, h' = state at its end:
+    vn = U - W h
+    o  = scale (Gamma * (Q h) + (tril(Q K^T) * Dc) vn)
+    h' = exp(gc_L) h + (K * exp(gc_L - gc))^T vn
+Backward, dh' = gradient of the chunk's end state:
+  `chunk_dh` (sequential, reverse over the chunks of a sequence; one program per
+  (sequence, value head, V block)):
+    dvn = scale (tril(Q K^T) * Dc)^T do + (K * exp(gc_L - gc)) dh'
+    dh  = exp(gc_L) dh' + scale (Gamma * Q)^T do - W^T dvn            (dh0 = dh of chunk 0)
+  `chunk_grads` (parallel over chunks x value heads):
+    P   = (do vn^T) * Dc (causal)
+    dq  = scale (Gamma * (do h^T) + P K)
+    dk  = scale P^T Q + exp(gc_L - gc) * (vn dh'^T)               + the WY part below
+    dW  = -dvn h^T,  dU = dvn
+    dXw = Tm^T dW,   dXu = Tm^T dU   (Xw = beta Gamma K, Xu = beta V)
+    dA  = -(dXw W^T + dXu U^T) on the strict lower triangle;  B = dA * Dc
+    dk += beta Gamma dXw + (beta B) K + (beta B)^T K;   dv = beta dXu
+    dbeta = rowsum(B * K K^T) + Gamma (k . dXw) + v . dXu
+    dG  = q . dq - v . dv   (per token)
+  The gate gradient is the exact identity dg_t = <h0, dh0> + sum_{s < t} (v_s.dv_s - q_s.dq_s)
+  within each sequence (`gate_grad`, a segmented scan in plain JAX): with G_t = cumsum(g), the
+  outputs depend on g only through q_t e^{G_t} and v_t e^{-G_t} (and h0 through e^{g_1}).
+Decay exponents are pairwise segment sums (sum_{j < s <= i} g_s, computed as one [BT, BT] dot
+with a 0/1 matrix), never differences of large cumsums and never positive for g <= 0.
+Tm is rebuilt in-kernel: 16-row diagonal blocks by forward substitution (each step one dot on
+the whole [BT, BT] tile), then the block-strict part N = Tb A_off by (I + N)^-1 = (I - N)(I + N^2).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from .dispatch import pallas_interpret
+from .pallas_delta_layout import dot_precision, kdot, l2norm_fwd, triton_params
+from .pallas_wy_prep import masked_rows, store_rows
+
+F32 = jnp.float32
+SUB = 16
+# untuned (never run on a GPU yet): the sequential dh kernel like the forward state kernel
+DH_TUNING = {"BV": 64, "num_warps": 8, "num_stages": 2}
+DH_TUNING_FP32 = {"BV": 32, "num_warps": 4, "num_stages": 1}
+GRADS_TUNING = {"BV": 64, "num_warps": 8, "num_stages": 1}
+
+
+def chunk_first(cu, BT: int):
+    """cu int32 [N+1] -> int32 [N+1]: index of each sequence's first chunk slot (the slot
+    numbering of pallas_wy_prep.chunk_table)."""
+    nch = (cu[1:] - cu[:-1] + BT - 1) // BT
+    return jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(nch).astype(jnp.int32)])
+
+
+def _chunk_gates(g_ref, st, end, BT, hv, prec):
+    """Returns gc [BT] (inclusive cumsum), g_last, suffix [BT] (= g_last - gc, as a direct
+    sum) and Dc [BT, BT] = exp(sum_{j < s <= i} g_s) for j <= i else 0. Rows >= end: g = 0."""
+    r = lax.broadcasted_iota(jnp.int32, (BT, BT), 0)
+    c = lax.broadcasted_iota(jnp.int32, (BT, BT), 1)
+    if g_ref is None:
+        z = jnp.zeros((BT,), F32)
+        return z, jnp.zeros((), F32), z, (r >= c).astype(F32)
+    gb = masked_rows(g_ref, st, end, BT, hv)
+    gc = jnp.cumsum(gb)
+    g_last = jnp.sum(gb)
+    # seg[i, j] = sum_{j < s <= i} g_s: (g_s where s <= i) @ (1 where s > j)
+    lower = jnp.where(c <= r, gb[None, :], 0.0)
+    seg = kdot(lower, (r > c).astype(F32), prec)
+    suffix = jnp.sum(jnp.where(c > r, gb[None, :], 0.0), axis=1)
+    decay = jnp.where(r >= c, jnp.exp(jnp.where(r >= c, seg, 0.0)), 0.0)
+    return gc, g_last, suffix, decay
+
+
+def _qk(ref, st, end, BT, h, l2norm):
+    x = masked_rows(ref, st, end, BT, h)
+    return l2norm_fwd(x).astype(ref.dtype) if l2norm else x
+
+
+# ------------------------------------------------------------------- sequential dh kernel
+def _dh_kernel(*refs, scale, G, BT, BV, has_g, has_dht, has_h0, l2norm, prec):
+    it = iter(refs)
+    cu_ref, first_ref, q_ref, k_ref, w_ref, do_ref = (next(it) for _ in range(6))
+    g_ref = next(it) if has_g else None
+    dht_ref = next(it) if has_dht else None
+    dh_ref, dvn_ref = next(it), next(it)
+    dh0_ref = next(it) if has_h0 else None
+
+    n, hv, iv = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    h = hv // G
+    vs = pl.ds(iv * BV, BV)
+    bos, eos = cu_ref[n], cu_ref[n + 1]
+    c0 = first_ref[n]
+    nc = (eos - bos + BT - 1) // BT
+    K = q_ref.shape[-1]
+    dt = q_ref.dtype
+    D = dht_ref[n, hv, :, vs].astype(F32) if has_dht else jnp.zeros((K, BV), F32)
+
+    def body(j, D):
+        i = nc - 1 - j
+        st = bos + i * BT
+        dh_ref[c0 + i, hv, :, vs] = D.astype(dh_ref.dtype)
+        q = _qk(q_ref, st, eos, BT, h, l2norm)
+        k = _qk(k_ref, st, eos, BT, h, l2norm)
+        w = masked_rows(w_ref, st, eos, BT, hv)
+        do = masked_rows(do_ref, st, eos, BT, hv, vs)
+        gc, g_last, suffix, decay = _chunk_gates(g_ref, st, eos, BT, hv, prec)
+        kq = (kdot(k, q.T, prec) * decay.T).astype(dt)             # [s, t]
+        kd = (k.astype(F32) * jnp.exp(suffix)[:, None]).astype(dt)
+        dvn = scale * kdot(kq, do, prec) + kdot(kd, D.astype(dt), prec)
+        store_rows(dvn_ref, dvn, st, eos, hv, vs)
+        qd = (q.astype(F32) * jnp.exp(gc)[:, None]).astype(dt)
+        return (jnp.exp(g_last) * D + scale * kdot(qd.T, do, prec)
+                - kdot(w.T, dvn.astype(dt), prec))
+
+    D = lax.fori_loop(0, nc, body, D)
+    if has_h0:
+        dh0_ref[n, hv, :, vs] = D
+
+
+def chunk_dh(q, k, w, do, g, dht, cu, first, *, n_slots, has_h0, scale, l2norm, BT):
+    """q, k: [R, H, K]; w: [R, HV, K]; do: [R, HV, V] (one dtype); g: [R, HV] fp32 or None;
+    dht: [N, HV, K, V] fp32 or None; cu, first: int32 [N+1].
+    Returns dh [n_slots, HV, K, V] (q's dtype; gradient of each chunk's END state),
+    dvn [R, HV, V] fp32 (gradient of v_new) and dh0 [N, HV, K, V] fp32 (or None)."""
+    R, H, K = q.shape
+    HV, V = do.shape[1], do.shape[2]
+    N = cu.shape[0] - 1
+    interpret = pallas_interpret()
+    tune = DH_TUNING_FP32 if q.dtype == jnp.float32 else DH_TUNING
+    BV = min(V, tune["BV"])
+    kernel = functools.partial(_dh_kernel, scale=scale, G=HV // H, BT=BT, BV=BV,
+                               has_g=g is not None, has_dht=dht is not None, has_h0=has_h0,
+                               l2norm=l2norm, prec=dot_precision(interpret))
+    ins = [x for x in (cu, first, q, k, w, do, g, dht) if x is not None]
+    out_shape = [jax.ShapeDtypeStruct((n_slots, HV, K, V), q.dtype),
+                 jax.ShapeDtypeStruct((R, HV, V), F32)]
+    if has_h0:
+        out_shape.append(jax.ShapeDtypeStruct((N, HV, K, V), F32))
+    params = None if interpret else triton_params(tune["num_warps"], tune["num_stages"])
+    outs = pl.pallas_call(kernel, out_shape=out_shape, grid=(N, HV, V // BV),
+                          interpret=interpret, name="chunk_gdn_bwd_dh",
+                          compiler_params=params)(*ins)
+    return outs[0], outs[1], (outs[2] if has_h0 else None)
+
+
+# ------------------------------------------------------------ per-chunk gradient kernel
+def unit_lower_inverse(A, prec):
+    """(I + A)^-1 for a strictly lower [BT, BT] fp32 tile (BT a multiple of 16)."""
+    BT = A.shape[0]
+    r = lax.broadcasted_iota(jnp.int32, (BT, BT), 0)
+    c = lax.broadcasted_iota(jnp.int32, (BT, BT), 1)
+    eye = (r == c).astype(F32)
+    same = (r // SUB) == (c // SUB)
+    a_bd = jnp.where(same, A, 0.0)
+    a_off = jnp.where(same, 0.0, A)
+    rsub = r % SUB
+
+    def step(i, tb):   # rows with in-block index i, from the finished rows above them
+        return jnp.where(rsub == i, eye - kdot(a_bd, tb, prec), tb)
+
+    tb = lax.fori_loop(1, SUB, step, eye)
+    if BT == SUB:
+        return tb
+    nil = kdot(tb, a_off, prec)                   # block-strictly lower: nil^4 = 0
+    m = kdot(eye - nil, eye + kdot(nil, nil, prec), prec)
+    return kdot(m, tb, prec)
+
+
+def _grads_kernel(*refs, scale, G, BT, BV, has_g, l2norm, prec):
+    it = iter(refs)
+    tab_ref, q_ref, k_ref, v_ref, b_ref = (next(it) for _ in range(5))
+    g_ref = next(it) if has_g else None
+    do_ref, w_ref, u_ref, vn_ref, h_ref, dh_ref, dvn_ref = (next(it) for _ in range(7))
+    dq_ref, dk_ref, dv_ref, db_ref, dgt_ref = (next(it) for _ in range(5))
+
+    s, hv = pl.program_id(0), pl.program_id(1)
+    h = hv // G
+    start, end = tab_ref[s, 0], tab_ref[s, 1]
+    K, V = q_ref.shape[-1], v_ref.shape[-1]
+    dt = q_ref.dtype
+    r = lax.broadcasted_iota(jnp.int32, (BT, BT), 0)
+    c = lax.broadcasted_iota(jnp.int32, (BT, BT), 1)
+    dd = lambda a, b: kdot(a.astype(dt), b.astype(dt), prec)
+
+    @pl.when(end > start)
+    def _():
+        q = _qk(q_ref, start, end, BT, h, l2norm)
+        k = _qk(k_ref, start, end, BT, h, l2norm)
+        beta = masked_rows(b_ref, start, end, BT, hv)
+        gc, g_last, suffix, decay = _chunk_gates(g_ref, start, end, BT, hv, prec)
+        gam = jnp.exp(gc)
+        dq = jnp.zeros((BT, K), F32)
+        dk = jnp.zeros((BT, K), F32)
+        dw = jnp.zeros((BT, K), F32)
+        P = jnp.zeros((BT, BT), F32)
+        for iv in range(V // BV):
+            vs = pl.ds(iv * BV, BV)
+            do = masked_rows(do_ref, start, end, BT, hv, vs)
+            vn = masked_rows(vn_ref, start, end, BT, hv, vs)
+            dvn = masked_rows(dvn_ref, start, end, BT, hv, vs).astype(dt)
+            hb = h_ref[s, hv, :, vs]
+            dhb = dh_ref[s, hv, :, vs]
+            dq = dq + kdot(do, hb.T, prec)
+            dk = dk + kdot(vn, dhb.T, prec)
+            dw = dw - kdot(dvn, hb.T, prec)
+            P = P + kdot(do, vn.T, prec)
+        P = (P * decay).astype(dt)
+        dq = scale * (gam[:, None] * dq + kdot(P, k, prec))
+        dk = scale * kdot(P.T, q, prec) + jnp.exp(suffix)[:, None] * dk
+        # WY backward
+        kk = kdot(k, k.T, prec)
+        strict = r > c
+        A = jnp.where(strict, beta[:, None] * kk * decay, 0.0)
+        tm = unit_lower_inverse(A, prec).astype(dt)
+        dxw = kdot(tm.T, dw.astype(dt), prec)
+        w = masked_rows(w_ref, start, end, BT, hv)
+        dA = -dd(dxw, w.T)
+        db = jnp.zeros((BT,), F32)
+        dgt = jnp.sum(q.astype(F32) * dq, axis=1)
+        for iv in range(V // BV):
+            vs = pl.ds(iv * BV, BV)
+            dvn = masked_rows(dvn_ref, start, end, BT, hv, vs).astype(dt)
+            u = masked_rows(u_ref, start, end, BT, hv, vs)
+            v = masked_rows(v_ref, start, end, BT, hv, vs).astype(F32)
+            dxu = kdot(tm.T, dvn, prec)
+            dA = dA - dd(dxu, u.T)
+            dv = beta[:, None] * dxu
+            store_rows(dv_ref, dv, start, end, hv, vs)
+            db = db + jnp.sum(v * dxu, axis=1)
+            dgt = dgt - jnp.sum(v * dv, axis=1)
+        B = jnp.where(strict, dA * decay, 0.0)
+        k32 = k.astype(F32)
+        db = db + jnp.sum(B * kk, axis=1) + gam * jnp.sum(k32 * dxw, axis=1)
+        Bb = B * beta[:, None]
+        dk = dk + (beta * gam)[:, None] * dxw + dd(Bb, k) + dd(Bb.T, k)
+        store_rows(dq_ref, dq, start, end, hv)
+        store_rows(dk_ref, dk, start, end, hv)
+        store_rows(db_ref, db, start, end, hv)
+        store_rows(dgt_ref, dgt, start, end, hv)
+
+
+def chunk_grads(q, k, v, g, beta, do, w, u, vn, h, dh, dvn, table, *, scale, l2norm, BT):
+    """Per chunk slot (table int32 [NC, 2]) and value head. q, k: [R, H, K]; v, do, u, vn:
+    [R, HV, V]; w: [R, HV, K] (one dtype); g (or None), beta: [R, HV] fp32; h, dh:
+    [NC, HV, K, V] chunk start states / end-state gradients (q's dtype); dvn [R, HV, V] fp32.
+    Returns dq, dk [R, HV, K] fp32 (per value head, w.r.t. the normalised q/k when l2norm),
+    dv [R, HV, V] (v's dtype), dbeta [R, HV] fp32 and dgt [R, HV] fp32 (q.dq - v.dv)."""
+    R, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    interpret = pallas_interpret()
+    BV = min(V, GRADS_TUNING["BV"])
+    kernel = functools.partial(_grads_kernel, scale=scale, G=HV // H, BT=BT, BV=BV,
+                               has_g=g is not None, l2norm=l2norm,
+                               prec=dot_precision(interpret))
+    ins = [x for x in (table, q, k, v, beta, g, do, w, u, vn, h, dh, dvn) if x is not None]
+    out_shape = [jax.ShapeDtypeStruct((R, HV, K), F32), jax.ShapeDtypeStruct((R, HV, K), F32),
+                 jax.ShapeDtypeStruct((R, HV, V), v.dtype), jax.ShapeDtypeStruct((R, HV), F32),
+                 jax.ShapeDtypeStruct((R, HV), F32)]
+    params = None if interpret else triton_params(GRADS_TUNING["num_warps"],
+                                                  GRADS_TUNING["num_stages"])
+    return pl.pallas_call(kernel, out_shape=out_shape, grid=(table.shape[0], HV),
+                          interpret=interpret, name="chunk_gdn_bwd_grads",
+                          compiler_params=params)(*ins)
+
+
+# ------------------------------------------------------------------------ gate gradient
+def gate_grad(dgt, cu, h0=None, dh0=None):
+    """dgt: [R, HV] fp32 per-token q.dq - v.dv; cu int32 [N+1]; h0, dh0: [N, HV, K, V] fp32 or
+    None. Returns dg [R, HV] fp32: <h0, dh0> + exclusive in-sequence cumsum of -dgt."""
+    R = dgt.shape[0]
+    N = cu.shape[0] - 1
+    t = jnp.arange(R, dtype=jnp.int32)
+    seq = jnp.clip(jnp.searchsorted(cu[1:], t, side="right"), 0, N - 1)
+    first = (t == cu[seq])[:, None]
+    x = -dgt
+
+    def combine(a, b):
+        return jnp.where(b[1], b[0], a[0] + b[0]), a[1] | b[1]
+
+    incl, _ = lax.associative_scan(combine, (x, first), axis=0)
+    dg = incl - x
+    if h0 is not None:
+        dg = dg + jnp.sum(h0 * dh0, axis=(2, 3))[seq]
+    return dg
