@@ -233,11 +233,11 @@ def _fwd_kernel(refs, st):
         k = _load(refs, st, "k", start, nv, st.K)
         v = _load(refs, st, "v", start, nv, st.V, c0)
         dt = q.dtype
-        gc, g_last, D = _gates(refs, st, gamma, start, nv)
+        gc, g_last, D, rest = _gates(refs, st, gamma, start, nv)
         A = ptr.matmul(q, k, (1, 1), st.precision) * D
         if gc is not None:
             qd = (q * jnp.exp(gc)[:, None]).astype(dt)
-            kd = (k * jnp.exp(g_last - gc)[:, None]).astype(dt)
+            kd = (k * jnp.exp(rest)[:, None]).astype(dt)
             S_dec = S * jnp.exp(g_last)
         else:
             qd, kd, S_dec = q, k, S
@@ -285,20 +285,20 @@ def _dq_kernel(refs, st):
         v = _load(refs, st, "v", start, nv, st.V)
         do = _load(refs, st, "do", start, nv, st.V)
         dt = k.dtype
-        gc, g_last, D = _gates(refs, st, gamma, start, nv)
+        gc, g_last, D, rest = _gates(refs, st, gamma, start, nv)
         P = ptr.matmul(do, v, (1, 1), st.precision) * D
         inter = ptr.matmul(do, S.astype(dt), (1, 1), st.precision)
         if gc is not None:
             inter = inter * jnp.exp(gc)[:, None]
-            kd = (k * jnp.exp(g_last - gc)[:, None]).astype(dt)
+            kd = (k * jnp.exp(rest)[:, None]).astype(dt)
             S_dec = S * jnp.exp(g_last)
         else:
             kd, S_dec = k, S
         dq = (inter + ptr.matmul(P.astype(dt), k, (1, 0), st.precision)) * st.scale
         _store(refs, st, "dq", start, nv, st.K, dq, r0)
-        if st.has_g:
+        if st.has_g:   # only the inter-chunk part: the intra part is formed in _dk_kernel
             q = _load(refs, st, "q", start, nv, st.K, r0)
-            qdq = jnp.sum(q.astype(jnp.float32) * dq, 1)
+            qdq = jnp.sum(q.astype(jnp.float32) * inter, 1) * st.scale
             ptr.store_rows(refs["qdq"], start, _rows(st, nv), None, qdq)
         return S_dec + ptr.matmul(kd, v, (0, 0), st.precision)
 
@@ -322,11 +322,11 @@ def _dv_kernel(refs, st):
         k = _load(refs, st, "k", start, nv, st.K)
         do = _load(refs, st, "do", start, nv, st.V, c0)
         dt = q.dtype
-        gc, g_last, Dt = _gates(refs, st, gamma, start, nv, transposed=True)
+        gc, g_last, Dt, rest = _gates(refs, st, gamma, start, nv, transposed=True)
         # (k q^T)[j, i] * D[i, j]
         At = ptr.matmul(k, q, (1, 1), st.precision) * Dt
         if gc is not None:
-            kd = (k * jnp.exp(g_last - gc)[:, None]).astype(dt)
+            kd = (k * jnp.exp(rest)[:, None]).astype(dt)
             qd = (q * jnp.exp(gc)[:, None]).astype(dt)
             dS_dec = dS * jnp.exp(g_last)
         else:
@@ -365,11 +365,17 @@ def _dk_kernel(refs, st):
         v = _load(refs, st, "v", start, nv, st.V)
         do = _load(refs, st, "do", start, nv, st.V)
         dt = q.dtype
-        gc, g_last, D = _gates(refs, st, gamma, start, nv)
+        gc, g_last, D, rest = _gates(refs, st, gamma, start, nv)
         P = ptr.matmul(do, v, (1, 1), st.precision) * D
-        inter = ptr.matmul(v, dS.astype(dt), (1, 1), st.precision)
+        dS_hi = dS.astype(dt)
+        inter = ptr.matmul(v, dS_hi, (1, 1), st.precision)
+        if st.has_g and dt != jnp.float32:
+            # k.dk feeds dg, where it cancels against <dS, S> terms kept in fp32; a half-
+            # precision dS alone leaves its rounding (~4e-3) in every dg. Add the low part.
+            dS_lo = (dS - dS_hi.astype(jnp.float32)).astype(dt)
+            inter = inter + ptr.matmul(v, dS_lo, (1, 1), st.precision)
         if gc is not None:
-            inter = inter * jnp.exp(g_last - gc)[:, None]
+            inter = inter * jnp.exp(rest)[:, None]
             qd = (q * jnp.exp(gc)[:, None]).astype(dt)
             dS_dec = dS * jnp.exp(g_last)
         else:
@@ -377,8 +383,14 @@ def _dk_kernel(refs, st):
         dk = inter + st.scale * ptr.matmul(P.astype(dt), q, (0, 0), st.precision)
         _store(refs, st, "dk", start, nv, st.K, dk, r0)
         if st.has_g:
+            # dG_t = q_t.dq_t - k_t.dk_t. Intra-chunk, both are sums of the same fp32 matrix
+            # M[i, j] = scale (q_i.k_j)(do_i.v_j) D[i, j]: row sums minus column sums, so the
+            # diagonal (decay-free, and dominant under strong gates) cancels exactly instead
+            # of through two differently rounded bf16 products.
+            M = ptr.matmul(q, k, (1, 1), st.precision) * P * st.scale
+            intra = jnp.sum(M, 1) - jnp.sum(M, 0)
             qdq = ptr.load_rows(refs["qdq"], start, bt, _rows(st, nv))
-            dG = qdq - jnp.sum(k.astype(jnp.float32) * dk, 1)
+            dG = qdq + intra - jnp.sum(k.astype(jnp.float32) * inter, 1)
             rev = jnp.sum(jnp.where(upper, dG[None, :], 0.0), 1)
             ptr.store_rows(refs["dg"], start, _rows(st, nv), None, rev + carry)
             carry = carry + jnp.sum(dG)
