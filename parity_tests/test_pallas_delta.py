@@ -8,6 +8,7 @@ jax.vjp for all gradients (dq, dk, dv, dg, dbeta, dh0).
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import zlib
 
@@ -120,10 +121,20 @@ CASES = {
 }
 
 
-def _check(family, variant, case, dtype):
-    c = CASES[case]
+# chunk-only cases (the token-serial reference makes them slow): several chunks per sequence
+CHUNK_CASES = {
+    # strong gates across chunk boundaries, beta in (0, 2), exact chunk multiple + a tail
+    "strong_gate_multi_chunk": dict(B=1, T=150, H=1, HV=1, K=16, V=16, cu=[0, 128, 150],
+                                    g_min=-20, beta=(0.0, 2.0), h0=True, l2norm=True),
+}
+
+
+def _check(family, variant, case, dtype, **fn_kw):
+    c = CASES[case] if case in CASES else CHUNK_CASES[case]
     gated = family == "gdn"
     fn = _load(KERNELS[(family, variant)])
+    if fn_kw:
+        fn = functools.partial(fn, **fn_kw)
     N = c["B"] if c["cu"] is None else len(c["cu"]) - 1
     x = _inputs(zlib.crc32(f"{family}{case}".encode()) % 1000, c["B"], c["T"], c["H"], c["HV"], c["K"], c["V"],
                 N, gated, c["beta"], c["g_min"], c["h0"])
@@ -153,3 +164,61 @@ def test_recurrent(family, case, dtype):
 @pytest.mark.parametrize("family", ["gdn", "delta"])
 def test_chunk(family, case, dtype):
     _check(family, "chunk", case, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("case", list(CHUNK_CASES))
+def test_chunk_long(case, dtype):
+    _check("gdn", "chunk", case, dtype)
+
+
+@pytest.fixture
+def no_recurrent_backward(monkeypatch):
+    """Make the token-serial backward kernel unusable from the chunk op."""
+    mod = importlib.import_module("fla_jax.ops.gated_delta_rule.pallas_chunk")
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("chunk backward called the token-serial recurrent backward")
+
+    monkeypatch.setattr(mod, "recurrent_backward", forbidden)
+    return mod
+
+
+@pytest.mark.parametrize("family", ["gdn", "delta"])
+def test_chunk_backward_is_chunk_parallel(no_recurrent_backward, family):
+    _check(family, "chunk", "varlen", "fp32")
+
+
+def test_chunk_backward_recurrent_fallback(no_recurrent_backward):
+    """backward="recurrent" still selects the token-serial kernel (and only it is spied)."""
+    with pytest.raises(AssertionError, match="token-serial"):
+        _check("gdn", "chunk", "base", "fp32", backward="recurrent")
+
+
+def test_chunk_backward_fallback_parity():
+    _check("gdn", "chunk", "multi_chunk_varlen", "fp32", backward="recurrent")
+
+
+def test_chunk_backward_traced_cu_seqlens():
+    """Gradients under jax.jit with cu_seqlens traced equal the eager ones."""
+    fn = _load(KERNELS[("gdn", "chunk")])
+    rng = np.random.default_rng(7)
+    T, H, HV, K, V = 90, 1, 2, 16, 16
+    cu = jnp.asarray([0, 5, 5, 70, 90], jnp.int32)
+    q, k = (jnp.asarray(rng.standard_normal((1, T, H, K)), jnp.float32) for _ in range(2))
+    v = jnp.asarray(rng.standard_normal((1, T, HV, V)), jnp.float32)
+    g = jnp.asarray(rng.uniform(-2, 0, (1, T, HV)), jnp.float32)
+    beta = jnp.asarray(rng.uniform(0.1, 1.9, (1, T, HV)), jnp.float32)
+    h0 = jnp.asarray(rng.standard_normal((4, HV, K, V)), jnp.float32)
+
+    def loss(q, k, v, g, beta, h0, cu):
+        o, ht = fn(q, k, v, g=g, beta=beta, scale=K ** -0.5, initial_state=h0,
+                   output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+        return jnp.sum(o * o) + jnp.sum(jnp.sin(ht))
+
+    grad = jax.grad(loss, argnums=(0, 1, 2, 3, 4, 5))
+    eager = grad(q, k, v, g, beta, h0, cu)
+    traced = jax.jit(grad)(q, k, v, g, beta, h0, cu)
+    for a, b in zip(eager, traced):
+        assert np.all(np.isfinite(np.asarray(b)))
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-5)

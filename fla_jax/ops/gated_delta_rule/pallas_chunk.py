@@ -27,7 +27,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from ..common.dispatch import pallas_interpret
-from ..common.pallas_delta_chunk_bwd import chunk_dh, chunk_first, chunk_grads, gate_grad
+from ..common.pallas_delta_chunk_bwd import chunk_dh, chunk_first, chunk_grads
 from ..common.pallas_delta_layout import (dot_precision, kdot, group_sum, l2norm_bwd, l2norm_fwd,
                                           next_pow2, pad_last, sequence_bounds, triton_params)
 from ..common.pallas_wy_prep import chunk_table, masked_rows, store_rows, wy_prep
@@ -164,11 +164,9 @@ def _chunk_backward(q, k, v, g, beta, h0, cu, w, uu, vn, hs, do, dht, *, scale, 
     first = chunk_first(cu, BT)
     dh, dvn, dh0 = chunk_dh(q, k, w, do, g, dht, cu, first, n_slots=table.shape[0],
                             has_h0=h0 is not None, scale=scale, l2norm=l2norm, BT=BT)
-    dq, dk, dv, db, dgt = chunk_grads(q, k, v, g, beta, do, w, uu, vn, hs, dh, dvn, table,
-                                      scale=scale, l2norm=l2norm, BT=BT)
-    dq, dk, dv, db, dgt = dq[:R], dk[:R], dv[:R], db[:R], dgt[:R]
-    dg = None if g is None else gate_grad(dgt, cu, h0, dh0)
-    return dq, dk, dv, db, dg, dh0
+    dq, dk, dv, db, dg = chunk_grads(q, k, v, g, beta, do, w, uu, vn, hs, dh, dvn, table,
+                                     scale=scale, l2norm=l2norm, BT=BT)
+    return dq[:R], dk[:R], dv[:R], db[:R], (None if dg is None else dg[:R]), dh0
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10))
