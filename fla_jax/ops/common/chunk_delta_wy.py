@@ -6,7 +6,7 @@ S the state entering the chunk) the recurrence
 unrolls to S_t = exp(b_t) S + sum_{j <= t} exp(b_t - b_j) k_j^T u_j with pseudo-values
     (I + L) U = beta * v - (beta * exp(b) * k) S,
     L[t, j] = beta_t exp(b_t - b_j) (k_t . k_j)  for j < t (strictly lower triangular).
-With T = (I + L)^-1 (a unit lower-triangular solve): U = X - W S, X = T (beta v),
+With T = (I + L)^-1 (unit lower triangular, common.unit_lower_inverse): U = X - W S, X = T (beta v),
 W = T (beta exp(b) k). Then
     o     = scale * ((exp(b) q) S + ((q k^T) * exp(b_i - b_j) [j <= i]) U)
     S_out = exp(b_C) S + (k * exp(b_C - b))^T U.
@@ -16,13 +16,13 @@ X and W are computed for all chunks at once; only the state passes sequentially
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax.scipy.linalg import solve_triangular
 
 from .chunk_decay import chunk_cumsum, pairwise_decay
 from .chunk_packing import (chunk_initial_states, from_chunks, gather_final_states,
                             plan_chunks, to_chunks)
 from .chunk_state_scan import scan_chunk_states
 from .compute_operands import einsum, prepare_qkv
+from .unit_lower_inverse import unit_lower_inverse
 
 
 def delta_rule_chunks(q, k, v, *, g, beta, scale, initial_state, output_final_state,
@@ -46,10 +46,9 @@ def delta_rule_chunks(q, k, v, *, g, beta, scale, initial_state, output_final_st
 
     kk = einsum("bnhik,bnhjk->bnhij", kn, kn)
     lower = bn * kk * pairwise_decay(b, inclusive=False)              # strictly lower
-    eye = jnp.eye(C, dtype=cd)
-    rhs = jnp.concatenate([bn * vn, bn * jnp.exp(b)[..., None] * kn], axis=-1)
-    sol = solve_triangular(eye + lower, rhs, lower=True, unit_diagonal=True)
-    x, w = sol[..., :V], sol[..., V:]
+    t_inv = unit_lower_inverse(lower)                                 # (I + L)^-1
+    x = einsum("bnhij,bnhjv->bnhiv", t_inv, bn * vn)
+    w = einsum("bnhij,bnhjk->bnhik", t_inv, bn * jnp.exp(b)[..., None] * kn)
 
     k_decayed = kn * jnp.exp(b_last[..., None] - b)[..., None]
     carry0, reset_states = chunk_initial_states(plan, initial_state, (HV, K, V), cd)
