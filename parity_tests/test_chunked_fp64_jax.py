@@ -58,7 +58,7 @@ class Case:
     beta_max: float = 1.0
     l2norm: bool = False
     h0: bool = True
-    jit: str = "traced"    # "traced": jit with cu_seqlens an argument; "eager": no jit
+    jit: str = "traced"    # "traced": jit, cu_seqlens an argument; "eager": no jit (slow)
     families: tuple = field(default=("simple_gla", "gla", "delta_rule", "gated_delta_rule"))
 
 
@@ -69,9 +69,8 @@ CASES = [
     # a zero-length sequence, weak gates, no initial state, l2norm, beta in (0, 1)
     Case("varlen-empty-weak-l2norm", T=300, cu_seqlens=(0, 15, 15, 100, 300), gate=0.01,
          h0=False, l2norm=True, HV=4),
-    # fixed-length batch, T = 130 (padded last chunk), K != V, GQA, beta in (0, 2), eager
-    Case("fixed-B2-T130-gqa-beta2-eager", T=130, B=2, HV=4, beta_max=2.0, l2norm=True,
-         jit="eager"),
+    # fixed-length batch, T = 130 (padded last chunk), K != V, GQA, beta in (0, 2)
+    Case("fixed-B2-T130-gqa-beta2", T=130, B=2, HV=4, beta_max=2.0, l2norm=True),
     # fixed-length T = 1 (one padded chunk); simple GLA with g and g_gamma
     Case("fixed-B2-T1-g+gamma", T=1, B=2, HV=4, gate_kind="g+gamma", gate=0.5),
     # simple GLA special forms: fixed decay only (RetNet), strong; no gate (linear attention)
@@ -213,18 +212,21 @@ def test_chunked_matches_reference_fp64(case, family):
 
 
 def test_fused_recurrent_names_share_the_implementations():
-    """fused_recurrent_<family>(impl='chunked') gives chunk_<family>'s result (one case)."""
-    case = Case("recurrent-names", T=20, HV=4, jit="eager")
+    """fused_recurrent_<family>(impl='chunked') gives chunk_<family>'s result (forward,
+    under jit with a traced cu_seqlens)."""
+    case = Case("recurrent-names", T=20, HV=4, cu_seqlens=(0, 5, 20))
     for family in OPS:
-        inputs = make_inputs(family, case)
-        q, k, v, extra = inputs
+        q, k, v, extra = make_inputs(family, case)
+        names = list(extra)
+
+        def both(cu, q, k, v, *xs):
+            kw = dict(zip(names, xs), output_final_state=True, impl="chunked", cu_seqlens=cu)
+            return OPS[family](q, k, v, **kw), RECURRENT_OPS[family](q, k, v, **kw)
+
         with x64():
-            a = [np.asarray(x) for x in OPS[family](
-                jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), output_final_state=True,
-                impl="chunked", **{n: jnp.asarray(x) for n, x in extra.items()})]
-            b = [np.asarray(x) for x in RECURRENT_OPS[family](
-                jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), output_final_state=True,
-                impl="chunked", **{n: jnp.asarray(x) for n, x in extra.items()})]
+            (a, b) = jax.jit(both)(jnp.asarray(case.cu_seqlens), *map(jnp.asarray, (q, k, v)),
+                                   *map(jnp.asarray, extra.values()))
+            a, b = [np.asarray(x) for x in a], [np.asarray(x) for x in b]
         np.testing.assert_array_equal(a[0], b[0])
         np.testing.assert_array_equal(a[1], b[1])
 
