@@ -33,7 +33,7 @@ POLICIES = {"fp32": None, "bf16": "params=fp32,compute=bf16,output=fp32"}
 # What "the curves agree" means here: the largest |loss_torch - loss_jax| over the run.
 # fp32: rounding-level differences (different but equivalent summation orders) that training
 # amplifies slowly; bf16: one bf16 rounding of the activations.
-AGREEMENT = {"fp32": 1e-4, "bf16": 5e-2}
+AGREEMENT = {"fp32": 1e-4, "bf16": 2e-2}
 
 
 def parse_args(argv=None):

@@ -58,7 +58,8 @@ def make_optimizer(model: nnx.Module, tx: optax.GradientTransformation) -> nnx.O
 def clip_by_global_norm_torch(grads, max_norm: float):
     """Scale grads by min(1, max_norm / (global_norm + 1e-6)) (torch.nn.utils.clip_grad_norm_'s
     formula; optax.clip_by_global_norm omits the 1e-6)."""
-    norm = optax.global_norm(grads)
+    leaves = jax.tree.leaves(grads)
+    norm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in leaves))
     scale = jnp.minimum(1.0, max_norm / (norm + 1e-6))
     return jax.tree.map(lambda g: (g * scale).astype(g.dtype), grads)
 
