@@ -141,14 +141,21 @@ def plot(path, steps, curves, title) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed: skipped the plot (pip install matplotlib)"
-    fig, ax = plt.subplots(figsize=(7, 4))
+    both = len(curves) == 2
+    fig, axes = plt.subplots(2 if both else 1, 1, figsize=(7, 6 if both else 4), sharex=True,
+                             squeeze=False, gridspec_kw={"height_ratios": [3, 1.3][:1 + both]})
+    ax = axes[0, 0]
     styles = {"torch": dict(lw=2.5, alpha=0.6), "jax": dict(lw=1.0, ls="--", color="k")}
     for name, losses in curves.items():
         ax.plot(steps, losses, label=name, **styles.get(name, {}))
-    ax.set_xlabel("step")
     ax.set_ylabel("training loss (nats / char)")
     ax.set_title(title)
     ax.legend()
+    if both:
+        a, b = (np.asarray(v) for v in curves.values())
+        axes[1, 0].semilogy(steps, np.maximum(np.abs(a - b), 1e-9), color="tab:red", lw=1)
+        axes[1, 0].set_ylabel("|torch - jax|")
+    axes[-1, 0].set_xlabel("step")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
