@@ -4,7 +4,7 @@ Per chunk of C tokens with b = inclusive cumsum of g over the chunk ([C, K]) and
 entering the chunk:
     o     = scale * ((q * exp(b)) S + A v),   A[i, j] = sum_k q_ik k_jk exp(b_ik - b_jk), j <= i
     S_out = diag(exp(b_C)) S + (k * exp(b_C - b))^T v
-A is built from sub-blocks of c = 16 tokens so every exponent stays <= 0 (strong gates):
+A is built from sub-blocks of c = 8 tokens so every exponent stays <= 0 (strong gates):
   - diagonal sub-blocks use the full masked [c, c, K] tensor of exp(b_i - b_j), masked
     before exp;
   - for i in a later sub-block than j's sub-block J, with r_J = b at J's last token,
@@ -22,7 +22,7 @@ from ..common.chunk_state_scan import scan_chunk_states
 from ..common.compute_operands import einsum, prepare_qkv
 
 CHUNK_SIZE = 64
-SUB_CHUNK = 16
+SUB_CHUNK = 8
 
 
 def _masked_exp(diff, mask):
