@@ -15,6 +15,12 @@ from fla_contract import ACTIVATION_DTYPES, KERNEL_DTYPES
 
 IMPLS = ("auto", "reference", "chunked", "pallas")
 KERNEL_IMPL = "pallas"
+# impl='auto' picks a kernel only where a GPU run proved it correct AND faster than the chunked
+# path (fail closed). op -> q dtypes. The DeltaNet / Gated DeltaNet kernels pass interpreted on
+# CPU but await their GPU parity run; fp32 kernels are slower than the chunked path on an H100
+# (IEEE fp32 matmuls have no tensor-core mode; benchmarks/RESULTS.md). Explicit impl= still
+# selects any kernel.
+AUTO_KERNEL = {"chunk_simple_gla": ("bf16", "fp16"), "fused_recurrent_simple_gla": ("bf16", "fp16")}
 ALLOWED_DTYPES = {"reference": ACTIVATION_DTYPES, "chunked": ACTIVATION_DTYPES,
                   "pallas": KERNEL_DTYPES}
 
@@ -28,14 +34,19 @@ def pallas_interpret() -> bool:
     return not on_gpu()
 
 
+def _auto_dtype_names(op: str) -> tuple:
+    names = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+    return tuple(names[d] for d in AUTO_KERNEL.get(op, ()))
+
+
 def resolve_impl(op: str, impl: str, registry: dict, q) -> str:
     """Pick the implementation name. 'auto': Pallas kernels on a GPU backend for kernel
-    dtypes when the op has them, else 'chunked'."""
+    dtypes when the op's kernels are GPU-proven (AUTO_KERNEL), else 'chunked'."""
     if impl not in IMPLS:
         raise ValueError(f"{op}: impl={impl!r}; expected one of {', '.join(IMPLS)}")
     if impl == "auto":
-        if KERNEL_IMPL in registry and on_gpu() and np.dtype(q.dtype).name in (
-                "bfloat16", "float16", "float32"):
+        names = _auto_dtype_names(op)
+        if KERNEL_IMPL in registry and on_gpu() and np.dtype(q.dtype).name in names:
             return KERNEL_IMPL
         return "chunked"
     if impl not in registry:

@@ -14,6 +14,12 @@ from fla_contract import ACTIVATION_DTYPES, KERNEL_DTYPES
 
 IMPLS = ("auto", "reference", "chunked", "triton")
 KERNEL_IMPL = "triton"
+# impl='auto' picks a kernel only where a GPU run proved it correct AND faster than the chunked
+# path (fail closed). op -> q dtypes. The DeltaNet / Gated DeltaNet kernels pass interpreted on
+# CPU but await their GPU parity run; fp32 kernels are slower than the chunked path on an H100
+# (IEEE fp32 matmuls have no tensor-core mode; benchmarks/RESULTS.md). Explicit impl= still
+# selects any kernel.
+AUTO_KERNEL = {"chunk_simple_gla": ("bf16", "fp16"), "fused_recurrent_simple_gla": ("bf16", "fp16")}
 ALLOWED_DTYPES = {"reference": ACTIVATION_DTYPES, "chunked": ACTIVATION_DTYPES,
                   "triton": KERNEL_DTYPES}
 
@@ -22,14 +28,19 @@ def triton_interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def _auto_dtype_names(op: str) -> tuple:
+    names = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+    return tuple(names[d] for d in AUTO_KERNEL.get(op, ()))
+
+
 def resolve_impl(op: str, impl: str, registry: dict, q: torch.Tensor) -> str:
     """Pick the implementation name. 'auto': Triton kernels for CUDA tensors of a kernel
-    dtype when the op has them, else 'chunked'."""
+    dtype when the op's kernels are GPU-proven (AUTO_KERNEL), else 'chunked'."""
     if impl not in IMPLS:
         raise ValueError(f"{op}: impl={impl!r}; expected one of {', '.join(IMPLS)}")
     if impl == "auto":
         if (KERNEL_IMPL in registry and isinstance(q, torch.Tensor) and q.is_cuda
-                and q.dtype in (torch.bfloat16, torch.float16, torch.float32)):
+                and str(q.dtype).replace("torch.", "") in _auto_dtype_names(op)):
             return KERNEL_IMPL
         return "chunked"
     if impl not in registry:
