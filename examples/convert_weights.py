@@ -12,8 +12,8 @@ fla_jax.interop.save_safetensors -> load that file back into a new torch model
 Checks (a table; exit status 1 if any fails):
   fp32 logits, torch vs JAX, on held-out text        rel RMS <= 1e-5
   bf16 models (parameters rounded to bf16 on load)   bf16 parameters bit-identical;
-                                                      each framework vs the fp32 logits <= 2e-2;
-                                                      torch vs JAX <= 4e-2
+                                                      each framework vs the fp32 logits <= 5e-2;
+                                                      torch vs JAX <= 2e-2
   torch -> JAX -> safetensors -> torch               every tensor bit-identical, logits identical
 """
 from __future__ import annotations
@@ -31,7 +31,9 @@ from checkpoint import read_metadata, save_jax  # noqa: E402
 from tiny_data import eval_windows, load_corpus  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-TOL = {"fp32": 1e-5, "bf16_vs_fp32": 2e-2, "bf16_cross": 4e-2}
+# bf16: parameters rounded to bf16 and every activation rounded to bf16, through the whole LM
+# (a random-init model, whose logits are tiny, measures about 2e-2 against fp32).
+TOL = {"fp32": 1e-5, "bf16_vs_fp32": 5e-2, "bf16_cross": 2e-2}
 
 
 def parse_args(argv=None):

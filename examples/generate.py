@@ -144,8 +144,11 @@ def main(argv=None) -> int:
     names = ["torch", "jax"] if args.framework == "both" else [args.framework]
     texts = {}
     for name in names:
-        dec = TorchDecoder(args.checkpoint, args.device) if name == "torch" else \
-            JaxDecoder(args.checkpoint)
+        try:
+            dec = TorchDecoder(args.checkpoint, args.device) if name == "torch" else \
+                JaxDecoder(args.checkpoint)
+        except FileNotFoundError as e:
+            raise SystemExit(str(e)) from None
         cfg = dec.model.config
         print(f"[{name}] {Path(args.checkpoint).name}: {cfg.attn} x {cfg.num_layers}, hidden "
               f"{cfg.hidden_size}, vocab {cfg.vocab_size}; prompt {args.prompt!r}, "
