@@ -18,7 +18,6 @@ import triton
 
 from ... import dtypes
 from ..common.triton_l2norm import l2norm_triton
-from ..common.triton_gate_grad import sequence_reverse_cumsum
 from ..common.triton_seq_layout import chunk_tables, seq_offsets
 from .triton_chunk_bwd import _chunk_dh_kernel, _dqk_kernel, _dvn_local_kernel, _wy_bwd_kernel
 from .triton_chunk_fwd import BT, _chunk_h_kernel, _chunk_o_kernel, _wy_fwd_kernel
@@ -138,20 +137,19 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         dq = _buf((B, T, HV, K), torch.float32, dev)
         dk = _buf((B, T, HV, K), torch.float32, dev)
         dw = _buf((B, T, HV, K), torch.float32, dev)
-        _dqk_kernel[(triton.cdiv(K, BK), NT, HV)](
-            q, k, do, vn, dvn, h_buf, dh_buf, gc_arg, dq, dk, dw, table, offsets, scale,
+        NKB = triton.cdiv(K, BK)
+        dgc = _buf((NKB, B, T, HV), torch.float32, dev) if has_g else None
+        _dqk_kernel[(NKB, NT, HV)](
+            q, k, do, vn, dvn, h_buf, dh_buf, gc_arg, dq, dk, dw,
+            dgc if dgc is not None else dq, table, offsets, scale, B * T * HV,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_G=has_g, PREC=PREC, num_warps=4)
         dv = _buf((B, T, HV, V), v.dtype, dev)
         dbeta = _buf((B, T, HV), torch.float32, dev)
-        dgt = _buf((B, T, HV), torch.float32, dev) if has_g else None
+        dg = _buf((B, T, HV), torch.float32, dev) if has_g else None
         _wy_bwd_kernel[(NT, HV)](
-            q, k, v, beta, gc_arg, tm, dq, dk, dw, dvn, dv, dbeta,
-            dgt if dgt is not None else dbeta, table, offsets, H=H, HV=HV, K=K, V=V, BT=BT,
-            BK=BK, BV=BV, HAS_G=has_g, PREC=PREC, PREC32=PREC32, num_warps=4)
-        dg = None
-        if has_g:
-            extra = (dht * ht).sum((2, 3)) if (dht is not None and ht is not None) else None
-            dg = sequence_reverse_cumsum(dgt.view(B * T, HV), offsets, extra).view(B, T, HV)
+            k, v, beta, gc_arg, tm, dk, dw, dvn, dgc if dgc is not None else dq, dv, dbeta,
+            dg if dg is not None else dbeta, table, offsets, B * T * HV, H=H, HV=HV, K=K, V=V,
+            BT=BT, BK=BK, BV=BV, HAS_G=has_g, NKB=NKB, PREC=PREC, PREC32=PREC32, num_warps=4)
         dq = group_sum(dq, H).to(q.dtype)
         dk = group_sum(dk, H).to(k.dtype)
         return dq, dk, dv, dg, dbeta, dh0, None, None, None

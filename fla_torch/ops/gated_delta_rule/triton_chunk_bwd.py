@@ -10,8 +10,13 @@ Per chunk, with do the output gradient and dh_next the gradient of the chunk's e
     dTm = dw kb^T + du vb^T;  dA = -(Tm^T dTm Tm^T) on the strict lower triangle; B = dA * D
     dk += beta exp(gc) Tm^T dw + (beta B) k + (beta B)^T k;   dv = beta Tm^T du
     dbeta = rowsum(B * k k^T) + exp(gc) k . (Tm^T dw) + v . (Tm^T du)
-The gate gradient needs none of this: dg comes from the per-token term q.dq - v.dv
-(common/triton_gate_grad.py), written by `wy_bwd`.
+Gate: dgc = gradient w.r.t. the chunk-local cumsum gc, from every place gc enters (each term
+scales with the decay it differentiates, so dg stays accurate under strong gates; the global
+identity dg_t = sum_{s >= t} (q.dq - v.dv) cancelled O(1) terms: bf16 dg 0.72 at g = -20):
+    dgc = q.dq_inter - k.dk_state + rowsum(M) - colsum(M)      (M = scale P * q k^T, strict)
+        + beta exp(gc) (k . Tm^T dw) + rowsum(dA * A) - colsum(dA * A)
+        + [last token] exp(gc_L) <h, dh_next> + sum_s k_s . dk_state_s
+    dg  = reverse cumsum of dgc inside the chunk.
 Kernels: `dvn_local` (chunk-parallel), `chunk_dh` (sequential, reverse), `dqk` (per K block
 x chunk), `wy_bwd` (per chunk).
 """
@@ -20,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_chunk_fwd import chunk_coords, decay_matrix
+from .triton_chunk_fwd import chunk_coords, decay_matrix, load_gates
 
 
 @triton.jit
@@ -46,7 +51,8 @@ def _dvn_local_kernel(q, k, do, gc_buf, dvn_buf, chunk_table, offsets, scale,
         b_A += tl.dot(b_k, tl.trans(b_q), input_precision=PREC)
     anti = o_t[:, None] <= o_t[None, :]
     if HAS_G:
-        b_gc = tl.load(gc_buf + rows * HV + i_hv, mask=mask_t, other=0.0)
+        b_gc, g_last = load_gates(gc_buf, rows, mask_t, tl.minimum(t0 + BT, eos) - 1, i_hv, HV,
+                                  HAS_G)
         b_A = b_A * decay_matrix(-b_gc, -b_gc, anti)  # exp(gc_t - gc_s) for s <= t
     else:
         b_A = tl.where(anti, b_A, 0.0)
@@ -101,8 +107,7 @@ def _chunk_dh_kernel(q, k, w_buf, do, gc_buf, dvn_buf, dht, dh0, dh_buf, offsets
         p_dvn = dvn_buf + (rows * HV + i_hv)[:, None] * V + o_v[None, :]
         b_dvn = tl.load(p_dvn, mask=m_tv, other=0.0)
         if HAS_G:
-            b_gc = tl.load(gc_buf + rows * HV + i_hv, mask=mask_t, other=0.0)
-            g_last = tl.load(gc_buf + t_last * HV + i_hv)
+            b_gc, g_last = load_gates(gc_buf, rows, mask_t, t_last, i_hv, HV, HAS_G)
             b_kd = (b_k.to(tl.float32) * tl.exp(tl.where(mask_t, g_last - b_gc, 0.0))[:, None])
             b_qd = (b_q.to(tl.float32) * tl.exp(b_gc)[:, None]).to(DT)
             b_dvn += tl.dot(b_kd.to(DT), b_dh.to(DT), input_precision=PREC)
@@ -119,11 +124,14 @@ def _chunk_dh_kernel(q, k, w_buf, do, gc_buf, dvn_buf, dht, dh0, dh_buf, offsets
 
 @triton.jit
 def _dqk_kernel(q, k, do, vn_buf, dvn_buf, h_buf, dh_buf, gc_buf, dq_buf, dk_buf, dw_buf,
-                chunk_table, offsets, scale,
+                dgc_buf, chunk_table, offsets, scale, part_stride,
                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
                 PREC: tl.constexpr):
-    """Per K block x chunk x value head: dq (final, per value head), dk (direct part), dw."""
+    """Per K block x chunk x value head: dq (final, per value head), dk (direct part), dw,
+    and (gated) this K block's partial dgc_buf[i_kb] of the chunk-local gate gradient:
+    q.dq_inter - k.dk_state + rowsum(M) - colsum(M) (M = scale P * (q k^T), strictly lower),
+    plus exp(gc_L) <h, dh'> + sum_s k_s.dk_state_s at the chunk's last token."""
     i_kb, i_c, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
     i_n, t0, eos, i_i = chunk_coords(chunk_table, offsets, i_c, BT)
@@ -140,6 +148,7 @@ def _dqk_kernel(q, k, do, vn_buf, dvn_buf, h_buf, dh_buf, gc_buf, dq_buf, dk_buf
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     b_dw = tl.zeros([BT, BK], dtype=tl.float32)
     b_P = tl.zeros([BT, BT], dtype=tl.float32)   # [t, s] = do_t . vn_s
+    b_hdh = 0.0
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         mask_v = o_v < V
@@ -157,10 +166,11 @@ def _dqk_kernel(q, k, do, vn_buf, dvn_buf, h_buf, dh_buf, gc_buf, dq_buf, dk_buf
         b_dk += tl.dot(b_vn, tl.trans(b_dh), input_precision=PREC)
         b_dw += tl.dot(b_dvn, tl.trans(b_h), input_precision=PREC)
         b_P += tl.dot(b_do, tl.trans(b_vn), input_precision=PREC)
+        if HAS_G:
+            b_hdh += tl.sum(tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1), axis=0)
     causal = o_t[:, None] >= o_t[None, :]
     if HAS_G:
-        b_gc = tl.load(gc_buf + rows * HV + i_hv, mask=mask_t, other=0.0)
-        g_last = tl.load(gc_buf + t_last * HV + i_hv)
+        b_gc, g_last = load_gates(gc_buf, rows, mask_t, t_last, i_hv, HV, HAS_G)
         b_P = b_P * decay_matrix(b_gc, b_gc, causal)
         b_dq = b_dq * tl.exp(b_gc)[:, None]
         b_dk = b_dk * tl.exp(tl.where(mask_t, g_last - b_gc, 0.0))[:, None]
@@ -168,6 +178,19 @@ def _dqk_kernel(q, k, do, vn_buf, dvn_buf, h_buf, dh_buf, gc_buf, dq_buf, dk_buf
         b_P = tl.where(causal, b_P, 0.0)
     b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
     b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+    if HAS_G:
+        # every term scales with the decay it differentiates (no O(1) cancellation); the
+        # diagonal of M cancels exactly, so it is left out
+        b_q32 = b_q.to(tl.float32)
+        b_k32 = b_k.to(tl.float32)
+        strict = o_t[:, None] > o_t[None, :]
+        b_M = tl.where(strict, b_P * tl.dot(b_q, tl.trans(b_k), input_precision=PREC), 0.0)
+        b_kdk = tl.sum(b_k32 * b_dk, axis=1)
+        b_dgc = scale * (tl.sum(b_q32 * b_dq, axis=1) + tl.sum(b_M, axis=1)
+                         - tl.sum(b_M, axis=0)) - b_kdk
+        g_end = tl.exp(g_last) * b_hdh + tl.sum(b_kdk, axis=0)
+        b_dgc += tl.where(rows == t_last, g_end, 0.0)
+        tl.store(dgc_buf + i_kb * part_stride + rows * HV + i_hv, b_dgc, mask=mask_t)
     b_dq = (b_dq + tl.dot(b_P.to(DT), b_k, input_precision=PREC)) * scale
     b_dk += scale * tl.dot(tl.trans(b_P).to(DT), b_q, input_precision=PREC)
     p_tk = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
@@ -177,13 +200,15 @@ def _dqk_kernel(q, k, do, vn_buf, dvn_buf, h_buf, dh_buf, gc_buf, dq_buf, dk_buf
 
 
 @triton.jit
-def _wy_bwd_kernel(q, k, v, beta, gc_buf, tm_buf, dq_buf, dk_buf, dw_buf, dvn_buf, dv, dbeta,
-                   dgt, chunk_table, offsets,
+def _wy_bwd_kernel(k, v, beta, gc_buf, tm_buf, dk_buf, dw_buf, dvn_buf, dgc_buf, dv, dbeta,
+                   dg, chunk_table, offsets, part_stride,
                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
-                   PREC: tl.constexpr, PREC32: tl.constexpr):
+                   NKB: tl.constexpr, PREC: tl.constexpr, PREC32: tl.constexpr):
     """Backward of w = Tm (beta exp(gc) k), u = Tm (beta v), Tm = (I + A)^-1; adds to dk_buf
-    (fp32, in place), writes dv, dbeta and the gate term dgt = q.dq - v.dv (fp32)."""
+    (fp32, in place), writes dv, dbeta and (gated) dg: the NKB partials of dgc from `dqk`
+    plus the WY terms beta exp(gc) (k . Tm^T dw) + rowsum(dA*A) - colsum(dA*A), reverse
+    cumsum inside the chunk (fp32)."""
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     i_h = i_hv // (HV // H)
     i_n, t0, eos, i_i = chunk_coords(chunk_table, offsets, i_c, BT)
@@ -191,10 +216,8 @@ def _wy_bwd_kernel(q, k, v, beta, gc_buf, tm_buf, dq_buf, dk_buf, dw_buf, dvn_bu
     rows = t0 + o_t
     mask_t = rows < eos
     b_beta = tl.load(beta + rows * HV + i_hv, mask=mask_t, other=0.0)
-    if HAS_G:
-        b_gc = tl.load(gc_buf + rows * HV + i_hv, mask=mask_t, other=0.0)
-    else:
-        b_gc = tl.zeros([BT], dtype=tl.float32)
+    b_gc, g_last = load_gates(gc_buf, rows, mask_t, tl.minimum(t0 + BT, eos) - 1, i_hv, HV,
+                              HAS_G)
     b_eg = tl.exp(b_gc)
     m_tt = mask_t[:, None] & (o_t < BT)[None, :]
     b_Tm = tl.load(tm_buf + (rows * HV + i_hv)[:, None] * BT + o_t[None, :], mask=m_tt, other=0.0)
@@ -222,7 +245,7 @@ def _wy_bwd_kernel(q, k, v, beta, gc_buf, tm_buf, dq_buf, dk_buf, dw_buf, dvn_bu
     b_B = b_dA * decay_matrix(b_gc, b_gc, strict)
     b_db = tl.sum(b_B * b_KK, axis=1)
     b_Bb = b_B * b_beta[:, None]
-    b_gt = tl.zeros([BT], dtype=tl.float32)
+    b_wk = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_tk = mask_t[:, None] & (o_k < K)[None, :]
@@ -235,13 +258,9 @@ def _wy_bwd_kernel(q, k, v, beta, gc_buf, tm_buf, dq_buf, dk_buf, dw_buf, dvn_bu
         b_dk += (b_beta * b_eg)[:, None] * b_dkb
         b_dk += tl.dot(b_Bb, b_k, input_precision=PREC32)
         b_dk += tl.dot(tl.trans(b_Bb), b_k, input_precision=PREC32)
-        b_db += b_eg * tl.sum(b_k * b_dkb, axis=1)
+        b_wk += b_eg * tl.sum(b_k * b_dkb, axis=1)
         tl.store(dk_buf + p_tk, b_dk, mask=m_tk)
-        if HAS_G:
-            b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk,
-                          other=0.0).to(tl.float32)
-            b_dq = tl.load(dq_buf + p_tk, mask=m_tk, other=0.0)
-            b_gt += tl.sum(b_q * b_dq, axis=1)
+    b_db += b_wk
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = mask_t[:, None] & (o_v < V)[None, :]
@@ -251,8 +270,13 @@ def _wy_bwd_kernel(q, k, v, beta, gc_buf, tm_buf, dq_buf, dk_buf, dw_buf, dvn_bu
         b_dvb = tl.dot(tl.trans(b_Tm), b_du, input_precision=PREC32)
         b_dv = b_beta[:, None] * b_dvb
         b_db += tl.sum(b_v * b_dvb, axis=1)
-        b_gt -= tl.sum(b_v * b_dv, axis=1)
         tl.store(dv + p_tv, b_dv.to(dv.dtype.element_ty), mask=m_tv)
     tl.store(dbeta + rows * HV + i_hv, b_db, mask=mask_t)
     if HAS_G:
-        tl.store(dgt + rows * HV + i_hv, b_gt, mask=mask_t)
+        b_Ad = b_Bb * b_KK   # dA * A
+        b_dgc = b_beta * b_wk + tl.sum(b_Ad, axis=1) - tl.sum(b_Ad, axis=0)
+        for p in range(NKB):
+            b_dgc += tl.load(dgc_buf + p * part_stride + rows * HV + i_hv, mask=mask_t,
+                             other=0.0)
+        b_dg = tl.sum(b_dgc, axis=0) - tl.cumsum(b_dgc, axis=0) + b_dgc
+        tl.store(dg + rows * HV + i_hv, b_dg, mask=mask_t)

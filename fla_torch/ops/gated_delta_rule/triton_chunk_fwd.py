@@ -33,10 +33,16 @@ def chunk_coords(chunk_table, offsets, i_c, BT: tl.constexpr):
 
 @triton.jit
 def load_gates(gc_buf, rows, mask_t, t_last, i_hv, HV: tl.constexpr, HAS_G: tl.constexpr):
-    """(gc [BT] fp32, gc at the chunk's last token); zeros without a gate."""
+    """(gc [BT] fp32, gc at the chunk's last valid token); zeros without a gate.
+
+    Padded rows (past the end of the sequence) get g_last, as if their g were 0: every
+    decay gap exp(gc_t - gc_s) with t >= s then stays exp of a non-positive number even
+    for a padded t. (Filling them with 0 made exp(0 - gc_s) = inf under strong gates, and
+    inf * 0 = NaN leaked into valid rows through dots over the time axis.)"""
     if HAS_G:
-        b_gc = tl.load(gc_buf + rows * HV + i_hv, mask=mask_t, other=0.0)
         g_last = tl.load(gc_buf + t_last * HV + i_hv)
+        b_gc = tl.load(gc_buf + rows * HV + i_hv, mask=mask_t, other=0.0)
+        b_gc = tl.where(mask_t, b_gc, g_last)
     else:
         b_gc = tl.zeros([rows.shape[0]], dtype=tl.float32)
         g_last = 0.0
@@ -181,7 +187,8 @@ def _chunk_o_kernel(q, k, vn_buf, h_buf, gc_buf, o, chunk_table, offsets, scale,
         b_A += tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
     causal = o_t[:, None] >= o_t[None, :]
     if HAS_G:
-        b_gc = tl.load(gc_buf + rows * HV + i_hv, mask=mask_t, other=0.0)
+        b_gc, g_last = load_gates(gc_buf, rows, mask_t, tl.minimum(t0 + BT, eos) - 1, i_hv, HV,
+                                  HAS_G)
         b_o = b_o * tl.exp(b_gc)[:, None]
         b_A = b_A * decay_matrix(b_gc, b_gc, causal)
     else:
