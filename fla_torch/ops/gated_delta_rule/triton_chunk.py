@@ -2,8 +2,9 @@
 torch.autograd.Function. Kernels: triton_chunk_fwd.py, triton_chunk_bwd.py.
 
 Forward: wy_fwd -> chunk_h -> chunk_o.  Backward: chunk_h again (states are not kept),
-dvn_local -> chunk_dh (reverse) -> dqk -> wy_bwd, then dg = reverse cumsum per sequence of
-q.dq - v.dv (+ dS_final . S_final) and the group sum over value heads sharing a q/k head.
+dvn_local -> chunk_dh (reverse) -> dqk -> wy_bwd (dg: chunk-local gate derivative, reverse
+cumsum inside each chunk; see triton_chunk_bwd.py), then the group sum of dq, dk over value
+heads sharing a q/k head.
 With g=None it is the (ungated) delta rule. Inputs are read in place ([B, T, H, D]); the time
 axis is flattened so fixed-length batches and cu_seqlens share one code path.
 use_qk_l2norm_in_kernel: q, k are normalised in fp32 by common/triton_l2norm.py (fused

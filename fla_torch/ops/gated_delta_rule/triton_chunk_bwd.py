@@ -190,7 +190,7 @@ def _dqk_kernel(q, k, do, vn_buf, dvn_buf, h_buf, dh_buf, gc_buf, dq_buf, dk_buf
                          - tl.sum(b_M, axis=0)) - b_kdk
         g_end = tl.exp(g_last) * b_hdh + tl.sum(b_kdk, axis=0)
         b_dgc += tl.where(rows == t_last, g_end, 0.0)
-        tl.store(dgc_buf + i_kb * part_stride + rows * HV + i_hv, b_dgc, mask=mask_t)
+        tl.store(dgc_buf + i_kb.to(tl.int64) * part_stride + rows * HV + i_hv, b_dgc, mask=mask_t)
     b_dq = (b_dq + tl.dot(b_P.to(DT), b_k, input_precision=PREC)) * scale
     b_dk += scale * tl.dot(tl.trans(b_P).to(DT), b_q, input_precision=PREC)
     p_tk = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
@@ -275,8 +275,9 @@ def _wy_bwd_kernel(k, v, beta, gc_buf, tm_buf, dk_buf, dw_buf, dvn_buf, dgc_buf,
     if HAS_G:
         b_Ad = b_Bb * b_KK   # dA * A
         b_dgc = b_beta * b_wk + tl.sum(b_Ad, axis=1) - tl.sum(b_Ad, axis=0)
+        p_dgc = dgc_buf + rows * HV + i_hv
         for p in range(NKB):
-            b_dgc += tl.load(dgc_buf + p * part_stride + rows * HV + i_hv, mask=mask_t,
-                             other=0.0)
+            b_dgc += tl.load(p_dgc, mask=mask_t, other=0.0)
+            p_dgc += part_stride
         b_dg = tl.sum(b_dgc, axis=0) - tl.cumsum(b_dgc, axis=0) + b_dgc
         tl.store(dg + rows * HV + i_hv, b_dg, mask=mask_t)
