@@ -6,6 +6,8 @@ Every layer: __call__(hidden_states [B, T, hidden], attention_mask=None, past_ke
 use_cache=False) -> (o [B, T, hidden], None, cache dict or None); the cache dict is described in
 fla_jax/layers/cache.py and is the same in fla_torch.layers. Constructors take FLA's arguments
 plus Flax's `dtype` (compute; None = the input's dtype), `param_dtype` (storage) and `rngs`.
+attention_mask: None or [B, T] of 0/1 (1 = real token; left, right or inner padding);
+padded tokens change no state and their outputs are 0 -- see layers/padding.py.
 """
 from .delta_net import DeltaNet
 from .gated_deltanet import GatedDeltaNet

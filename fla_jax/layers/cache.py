@@ -8,6 +8,7 @@ A layer called with `use_cache=True` returns, as the third item of its output, a
                        (the last W projected inputs, newest last), or None without short convs
     'offset':          int (or an int32 scalar under jit) -- tokens consumed so far; an int
                        array [N] (tokens per sequence) after a packed (cu_seqlens) call
+                       or [B] (real tokens per row) after a call with attention_mask
     'k_sum':           [B, H, K] float32 -- LinearAttention with do_feature_map_norm only
 
 Pass it back as `past_key_values=` to continue: a prefill followed by token-by-token decoding

@@ -10,7 +10,8 @@ from flax import nnx
 
 from ..modules import FusedRMSNormGated, Linear, RMSNorm, ShortConvolution
 from ..modules.precision import canonical, compute_dtype
-from .cache import advance_offset, make_cache, read_cache
+from .cache import make_cache, read_cache
+from .padding import check_attention_mask, neutralise, next_offset
 from .projections import (activate, call_op, check_mode, effective_mode, flatten_heads,
                           project_qkv, split_heads)
 
@@ -95,9 +96,8 @@ class DeltaNet(nnx.Module):
 
     def __call__(self, hidden_states, attention_mask=None, past_key_values=None,
                  use_cache: bool = False, cu_seqlens=None, **kwargs):
-        if attention_mask is not None:
-            raise NotImplementedError("DeltaNet: attention_mask (padding) is not supported yet; "
-                                      "pass unpadded batches")
+        mask = check_attention_mask("DeltaNet", attention_mask, hidden_states,
+                                    cu_seqlens)
         B, T, _ = hidden_states.shape
         cd = compute_dtype(hidden_states, self.dtype)
         x = hidden_states.astype(cd)
@@ -105,7 +105,7 @@ class DeltaNet(nnx.Module):
         mode = effective_mode(self.mode, past_key_values, T)
         q, k, v, conv_state = project_qkv(self, x, cd, conv_cache, use_cache,
                                           qk_silu_without_conv=self.qk_activation == "silu",
-                                          cu_seqlens=cu_seqlens)
+                                          cu_seqlens=cu_seqlens, mask=mask)
         q, k = split_heads(q, self.head_k_dim), split_heads(k, self.head_k_dim)
         v = split_heads(v, self.head_v_dim)
         act = _QK_ACT[self.qk_activation]
@@ -118,6 +118,8 @@ class DeltaNet(nnx.Module):
             beta = jnp.ones((B, T, self.num_heads), jnp.float32)
         if self.allow_neg_eigval:
             beta = beta * 2.0
+        if mask is not None:
+            k, v, beta = neutralise(mask, k), neutralise(mask, v), neutralise(mask, beta)
         o, state = call_op("delta_rule", mode, q, k, v, beta=beta, initial_state=state,
                            output_final_state=use_cache, cu_seqlens=cu_seqlens,
                            use_qk_l2norm_in_kernel=self.qk_norm == "l2")
@@ -126,6 +128,8 @@ class DeltaNet(nnx.Module):
         else:
             o = self.o_norm(o)
         o = self.o_proj(flatten_heads(o).astype(cd), cd)
-        cache = (make_cache(state, conv_state, advance_offset(offset, T, cu_seqlens))
+        if mask is not None:
+            o = neutralise(mask, o)
+        cache = (make_cache(state, conv_state, next_offset(offset, T, cu_seqlens, mask))
                  if use_cache else None)
         return o, None, cache

@@ -8,7 +8,8 @@ from flax import nnx
 from ..modules import Linear, RMSNorm
 from ..modules.feature_map import HadamardFeatureMap
 from ..modules.precision import canonical, compute_dtype
-from .cache import advance_offset, make_cache, read_cache
+from .cache import make_cache, read_cache
+from .padding import check_attention_mask, neutralise, next_offset
 from .projections import (activate, call_op, check_mode, effective_mode, flatten_heads,
                           repeat_heads, split_heads)
 
@@ -89,9 +90,8 @@ class LinearAttention(nnx.Module):
 
     def __call__(self, hidden_states, attention_mask=None, past_key_values=None,
                  use_cache: bool = False, cu_seqlens=None, **kwargs):
-        if attention_mask is not None:
-            raise NotImplementedError("LinearAttention: attention_mask (padding) is not "
-                                      "supported yet; pass unpadded batches")
+        mask = check_attention_mask("LinearAttention", attention_mask, hidden_states,
+                                    cu_seqlens)
         B, T, _ = hidden_states.shape
         cd = compute_dtype(hidden_states, self.dtype)
         x = hidden_states.astype(cd)
@@ -107,6 +107,8 @@ class LinearAttention(nnx.Module):
         if self.norm_k:
             kf = k.astype(jnp.float32)
             k = (kf / (jnp.sum(kf, axis=-1, keepdims=True) + 1e-4)).astype(cd)
+        if mask is not None:
+            k, v = neutralise(mask, k), neutralise(mask, v)
         o, state = call_op("simple_gla", mode, q, k, v, initial_state=state,
                            output_final_state=use_cache, cu_seqlens=cu_seqlens)
         extra = {}
@@ -118,7 +120,9 @@ class LinearAttention(nnx.Module):
         if self.output_norm == "rmsnorm":
             o = self.norm(o)
         o = self.o_proj(flatten_heads(o).astype(cd), cd)
-        cache = make_cache(state, None, advance_offset(offset, T, cu_seqlens),
+        if mask is not None:
+            o = neutralise(mask, o)
+        cache = make_cache(state, None, next_offset(offset, T, cu_seqlens, mask),
                            **extra) if use_cache else None
         return o, None, cache
 

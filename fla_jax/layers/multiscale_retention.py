@@ -7,7 +7,8 @@ from flax import nnx
 
 from ..modules import Linear, ShortConvolution
 from ..modules.precision import canonical, compute_dtype
-from .cache import advance_offset, make_cache, read_cache
+from .cache import make_cache, read_cache
+from .padding import check_attention_mask, masked_positions, neutralise, next_offset
 from .projections import (activate, build_output_norm, call_op, check_activation, check_mode,
                           effective_mode, output_gate, project_qkv, repeat_heads, split_heads)
 from .rotary import apply_rotary, retention_log_decay, rotary_positions
@@ -81,9 +82,8 @@ class MultiScaleRetention(nnx.Module):
 
     def __call__(self, hidden_states, attention_mask=None, past_key_values=None,
                  use_cache: bool = False, cu_seqlens=None, **kwargs):
-        if attention_mask is not None:
-            raise NotImplementedError("MultiScaleRetention: attention_mask (padding) is not "
-                                      "supported yet; pass unpadded batches")
+        mask = check_attention_mask("MultiScaleRetention", attention_mask, hidden_states,
+                                    cu_seqlens)
         B, T, _ = hidden_states.shape
         cd = compute_dtype(hidden_states, self.dtype)
         x = hidden_states.astype(cd)
@@ -91,17 +91,24 @@ class MultiScaleRetention(nnx.Module):
                                                self.use_short_conv)
         mode = effective_mode(self.mode, past_key_values, T)
         q, k, v, conv_state = project_qkv(self, x, cd, conv_cache, use_cache,
-                                          cu_seqlens=cu_seqlens)
+                                          cu_seqlens=cu_seqlens, mask=mask)
         q, k = split_heads(q, self.head_k_dim), split_heads(k, self.head_k_dim)
         q, k = activate(q, self.feature_map), activate(k, self.feature_map)
-        pos = rotary_positions(B, T, offset, cu_seqlens)
+        pos = (rotary_positions(B, T, offset, cu_seqlens) if mask is None
+               else masked_positions(mask, offset))     # positions count real tokens only
         q, k = apply_rotary(q, pos), apply_rotary(k, pos)
         k = repeat_heads(k, self.num_kv_groups)
         v = repeat_heads(split_heads(v, self.head_v_dim), self.num_kv_groups)
-        o, state = call_op("simple_gla", mode, q, k, v,
-                           g_gamma=retention_log_decay(self.num_heads), initial_state=state,
+        g_gamma, g = retention_log_decay(self.num_heads), None
+        if mask is not None:    # padding: per-token g = g_gamma * mask instead of g_gamma
+            k, v = neutralise(mask, k), neutralise(mask, v)
+            g = neutralise(mask, jnp.broadcast_to(g_gamma, (B, T, self.num_heads)))
+            g_gamma = None
+        o, state = call_op("simple_gla", mode, q, k, v, g=g, g_gamma=g_gamma, initial_state=state,
                            output_final_state=use_cache, cu_seqlens=cu_seqlens)
         o = self.o_proj(output_gate(self, o, x, cd), cd)
-        cache = (make_cache(state, conv_state, advance_offset(offset, T, cu_seqlens))
+        if mask is not None:
+            o = neutralise(mask, o)
+        cache = (make_cache(state, conv_state, next_offset(offset, T, cu_seqlens, mask))
                  if use_cache else None)
         return o, None, cache

@@ -32,13 +32,20 @@ def call_op(family: str, mode: str, q, k, v, **kwargs):
 
 
 def project_qkv(layer, x, cd, conv_cache, use_cache: bool, qk_silu_without_conv: bool = False,
-                cu_seqlens=None):
-    """q, k, v = (conv(proj(x))) in dtype cd. Returns (q, k, v, conv_state or None)."""
+                cu_seqlens=None, mask=None):
+    """q, k, v = (conv(proj(x))) in dtype cd. Returns (q, k, v, conv_state or None).
+    mask: None or bool [B, T] (padding): the short convs see real tokens only (padding.py)."""
     q = layer.q_proj(x, cd)
     k = layer.k_proj(x, cd)
     v = layer.v_proj(x, cd)
     if layer.use_short_conv:
         cq, ck, cv = conv_cache
+        if mask is not None:    # padding: each row's real tokens only (layers/padding.py)
+            from .padding import masked_short_conv
+            q, cq = masked_short_conv(layer.q_conv1d, q, mask, cq, use_cache)
+            k, ck = masked_short_conv(layer.k_conv1d, k, mask, ck, use_cache)
+            v, cv = masked_short_conv(layer.v_conv1d, v, mask, cv, use_cache)
+            return q, k, v, ((cq, ck, cv) if use_cache else None)
         q, cq = layer.q_conv1d(q, cache=cq, output_final_state=use_cache,
                                    cu_seqlens=cu_seqlens)
         k, ck = layer.k_conv1d(k, cache=ck, output_final_state=use_cache,

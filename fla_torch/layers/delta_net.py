@@ -15,7 +15,8 @@ import torch.nn as nn
 from ..modules import FusedRMSNormGated, RMSNorm, ShortConvolution
 from ..modules.precision import (compute_dtype, linear, linear_fp32, no_autocast, output_dtype,
                                  resolve_policy, storage_dtype)
-from .cache import advance_offset, make_cache, read_cache
+from .cache import make_cache, read_cache
+from .padding import check_attention_mask, neutralise, next_offset
 from .projections import activate, call_op, check_mode, effective_mode, project_qkv, split_heads
 
 _QK_ACT = {"silu": None, "relu": "relu", "elu": "elu_p1", "identity": None}
@@ -104,9 +105,8 @@ class DeltaNet(nn.Module):
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None,
                 use_cache: bool = False, output_attentions: bool = False, cu_seqlens=None,
                 **kwargs):
-        if attention_mask is not None:
-            raise NotImplementedError("DeltaNet: attention_mask (padding) is not supported yet; "
-                                      "pass unpadded batches")
+        mask = check_attention_mask("DeltaNet", attention_mask, hidden_states,
+                                    cu_seqlens)
         B, T, _ = hidden_states.shape
         cd = compute_dtype(hidden_states, self.policy)
         x = hidden_states.to(cd)
@@ -114,7 +114,7 @@ class DeltaNet(nn.Module):
         mode = effective_mode(self.mode, past_key_values, T)
         q, k, v, conv_state = project_qkv(self, x, cd, conv_cache, use_cache,
                                           qk_silu_without_conv=self.qk_activation == "silu",
-                                          cu_seqlens=cu_seqlens)
+                                          cu_seqlens=cu_seqlens, mask=mask)
         q, k = split_heads(q, self.head_k_dim), split_heads(k, self.head_k_dim)
         v = split_heads(v, self.head_v_dim)
         act = _QK_ACT[self.qk_activation]
@@ -128,6 +128,8 @@ class DeltaNet(nn.Module):
                 beta = torch.ones(B, T, self.num_heads, dtype=torch.float32, device=x.device)
             if self.allow_neg_eigval:
                 beta = beta * 2.0
+        if mask is not None:
+            k, v, beta = neutralise(mask, k), neutralise(mask, v), neutralise(mask, beta)
         o, state = call_op("delta_rule", mode, q, k, v, beta=beta, initial_state=state,
                            output_final_state=use_cache, cu_seqlens=cu_seqlens,
                            use_qk_l2norm_in_kernel=self.qk_norm == "l2")
@@ -136,6 +138,8 @@ class DeltaNet(nn.Module):
         else:
             o = self.o_norm(o)
         o = linear(o.flatten(-2), self.o_proj, cd).to(output_dtype(cd, self.policy))
-        cache = (make_cache(state, conv_state, advance_offset(offset, T, cu_seqlens))
+        if mask is not None:
+            o = neutralise(mask, o)
+        cache = (make_cache(state, conv_state, next_offset(offset, T, cu_seqlens, mask))
                  if use_cache else None)
         return o, None, cache

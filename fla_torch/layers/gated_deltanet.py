@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from ..modules import FusedRMSNormGated, RMSNorm, ShortConvolution
 from ..modules.precision import (compute_dtype, linear, linear_fp32, no_autocast, output_dtype,
                                  resolve_policy, storage_dtype)
-from .cache import advance_offset, make_cache, read_cache
+from .cache import make_cache, read_cache
+from .padding import check_attention_mask, neutralise, next_offset
 from .projections import call_op, check_mode, effective_mode, project_qkv, split_heads
 
 
@@ -111,9 +112,8 @@ class GatedDeltaNet(nn.Module):
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None,
                 use_cache: bool = False, output_attentions: bool = False, cu_seqlens=None,
                 **kwargs):
-        if attention_mask is not None:
-            raise NotImplementedError("GatedDeltaNet: attention_mask (padding) is not supported "
-                                      "yet; pass unpadded batches")
+        mask = check_attention_mask("GatedDeltaNet", attention_mask, hidden_states,
+                                    cu_seqlens)
         B, T, _ = hidden_states.shape
         cd = compute_dtype(hidden_states, self.policy)
         x = hidden_states.to(cd)
@@ -121,10 +121,14 @@ class GatedDeltaNet(nn.Module):
                                                self.use_short_conv)
         mode = effective_mode(self.mode, past_key_values, T)
         q, k, v, conv_state = project_qkv(self, x, cd, conv_cache, use_cache,
-                                          qk_silu_without_conv=True, cu_seqlens=cu_seqlens)
+                                          qk_silu_without_conv=True, cu_seqlens=cu_seqlens,
+                                          mask=mask)
         q, k = split_heads(q, self.head_k_dim), split_heads(k, self.head_k_dim)
         v = split_heads(v, self.head_v_dim)
         g, beta = self.gates(x)
+        if mask is not None:
+            k, v = neutralise(mask, k), neutralise(mask, v)
+            g, beta = neutralise(mask, g), neutralise(mask, beta)
         o, state = call_op("gated_delta_rule", mode, q, k, v, g=g, beta=beta,
                            initial_state=state, output_final_state=use_cache, cu_seqlens=cu_seqlens,
                            use_qk_l2norm_in_kernel=True)
@@ -133,6 +137,8 @@ class GatedDeltaNet(nn.Module):
         else:
             o = self.o_norm(o)
         o = linear(o.flatten(-2), self.o_proj, cd).to(output_dtype(cd, self.policy))
-        cache = (make_cache(state, conv_state, advance_offset(offset, T, cu_seqlens))
+        if mask is not None:
+            o = neutralise(mask, o)
+        cache = (make_cache(state, conv_state, next_offset(offset, T, cu_seqlens, mask))
                  if use_cache else None)
         return o, None, cache

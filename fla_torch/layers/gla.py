@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from ..modules import ShortConvolution
 from ..modules.precision import (compute_dtype, linear, linear_fp32, no_autocast, output_dtype,
                                  resolve_policy, storage_dtype)
-from .cache import advance_offset, make_cache, read_cache
+from .cache import make_cache, read_cache
+from .padding import check_attention_mask, neutralise, next_offset
 from .projections import (activate, build_output_norm, call_op, check_activation, check_mode,
                           effective_mode, output_gate, project_qkv, repeat_heads, split_heads)
 
@@ -103,9 +104,8 @@ class GatedLinearAttention(nn.Module):
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None,
                 use_cache: bool = False, output_attentions: bool = False, cu_seqlens=None,
                 **kwargs):
-        if attention_mask is not None:
-            raise NotImplementedError("GatedLinearAttention: attention_mask (padding) is not "
-                                      "supported yet; pass unpadded batches")
+        mask = check_attention_mask("GatedLinearAttention", attention_mask, hidden_states,
+                                    cu_seqlens)
         B, T, _ = hidden_states.shape
         cd = compute_dtype(hidden_states, self.policy)
         x = hidden_states.to(cd)
@@ -113,15 +113,19 @@ class GatedLinearAttention(nn.Module):
                                                self.use_short_conv)
         mode = effective_mode(self.mode, past_key_values, T)
         q, k, v, conv_state = project_qkv(self, x, cd, conv_cache, use_cache,
-                                          cu_seqlens=cu_seqlens)
+                                          cu_seqlens=cu_seqlens, mask=mask)
         q = split_heads(q, self.head_k_dim)
         k = repeat_heads(split_heads(k, self.head_k_dim), self.num_kv_groups)
         v = repeat_heads(split_heads(v, self.head_v_dim), self.num_kv_groups)
         q, k = activate(q, self.feature_map), activate(k, self.feature_map)
         gk = self.log_decay(x)
+        if mask is not None:
+            k, v, gk = neutralise(mask, k), neutralise(mask, v), neutralise(mask, gk)
         o, state = call_op("gla", mode, q, k, v, g=gk, initial_state=state,
                            output_final_state=use_cache, cu_seqlens=cu_seqlens)
         o = linear(output_gate(self, o, x, cd), self.o_proj, cd).to(output_dtype(cd, self.policy))
-        cache = (make_cache(state, conv_state, advance_offset(offset, T, cu_seqlens))
+        if mask is not None:
+            o = neutralise(mask, o)
+        cache = (make_cache(state, conv_state, next_offset(offset, T, cu_seqlens, mask))
                  if use_cache else None)
         return o, None, cache

@@ -15,7 +15,8 @@ from ..modules import RMSNorm
 from ..modules.feature_map import HadamardFeatureMap
 from ..modules.precision import (compute_dtype, linear, no_autocast, output_dtype, resolve_policy,
                                  storage_dtype)
-from .cache import advance_offset, make_cache, read_cache
+from .cache import make_cache, read_cache
+from .padding import check_attention_mask, neutralise, next_offset
 from .projections import activate, call_op, check_mode, effective_mode, repeat_heads, split_heads
 
 _FEATURE_MAPS = ("elementwise_product", "elu", "relu", "identity")
@@ -99,9 +100,8 @@ class LinearAttention(nn.Module):
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None,
                 use_cache: bool = False, output_attentions: bool = False, cu_seqlens=None,
                 **kwargs):
-        if attention_mask is not None:
-            raise NotImplementedError("LinearAttention: attention_mask (padding) is not "
-                                      "supported yet; pass unpadded batches")
+        mask = check_attention_mask("LinearAttention", attention_mask, hidden_states,
+                                    cu_seqlens)
         B, T, _ = hidden_states.shape
         cd = compute_dtype(hidden_states, self.policy)
         x = hidden_states.to(cd)
@@ -118,6 +118,8 @@ class LinearAttention(nn.Module):
                 q = (q.float() / (q.float().sum(-1, keepdim=True) + 1e-4)).to(cd)
             if self.norm_k:
                 k = (k.float() / (k.float().sum(-1, keepdim=True) + 1e-4)).to(cd)
+        if mask is not None:
+            k, v = neutralise(mask, k), neutralise(mask, v)
         o, state = call_op("simple_gla", mode, q, k, v, initial_state=state,
                            output_final_state=use_cache, cu_seqlens=cu_seqlens)
         extra = {}
@@ -130,7 +132,9 @@ class LinearAttention(nn.Module):
         if self.output_norm == "rmsnorm":
             o = self.norm(o)
         o = linear(o.flatten(-2).to(cd), self.o_proj, cd).to(output_dtype(cd, self.policy))
-        cache = make_cache(state, None, advance_offset(offset, T, cu_seqlens),
+        if mask is not None:
+            o = neutralise(mask, o)
+        cache = make_cache(state, None, next_offset(offset, T, cu_seqlens, mask),
                            **extra) if use_cache else None
         return o, None, cache
 

@@ -12,7 +12,8 @@ import torch.nn as nn
 from ..modules import ShortConvolution
 from ..modules.precision import (compute_dtype, linear, output_dtype, resolve_policy,
                                  storage_dtype)
-from .cache import advance_offset, make_cache, read_cache
+from .cache import make_cache, read_cache
+from .padding import check_attention_mask, masked_positions, neutralise, next_offset
 from .projections import (activate, build_output_norm, call_op, check_activation, check_mode,
                           effective_mode, output_gate, project_qkv, repeat_heads, split_heads)
 from .rotary import apply_rotary, retention_log_decay, rotary_positions
@@ -90,9 +91,8 @@ class MultiScaleRetention(nn.Module):
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None,
                 use_cache: bool = False, output_attentions: bool = False, cu_seqlens=None,
                 **kwargs):
-        if attention_mask is not None:
-            raise NotImplementedError("MultiScaleRetention: attention_mask (padding) is not "
-                                      "supported yet; pass unpadded batches")
+        mask = check_attention_mask("MultiScaleRetention", attention_mask, hidden_states,
+                                    cu_seqlens)
         B, T, _ = hidden_states.shape
         cd = compute_dtype(hidden_states, self.policy)
         x = hidden_states.to(cd)
@@ -100,17 +100,23 @@ class MultiScaleRetention(nn.Module):
                                                self.use_short_conv)
         mode = effective_mode(self.mode, past_key_values, T)
         q, k, v, conv_state = project_qkv(self, x, cd, conv_cache, use_cache,
-                                          cu_seqlens=cu_seqlens)
+                                          cu_seqlens=cu_seqlens, mask=mask)
         q, k = split_heads(q, self.head_k_dim), split_heads(k, self.head_k_dim)
         q, k = activate(q, self.feature_map), activate(k, self.feature_map)
-        pos = rotary_positions(B, T, offset, cu_seqlens, device=x.device)
+        pos = (rotary_positions(B, T, offset, cu_seqlens, device=x.device) if mask is None
+               else masked_positions(mask, offset))     # positions count real tokens only
         q, k = apply_rotary(q, pos), apply_rotary(k, pos)
         k = repeat_heads(k, self.num_kv_groups)
         v = repeat_heads(split_heads(v, self.head_v_dim), self.num_kv_groups)
-        g_gamma = retention_log_decay(self.num_heads, device=x.device)
-        o, state = call_op("simple_gla", mode, q, k, v, g_gamma=g_gamma, initial_state=state,
+        g_gamma, g = retention_log_decay(self.num_heads, device=x.device), None
+        if mask is not None:    # padding: per-token g = g_gamma * mask instead of g_gamma
+            k, v = neutralise(mask, k), neutralise(mask, v)
+            g, g_gamma = neutralise(mask, g_gamma.expand(B, T, -1)), None
+        o, state = call_op("simple_gla", mode, q, k, v, g=g, g_gamma=g_gamma, initial_state=state,
                            output_final_state=use_cache, cu_seqlens=cu_seqlens)
         o = linear(output_gate(self, o, x, cd), self.o_proj, cd).to(output_dtype(cd, self.policy))
-        cache = (make_cache(state, conv_state, advance_offset(offset, T, cu_seqlens))
+        if mask is not None:
+            o = neutralise(mask, o)
+        cache = (make_cache(state, conv_state, next_offset(offset, T, cu_seqlens, mask))
                  if use_cache else None)
         return o, None, cache

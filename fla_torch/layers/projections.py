@@ -33,17 +33,24 @@ def call_op(family: str, mode: str, q, k, v, **kwargs):
 
 
 def project_qkv(layer, x: torch.Tensor, cd: torch.dtype, conv_cache, use_cache: bool,
-                qk_silu_without_conv: bool = False, cu_seqlens=None):
+                qk_silu_without_conv: bool = False, cu_seqlens=None, mask=None):
     """q, k, v = (conv(proj(x))) in dtype cd. Returns (q, k, v, conv_state or None).
 
     layer has q_proj/k_proj/v_proj and, when layer.use_short_conv, q_conv1d/k_conv1d/v_conv1d.
     Without short convs, q and k get silu when qk_silu_without_conv and v always gets silu
-    only for the delta-rule layers (they pass qk_silu_without_conv / layer.v_silu)."""
+    only for the delta-rule layers (they pass qk_silu_without_conv / layer.v_silu).
+    mask: None or bool [B, T] (padding): the short convs see real tokens only (padding.py)."""
     q = linear(x, layer.q_proj, cd)
     k = linear(x, layer.k_proj, cd)
     v = linear(x, layer.v_proj, cd)
     if layer.use_short_conv:
         cq, ck, cv = conv_cache
+        if mask is not None:    # padding: each row's real tokens only (layers/padding.py)
+            from .padding import masked_short_conv
+            q, cq = masked_short_conv(layer.q_conv1d, q, mask, cq, use_cache)
+            k, ck = masked_short_conv(layer.k_conv1d, k, mask, ck, use_cache)
+            v, cv = masked_short_conv(layer.v_conv1d, v, mask, cv, use_cache)
+            return q, k, v, ((cq, ck, cv) if use_cache else None)
         q, cq = layer.q_conv1d(q, cache=cq, output_final_state=use_cache,
                                    cu_seqlens=cu_seqlens)
         k, ck = layer.k_conv1d(k, cache=ck, output_final_state=use_cache,
