@@ -1,5 +1,5 @@
 """LMConfig: the tiny causal LM's configuration, written once (pure Python) for both frameworks:
-same class, field for field, so one JSON dict builds the same model in either framework).
+one JSON dict builds the same model in fla_torch.models and fla_jax.models.
 
     cfg = LMConfig(vocab_size=96, hidden_size=64, num_layers=2, attn="gated_deltanet")
     cfg.to_dict() / LMConfig.from_dict(d)        # JSON-able, e.g. safetensors metadata
