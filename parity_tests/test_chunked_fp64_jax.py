@@ -20,7 +20,7 @@ from typing import Optional
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
+import jax  # noqa: E402  (the suite needs every framework: no silent skip)
 import jax.numpy as jnp  # noqa: E402
 
 from fla_jax import ops  # noqa: E402

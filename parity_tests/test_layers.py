@@ -18,8 +18,8 @@ from .cases import CROSS_FACTOR, LAYER_TOLERANCE, rel_rms
 from .layer_runners import (CASES_BY_NAME, LAYER_CASES, draw, make_jax_layer, make_torch_layer,
                             run_jax, run_torch)
 
-torch = pytest.importorskip("torch")
-jax = pytest.importorskip("jax")
+import torch  # noqa: E402  (the suite needs every framework: no silent skip)
+import jax  # noqa: E402  (the suite needs every framework: no silent skip)
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-jax = pytest.importorskip("jax")
-jnp = pytest.importorskip("jax.numpy")
-nnx = pytest.importorskip("flax.nnx")
+import torch  # noqa: E402  (the suite needs every framework: no silent skip)
+import jax  # noqa: E402  (the suite needs every framework: no silent skip)
+import jax.numpy as jnp  # noqa: E402
+from flax import nnx  # noqa: E402
 
 import fla_jax.interop as jax_interop  # noqa: E402
 import fla_jax.models as jm  # noqa: E402

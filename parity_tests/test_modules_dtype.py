@@ -15,8 +15,8 @@ import pytest
 from .cases import rel_rms
 from .layer_runners import CASES_BY_NAME, draw, make_jax_layer, make_torch_layer
 
-torch = pytest.importorskip("torch")
-jax = pytest.importorskip("jax")
+import torch  # noqa: E402  (the suite needs every framework: no silent skip)
+import jax  # noqa: E402  (the suite needs every framework: no silent skip)
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
