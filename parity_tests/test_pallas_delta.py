@@ -31,11 +31,9 @@ KERNELS = {
 
 
 def _load(name):
+    """The kernel entry point; an import error of our own kernel fails the test, never skips."""
     module, _, fn = name.partition(":")
-    try:
-        return getattr(importlib.import_module(module), fn)
-    except (ImportError, AttributeError) as err:
-        pytest.skip(f"{name} not available: {err}")
+    return getattr(importlib.import_module(module), fn)
 
 
 def _inputs(seed, B, T, H, HV, K, V, N, gated, beta_range, g_min, h0):
