@@ -4,16 +4,8 @@
   use IEEE unless `fla_torch.dtypes.allow_tf32()` is active; 16-bit operands ignore it.
 - `block(size, cap)`: a power-of-two tile >= 16 covering `size` (masked beyond it).
 - In-kernel helpers (`seq_bounds`, `chunk_log_decay`, `causal_decay`).
-- `scalar_gate_grad`: dg [B, T, H] fp32 of a scalar log-decay gate. With G_t the cumulative
-  log-decay inside one sequence, every term of the recurrence depends on G only through
-  exp(G_t - G_s) between a query position t and a key position s, or exp(G_last) on the
-  final state, hence per token
-
-      dG_t = q_t . dq_t - k_t . dk_t   (+ <S_final, dS_final> at the last token)
-      dg_t = sum_{t' >= t in the same sequence} dG_t'
-
-  The kernels write q . dq and k . dk per token (possibly as several partial sums over
-  blocks of K or V); one small Triton kernel sums the partials and does the reverse cumsum.
+- dg of a scalar gate in the recurrent kernels: dG_t = q_t.dq_t - k_t.dk_t per token, reverse
+  cumsum per sequence by the shared `common/triton_gate_grad.sequence_reverse_cumsum`.
 """
 from __future__ import annotations
 
@@ -83,43 +75,3 @@ def causal_decay(A, b, b_lo, causal, HAS_DECAY: tl.constexpr):
         gap = (b[:, None] - b[None, :]) + (b_lo[:, None] - b_lo[None, :])
         A = A * tl.exp(tl.where(causal, gap, 0.))
     return tl.where(causal, A, 0.)
-
-
-@triton.jit
-def _gate_grad_kernel(qdq, kdk, fin, dg, cu_seqlens, T, part_stride, H: tl.constexpr,
-                      NQ: tl.constexpr, NKP: tl.constexpr, HAS_FIN: tl.constexpr,
-                      IS_VARLEN: tl.constexpr, BT: tl.constexpr):
-    i_nh = tl.program_id(0)
-    i_n, i_h = i_nh // H, i_nh % H
-    bos, eos = seq_bounds(cu_seqlens, i_n, T, IS_VARLEN)
-    carry = 0.
-    if HAS_FIN:
-        carry = tl.load(fin + i_nh).to(tl.float32)
-    o_t = tl.arange(0, BT)
-    n_chunks = tl.cdiv(eos - bos, BT)
-    for i in range(n_chunks):
-        t = eos - (i + 1) * BT + o_t
-        m_t = t >= bos
-        row = t * H + i_h
-        x = tl.zeros([BT], dtype=tl.float32)
-        for p in range(NQ):
-            x += tl.load(qdq + p * part_stride + row, mask=m_t, other=0.)
-        for p in range(NKP):
-            x -= tl.load(kdk + p * part_stride + row, mask=m_t, other=0.)
-        total = tl.sum(x, axis=0)
-        tl.store(dg + row, total - tl.cumsum(x, axis=0) + x + carry, mask=m_t)
-        carry += total
-
-
-def scalar_gate_grad(qdq: torch.Tensor, kdk: torch.Tensor, fin, cu_seqlens, B: int, T: int,
-                     H: int) -> torch.Tensor:
-    """dg [B, T, H] fp32 from partial sums qdq [P, B*T, H], kdk [P', B*T, H] (fp32) and
-    fin = <S_final, dS_final> [N, H] fp32 or None."""
-    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    dg = torch.full((B, T, H), float("nan"), dtype=torch.float32, device=qdq.device)
-    _gate_grad_kernel[(N * H,)](
-        qdq, kdk, fin if fin is not None else qdq, dg,
-        cu_seqlens if cu_seqlens is not None else qdq, T, B * T * H, H=H,
-        NQ=qdq.shape[0], NKP=kdk.shape[0], HAS_FIN=fin is not None,
-        IS_VARLEN=cu_seqlens is not None, BT=64, num_warps=2)
-    return dg

@@ -18,7 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.triton_scalar_gate import block, scalar_gate_grad, seq_bounds
+from ..common.triton_gate_grad import sequence_reverse_cumsum
+from ..common.triton_scalar_gate import block, seq_bounds
+from ..common.triton_seq_layout import seq_offsets
 
 MAX_HEAD_DIM = 256
 # NaN-fill outputs before the kernels run (always off the GPU; see triton_chunk.POISON_OUTPUTS)
@@ -223,7 +225,11 @@ def recurrent_bwd(q, k, v, g, g_gamma, scale, initial_state, cu_seqlens, do, dht
     dg = None
     if need_dg:
         fin = (ht * dht).sum(dim=(-2, -1)) if (dht is not None and ht is not None) else None
-        dg = scalar_gate_grad(qdq, kdk, fin, cu_seqlens, B, T, H)
+        # dG_t = q_t.dq_t - k_t.dk_t (partials over K/V blocks); dg = its reverse cumsum per
+        # sequence plus <S_final, dS_final> (common/triton_gate_grad.py).
+        dgt = qdq.sum(0) - kdk.sum(0)
+        dg = sequence_reverse_cumsum(dgt, seq_offsets(B, T, cu_seqlens, dev), fin)
+        dg = dg.view(B, T, H)
     return dq, dk, dv, dg, dh0
 
 
