@@ -100,6 +100,7 @@ class Case:
     gate_mode: str = "g"         # simple_gla: 'g' | 'gamma' | 'both' | 'none'
     l2norm: bool = False
     beta_max: float = 1.0        # beta drawn in (0, beta_max)
+    beta_edges: bool = False     # beta near 0 (1e-4) and near beta_max (beta_max - 1e-4) only
     families: tuple = field(default=("simple_gla", "gla", "delta_rule", "gated_delta_rule"))
     dtypes: tuple = ("bf16", "fp16", "fp32")
 
@@ -132,6 +133,8 @@ CPU_CASES = (
          dtypes=_FEATURE),
     Case("gqa_l2_beta2", B=1, T=100, H=2, HV=4, l2norm=True, beta_max=2.0, families=_DELTA,
          dtypes=_FEATURE),
+    Case("beta_edges", B=1, T=100, strength=3.0, beta_edges=True, families=_DELTA,
+         dtypes=_FEATURE),
 )
 
 # Realistic shapes for a GPU run.
@@ -141,6 +144,12 @@ GPU_CASES = (
          cu_seqlens=(0, 15, 100, 300, 1200, 2000), families=_ALL),
     Case("gpu_gqa", B=1, T=1000, H=4, HV=8, K=128, V=128, l2norm=True, families=_DELTA),
     Case("gpu_d100", B=1, T=1000, H=2, HV=2, K=100, V=100, families=_ALL),
+    # robustness (issue 4 point 3): per-token gates down to -20 with beta at its edges, and a
+    # 16k-token sequence in the half-precision dtypes (fp16 overflow / underflow of decays)
+    Case("gpu_strong_edges", B=1, T=2048, H=2, HV=2, K=128, V=128, strength=20.0,
+         beta_edges=True, families=_ALL),
+    Case("gpu_t16k", B=1, T=16384, H=2, HV=2, K=128, V=128, strength=1.0, families=_ALL,
+         dtypes=("fp16", "bf16")),
 )
 
 CASES = {c.name: c for c in CPU_CASES + GPU_CASES}
@@ -173,6 +182,9 @@ def make_inputs(spec: OpSpec, case: Case, seed: int) -> dict:
         x["g_gamma"] = -np.log2(1 + 2.0 ** -np.linspace(3, 8, HV)) * max(case.strength, 0.1)
     if spec.beta:
         x["beta"] = rng.uniform(0.02, 0.98, (B, T, HV)) * case.beta_max
+        if case.beta_edges:
+            near_one = rng.uniform(size=(B, T, HV)) < 0.5
+            x["beta"] = np.where(near_one, case.beta_max - 1e-4, 1e-4)
     if case.h0:
         x["h0"] = 0.5 * rng.standard_normal((N, HV, K, V))
     x["do"] = rng.standard_normal((B, T, HV, V))
