@@ -1,8 +1,10 @@
 """Chunked gated delta rule in Triton (WY / UT transform), forward and backward as one
-torch.autograd.Function. Kernels: triton_chunk_fwd.py, triton_chunk_bwd.py.
+torch.autograd.Function. Kernels: triton_chunk_fwd.py, triton_wy_fwd.py, triton_chunk_bwd.py,
+triton_wy_bwd.py.
 
-Forward: wy_fwd -> chunk_h -> chunk_o.  Backward: chunk_h again (states are not kept),
-dvn_local -> chunk_dh (reverse) -> dqk -> wy_bwd (dg: chunk-local gate derivative, reverse
+Forward: wy_fwd (triton_wy_fwd.py, 16-row blocks) -> chunk_h -> chunk_o.  Backward (the
+forward's per-chunk states and vn are kept): dvn_local -> chunk_dh (reverse) -> dqk ->
+wy_bwd (triton_wy_bwd.py) (dg: chunk-local gate derivative, reverse
 cumsum inside each chunk; see triton_chunk_bwd.py), then the group sum of dq, dk over value
 heads sharing a q/k head.
 With g=None it is the (ungated) delta rule. Inputs are read in place ([B, T, H, D]); the time
@@ -18,10 +20,12 @@ import torch
 import triton
 
 from ..common.triton_l2norm import l2norm_triton
-from ..common.triton_scalar_gate import dot_precision, fp32_dot_precision
+from ..common.triton_scalar_gate import block, dot_precision, fp32_dot_precision
 from ..common.triton_seq_layout import chunk_tables, seq_offsets
-from .triton_chunk_bwd import _chunk_dh_kernel, _dqk_kernel, _dvn_local_kernel, _wy_bwd_kernel
-from .triton_chunk_fwd import BT, _chunk_h_kernel, _chunk_o_kernel, _wy_fwd_kernel
+from .triton_chunk_bwd import _chunk_dh_kernel, _dqk_kernel, _dvn_local_kernel
+from .triton_wy_bwd import _wy_bwd2_kernel
+from .triton_chunk_fwd import BT, _chunk_h_kernel, _chunk_o_kernel
+from .triton_wy_fwd import _wy_fwd16_kernel
 from .triton_recurrent import group_sum
 
 
@@ -92,10 +96,10 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         tm = _buf((B, T, HV, BT), torch.float32, dev)
         w = _buf((B, T, HV, K), _bdt("w", q.dtype), dev)
         u = _buf((B, T, HV, V), _bdt("u", q.dtype), dev)
-        _wy_fwd_kernel[(NT, HV)](
+        _wy_fwd16_kernel[(NT, HV)](
             k, v, g if g is not None else beta, beta, gc if gc is not None else beta, tm, w, u,
-            table, offsets, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_G=g is not None,
-            PREC=PREC32, num_warps=4)
+            table, offsets, H=H, HV=HV, K=K, V=V, BT=BT, BK=block(K, 128), BV=block(V, 128),
+            HAS_G=g is not None, PREC=PREC, PREC32=PREC32, num_warps=4)
         h_buf, vn, ht = _fwd_states(k, w, u, gc, h0, offsets, chunk_offsets, NT, N,
                                     output_final_state, PREC)
         o = _buf((B, T, HV, V), q.dtype, dev)
@@ -103,14 +107,16 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
             q, k, vn, h_buf, gc if gc is not None else beta, o, table, offsets, scale,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_G=g is not None, PREC=PREC,
             num_warps=4)
-        ctx.save_for_backward(q, k, v, beta, gc, tm, w, u, h0, ht, offsets, table,
+        # the states per chunk and vn are kept (the backward does not re-run chunk_h)
+        ctx.save_for_backward(q, k, v, beta, gc, tm, w, h_buf, vn, h0, offsets, table,
                               chunk_offsets)
         ctx.meta = (scale, NT, N, g is not None)
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, beta, gc, tm, w, u, h0, ht, offsets, table, chunk_offsets = ctx.saved_tensors
+        q, k, v, beta, gc, tm, w, h_buf, vn, h0, offsets, table, chunk_offsets = \
+            ctx.saved_tensors
         scale, NT, N, has_g = ctx.meta
         B, T, H, K = q.shape
         HV, V = v.shape[2], v.shape[3]
@@ -121,7 +127,6 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         BK = min(64, triton.next_power_of_2(K))
         BV = min(64, triton.next_power_of_2(V))
         gc_arg = gc if gc is not None else beta
-        h_buf, vn, _ = _fwd_states(k, w, u, gc, h0, offsets, chunk_offsets, NT, N, False, PREC)
         dvn = _buf((B, T, HV, V), torch.float32, dev)
         _dvn_local_kernel[(triton.cdiv(V, BV), NT, HV)](
             q, k, do, gc_arg, dvn, table, offsets, scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK,
@@ -134,24 +139,30 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
             dh0 if dh0 is not None else dvn, dh_buf, offsets, chunk_offsets, scale,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=SK, BV=SV, HAS_G=has_g, HAS_DHT=dht is not None,
             STORE_DH0=dh0 is not None, PREC=PREC, num_warps=4)
-        dq = _buf((B, T, HV, K), torch.float32, dev)
-        dk = _buf((B, T, HV, K), torch.float32, dev)
+        # dq and dk are final per value head when HV == H: written in the input dtype
+        final_dt = q.dtype if HV == H else torch.float32
+        dq = _buf((B, T, HV, K), final_dt, dev)
+        dk_direct = _buf((B, T, HV, K), torch.float32, dev)
         dw = _buf((B, T, HV, K), torch.float32, dev)
-        NKB = triton.cdiv(K, BK)
+        QK = block(K, 128)
+        NKB = triton.cdiv(K, QK)
         dgc = _buf((NKB, B, T, HV), torch.float32, dev) if has_g else None
         _dqk_kernel[(NKB, NT, HV)](
-            q, k, do, vn, dvn, h_buf, dh_buf, gc_arg, dq, dk, dw,
-            dgc if dgc is not None else dq, table, offsets, scale, B * T * HV,
-            H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_G=has_g, PREC=PREC, num_warps=4)
+            q, k, do, vn, dvn, h_buf, dh_buf, gc_arg, dq, dk_direct, dw,
+            dgc if dgc is not None else dw, table, offsets, scale, B * T * HV,
+            H=H, HV=HV, K=K, V=V, BT=BT, BK=QK, BV=BV, HAS_G=has_g, PREC=PREC, num_warps=8)
+        dk = _buf((B, T, HV, K), final_dt, dev)
         dv = _buf((B, T, HV, V), v.dtype, dev)
         dbeta = _buf((B, T, HV), torch.float32, dev)
         dg = _buf((B, T, HV), torch.float32, dev) if has_g else None
-        _wy_bwd_kernel[(NT, HV)](
-            k, v, beta, gc_arg, tm, dk, dw, dvn, dgc if dgc is not None else dq, dv, dbeta,
-            dg if dg is not None else dbeta, table, offsets, B * T * HV, H=H, HV=HV, K=K, V=V,
-            BT=BT, BK=BK, BV=BV, HAS_G=has_g, NKB=NKB, PREC=PREC, PREC32=PREC32, num_warps=4)
-        dq = group_sum(dq, H).to(q.dtype)
-        dk = group_sum(dk, H).to(k.dtype)
+        _wy_bwd2_kernel[(NT, HV)](
+            k, v, beta, gc_arg, tm, dk_direct, dw, dvn, dgc if dgc is not None else dw, dk, dv,
+            dbeta, dg if dg is not None else dbeta, table, offsets, B * T * HV, H=H, HV=HV,
+            K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_G=has_g, NKB=NKB,
+            SPLIT=q.dtype != torch.float32, PREC=PREC32, num_warps=8)
+        if HV != H:
+            dq = group_sum(dq, H).to(q.dtype)
+            dk = group_sum(dk, H).to(k.dtype)
         return dq, dk, dv, dg, dbeta, dh0, None, None, None
 
 

@@ -128,7 +128,8 @@ def _dqk_kernel(q, k, do, vn_buf, dvn_buf, h_buf, dh_buf, gc_buf, dq_buf, dk_buf
                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
                 PREC: tl.constexpr):
-    """Per K block x chunk x value head: dq (final, per value head), dk (direct part), dw,
+    """Per K block x chunk x value head: dq (final, per value head; fp32 or the input dtype),
+    dk (direct part, fp32), dw (fp32),
     and (gated) this K block's partial dgc_buf[i_kb] of the chunk-local gate gradient:
     q.dq_inter - k.dk_state + rowsum(M) - colsum(M) (M = scale P * (q k^T), strictly lower),
     plus exp(gc_L) <h, dh'> + sum_s k_s.dk_state_s at the chunk's last token."""
@@ -194,7 +195,7 @@ def _dqk_kernel(q, k, do, vn_buf, dvn_buf, h_buf, dh_buf, gc_buf, dq_buf, dk_buf
     b_dq = (b_dq + tl.dot(b_P.to(DT), b_k, input_precision=PREC)) * scale
     b_dk += scale * tl.dot(tl.trans(b_P).to(DT), b_q, input_precision=PREC)
     p_tk = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
-    tl.store(dq_buf + p_tk, b_dq, mask=m_tk)
+    tl.store(dq_buf + p_tk, b_dq.to(dq_buf.dtype.element_ty), mask=m_tk)
     tl.store(dk_buf + p_tk, b_dk, mask=m_tk)
     tl.store(dw_buf + p_tk, -b_dw, mask=m_tk)
 

@@ -1,0 +1,239 @@
+"""WY / UT forward of one chunk (BT = 64) in 16-row blocks: gc, Tm = (I + A)^-1, w, u.
+
+A[s, r] = beta_s (k_s . k_r) exp(gc_s - gc_r) (r < s) is built as its 10 lower 16x16 blocks
+A_ij (i >= j, rows of block i, columns of block j), straight from 16-row tiles of k. The
+inverse T = (I + A)^-1 is block lower triangular:
+    T_ii = (I + A_ii)^-1                         forward substitution on 16 rows, registers
+    T_ij = -T_ii sum_{j <= m < i} A_im T_mj      (i > j), 16x16 fp32 products
+so no 64-step substitution over a 64x64 tile is needed. Then, with cs = beta exp(gc),
+    w_i = sum_{j <= i} (T_ij diag(cs_j)) k_j,    u_i = sum_{j <= i} (T_ij diag(beta_j)) v_j
+(the fp32 factor is split in hi + lo of the input dtype: two exact 16-bit products; see
+triton_split_dot.py). Tm is stored (fp32, zero above the diagonal) for the backward.
+One program per chunk x value head; time is the flattened B*T axis (see triton_chunk_fwd.py).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .triton_chunk_fwd import chunk_coords
+from .triton_split_dot import split_dot
+
+
+@triton.jit
+def _diag_block(a, beta_i, c_i, HAS_G: tl.constexpr):
+    """Strictly lower part of a diagonal block of A, scaled by beta and the decays."""
+    o = tl.arange(0, 16)
+    strict = o[:, None] > o[None, :]
+    a = a * beta_i[:, None]
+    if HAS_G:
+        a = a * tl.exp(tl.where(strict, c_i[:, None] - c_i[None, :], 0.0))
+    return tl.where(strict, a, 0.0)
+
+
+@triton.jit
+def _off_block(a, beta_i, c_i, c_j, HAS_G: tl.constexpr):
+    """Block of A below the diagonal (rows of block i > columns of block j)."""
+    a = a * beta_i[:, None]
+    if HAS_G:
+        a = a * tl.exp(c_i[:, None] - c_j[None, :])
+    return a
+
+
+@triton.jit
+def _subst_row(a, t, sel, e):
+    """Row i of (I + a)^-1 from its rows < i (forward substitution step)."""
+    a_r = tl.sum(tl.where(sel, a, 0.0), axis=0)
+    row = e - tl.sum(a_r[:, None] * t, axis=0)
+    return tl.where(sel, row[None, :], t)
+
+
+@triton.jit
+def _store16(tm_buf, rows, mask, i_hv, col0: tl.constexpr, blk, HV: tl.constexpr,
+             BT: tl.constexpr):
+    o = tl.arange(0, 16)
+    tl.store(tm_buf + (rows * HV + i_hv)[:, None] * BT + col0 + o[None, :], blk,
+             mask=mask[:, None] & (o < 16)[None, :])
+
+
+@triton.jit
+def _load_rows(x, rows, mask, i_head, NH: tl.constexpr, D: tl.constexpr, o_d, mask_d):
+    return tl.load(x + (rows * NH + i_head)[:, None] * D + o_d[None, :],
+                   mask=mask[:, None] & mask_d[None, :], other=0.0)
+
+
+@triton.jit
+def _store_rows(x, val, rows, mask, i_head, NH: tl.constexpr, D: tl.constexpr, o_d, mask_d):
+    tl.store(x + (rows * NH + i_head)[:, None] * D + o_d[None, :],
+             val.to(x.dtype.element_ty), mask=mask[:, None] & mask_d[None, :])
+
+
+@triton.jit
+def _wy_fwd16_kernel(k, v, g, beta, gc_buf, tm_buf, w_buf, u_buf, chunk_table, offsets,
+                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                     HAS_G: tl.constexpr, PREC: tl.constexpr, PREC32: tl.constexpr):
+    """gc_buf [B*T, HV] fp32 (gated), tm_buf [B*T, HV, BT] fp32, w_buf [B*T, HV, K] (input
+    dtype), u_buf [B*T, HV, V] fp32. PREC: dots on the input dtype (k k^T); PREC32: the fp32
+    16x16 block products of the inverse."""
+    i_c, i_hv = tl.program_id(0), tl.program_id(1)
+    i_h = i_hv // (HV // H)
+    i_n, t0, eos, i_i = chunk_coords(chunk_table, offsets, i_c, BT)
+    o16 = tl.arange(0, 16)
+    r0 = t0 + o16
+    r1 = r0 + 16
+    r2 = r0 + 32
+    r3 = r0 + 48
+    m0 = r0 < eos
+    m1 = r1 < eos
+    m2 = r2 < eos
+    m3 = r3 < eos
+    b0 = tl.load(beta + r0 * HV + i_hv, mask=m0, other=0.0)
+    b1 = tl.load(beta + r1 * HV + i_hv, mask=m1, other=0.0)
+    b2 = tl.load(beta + r2 * HV + i_hv, mask=m2, other=0.0)
+    b3 = tl.load(beta + r3 * HV + i_hv, mask=m3, other=0.0)
+    if HAS_G:
+        # chunk-local cumsum; padded rows (g = 0) carry the last valid gc
+        x0 = tl.load(g + r0 * HV + i_hv, mask=m0, other=0.0)
+        x1 = tl.load(g + r1 * HV + i_hv, mask=m1, other=0.0)
+        x2 = tl.load(g + r2 * HV + i_hv, mask=m2, other=0.0)
+        x3 = tl.load(g + r3 * HV + i_hv, mask=m3, other=0.0)
+        s0 = tl.sum(x0, axis=0)
+        s1 = s0 + tl.sum(x1, axis=0)
+        s2 = s1 + tl.sum(x2, axis=0)
+        c0 = tl.cumsum(x0, axis=0)
+        c1 = tl.cumsum(x1, axis=0) + s0
+        c2 = tl.cumsum(x2, axis=0) + s1
+        c3 = tl.cumsum(x3, axis=0) + s2
+        tl.store(gc_buf + r0 * HV + i_hv, c0, mask=m0)
+        tl.store(gc_buf + r1 * HV + i_hv, c1, mask=m1)
+        tl.store(gc_buf + r2 * HV + i_hv, c2, mask=m2)
+        tl.store(gc_buf + r3 * HV + i_hv, c3, mask=m3)
+    else:
+        c0 = tl.zeros([16], dtype=tl.float32)
+        c1 = c0
+        c2 = c0
+        c3 = c0
+    z = tl.zeros([16, 16], dtype=tl.float32)
+    a00 = z
+    a10 = z
+    a11 = z
+    a20 = z
+    a21 = z
+    a22 = z
+    a30 = z
+    a31 = z
+    a32 = z
+    a33 = z
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        mk = o_k < K
+        k0 = _load_rows(k, r0, m0, i_h, H, K, o_k, mk)
+        k1 = _load_rows(k, r1, m1, i_h, H, K, o_k, mk)
+        k2 = _load_rows(k, r2, m2, i_h, H, K, o_k, mk)
+        k3 = _load_rows(k, r3, m3, i_h, H, K, o_k, mk)
+        a00 += tl.dot(k0, tl.trans(k0), input_precision=PREC)
+        a10 += tl.dot(k1, tl.trans(k0), input_precision=PREC)
+        a11 += tl.dot(k1, tl.trans(k1), input_precision=PREC)
+        a20 += tl.dot(k2, tl.trans(k0), input_precision=PREC)
+        a21 += tl.dot(k2, tl.trans(k1), input_precision=PREC)
+        a22 += tl.dot(k2, tl.trans(k2), input_precision=PREC)
+        a30 += tl.dot(k3, tl.trans(k0), input_precision=PREC)
+        a31 += tl.dot(k3, tl.trans(k1), input_precision=PREC)
+        a32 += tl.dot(k3, tl.trans(k2), input_precision=PREC)
+        a33 += tl.dot(k3, tl.trans(k3), input_precision=PREC)
+    a00 = _diag_block(a00, b0, c0, HAS_G)
+    a11 = _diag_block(a11, b1, c1, HAS_G)
+    a22 = _diag_block(a22, b2, c2, HAS_G)
+    a33 = _diag_block(a33, b3, c3, HAS_G)
+    a10 = _off_block(a10, b1, c1, c0, HAS_G)
+    a20 = _off_block(a20, b2, c2, c0, HAS_G)
+    a21 = _off_block(a21, b2, c2, c1, HAS_G)
+    a30 = _off_block(a30, b3, c3, c0, HAS_G)
+    a31 = _off_block(a31, b3, c3, c1, HAS_G)
+    a32 = _off_block(a32, b3, c3, c2, HAS_G)
+    # diagonal blocks of the inverse: 16 substitution steps, the four blocks side by side
+    t00 = z
+    t11 = z
+    t22 = z
+    t33 = z
+    for i in range(0, 16):
+        sel = o16[:, None] == i
+        e = tl.where(o16 == i, 1.0, 0.0)
+        t00 = _subst_row(a00, t00, sel, e)
+        t11 = _subst_row(a11, t11, sel, e)
+        t22 = _subst_row(a22, t22, sel, e)
+        t33 = _subst_row(a33, t33, sel, e)
+    # blocks below the diagonal: T_ij = -T_ii sum_{j <= m < i} A_im T_mj
+    t10 = -tl.dot(t11, tl.dot(a10, t00, input_precision=PREC32), input_precision=PREC32)
+    t21 = -tl.dot(t22, tl.dot(a21, t11, input_precision=PREC32), input_precision=PREC32)
+    t32 = -tl.dot(t33, tl.dot(a32, t22, input_precision=PREC32), input_precision=PREC32)
+    t20 = -tl.dot(t22, tl.dot(a20, t00, input_precision=PREC32)
+                  + tl.dot(a21, t10, input_precision=PREC32), input_precision=PREC32)
+    t31 = -tl.dot(t33, tl.dot(a31, t11, input_precision=PREC32)
+                  + tl.dot(a32, t21, input_precision=PREC32), input_precision=PREC32)
+    t30 = -tl.dot(t33, tl.dot(a30, t00, input_precision=PREC32)
+                  + tl.dot(a31, t10, input_precision=PREC32)
+                  + tl.dot(a32, t20, input_precision=PREC32), input_precision=PREC32)
+    _store16(tm_buf, r0, m0, i_hv, 0, t00, HV, BT)
+    _store16(tm_buf, r0, m0, i_hv, 16, z, HV, BT)
+    _store16(tm_buf, r0, m0, i_hv, 32, z, HV, BT)
+    _store16(tm_buf, r0, m0, i_hv, 48, z, HV, BT)
+    _store16(tm_buf, r1, m1, i_hv, 0, t10, HV, BT)
+    _store16(tm_buf, r1, m1, i_hv, 16, t11, HV, BT)
+    _store16(tm_buf, r1, m1, i_hv, 32, z, HV, BT)
+    _store16(tm_buf, r1, m1, i_hv, 48, z, HV, BT)
+    _store16(tm_buf, r2, m2, i_hv, 0, t20, HV, BT)
+    _store16(tm_buf, r2, m2, i_hv, 16, t21, HV, BT)
+    _store16(tm_buf, r2, m2, i_hv, 32, t22, HV, BT)
+    _store16(tm_buf, r2, m2, i_hv, 48, z, HV, BT)
+    _store16(tm_buf, r3, m3, i_hv, 0, t30, HV, BT)
+    _store16(tm_buf, r3, m3, i_hv, 16, t31, HV, BT)
+    _store16(tm_buf, r3, m3, i_hv, 32, t32, HV, BT)
+    _store16(tm_buf, r3, m3, i_hv, 48, t33, HV, BT)
+    # u = T diag(beta) v
+    for i_v in range(0, tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        mv = o_v < V
+        v0 = _load_rows(v, r0, m0, i_hv, HV, V, o_v, mv)
+        v1 = _load_rows(v, r1, m1, i_hv, HV, V, o_v, mv)
+        v2 = _load_rows(v, r2, m2, i_hv, HV, V, o_v, mv)
+        v3 = _load_rows(v, r3, m3, i_hv, HV, V, o_v, mv)
+        u0 = split_dot(t00 * b0[None, :], v0, PREC)
+        u1 = split_dot(t10 * b0[None, :], v0, PREC) + split_dot(t11 * b1[None, :], v1, PREC)
+        u2 = (split_dot(t20 * b0[None, :], v0, PREC) + split_dot(t21 * b1[None, :], v1, PREC)
+              + split_dot(t22 * b2[None, :], v2, PREC))
+        u3 = (split_dot(t30 * b0[None, :], v0, PREC) + split_dot(t31 * b1[None, :], v1, PREC)
+              + split_dot(t32 * b2[None, :], v2, PREC) + split_dot(t33 * b3[None, :], v3, PREC))
+        _store_rows(u_buf, u0, r0, m0, i_hv, HV, V, o_v, mv)
+        _store_rows(u_buf, u1, r1, m1, i_hv, HV, V, o_v, mv)
+        _store_rows(u_buf, u2, r2, m2, i_hv, HV, V, o_v, mv)
+        _store_rows(u_buf, u3, r3, m3, i_hv, HV, V, o_v, mv)
+    # w = T diag(beta exp(gc)) k
+    if HAS_G:
+        s0 = b0 * tl.exp(c0)
+        s1 = b1 * tl.exp(c1)
+        s2 = b2 * tl.exp(c2)
+        s3 = b3 * tl.exp(c3)
+    else:
+        s0 = b0
+        s1 = b1
+        s2 = b2
+        s3 = b3
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        mk = o_k < K
+        k0 = _load_rows(k, r0, m0, i_h, H, K, o_k, mk)
+        k1 = _load_rows(k, r1, m1, i_h, H, K, o_k, mk)
+        k2 = _load_rows(k, r2, m2, i_h, H, K, o_k, mk)
+        k3 = _load_rows(k, r3, m3, i_h, H, K, o_k, mk)
+        w0 = split_dot(t00 * s0[None, :], k0, PREC)
+        w1 = split_dot(t10 * s0[None, :], k0, PREC) + split_dot(t11 * s1[None, :], k1, PREC)
+        w2 = (split_dot(t20 * s0[None, :], k0, PREC) + split_dot(t21 * s1[None, :], k1, PREC)
+              + split_dot(t22 * s2[None, :], k2, PREC))
+        w3 = (split_dot(t30 * s0[None, :], k0, PREC) + split_dot(t31 * s1[None, :], k1, PREC)
+              + split_dot(t32 * s2[None, :], k2, PREC) + split_dot(t33 * s3[None, :], k3, PREC))
+        _store_rows(w_buf, w0, r0, m0, i_hv, HV, K, o_k, mk)
+        _store_rows(w_buf, w1, r1, m1, i_hv, HV, K, o_k, mk)
+        _store_rows(w_buf, w2, r2, m2, i_hv, HV, K, o_k, mk)
+        _store_rows(w_buf, w3, r3, m3, i_hv, HV, K, o_k, mk)
