@@ -65,27 +65,40 @@ def _fwd_kernel(refs, st):
 
 def _dq_kernel(refs, st):
     BK = st.bwd_bk
-    r0 = pl.program_id(2) * BK
+    kb = pl.program_id(2)
+    r0 = kb * BK
     bos, L = pc._bounds(refs, st)
     gamma = pc._gamma(refs, st)
     S0 = (ptr.load_tile(refs["h0"], st.K, st.V, r0, 0) if st.has_h0
           else jnp.zeros((BK, st.Vp), jnp.float32))
+    zk, zv = jnp.zeros((BK,), jnp.float32), jnp.zeros((st.Vp,), jnp.float32)
 
-    def body(i, S):
+    def body(i, carry):
+        # carried: P = a_{t-1} S_{t-2} and the previous token's k, v (its k^T v is added here),
+        # so that after the loop P = a_T S_{T-1}
+        P, k_prev, v_prev = carry
         t = bos + i
         k = ptr.load_row(refs["k"], t, st.K, r0).astype(jnp.float32)
         v = ptr.load_row(refs["v"], t, st.V).astype(jnp.float32)
         do = ptr.load_row(refs["do"], t, st.V).astype(jnp.float32)
         a = _decay(refs, st, gamma, t)
-        S = (S if a is None else S * a) + k[:, None] * v[None, :]
-        dq = st.scale * jnp.sum(S * do[None, :], 1)
-        ptr.store_row(refs["dq"], t, dq, st.K, r0)
+        P = P + k_prev[:, None] * v_prev[None, :]
+        P = P if a is None else P * a
+        # dq_t = scale (a_t S_{t-1}) do_t + scale k_t (v_t . do_t): the carried part first
+        dq_in = st.scale * jnp.sum(P * do[None, :], 1)
+        ptr.store_row(refs["dq"], t, dq_in + k * (st.scale * jnp.sum(v * do)), st.K, r0)
         if st.has_g:
+            # q . dq without its current-token term scale (q.k)(v.do), which k . dk also
+            # carries and which cancels in dg: only the carried part q . dq_in is kept
             q = ptr.load_row(refs["q"], t, st.K, r0).astype(jnp.float32)
-            refs["qdq"][t] = jnp.sum(q * dq)
-        return S
+            refs["qdq"][t] = jnp.sum(q * dq_in)
+        return P, k, v
 
-    lax.fori_loop(0, L, body, S0)
+    P, _, _ = lax.fori_loop(0, L, body, (S0, zk, zv))
+    if st.has_g:
+        n, h = pl.program_id(0), pl.program_id(1)
+        dht = ptr.load_tile(refs["dht"], st.K, st.V, r0, 0)
+        refs["fin"][kb, n, h] = jnp.sum(dht * P)
 
 
 def _dv_kernel(refs, st):
@@ -128,11 +141,16 @@ def _dk_kernel(refs, st):
         k = ptr.load_row(refs["k"], t, st.K, r0).astype(jnp.float32)
         v = ptr.load_row(refs["v"], t, st.V).astype(jnp.float32)
         do = ptr.load_row(refs["do"], t, st.V).astype(jnp.float32)
+        # dk_t = (a_{t+1} dS_{t+1}) v_t + scale q_t (do_t . v_t): the carried part first
+        dk_in = jnp.sum(dS * v[None, :], 1)
         dS = dS + st.scale * q[:, None] * do[None, :]
-        dk = jnp.sum(dS * v[None, :], 1)
-        ptr.store_row(refs["dk"], t, dk, st.K, r0)
+        ptr.store_row(refs["dk"], t, dk_in + q * (st.scale * jnp.sum(do * v)), st.K, r0)
         if st.has_g:
-            carry = carry + refs["qdq"][t] - jnp.sum(k * dk)
+            # k . dk without the current-token term (see _dq_kernel); at the last token the
+            # carried part k_T dS_T v_T is left out too: it would cancel <dS_T, S_T>, O(1);
+            # the carry starts from fin = <dS_T, a_T S_{T-1}> instead
+            kdk = jnp.where(i > 0, jnp.sum(k * dk_in), 0.0)
+            carry = carry + refs["qdq"][t] - kdk
             refs["dg"][t] = carry
         a = _decay(refs, st, gamma, t)
         return (dS if a is None else dS * a), carry
@@ -144,6 +162,80 @@ def _dk_kernel(refs, st):
 
 _KERNELS = pc.Kernels(fwd=_fwd_kernel, dq=_dq_kernel, dv=_dv_kernel, dk=_dk_kernel,
                       name="simple_gla_recurrent")
+
+
+def _backward(st, q, k, v, g, gamma, h0, cu, do, dht):
+    """pallas_chunk._backward's three kernels and BlockSpecs, except that the dq kernel also
+    reads dS_T and writes fin [NK, N, H] (the shares of <dS_T, a_T S_{T-1}>), which starts
+    the dk kernel's dg carry. Returns dq, dk, dv (input dtypes), dg fp32 or None, dh0."""
+    NK = pl.cdiv(st.K, st.bwd_bk)
+    NV = pl.cdiv(st.V, st.bwd_bv)
+    f32 = jnp.float32
+    common = pc._common_inputs(st, cu, g, gamma)
+    part = jax.ShapeDtypeStruct((NK,) + g.shape, f32) if st.has_g else None
+    row_tile = pc._state_spec(st.bwd_bk, st.Vp, pc._same, pc._zero)
+
+    ins = [("q", q, pc._seq_spec(st, st.bwd_bk, pc._same)),
+           ("k", k, pc._seq_spec(st, st.bwd_bk, pc._same)),
+           ("v", v, pc._seq_spec(st, st.Vp, pc._zero)),
+           ("do", do, pc._seq_spec(st, st.Vp, pc._zero))] + common
+    if st.has_h0:
+        ins.append(("h0", h0, row_tile))
+    outs = [("dq", jax.ShapeDtypeStruct(q.shape, q.dtype), pc._seq_spec(st, st.bwd_bk, pc._same))]
+    if st.has_g:
+        ins.append(("dht", dht, row_tile))
+        fin = jax.ShapeDtypeStruct((NK, st.N, st.H), f32)
+        outs += [("qdq", part, pc._part_spec(st)), ("fin", fin, pc._full_spec(fin))]
+    r = pc._call(_KERNELS.dq, st, (st.N, st.H, NK), ins, outs, st.bwd_warps, st.bwd_stages,
+                 _KERNELS.name + "_bwd_dq")
+
+    ins = [("q", q, pc._seq_spec(st, st.Kp, pc._zero)), ("k", k, pc._seq_spec(st, st.Kp, pc._zero)),
+           ("do", do, pc._seq_spec(st, st.bwd_bv, pc._same))] + common
+    ins.append(("dht", dht, pc._state_spec(st.Kp, st.bwd_bv, pc._zero, pc._same)))
+    outs = [("dv", jax.ShapeDtypeStruct(v.shape, v.dtype), pc._seq_spec(st, st.bwd_bv, pc._same))]
+    dv = pc._call(_KERNELS.dv, st, (st.N, st.H, NV), ins, outs, st.bwd_warps, st.bwd_stages,
+                  _KERNELS.name + "_bwd_dv")["dv"]
+
+    ins = [("q", q, pc._seq_spec(st, st.bwd_bk, pc._same)),
+           ("k", k, pc._seq_spec(st, st.bwd_bk, pc._same)),
+           ("v", v, pc._seq_spec(st, st.Vp, pc._zero)),
+           ("do", do, pc._seq_spec(st, st.Vp, pc._zero))] + common
+    if st.has_g:
+        cterm = jnp.sum(r["fin"], axis=0)                 # [N, H]: <dS_T, a_T S_{T-1}>
+        ins += [("qdq", r["qdq"], pc._part_spec(st)), ("cterm", cterm, pc._full_spec(cterm))]
+    ins.append(("dht", dht, row_tile))
+    outs = [("dk", jax.ShapeDtypeStruct(k.shape, k.dtype), pc._seq_spec(st, st.bwd_bk, pc._same))]
+    if st.has_h0:
+        outs.append(("dh0", jax.ShapeDtypeStruct(h0.shape, f32), row_tile))
+    if st.has_g:
+        outs.append(("dg", part, pc._part_spec(st)))
+    rk = pc._call(_KERNELS.dk, st, (st.N, st.H, NK), ins, outs, st.bwd_warps, st.bwd_stages,
+                  _KERNELS.name + "_bwd_dk")
+    dg = None
+    if st.has_g:
+        dg = rk["dg"][0] if NK == 1 else jnp.sum(rk["dg"], axis=0)
+    return r["dq"], rk["dk"], dv, dg, (rk["dh0"] if st.has_h0 else None)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _recurrent(st, q, k, v, g, gamma, h0, cu):
+    return pc._forward(_KERNELS, st, q, k, v, g, gamma, h0, cu)
+
+
+def _recurrent_fwd(st, q, k, v, g, gamma, h0, cu):
+    o, ht = pc._forward(_KERNELS, st, q, k, v, g, gamma, h0, cu)
+    return (o, ht), (q, k, v, g, gamma, h0, cu)
+
+
+def _recurrent_bwd(st, res, cts):
+    q, k, v, g, gamma, h0, cu = res
+    do, dht = cts
+    dq, dk, dv, dg, dh0 = _backward(st, q, k, v, g, gamma, h0, cu, do, dht.astype(jnp.float32))
+    dgamma = None if gamma is None else jnp.zeros_like(gamma)
+    return dq, dk, dv, dg, dgamma, dh0, None
+
+
+_recurrent.defvjp(_recurrent_fwd, _recurrent_bwd)
 
 
 def fused_recurrent_simple_gla_pallas(q, k, v, *, g=None, g_gamma=None, scale,
@@ -158,5 +250,5 @@ def fused_recurrent_simple_gla_pallas(q, k, v, *, g=None, g_gamma=None, scale,
     """
     st = pc._make_static(q, v, g, g_gamma, initial_state, cu_seqlens, scale, TUNING)
     cu = None if cu_seqlens is None else cu_seqlens.astype(jnp.int32)
-    o, ht = pc.simple_gla_vjp(_KERNELS, st, q, k, v, g, g_gamma, initial_state, cu)
+    o, ht = _recurrent(st, q, k, v, g, g_gamma, initial_state, cu)
     return o, (ht if output_final_state else None)

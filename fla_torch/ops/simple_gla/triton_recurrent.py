@@ -8,7 +8,11 @@ Kernels (all walk the tokens of one sequence in order, reading [B, T, H, D] in p
 - dk / dv / dh0: reverse order, per (sequence, head, block of K, block of V), carrying
   dS_t = a_{t+1} dS_{t+1} + scale q_t^T do_t; dk_t = dS_t v_t^T and dv_t = k_t dS_t are partial
   sums over the other block axis (fp32, summed on the host).
-- dg: q . dq - k . dk per token, reverse-cumsummed per sequence (common/triton_scalar_gate.py).
+- dg: per token r_t = q_t . dq_t - k_t . dk_t, reverse-cumsummed per sequence
+  (common/triton_gate_grad.py). Both dots hold the same current-token term
+  scale (q_t . k_t)(v_t . do_t), which cancels; under strong decay the rest is O(a_t), so the
+  kernels form r_t without it: q_t . (scale a_t S_{t-1} do_t) - k_t . (a_{t+1} dS_{t+1} v_t)
+  (block partial sums of the omitted term are equal on both sides, so dropping is exact).
 Everything is computed in fp32 (elementwise products, no tensor-core dots); suits decoding and
 short sequences; chunk_simple_gla is the fast path for long ones.
 """
@@ -67,10 +71,14 @@ def _rec_fwd_kernel(q, k, v, g, g_gamma, h0, o, ht, cu_seqlens, scale, T,
 
 
 @triton.jit
-def _rec_dq_kernel(q, k, v, g, g_gamma, h0, do, dq, qdq, cu_seqlens, scale, T, part_stride,
-                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-                   VF: tl.constexpr, USE_G: tl.constexpr, USE_GAMMA: tl.constexpr,
-                   USE_H0: tl.constexpr, STORE_QDQ: tl.constexpr, IS_VARLEN: tl.constexpr):
+def _rec_dq_kernel(q, k, v, g, g_gamma, h0, dht, do, dq, qdq, fin, cu_seqlens, scale, T,
+                   part_stride, fin_stride, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BK: tl.constexpr, VF: tl.constexpr, USE_G: tl.constexpr,
+                   USE_GAMMA: tl.constexpr, USE_H0: tl.constexpr, STORE_QDQ: tl.constexpr,
+                   STORE_FIN: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Forward walk over one block of K rows. The carried state is a_t S_{t-1} (the token's
+    own k_t^T v_t is added at the next token), so after the loop it is a_T S_{T-1}; fin
+    [NKB, N*H] receives the share of <dS_T, a_T S_{T-1}>."""
     pid = tl.program_id(0)
     NKB: tl.constexpr = (K + BK - 1) // BK
     i_kb, i_nh = pid % NKB, pid // NKB
@@ -83,26 +91,38 @@ def _rec_dq_kernel(q, k, v, g, g_gamma, h0, do, dq, qdq, cu_seqlens, scale, T, p
     gamma = 0.
     if USE_GAMMA:
         gamma = tl.load(g_gamma + i_h).to(tl.float32)
+    p_kv = i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
+    m_kv = m_k[:, None] & m_v[None, :]
     state = tl.zeros([BK, VF], dtype=tl.float32)
     if USE_H0:
-        state += tl.load(h0 + i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :],
-                         mask=m_k[:, None] & m_v[None, :], other=0.)
+        state += tl.load(h0 + p_kv, mask=m_kv, other=0.)
+    k_prev = tl.zeros([BK], dtype=tl.float32)
+    v_prev = tl.zeros([VF], dtype=tl.float32)
     for t in range(bos, eos):
         row = t * H + i_h
         b_k = tl.load(k + row * K + o_k, mask=m_k, other=0.).to(tl.float32)
         b_v = tl.load(v + row * V + o_v, mask=m_v, other=0.).to(tl.float32)
         b_do = tl.load(do + row * V + o_v, mask=m_v, other=0.).to(tl.float32)
+        state += k_prev[:, None] * v_prev[None, :]
         if USE_G or USE_GAMMA:
             if USE_G:
                 state *= tl.exp(tl.load(g + row).to(tl.float32) + gamma)
             else:
                 state *= tl.exp(gamma)
-        state += b_k[:, None] * b_v[None, :]
-        b_dq = tl.sum(state * b_do[None, :], axis=1) * scale
+        # dq_t = scale (a_t S_{t-1}) do_t + scale k_t (v_t . do_t): the carried part first
+        b_dq_in = tl.sum(state * b_do[None, :], axis=1) * scale
+        b_dq = b_dq_in + b_k * (scale * tl.sum(b_v * b_do, axis=0))
         tl.store(dq + row * K + o_k, b_dq.to(dq.dtype.element_ty), mask=m_k)
         if STORE_QDQ:
+            # q . dq without its current-token term scale (q.k)(v.do), which k . dk also
+            # carries and which cancels in dg: only the carried part q . b_dq_in is kept
             b_q = tl.load(q + row * K + o_k, mask=m_k, other=0.).to(tl.float32)
-            tl.store(qdq + i_kb * part_stride + row, tl.sum(b_q * b_dq, axis=0))
+            tl.store(qdq + i_kb * part_stride + row, tl.sum(b_q * b_dq_in, axis=0))
+        k_prev = b_k
+        v_prev = b_v
+    if STORE_FIN:
+        b_dht = tl.load(dht + p_kv, mask=m_kv, other=0.)
+        tl.store(fin + i_kb * fin_stride + i_nh, tl.sum(tl.sum(b_dht * state, axis=1), axis=0))
 
 
 @triton.jit
@@ -138,13 +158,19 @@ def _rec_bwd_kernel(q, k, v, g, g_gamma, dht, do, dkp, dvp, dh0, kdk, cu_seqlens
         b_k = tl.load(k + row * K + o_k, mask=m_k, other=0.).to(tl.float32)
         b_v = tl.load(v + row * V + o_v, mask=m_v, other=0.).to(tl.float32)
         b_do = tl.load(do + row * V + o_v, mask=m_v, other=0.).to(tl.float32)
+        # dk_t = (a_{t+1} dS_{t+1}) v_t + scale q_t (do_t . v_t): the carried part first
+        b_dk_in = tl.sum(dstate * b_v[None, :], axis=1)
         dstate += scale * b_q[:, None] * b_do[None, :]
-        b_dk = tl.sum(dstate * b_v[None, :], axis=1)
+        b_dk = b_dk_in + b_q * (scale * tl.sum(b_do * b_v, axis=0))
         b_dv = tl.sum(dstate * b_k[:, None], axis=0)
         tl.store(dkp + i_vb * part_stride * K + row * K + o_k, b_dk, mask=m_k)
         tl.store(dvp + i_kb * part_stride * V + row * V + o_v, b_dv, mask=m_v)
         if STORE_KDK:
-            tl.store(kdk + (i_vb * NKB + i_kb) * part_stride + row, tl.sum(b_dk * b_k, axis=0))
+            # k . dk without the current-token term (see the dq kernel); at the last token the
+            # carried part k_T dS_T v_T is left out too: with it, dg starts from <dS_T, S_T>,
+            # O(1) and cancelled by it; without it from fin = <dS_T, a_T S_{T-1}>
+            b_kdk = tl.sum(b_dk_in * b_k, axis=0)
+            tl.store(kdk + (i_vb * NKB + i_kb) * part_stride + row, tl.where(i > 0, b_kdk, 0.))
         if USE_G or USE_GAMMA:
             if USE_G:
                 dstate *= tl.exp(tl.load(g + row).to(tl.float32) + gamma)
@@ -204,10 +230,14 @@ def recurrent_bwd(q, k, v, g, g_gamma, scale, initial_state, cu_seqlens, do, dht
     NKq = triton.cdiv(K, BKq)
     dq = _alloc(q.shape, q.dtype, dev)
     qdq = _alloc((NKq, B * T, H), torch.float32, dev) if need_dg else None
+    store_fin = need_dg and dht is not None
+    fin_part = _alloc((NKq, N * H), torch.float32, dev) if store_fin else None
     _rec_dq_kernel[(NKq * N * H,)](
-        q, k, v, g_arg, gamma_arg, initial_state if initial_state is not None else q, do, dq,
-        qdq if qdq is not None else dq, cu_arg, scale, T, part, BK=BKq, VF=VF,
-        USE_H0=initial_state is not None, STORE_QDQ=need_dg, **common, num_warps=4)
+        q, k, v, g_arg, gamma_arg, initial_state if initial_state is not None else q,
+        dht if dht is not None else q, do, dq, qdq if qdq is not None else dq,
+        fin_part if fin_part is not None else dq, cu_arg, scale, T, part, N * H, BK=BKq,
+        VF=VF, USE_H0=initial_state is not None, STORE_QDQ=need_dg, STORE_FIN=store_fin, **common,
+        num_warps=4)
 
     BK, BV = min(KF, 64), min(VF, 64)
     NKB, NVB = triton.cdiv(K, BK), triton.cdiv(V, BV)
@@ -224,9 +254,9 @@ def recurrent_bwd(q, k, v, g, g_gamma, scale, initial_state, cu_seqlens, do, dht
     dv = dvp.sum(0).to(v.dtype)
     dg = None
     if need_dg:
-        fin = (ht * dht).sum(dim=(-2, -1)) if (dht is not None and ht is not None) else None
-        # dG_t = q_t.dq_t - k_t.dk_t (partials over K/V blocks); dg = its reverse cumsum per
-        # sequence plus <S_final, dS_final> (common/triton_gate_grad.py).
+        # r_t = q_t.dq_t - k_t.dk_t less their common current-token term (partials over K/V
+        # blocks); dg = its reverse cumsum per sequence plus fin = <dS_T, a_T S_{T-1}>.
+        fin = fin_part.sum(0).view(N, H) if fin_part is not None else None
         dgt = qdq.sum(0) - kdk.sum(0)
         dg = sequence_reverse_cumsum(dgt, seq_offsets(B, T, cu_seqlens, dev), fin)
         dg = dg.view(B, T, H)
