@@ -11,15 +11,17 @@ D[i, j] = exp(gc_i - gc_j) [j <= i]:
 Kernels (program = one sequence n, one head h, one block of K or V):
     forward   (n, h, V-block)  chunks forward:  o, final state
     dq        (n, h, K-block)  chunks forward:  dq = scale (exp(gc) do S^T + ((do v^T) * D) k),
-                                                 and q . dq per token (for dg)
+                                                 and, for dg, q . dq_inter per token and the
+                                                 state before each chunk (hs, q's dtype)
     dv        (n, h, V-block)  chunks backward: dv = (k exp(gc_last - gc)) dS
                                                       + scale ((k q^T) * D^T) do
     dk        (n, h, K-block)  chunks backward: dk = exp(gc_last - gc) v dS^T
                                                       + scale ((do v^T) * D)^T q,
-                                                 dh0, and dg = reverse cumsum of (q.dq - k.dk)
-                                                 (+ <dS_T, S_T> for every token of a sequence)
+                                                 dh0, and dg chunk-locally (_dk_kernel)
 where dS (the gradient w.r.t. the state after a chunk) runs dS <- exp(gc_last) dS +
-scale (q exp(gc))^T do, starting from the final state's cotangent.
+scale (q exp(gc))^T do, starting from the final state's cotangent. The q exp(gc) operand is
+formed as q exp(gc - max gc) and the factor exp(max gc) applied in fp32: in fp16 a strongly
+decayed row would otherwise underflow (dh0 error 1e-2 on an H100 with g down to -20).
 Varlen: cu_seqlens (int32 [N+1], may be traced) is an input read inside the kernels; sequences
 shorter than a chunk and partial last chunks are masked.
 """
@@ -268,7 +270,7 @@ def _forward(kn, st, q, k, v, g, gamma, h0, cu):
 # ----------------------------------------------------------------------------- backward
 def _dq_kernel(refs, st):
     bt, BK = st.bt, st.bwd_bk
-    kb = pl.program_id(2)
+    n, kb = pl.program_id(0), pl.program_id(2)
     r0 = kb * BK
     bos, L = _bounds(refs, st)
     nt = (L + bt - 1) // bt
@@ -300,9 +302,32 @@ def _dq_kernel(refs, st):
             q = _load(refs, st, "q", start, nv, st.K, r0)
             qdq = jnp.sum(q.astype(jnp.float32) * inter, 1) * st.scale
             ptr.store_rows(refs["qdq"], start, _rows(st, nv), None, qdq)
+            refs["hs"][_slot(st, n, bos, c), :, :] = S.astype(refs["hs"].dtype)
         return S_dec + ptr.matmul(kd, v, (0, 0), st.precision)
 
     lax.fori_loop(0, nt, body, S0)
+
+
+def _n_slots(st):
+    """Rows of the per-chunk state buffer hs: one per chunk of every sequence."""
+    nt = -(-st.T // st.bt)
+    return nt + st.N if st.varlen else st.N * nt
+
+
+def _slot(st, n, bos, c):
+    """Row of chunk c of sequence n (first token bos) in hs. Varlen: bos // bt + n + c,
+    distinct for all chunks of all sequences (a sequence of length L spans <= L // bt + 1
+    chunk starts beyond bos // bt) and < _n_slots, with no host-side table. n and bos are
+    read outside the chunk loop (program_id inside a loop body does not interpret)."""
+    if st.varlen:
+        return bos // st.bt + n + c
+    return n * (-(-st.T // st.bt)) + c
+
+
+def _decayed_rows(x, gc, dt):
+    """(x exp(gc - m)) in dt and exp(m) (fp32), m = max gc: the largest row keeps its scale."""
+    m = jnp.max(gc)
+    return (x * jnp.exp(gc - m)[:, None]).astype(dt), jnp.exp(m)
 
 
 def _dv_kernel(refs, st):
@@ -327,21 +352,21 @@ def _dv_kernel(refs, st):
         At = ptr.matmul(k, q, (1, 1), st.precision) * Dt
         if gc is not None:
             kd = (k * jnp.exp(rest)[:, None]).astype(dt)
-            qd = (q * jnp.exp(gc)[:, None]).astype(dt)
+            qd, q_scale = _decayed_rows(q, gc, dt)
             dS_dec = dS * jnp.exp(g_last)
         else:
-            kd, qd, dS_dec = k, q, dS
+            kd, qd, q_scale, dS_dec = k, q, 1.0, dS
         dv = ptr.matmul(kd, dS.astype(dt), (1, 0), st.precision)
         dv = dv + st.scale * ptr.matmul(At.astype(dt), do, (1, 0), st.precision)
         _store(refs, st, "dv", start, nv, st.V, dv, c0)
-        return dS_dec + st.scale * ptr.matmul(qd, do, (0, 0), st.precision)
+        return dS_dec + (st.scale * q_scale) * ptr.matmul(qd, do, (0, 0), st.precision)
 
     lax.fori_loop(0, nt, body, dS0)
 
 
 def _dk_kernel(refs, st):
     bt, BK = st.bt, st.bwd_bk
-    kb = pl.program_id(2)
+    n, kb = pl.program_id(0), pl.program_id(2)
     r0 = kb * BK
     bos, L = _bounds(refs, st)
     nt = (L + bt - 1) // bt
@@ -349,14 +374,9 @@ def _dk_kernel(refs, st):
     dS0 = ptr.load_tile(refs["dht"], st.K, st.V, r0, 0)
     idx = jnp.arange(bt)
     upper = idx[None, :] >= idx[:, None]          # [i, j]: j >= i
-    if st.has_g:
-        n, h = pl.program_id(0), pl.program_id(1)
-        carry0 = jnp.where(kb == 0, refs["cterm"][n, h], 0.0).astype(jnp.float32)
-    else:
-        carry0 = jnp.zeros((), jnp.float32)
+    before = idx[None, :] < idx[:, None]          # [i, j]: j < i
 
-    def body(i, state):
-        dS, carry = state
+    def body(i, dS):
         c = nt - 1 - i
         start = bos + c * bt
         nv = L - c * bt
@@ -370,33 +390,37 @@ def _dk_kernel(refs, st):
         dS_hi = dS.astype(dt)
         inter = ptr.matmul(v, dS_hi, (1, 1), st.precision)
         if st.has_g and dt != jnp.float32:
-            # k.dk feeds dg, where it cancels against <dS, S> terms kept in fp32; a half-
-            # precision dS alone leaves its rounding (~4e-3) in every dg. Add the low part.
+            # k.dk feeds dg; a half-precision dS alone leaves its rounding (~4e-3) in every
+            # dg. Add the low part.
             dS_lo = (dS - dS_hi.astype(jnp.float32)).astype(dt)
             inter = inter + ptr.matmul(v, dS_lo, (1, 1), st.precision)
         if gc is not None:
             inter = inter * jnp.exp(rest)[:, None]
-            qd = (q * jnp.exp(gc)[:, None]).astype(dt)
+            qd, q_scale = _decayed_rows(q, gc, dt)
             dS_dec = dS * jnp.exp(g_last)
         else:
-            qd, dS_dec = q, dS
+            qd, q_scale, dS_dec = q, 1.0, dS
         dk = inter + st.scale * ptr.matmul(P.astype(dt), q, (0, 0), st.precision)
         _store(refs, st, "dk", start, nv, st.K, dk, r0)
         if st.has_g:
-            # dG_t = q_t.dq_t - k_t.dk_t. Intra-chunk, both are sums of the same fp32 matrix
-            # M[i, j] = scale (q_i.k_j)(do_i.v_j) D[i, j]: row sums minus column sums, so the
-            # diagonal (decay-free, and dominant under strong gates) cancels exactly instead
-            # of through two differently rounded bf16 products.
+            # dg_t of a token t of this chunk, all terms local to the chunk (no running sum
+            # over the sequence, whose cancellations cost 1.7e-2 in bf16 at T=16384):
+            #   exp(gc_last) <S_before, dS_after>          (the chunk's state transition)
+            # + sum_{s >= t} q_s . dq_inter_s              (exp(gc_s) q_s S, from _dq_kernel)
+            # + sum_{s < t} (k_s . dk_inter_s + colsum_s(M) - rowsum_s(M))
+            # with M[i, j] = scale (q_i.k_j)(do_i.v_j) D[i, j]: sum_{s<t} of colsum - rowsum
+            # is the sum of M over i >= t > j, the pairs whose decay contains g_t.
             M = ptr.matmul(q, k, (1, 1), st.precision) * P * st.scale
-            intra = jnp.sum(M, 1) - jnp.sum(M, 0)
-            qdq = ptr.load_rows(refs["qdq"], start, bt, _rows(st, nv))
-            dG = qdq + intra - jnp.sum(k.astype(jnp.float32) * inter, 1)
-            rev = jnp.sum(jnp.where(upper, dG[None, :], 0.0), 1)
-            ptr.store_rows(refs["dg"], start, _rows(st, nv), None, rev + carry)
-            carry = carry + jnp.sum(dG)
-        return dS_dec + st.scale * ptr.matmul(qd, do, (0, 0), st.precision), carry
+            x = jnp.sum(M, 0) - jnp.sum(M, 1) + jnp.sum(k.astype(jnp.float32) * inter, 1)
+            p = ptr.load_rows(refs["qdq"], start, bt, _rows(st, nv))
+            hs = refs["hs"][_slot(st, n, bos, c), :, :].astype(jnp.float32)
+            term = jnp.exp(g_last) * jnp.sum(hs * dS)
+            dg = (term + jnp.sum(jnp.where(upper, p[None, :], 0.0), 1)
+                  + jnp.sum(jnp.where(before, x[None, :], 0.0), 1))
+            ptr.store_rows(refs["dg"], start, _rows(st, nv), None, dg)
+        return dS_dec + (st.scale * q_scale) * ptr.matmul(qd, do, (0, 0), st.precision)
 
-    dS, _ = lax.fori_loop(0, nt, body, (dS0, carry0))
+    dS = lax.fori_loop(0, nt, body, dS0)
     if st.has_h0:
         ptr.store_tile(refs["dh0"], dS, st.K, st.V, r0, 0)
 
@@ -416,6 +440,10 @@ def _backward(kn, st, q, k, v, g, gamma, h0, cu, ht, do, dht):
     outs = [("dq", jax.ShapeDtypeStruct(q.shape, q.dtype), _seq_spec(st, st.bwd_bk, _same))]
     if st.has_g:
         outs.append(("qdq", part, _part_spec(st)))
+    if st.has_g and kn.chunk_states:
+        outs.append(("hs", jax.ShapeDtypeStruct((_n_slots(st), st.H, st.Kp, st.Vp), q.dtype),
+                     pl.BlockSpec((_n_slots(st), None, st.bwd_bk, st.Vp),
+                                  lambda n, h, j: (0, h, j, 0))))
     r = _call(kn.dq, st, (st.N, st.H, NK), ins, outs, st.bwd_warps, st.bwd_stages,
               kn.name + "_bwd_dq")
     dq = r["dq"]
@@ -432,7 +460,11 @@ def _backward(kn, st, q, k, v, g, gamma, h0, cu, ht, do, dht):
     ins = [("q", q, _seq_spec(st, st.bwd_bk, _same)), ("k", k, _seq_spec(st, st.bwd_bk, _same)),
            ("v", v, _seq_spec(st, st.Vp, _zero)), ("do", do, _seq_spec(st, st.Vp, _zero))]
     ins += common
-    if st.has_g:
+    if st.has_g and kn.chunk_states:
+        ins += [("qdq", r["qdq"], _part_spec(st)),
+                ("hs", r["hs"], pl.BlockSpec((_n_slots(st), None, st.bwd_bk, st.Vp),
+                                             lambda n, h, j: (0, h, j, 0)))]
+    elif st.has_g:
         cterm = jnp.sum(dht * ht, axis=(2, 3))            # [N, H]: <dS_T, S_T>
         ins += [("qdq", r["qdq"], _part_spec(st)), ("cterm", cterm, _full_spec(cterm))]
     ins.append(("dht", dht, _state_spec(st.bwd_bk, st.Vp, _same, _zero)))
@@ -460,6 +492,7 @@ class Kernels(NamedTuple):
     dv: Callable
     dk: Callable
     name: str
+    chunk_states: bool = False   # dq kernel writes the state before each chunk for dk's dg
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -485,7 +518,7 @@ def _vjp_bwd(kn, st, res, cts):
 
 simple_gla_vjp.defvjp(_vjp_fwd, _vjp_bwd)
 _KERNELS = Kernels(fwd=_fwd_kernel, dq=_dq_kernel, dv=_dv_kernel, dk=_dk_kernel,
-                   name="simple_gla_chunk")
+                   name="simple_gla_chunk", chunk_states=True)
 
 
 def chunk_simple_gla_pallas(q, k, v, *, g=None, g_gamma=None, scale, initial_state=None,

@@ -17,7 +17,9 @@ Every kernel walks the chunks of one sequence in order and keeps its state tile 
     dv: reverse order, carries dS, per (sequence, head, block of V) with full K.
   dh0 comes from the dk programs; dg is assembled chunk by chunk (see the note above _bwd_dq)
   from shares written by the dq and dk programs, summed on the host.
-Matmul operands are in the input dtype (fp32 at IEEE precision unless allow_tf32()),
+Matmul operands are in the input dtype (fp32 ones multiplied fp32-accurately, tf32x3, unless
+allow_tf32()); q exp(b) enters the dS update as q exp(b - max b) with exp(max b) applied in
+fp32, so strongly decayed rows do not underflow in fp16,
 accumulation, decays and states in fp32; the in-chunk cumsum of the log-decay in fp64 (split
 into two fp32 parts, see common/triton_scalar_gate.chunk_log_decay).
 Tested: Triton 3.9 interpreter (CPU) and Triton 3.6 on an H100.
@@ -208,11 +210,14 @@ def _bwd_dk(q, k, v, g, gamma, dht, h, do, dk, dh0, dgp, i_kb, i_n, i_nh, i_h, b
         if USE_G or USE_GAMMA:
             b, b_lo, to_end, b_last = chunk_log_decay(g, gamma, row, m_t, USE_G, USE_GAMMA, BT)
             b_dk *= tl.exp(to_end)[:, None]
-            b_qw = (b_q * tl.exp(b)[:, None]).to(dt)
+            b_max = tl.max(b, axis=0)   # q exp(b - max) in dt, exp(max) in fp32: no fp16
+            q_scale = tl.exp(b_max)     # underflow of strongly decayed rows (dh0 error 1e-2)
+            b_qw = (b_q * tl.exp(b - b_max)[:, None]).to(dt)
         else:
             b = tl.zeros([BT], dtype=tl.float32)
             b_lo = b
             b_qw = b_q
+            q_scale = 1.0
         if STORE_DG:
             slot = _chunk_slot(i_n, bos, i_c, T, BT, IS_VARLEN)
             b_h = tl.load(h + (slot * H + i_h) * K * V + p_kv, mask=m_state, other=0.)
@@ -227,7 +232,7 @@ def _bwd_dk(q, k, v, g, gamma, dht, h, do, dk, dh0, dgp, i_kb, i_n, i_nh, i_h, b
         dA = causal_decay(dA, b, b_lo, causal, USE_G or USE_GAMMA) * scale
         b_dk += tl.dot(tl.trans(dA.to(dt)), b_q, input_precision=PREC)
         tl.store(dk + row[:, None] * K + o_k[None, :], b_dk.to(dk.dtype.element_ty), mask=m_tk)
-        dstate += scale * tl.dot(tl.trans(b_qw), b_do, input_precision=PREC)
+        dstate += (scale * q_scale) * tl.dot(tl.trans(b_qw), b_do, input_precision=PREC)
     if STORE_DH0:
         tl.store(dh0 + i_nh.to(tl.int64) * K * V + p_kv, dstate, mask=m_state)
 
@@ -264,16 +269,19 @@ def _bwd_dv(q, k, g, gamma, dht, do, dv, i_vb, i_nh, i_h, bos, eos, scale,
         if USE_G or USE_GAMMA:
             b, b_lo, to_end, b_last = chunk_log_decay(g, gamma, row, m_t, USE_G, USE_GAMMA, BT)
             b_dv *= tl.exp(to_end)[:, None]
-            b_qw = (b_q * tl.exp(b)[:, None]).to(dt)
+            b_max = tl.max(b, axis=0)   # q exp(b - max) in dt, exp(max) in fp32: no fp16
+            q_scale = tl.exp(b_max)     # underflow of strongly decayed rows (dh0 error 1e-2)
+            b_qw = (b_q * tl.exp(b - b_max)[:, None]).to(dt)
             dstate *= tl.exp(b_last)
         else:
             b = tl.zeros([BT], dtype=tl.float32)
             b_lo = b
             b_qw = b_q
+            q_scale = 1.0
         A = causal_decay(A, b, b_lo, causal, USE_G or USE_GAMMA) * scale
         b_dv += tl.dot(tl.trans(A.to(dt)), b_do, input_precision=PREC)
         tl.store(dv + row[:, None] * V + o_v[None, :], b_dv.to(dv.dtype.element_ty), mask=m_tv)
-        dstate += scale * tl.dot(tl.trans(b_qw), b_do, input_precision=PREC)
+        dstate += (scale * q_scale) * tl.dot(tl.trans(b_qw), b_do, input_precision=PREC)
 
 
 @triton.jit
