@@ -168,3 +168,20 @@ def test_gated_strong_gates_no_state(kind):
 def test_delta_fp16_l2norm_beta_near_one(kind):
     run_case(kind, False, "fp16", B=1, T=33, H=1, HV=2, K=24, V=16, l2norm=True,
              beta_lo=0.999, beta_hi=1.0)
+
+
+def test_gated_recurrent_dg_strong_gates_fp32():
+    """dg of the recurrent kernel with log-decays in [-20, -1] and beta near 1 (fp32, two
+    sequences, h0 and dS_T given). The true dg is O(exp(g)) small; a kernel that forms it from
+    O(1) terms that cancel (q.dq and v.dv both holding scale beta (q.k)(v.do); the final
+    <dS_T, S_T>) is off by ~4e-5 here, over fp32's 2e-5."""
+    run_case("recurrent", True, "fp32", B=1, T=256, H=1, HV=1, K=32, V=32, cu=[0, 100, 256],
+             g_lo=-20.0, g_hi=-1.0, beta_lo=1 - 1e-4, beta_hi=1.0, seed=11)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_gated_chunk_wide_heads(dtype):
+    # K > 128 and V > 128: several K / V tiles in the WY kernels, two K blocks (dgc partials)
+    # in dqk; T = 70 leaves a 6-token chunk (16-row blocks 1-3 fully padded)
+    run_case("chunk", True, dtype, B=1, T=70, H=1, HV=2, K=144, V=130, l2norm=True,
+             beta_lo=0.0, beta_hi=2.0)

@@ -56,16 +56,40 @@ def _precisions(dtype):
     return dot_precision(dtype), fp32_dot_precision()
 
 
-def _state_blocks(K, V, dtype):
-    BK = triton.next_power_of_2(K)
-    BV = 64 if BK <= 128 and dtype != torch.float32 else 32
-    return BK, min(BV, triton.next_power_of_2(V))
+# Launch parameters per kernel: caps on the K / V tile sizes, num_warps, num_stages (H100).
+# "BV32": the state kernels' value tile for fp32 inputs or K > 128 (the fp32 state tile is
+# twice as large). The benchmark script of the tuning run overrides entries of this table.
+LAUNCH = {
+    "wy_fwd": dict(BK=128, BV=128, num_warps=4),
+    "chunk_h": dict(BV=64, BV32=32, num_warps=4),
+    "chunk_o": dict(BK=64, BV=64, num_warps=4),
+    "dvn_local": dict(BK=64, BV=64, num_warps=4),
+    "chunk_dh": dict(BV=64, BV32=32, num_warps=4),
+    "dqk": dict(BK=128, BV=64, num_warps=8),
+    "wy_bwd": dict(BK=64, BV=64, num_warps=8),
+}
+
+
+def _tiles(name, K, V):
+    """(BK, BV, launch kwargs) of kernel `name` for head dims K, V."""
+    cfg = LAUNCH[name]
+    kw = {n: cfg[n] for n in ("num_warps", "num_stages") if n in cfg}
+    return block(K, cfg.get("BK", 256)), block(V, cfg["BV"]), kw
+
+
+def _state_blocks(name, K, V, dtype):
+    """Tiles of the sequential state kernels: the whole K, a block of V."""
+    cfg = LAUNCH[name]
+    BK = block(K)
+    BV = cfg["BV"] if BK <= 128 and dtype != torch.float32 else cfg["BV32"]
+    kw = {n: cfg[n] for n in ("num_warps", "num_stages") if n in cfg}
+    return BK, block(V, BV), kw
 
 
 def _fwd_states(k, w, u, gc, h0, offsets, chunk_offsets, NT, N, output_final_state, PREC):
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
-    BK, BV = _state_blocks(K, V, k.dtype)
+    BK, BV, kw = _state_blocks("chunk_h", K, V, k.dtype)
     h_buf = _buf((NT, HV, K, V), _bdt("h", k.dtype), k.device)
     vn = _buf((B, T, HV, V), _bdt("vn", k.dtype), k.device)
     ht = _buf((N, HV, K, V), torch.float32, k.device) if output_final_state else None
@@ -73,7 +97,7 @@ def _fwd_states(k, w, u, gc, h0, offsets, chunk_offsets, NT, N, output_final_sta
         k, w, u, gc if gc is not None else u, h0 if h0 is not None else u, h_buf, vn,
         ht if ht is not None else u, offsets, chunk_offsets,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_G=gc is not None,
-        HAS_H0=h0 is not None, STORE_HT=ht is not None, PREC=PREC, num_warps=4)
+        HAS_H0=h0 is not None, STORE_HT=ht is not None, PREC=PREC, **kw)
     return h_buf, vn, ht
 
 
@@ -90,23 +114,22 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         table, chunk_offsets, NT = chunk_tables(B, T, cu_seqlens, BT, dev)
         N = offsets.shape[0] - 1
         PREC, PREC32 = _precisions(q.dtype)
-        BK = min(64, triton.next_power_of_2(K))
-        BV = min(64, triton.next_power_of_2(V))
         gc = _buf((B, T, HV), torch.float32, dev) if g is not None else None
         tm = _buf((B, T, HV, BT), torch.float32, dev)
         w = _buf((B, T, HV, K), _bdt("w", q.dtype), dev)
         u = _buf((B, T, HV, V), _bdt("u", q.dtype), dev)
+        BK, BV, kw = _tiles("wy_fwd", K, V)
         _wy_fwd16_kernel[(NT, HV)](
             k, v, g if g is not None else beta, beta, gc if gc is not None else beta, tm, w, u,
-            table, offsets, H=H, HV=HV, K=K, V=V, BT=BT, BK=block(K, 128), BV=block(V, 128),
-            HAS_G=g is not None, PREC=PREC, PREC32=PREC32, num_warps=4)
+            table, offsets, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
+            HAS_G=g is not None, PREC=PREC, PREC32=PREC32, **kw)
         h_buf, vn, ht = _fwd_states(k, w, u, gc, h0, offsets, chunk_offsets, NT, N,
                                     output_final_state, PREC)
         o = _buf((B, T, HV, V), q.dtype, dev)
+        BK, BV, kw = _tiles("chunk_o", K, V)
         _chunk_o_kernel[(triton.cdiv(V, BV), NT, HV)](
             q, k, vn, h_buf, gc if gc is not None else beta, o, table, offsets, scale,
-            H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_G=g is not None, PREC=PREC,
-            num_warps=4)
+            H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_G=g is not None, PREC=PREC, **kw)
         # the states per chunk and vn are kept (the backward does not re-run chunk_h)
         ctx.save_for_backward(q, k, v, beta, gc, tm, w, h_buf, vn, h0, offsets, table,
                               chunk_offsets)
@@ -124,42 +147,42 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         PREC, PREC32 = _precisions(q.dtype)
         do = do.contiguous()
         dht = dht.contiguous() if dht is not None else None
-        BK = min(64, triton.next_power_of_2(K))
-        BV = min(64, triton.next_power_of_2(V))
         gc_arg = gc if gc is not None else beta
         dvn = _buf((B, T, HV, V), torch.float32, dev)
+        BK, BV, kw = _tiles("dvn_local", K, V)
         _dvn_local_kernel[(triton.cdiv(V, BV), NT, HV)](
             q, k, do, gc_arg, dvn, table, offsets, scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK,
-            BV=BV, HAS_G=has_g, PREC=PREC, num_warps=4)
-        SK, SV = _state_blocks(K, V, q.dtype)
+            BV=BV, HAS_G=has_g, PREC=PREC, **kw)
+        SK, SV, kw = _state_blocks("chunk_dh", K, V, q.dtype)
         dh_buf = _buf((NT, HV, K, V), _bdt("dh", q.dtype), dev)
         dh0 = _buf((N, HV, K, V), torch.float32, dev) if h0 is not None else None
         _chunk_dh_kernel[(triton.cdiv(V, SV), N * HV)](
             q, k, w, do, gc_arg, dvn, dht if dht is not None else dvn,
             dh0 if dh0 is not None else dvn, dh_buf, offsets, chunk_offsets, scale,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=SK, BV=SV, HAS_G=has_g, HAS_DHT=dht is not None,
-            STORE_DH0=dh0 is not None, PREC=PREC, num_warps=4)
+            STORE_DH0=dh0 is not None, PREC=PREC, **kw)
         # dq and dk are final per value head when HV == H: written in the input dtype
         final_dt = q.dtype if HV == H else torch.float32
         dq = _buf((B, T, HV, K), final_dt, dev)
         dk_direct = _buf((B, T, HV, K), torch.float32, dev)
         dw = _buf((B, T, HV, K), torch.float32, dev)
-        QK = block(K, 128)
+        QK, BV, kw = _tiles("dqk", K, V)
         NKB = triton.cdiv(K, QK)
         dgc = _buf((NKB, B, T, HV), torch.float32, dev) if has_g else None
         _dqk_kernel[(NKB, NT, HV)](
             q, k, do, vn, dvn, h_buf, dh_buf, gc_arg, dq, dk_direct, dw,
             dgc if dgc is not None else dw, table, offsets, scale, B * T * HV,
-            H=H, HV=HV, K=K, V=V, BT=BT, BK=QK, BV=BV, HAS_G=has_g, PREC=PREC, num_warps=8)
+            H=H, HV=HV, K=K, V=V, BT=BT, BK=QK, BV=BV, HAS_G=has_g, PREC=PREC, **kw)
         dk = _buf((B, T, HV, K), final_dt, dev)
         dv = _buf((B, T, HV, V), v.dtype, dev)
         dbeta = _buf((B, T, HV), torch.float32, dev)
         dg = _buf((B, T, HV), torch.float32, dev) if has_g else None
+        BK, BV, kw = _tiles("wy_bwd", K, V)
         _wy_bwd2_kernel[(NT, HV)](
             k, v, beta, gc_arg, tm, dk_direct, dw, dvn, dgc if dgc is not None else dw, dk, dv,
             dbeta, dg if dg is not None else dbeta, table, offsets, B * T * HV, H=H, HV=HV,
             K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_G=has_g, NKB=NKB,
-            SPLIT=q.dtype != torch.float32, PREC=PREC32, num_warps=8)
+            SPLIT=q.dtype != torch.float32, PREC=PREC32, **kw)
         if HV != H:
             dq = group_sum(dq, H).to(q.dtype)
             dk = group_sum(dk, H).to(k.dtype)

@@ -18,7 +18,7 @@ identity dg_t = sum_{s >= t} (q.dq - v.dv) cancelled O(1) terms: bf16 dg 0.72 at
         + [last token] exp(gc_L) <h, dh_next> + sum_s k_s . dk_state_s
     dg  = reverse cumsum of dgc inside the chunk.
 Kernels: `dvn_local` (chunk-parallel), `chunk_dh` (sequential, reverse), `dqk` (per K block
-x chunk), `wy_bwd` (per chunk).
+x chunk); `wy_bwd` (per chunk) is in triton_wy_bwd.py.
 """
 from __future__ import annotations
 
@@ -198,87 +198,3 @@ def _dqk_kernel(q, k, do, vn_buf, dvn_buf, h_buf, dh_buf, gc_buf, dq_buf, dk_buf
     tl.store(dq_buf + p_tk, b_dq.to(dq_buf.dtype.element_ty), mask=m_tk)
     tl.store(dk_buf + p_tk, b_dk, mask=m_tk)
     tl.store(dw_buf + p_tk, -b_dw, mask=m_tk)
-
-
-@triton.jit
-def _wy_bwd_kernel(k, v, beta, gc_buf, tm_buf, dk_buf, dw_buf, dvn_buf, dgc_buf, dv, dbeta,
-                   dg, chunk_table, offsets, part_stride,
-                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
-                   NKB: tl.constexpr, PREC: tl.constexpr, PREC32: tl.constexpr):
-    """Backward of w = Tm (beta exp(gc) k), u = Tm (beta v), Tm = (I + A)^-1; adds to dk_buf
-    (fp32, in place), writes dv, dbeta and (gated) dg: the NKB partials of dgc from `dqk`
-    plus the WY terms beta exp(gc) (k . Tm^T dw) + rowsum(dA*A) - colsum(dA*A), reverse
-    cumsum inside the chunk (fp32)."""
-    i_c, i_hv = tl.program_id(0), tl.program_id(1)
-    i_h = i_hv // (HV // H)
-    i_n, t0, eos, i_i = chunk_coords(chunk_table, offsets, i_c, BT)
-    o_t = tl.arange(0, BT)
-    rows = t0 + o_t
-    mask_t = rows < eos
-    b_beta = tl.load(beta + rows * HV + i_hv, mask=mask_t, other=0.0)
-    b_gc, g_last = load_gates(gc_buf, rows, mask_t, tl.minimum(t0 + BT, eos) - 1, i_hv, HV,
-                              HAS_G)
-    b_eg = tl.exp(b_gc)
-    m_tt = mask_t[:, None] & (o_t < BT)[None, :]
-    b_Tm = tl.load(tm_buf + (rows * HV + i_hv)[:, None] * BT + o_t[None, :], mask=m_tt, other=0.0)
-    b_dTm = tl.zeros([BT, BT], dtype=tl.float32)
-    b_KK = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_k in range(0, tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_tk = mask_t[:, None] & (o_k < K)[None, :]
-        b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
-        b_dw = tl.load(dw_buf + (rows * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_tk,
-                       other=0.0)
-        b_kb = b_k.to(tl.float32) * (b_beta * b_eg)[:, None]
-        b_dTm += tl.dot(b_dw, tl.trans(b_kb), input_precision=PREC32)
-        b_KK += tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
-    for i_v in range(0, tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_tv = mask_t[:, None] & (o_v < V)[None, :]
-        p_tv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
-        b_v = tl.load(v + p_tv, mask=m_tv, other=0.0).to(tl.float32)
-        b_du = tl.load(dvn_buf + p_tv, mask=m_tv, other=0.0)
-        b_dTm += tl.dot(b_du, tl.trans(b_v * b_beta[:, None]), input_precision=PREC32)
-    strict = o_t[:, None] > o_t[None, :]
-    b_dA = tl.dot(tl.trans(b_Tm), b_dTm, input_precision=PREC32)
-    b_dA = -tl.dot(b_dA, tl.trans(b_Tm), input_precision=PREC32)
-    b_B = b_dA * decay_matrix(b_gc, b_gc, strict)
-    b_db = tl.sum(b_B * b_KK, axis=1)
-    b_Bb = b_B * b_beta[:, None]
-    b_wk = tl.zeros([BT], dtype=tl.float32)
-    for i_k in range(0, tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_tk = mask_t[:, None] & (o_k < K)[None, :]
-        p_tk = (rows * HV + i_hv)[:, None] * K + o_k[None, :]
-        b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk,
-                      other=0.0).to(tl.float32)
-        b_dw = tl.load(dw_buf + p_tk, mask=m_tk, other=0.0)
-        b_dkb = tl.dot(tl.trans(b_Tm), b_dw, input_precision=PREC32)
-        b_dk = tl.load(dk_buf + p_tk, mask=m_tk, other=0.0)
-        b_dk += (b_beta * b_eg)[:, None] * b_dkb
-        b_dk += tl.dot(b_Bb, b_k, input_precision=PREC32)
-        b_dk += tl.dot(tl.trans(b_Bb), b_k, input_precision=PREC32)
-        b_wk += b_eg * tl.sum(b_k * b_dkb, axis=1)
-        tl.store(dk_buf + p_tk, b_dk, mask=m_tk)
-    b_db += b_wk
-    for i_v in range(0, tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_tv = mask_t[:, None] & (o_v < V)[None, :]
-        p_tv = (rows * HV + i_hv)[:, None] * V + o_v[None, :]
-        b_v = tl.load(v + p_tv, mask=m_tv, other=0.0).to(tl.float32)
-        b_du = tl.load(dvn_buf + p_tv, mask=m_tv, other=0.0)
-        b_dvb = tl.dot(tl.trans(b_Tm), b_du, input_precision=PREC32)
-        b_dv = b_beta[:, None] * b_dvb
-        b_db += tl.sum(b_v * b_dvb, axis=1)
-        tl.store(dv + p_tv, b_dv.to(dv.dtype.element_ty), mask=m_tv)
-    tl.store(dbeta + rows * HV + i_hv, b_db, mask=mask_t)
-    if HAS_G:
-        b_Ad = b_Bb * b_KK   # dA * A
-        b_dgc = b_beta * b_wk + tl.sum(b_Ad, axis=1) - tl.sum(b_Ad, axis=0)
-        p_dgc = dgc_buf + rows * HV + i_hv
-        for p in range(NKB):
-            b_dgc += tl.load(p_dgc, mask=mask_t, other=0.0)
-            p_dgc += part_stride
-        b_dg = tl.sum(b_dgc, axis=0) - tl.cumsum(b_dgc, axis=0) + b_dgc
-        tl.store(dg + rows * HV + i_hv, b_dg, mask=mask_t)

@@ -7,7 +7,7 @@ Per chunk (tokens s, r of one sequence and value head; gc = chunk-local cumsum o
     vn       = u - w h                    (h: state at the chunk start, [K, V])
     h_next   = exp(gc_L) h + (exp(gc_L - gc) k)^T vn          (L: last token of the chunk)
     o        = scale (exp(gc) q h + (causal(q k^T) * exp(gc_t - gc_s)) vn)
-Kernels: `wy_fwd` (gc, Tm, w, u; one program per chunk x value head), `chunk_h`
+Kernels: `wy_fwd` (gc, Tm, w, u; in triton_wy_fwd.py), `chunk_h`
 (sequential over the chunks of a sequence; one program per value block x sequence x value
 head; stores h per chunk and vn), `chunk_o` (one program per value block x chunk x head).
 All decays are exp of a non-positive number: masked entries are masked in the exponent.
@@ -53,58 +53,6 @@ def load_gates(gc_buf, rows, mask_t, t_last, i_hv, HV: tl.constexpr, HAS_G: tl.c
 def decay_matrix(b_gc_row, b_gc_col, keep):
     """exp(gc_row[:, None] - gc_col[None, :]) where keep, else 0 (masked in the exponent)."""
     return tl.where(keep, tl.exp(tl.where(keep, b_gc_row[:, None] - b_gc_col[None, :], 0.0)), 0.0)
-
-
-@triton.jit
-def _wy_fwd_kernel(k, v, g, beta, gc_buf, tm_buf, w_buf, u_buf, chunk_table, offsets,
-                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
-                   PREC: tl.constexpr):
-    i_c, i_hv = tl.program_id(0), tl.program_id(1)
-    i_h = i_hv // (HV // H)
-    i_n, t0, eos, i_i = chunk_coords(chunk_table, offsets, i_c, BT)
-    o_t = tl.arange(0, BT)
-    rows = t0 + o_t
-    mask_t = rows < eos
-    b_beta = tl.load(beta + rows * HV + i_hv, mask=mask_t, other=0.0)
-    if HAS_G:
-        b_g = tl.load(g + rows * HV + i_hv, mask=mask_t, other=0.0)
-        b_gc = tl.cumsum(b_g, axis=0)
-        tl.store(gc_buf + rows * HV + i_hv, b_gc, mask=mask_t)
-    else:
-        b_gc = tl.zeros([BT], dtype=tl.float32)
-    strict = o_t[:, None] > o_t[None, :]
-    A = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_k in range(0, tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m = mask_t[:, None] & (o_k < K)[None, :]
-        b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m, other=0.0)
-        A += tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
-    A = A * b_beta[:, None] * decay_matrix(b_gc, b_gc, strict)
-    # Tm = (I + A)^-1 by forward substitution: row i = e_i - sum_{j<i} A[i, j] Tm[j, :]
-    Tm = tl.zeros([BT, BT], dtype=tl.float32)
-    for i in range(0, BT):
-        sel = o_t[:, None] == i
-        a_i = tl.sum(tl.where(sel, A, 0.0), axis=0)
-        row = tl.where(o_t == i, 1.0, 0.0) - tl.sum(a_i[:, None] * Tm, axis=0)
-        Tm = tl.where(sel, row[None, :], Tm)
-    m_tt = mask_t[:, None] & (o_t < BT)[None, :]
-    tl.store(tm_buf + (rows * HV + i_hv)[:, None] * BT + o_t[None, :], Tm, mask=m_tt)
-    b_kscale = b_beta * tl.exp(b_gc)
-    for i_k in range(0, tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m = mask_t[:, None] & (o_k < K)[None, :]
-        b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m, other=0.0)
-        b_w = tl.dot(Tm, b_k.to(tl.float32) * b_kscale[:, None], input_precision=PREC)
-        tl.store(w_buf + (rows * HV + i_hv)[:, None] * K + o_k[None, :],
-                 b_w.to(w_buf.dtype.element_ty), mask=m)
-    for i_v in range(0, tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m = mask_t[:, None] & (o_v < V)[None, :]
-        b_v = tl.load(v + (rows * HV + i_hv)[:, None] * V + o_v[None, :], mask=m, other=0.0)
-        b_u = tl.dot(Tm, b_v.to(tl.float32) * b_beta[:, None], input_precision=PREC)
-        tl.store(u_buf + (rows * HV + i_hv)[:, None] * V + o_v[None, :],
-                 b_u.to(u_buf.dtype.element_ty), mask=m)
 
 
 @triton.jit
