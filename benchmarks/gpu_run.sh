@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# One GPU session: kernel parity at GPU shapes, then the benchmark, results under $OUT.
-# Run from the repo root on the GPU machine (carry .whl for fla-core + einops).
+# One GPU session, run from the repo root on the GPU machine (carry .whl for fla-core + einops):
+#   MODE=parity  kernel parity at GPU shapes, one process per op in parallel ($OUT/parity.txt)
+#   MODE=bench   the benchmark plan below, one process after another ($OUT/bench.txt, .json)
+# FLA_AUTOTUNE=<tgz of *.autotune.json> reuses FLA's autotune results from an earlier run
+# (Triton's TRITON_CACHE_AUTOTUNING); FLA's cold first calls are then measured separately.
 set -u
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PARITY_DEVICE=cuda
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
@@ -10,13 +13,36 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=${PYTHONPATH:-.}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-OPS=${OPS:-"chunk_simple_gla fused_recurrent_simple_gla"}
-timeout ${PARITY_S:-200} python3 -m parity_tests --device cuda --impls kernel --ops $OPS \
-  --json "$OUT/parity.json" 2>&1 | tee "$OUT/parity.txt" | tail -n 60
-timeout ${BENCH_S:-150} python3 benchmarks/run.py --ops ${BENCH_OPS:-simple_gla} \
-  --paths ${BENCH_PATHS:-triton pallas torch-chunked jax-chunked sdpa} \
-  --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" | tail -n 40
-if [ -n "${FLA_S:-}" ]; then
-  timeout "$FLA_S" python3 benchmarks/run.py --ops simple_gla --dtypes bf16 --shapes B4T4096 \
-    --paths fla triton pallas --json "$OUT/bench_fla.json" 2>&1 | tee "$OUT/bench_fla.txt" | tail -n 12
+MODE=${MODE:-parity}
+if [ "$MODE" = parity ]; then
+  OPS=${OPS:-"chunk_simple_gla fused_recurrent_simple_gla chunk_delta_rule chunk_gated_delta_rule fused_recurrent_delta_rule fused_recurrent_gated_delta_rule"}
+  for op in $OPS; do
+    timeout ${PARITY_S:-480} python3 -m parity_tests --device cuda --impls kernel --ops $op \
+      ${CASES:+--cases $CASES} > "$OUT/p_$op.log" 2>&1 &
+  done
+  wait
+  cat "$OUT"/p_*.log > "$OUT/parity.txt"; rm -f "$OUT"/p_*.log
+  grep -E "FAIL|Error" "$OUT/parity.txt" | cut -c1-230 | head -40
+  grep -E "comparisons" "$OUT/parity.txt"
+  exit 0
 fi
+export TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
+if [ -n "${FLA_AUTOTUNE:-}" ]; then mkdir -p "$TRITON_CACHE_DIR" && tar xzf "$FLA_AUTOTUNE" -C "$TRITON_CACHE_DIR"; fi
+mkdir -p /tmp/bj
+b() { timeout ${BENCH_S:-300} python3 benchmarks/run.py --json /tmp/bj/$1.json "${@:2}" 2>&1 \
+        | grep -v Warning | tee -a "$OUT/bench.txt" | grep -E "FAILED|ms,"; }
+A="--ops simple_gla delta_rule gated_delta_rule"
+b 1 $A --dtypes bf16 --shapes B4T4096 --paths fla triton pallas
+b 2 $A --dtypes fp16 fp32 --shapes B4T4096 --paths triton pallas
+b 3 --ops simple_gla --dtypes bf16 --shapes B4T4096 --paths torch-chunked jax-chunked sdpa
+b 4 $A --dtypes bf16 --shapes B1T32768 --paths triton pallas
+b 5 --ops gated_delta_rule --dtypes bf16 --shapes GQA_H8HV16 --paths triton pallas
+python3 benchmarks/merge.py /tmp/bj/*.json > "$OUT/bench.md"
+python3 - "$OUT/bench.json" /tmp/bj/*.json <<'PY'
+import json, sys
+rows, env = [], None
+for p in sys.argv[2:]:
+    d = json.load(open(p)); env = env or d["env"]; rows += d["rows"]
+json.dump({"env": env, "rows": rows}, open(sys.argv[1], "w"), indent=1)
+PY
+cat "$OUT/bench.md"
