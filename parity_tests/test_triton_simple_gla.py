@@ -197,3 +197,17 @@ def test_interpreter_patch_is_idempotent():
     from triton.runtime import interpreter
     assert getattr(interpreter.InterpreterBuilder.create_dot, "__wrapped__", None) is not None
     assert not hasattr(interpreter.InterpreterBuilder.create_dot.__wrapped__, "__wrapped__")
+
+
+def test_recurrent_dg_strong_gates_fp32():
+    """dg of the recurrent kernel with per-token log-decays in [-20, -1] (fp32, two sequences
+    of 60 and 240 tokens, h0 and dS_T given). The true dg is O(exp(g)) small; a kernel that
+    forms it from O(1) terms that cancel (q.dq and k.dk both holding scale (q.k)(v.do); the
+    final <dS_T, S_T>) is off by ~4e-5 here, over fp32's 2e-5."""
+    cu = (0, 60, 300)
+    x = _draw(1, 300, 1, 32, 32, 2, "g", 20.0, True, torch.float32, seed=14)
+    got = _run("recurrent", "triton", x, torch.float32, cu, 32 ** -0.5, torch.float32)
+    ref = _run("recurrent", "reference", x, torch.float64, cu, 32 ** -0.5, torch.float64)
+    errors = {key: _rel(got[key], ref[key]) for key in ref}
+    bad = {key: err for key, err in errors.items() if not err <= TOLERANCE["fp32"][key]}
+    assert not bad, f"strong-gate recurrent fp32: over tolerance {bad} (all: {errors})"

@@ -7,13 +7,19 @@ matmuls, so no precision setting applies). Suits decoding and short sequences; f
 sequences the chunked kernels (pallas_chunk.py) are faster. Kernels (program = one sequence,
 one head, one block of K or V), the same split as the chunked backward:
     forward  (n, h, V-block) tokens forward:  o_t, final state
-    dq       (n, h, K-block) tokens forward:  dq_t = scale S_t do_t, q_t . dq_t
+    dq       (n, h, K-block) tokens forward:  dq_t = scale S_t do_t, p_t = q_t . (scale
+                                               exp(a_t) S_{t-1} do_t), fin = <dS_T,
+                                               exp(a_T) S_{T-1}>
     dv       (n, h, V-block) tokens backward: dS += scale q_t^T do_t; dv_t = dS^T k_t;
                                                dS *= exp(a_t)
     dk       (n, h, K-block) tokens backward: same dS; dk_t = dS v_t, dh0,
-                                               dg_t = sum_{s >= t} (q_s.dq_s - k_s.dk_s)
-                                                      + <dS_T, S_T>
-BlockSpecs, varlen handling and the custom_vjp wiring are shared with pallas_chunk.py.
+                                               dg_t = fin + sum_{s >= t} (p_s - x_s),
+                                               x_s = k_s . (exp(a_{s+1}) dS_{s+1} v_s), x_T = 0
+dg_t = sum_{s >= t} (q_s.dq_s - k_s.dk_s) + <dS_T, S_T> written without the terms that cancel:
+the current-token term scale (q_s.k_s)(v_s.do_s) of both dots, and k_T.(dS_T v_T), part of
+<dS_T, S_T>; under strong decay what remains is O(exp(a)), where the cancelling terms are O(1).
+BlockSpecs and varlen handling are shared with pallas_chunk.py; the backward wiring is this
+file's (its dq kernel reads dS_T).
 """
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ Per sequence and head, with a_t = exp(g_t + g_gamma) and S [K, V] fp32 in regist
     S_t = a_t S_{t-1} + k_t^T v_t,   o_t = scale * q_t S_t
 Kernels (all walk the tokens of one sequence in order, reading [B, T, H, D] in place):
 - forward: per (sequence, head, block of V), full K; writes o and the final state.
-- dq: forward order, per (sequence, head, block of K), full V: dq_t = scale * S_t do_t^T.
+- dq: forward order, per (sequence, head, block of K), full V: dq_t = scale * S_t do_t^T,
+  the carried part of q_t . dq_t, and fin (below).
 - dk / dv / dh0: reverse order, per (sequence, head, block of K, block of V), carrying
   dS_t = a_{t+1} dS_{t+1} + scale q_t^T do_t; dk_t = dS_t v_t^T and dv_t = k_t dS_t are partial
   sums over the other block axis (fp32, summed on the host).
@@ -13,6 +14,9 @@ Kernels (all walk the tokens of one sequence in order, reading [B, T, H, D] in p
   scale (q_t . k_t)(v_t . do_t), which cancels; under strong decay the rest is O(a_t), so the
   kernels form r_t without it: q_t . (scale a_t S_{t-1} do_t) - k_t . (a_{t+1} dS_{t+1} v_t)
   (block partial sums of the omitted term are equal on both sides, so dropping is exact).
+  The cumsum starts from fin = <dS_T, a_T S_{T-1}> (the dq kernel's carried state after its
+  loop) and the last token's k_T . (dS_T v_T) is left out: <dS_T, S_T> is O(1) and cancels
+  against that term.
 Everything is computed in fp32 (elementwise products, no tensor-core dots); suits decoding and
 short sequences; chunk_simple_gla is the fast path for long ones.
 """
