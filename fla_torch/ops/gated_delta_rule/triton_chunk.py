@@ -56,24 +56,34 @@ def _precisions(dtype):
     return dot_precision(dtype), fp32_dot_precision()
 
 
-# Launch parameters per kernel: caps on the K / V tile sizes, num_warps, num_stages (H100).
-# "BV32": the state kernels' value tile for fp32 inputs or K > 128 (the fp32 state tile is
-# twice as large). The benchmark script of the tuning run overrides entries of this table.
+# Launch parameters per kernel: caps on the K / V tile sizes, num_warps, num_stages (H100,
+# bf16 B4T4096 sweep: scratch/tritongdn/gpu.py). "BV32" / "stages32": the state kernels' value
+# tile and pipeline depth for fp32 inputs or K > 128 (the larger tiles overflow the 227 KiB of
+# shared memory with 3 stages: chunk_dh fp32 needed 256 KiB); "stages32" also applies to the
+# other kernels for fp32 inputs (not yet re-timed on the GPU). The tuning script overrides
+# entries of this table.
 LAUNCH = {
-    "wy_fwd": dict(BK=128, BV=128, num_warps=4),
-    "chunk_h": dict(BV=64, BV32=32, num_warps=4),
-    "chunk_o": dict(BK=64, BV=64, num_warps=4),
-    "dvn_local": dict(BK=64, BV=64, num_warps=4),
-    "chunk_dh": dict(BV=64, BV32=32, num_warps=4),
-    "dqk": dict(BK=128, BV=64, num_warps=8),
-    "wy_bwd": dict(BK=64, BV=64, num_warps=8),
+    "wy_fwd": dict(BK=128, BV=128, num_warps=4, stages32=1),
+    "chunk_h": dict(BV=64, BV32=32, num_warps=4, stages32=1),
+    "chunk_o": dict(BK=64, BV=128, num_warps=8, stages32=1),
+    "dvn_local": dict(BK=64, BV=128, num_warps=8, stages32=1),
+    "chunk_dh": dict(BV=64, BV32=32, num_warps=4, stages32=1),
+    "dqk": dict(BK=128, BV=64, num_warps=8, stages32=1),
+    "wy_bwd": dict(BK=64, BV=64, num_warps=8, stages32=1),
 }
 
 
-def _tiles(name, K, V):
-    """(BK, BV, launch kwargs) of kernel `name` for head dims K, V."""
-    cfg = LAUNCH[name]
+def _launch_kw(cfg, wide):
     kw = {n: cfg[n] for n in ("num_warps", "num_stages") if n in cfg}
+    if wide and "stages32" in cfg:
+        kw["num_stages"] = cfg["stages32"]
+    return kw
+
+
+def _tiles(name, K, V, dtype):
+    """(BK, BV, launch kwargs) of kernel `name` for head dims K, V and input dtype."""
+    cfg = LAUNCH[name]
+    kw = _launch_kw(cfg, dtype == torch.float32)
     return block(K, cfg.get("BK", 256)), block(V, cfg["BV"]), kw
 
 
@@ -81,9 +91,9 @@ def _state_blocks(name, K, V, dtype):
     """Tiles of the sequential state kernels: the whole K, a block of V."""
     cfg = LAUNCH[name]
     BK = block(K)
-    BV = cfg["BV"] if BK <= 128 and dtype != torch.float32 else cfg["BV32"]
-    kw = {n: cfg[n] for n in ("num_warps", "num_stages") if n in cfg}
-    return BK, block(V, BV), kw
+    wide = BK > 128 or dtype == torch.float32
+    BV = cfg["BV32"] if wide else cfg["BV"]
+    return BK, block(V, BV), _launch_kw(cfg, wide)
 
 
 def _fwd_states(k, w, u, gc, h0, offsets, chunk_offsets, NT, N, output_final_state, PREC):
@@ -118,7 +128,7 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         tm = _buf((B, T, HV, BT), torch.float32, dev)
         w = _buf((B, T, HV, K), _bdt("w", q.dtype), dev)
         u = _buf((B, T, HV, V), _bdt("u", q.dtype), dev)
-        BK, BV, kw = _tiles("wy_fwd", K, V)
+        BK, BV, kw = _tiles("wy_fwd", K, V, q.dtype)
         _wy_fwd16_kernel[(NT, HV)](
             k, v, g if g is not None else beta, beta, gc if gc is not None else beta, tm, w, u,
             table, offsets, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
@@ -126,7 +136,7 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         h_buf, vn, ht = _fwd_states(k, w, u, gc, h0, offsets, chunk_offsets, NT, N,
                                     output_final_state, PREC)
         o = _buf((B, T, HV, V), q.dtype, dev)
-        BK, BV, kw = _tiles("chunk_o", K, V)
+        BK, BV, kw = _tiles("chunk_o", K, V, q.dtype)
         _chunk_o_kernel[(triton.cdiv(V, BV), NT, HV)](
             q, k, vn, h_buf, gc if gc is not None else beta, o, table, offsets, scale,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_G=g is not None, PREC=PREC, **kw)
@@ -149,7 +159,7 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         dht = dht.contiguous() if dht is not None else None
         gc_arg = gc if gc is not None else beta
         dvn = _buf((B, T, HV, V), torch.float32, dev)
-        BK, BV, kw = _tiles("dvn_local", K, V)
+        BK, BV, kw = _tiles("dvn_local", K, V, q.dtype)
         _dvn_local_kernel[(triton.cdiv(V, BV), NT, HV)](
             q, k, do, gc_arg, dvn, table, offsets, scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK,
             BV=BV, HAS_G=has_g, PREC=PREC, **kw)
@@ -166,7 +176,7 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         dq = _buf((B, T, HV, K), final_dt, dev)
         dk_direct = _buf((B, T, HV, K), torch.float32, dev)
         dw = _buf((B, T, HV, K), torch.float32, dev)
-        QK, BV, kw = _tiles("dqk", K, V)
+        QK, BV, kw = _tiles("dqk", K, V, q.dtype)
         NKB = triton.cdiv(K, QK)
         dgc = _buf((NKB, B, T, HV), torch.float32, dev) if has_g else None
         _dqk_kernel[(NKB, NT, HV)](
@@ -177,12 +187,12 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         dv = _buf((B, T, HV, V), v.dtype, dev)
         dbeta = _buf((B, T, HV), torch.float32, dev)
         dg = _buf((B, T, HV), torch.float32, dev) if has_g else None
-        BK, BV, kw = _tiles("wy_bwd", K, V)
+        BK, BV, kw = _tiles("wy_bwd", K, V, q.dtype)
         _wy_bwd2_kernel[(NT, HV)](
             k, v, beta, gc_arg, tm, dk_direct, dw, dvn, dgc if dgc is not None else dw, dk, dv,
             dbeta, dg if dg is not None else dbeta, table, offsets, B * T * HV, H=H, HV=HV,
             K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_G=has_g, NKB=NKB,
-            SPLIT=q.dtype != torch.float32, PREC=PREC32, **kw)
+            SPLIT=q.dtype != torch.float32, PREC=PREC32, PREC16=PREC, **kw)
         if HV != H:
             dq = group_sum(dq, H).to(q.dtype)
             dk = group_sum(dk, H).to(k.dtype)

@@ -37,10 +37,13 @@ def _wy_bwd2_kernel(k, v, beta, gc_buf, tm_buf, dk_buf, dw_buf, dvn_buf, dgc_buf
                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                     HAS_G: tl.constexpr, NKB: tl.constexpr, SPLIT: tl.constexpr,
-                    PREC: tl.constexpr):
+                    PREC: tl.constexpr, PREC16: tl.constexpr):
     """In: dk_buf (direct part of dk, fp32), dw_buf, dvn_buf (= du) fp32, the NKB partials of
     dgc from `dqk`. Out: dk_out [B*T, HV, K] (fp32 or the input dtype), dv (input dtype),
-    dbeta fp32, dg fp32 (gated: reverse cumsum inside the chunk of the summed dgc)."""
+    dbeta fp32, dg fp32 (gated: reverse cumsum inside the chunk of the summed dgc).
+    PREC: fp32 products ("tf32x3"); PREC16: the input-dtype product k k^T (the input dtype's
+    own precision: "tf32x3" on fp16 operands gave a 5e-2 dbeta error on the H100, where
+    k k^T enters only dbeta / dg)."""
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     i_h = i_hv // (HV // H)
     i_n, t0, eos, i_i = chunk_coords(chunk_table, offsets, i_c, BT)
@@ -66,7 +69,7 @@ def _wy_bwd2_kernel(k, v, beta, gc_buf, tm_buf, dk_buf, dw_buf, dvn_buf, dgc_buf
         b_dw = tl.load(dw_buf + (rows * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_tk,
                        other=0.0)
         b_dTk += split_dot_wide(b_dw, tl.trans(b_k), PREC)
-        b_KK += tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
+        b_KK += tl.dot(b_k, tl.trans(b_k), input_precision=PREC16)
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = mask_t[:, None] & (o_v < V)[None, :]
