@@ -174,7 +174,7 @@ def test_gated_recurrent_dg_strong_gates_fp32():
     """dg of the recurrent kernel with log-decays in [-20, -1] and beta near 1 (fp32, two
     sequences, h0 and dS_T given). The true dg is O(exp(g)) small; a kernel that forms it from
     O(1) terms that cancel (q.dq and v.dv both holding scale beta (q.k)(v.do); the final
-    <dS_T, S_T>) is off by ~4e-5 here, over fp32's 2e-5."""
+    <dS_T, S_T>) is off by ~1.2e-4 here, over fp32's 2e-5."""
     run_case("recurrent", True, "fp32", B=1, T=300, H=1, HV=1, K=32, V=32, cu=[0, 60, 300],
              g_lo=-20.0, g_hi=-1.0, beta_lo=1 - 1e-4, beta_hi=1.0, seed=12)
 
