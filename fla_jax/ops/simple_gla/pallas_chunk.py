@@ -314,6 +314,11 @@ def _n_slots(st):
     return nt + st.N if st.varlen else st.N * nt
 
 
+def _slots_spec(st):
+    """hs [slots, H, Kp, Vp]: every slot of one head and K-block (programs index the slot)."""
+    return pl.BlockSpec((_n_slots(st), None, st.bwd_bk, st.Vp), lambda n, h, j: (0, h, j, 0))
+
+
 def _slot(st, n, bos, c):
     """Row of chunk c of sequence n (first token bos) in hs. Varlen: bos // bt + n + c,
     distinct for all chunks of all sequences (a sequence of length L spans <= L // bt + 1
@@ -440,10 +445,9 @@ def _backward(kn, st, q, k, v, g, gamma, h0, cu, ht, do, dht):
     outs = [("dq", jax.ShapeDtypeStruct(q.shape, q.dtype), _seq_spec(st, st.bwd_bk, _same))]
     if st.has_g:
         outs.append(("qdq", part, _part_spec(st)))
-    if st.has_g and kn.chunk_states:
+    if st.has_g:
         outs.append(("hs", jax.ShapeDtypeStruct((_n_slots(st), st.H, st.Kp, st.Vp), q.dtype),
-                     pl.BlockSpec((_n_slots(st), None, st.bwd_bk, st.Vp),
-                                  lambda n, h, j: (0, h, j, 0))))
+                     _slots_spec(st)))
     r = _call(kn.dq, st, (st.N, st.H, NK), ins, outs, st.bwd_warps, st.bwd_stages,
               kn.name + "_bwd_dq")
     dq = r["dq"]
@@ -460,13 +464,8 @@ def _backward(kn, st, q, k, v, g, gamma, h0, cu, ht, do, dht):
     ins = [("q", q, _seq_spec(st, st.bwd_bk, _same)), ("k", k, _seq_spec(st, st.bwd_bk, _same)),
            ("v", v, _seq_spec(st, st.Vp, _zero)), ("do", do, _seq_spec(st, st.Vp, _zero))]
     ins += common
-    if st.has_g and kn.chunk_states:
-        ins += [("qdq", r["qdq"], _part_spec(st)),
-                ("hs", r["hs"], pl.BlockSpec((_n_slots(st), None, st.bwd_bk, st.Vp),
-                                             lambda n, h, j: (0, h, j, 0)))]
-    elif st.has_g:
-        cterm = jnp.sum(dht * ht, axis=(2, 3))            # [N, H]: <dS_T, S_T>
-        ins += [("qdq", r["qdq"], _part_spec(st)), ("cterm", cterm, _full_spec(cterm))]
+    if st.has_g:
+        ins += [("qdq", r["qdq"], _part_spec(st)), ("hs", r["hs"], _slots_spec(st))]
     ins.append(("dht", dht, _state_spec(st.bwd_bk, st.Vp, _same, _zero)))
     outs = [("dk", jax.ShapeDtypeStruct(k.shape, k.dtype), _seq_spec(st, st.bwd_bk, _same))]
     if st.has_h0:
@@ -492,7 +491,6 @@ class Kernels(NamedTuple):
     dv: Callable
     dk: Callable
     name: str
-    chunk_states: bool = False   # dq kernel writes the state before each chunk for dk's dg
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -518,7 +516,7 @@ def _vjp_bwd(kn, st, res, cts):
 
 simple_gla_vjp.defvjp(_vjp_fwd, _vjp_bwd)
 _KERNELS = Kernels(fwd=_fwd_kernel, dq=_dq_kernel, dv=_dv_kernel, dk=_dk_kernel,
-                   name="simple_gla_chunk", chunk_states=True)
+                   name="simple_gla_chunk")
 
 
 def chunk_simple_gla_pallas(q, k, v, *, g=None, g_gamma=None, scale, initial_state=None,
