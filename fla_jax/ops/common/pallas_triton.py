@@ -147,11 +147,20 @@ def chunk_gates(g, gamma, n_valid, bt, transposed=False):
         inc = inc + g.astype(jnp.float32)
     if gamma is not None:
         inc = inc + jnp.where(idx < n_valid, gamma, 0.0)
-    gc = jnp.cumsum(inc)
+    # inc = hi + lo with hi on a 2^-8 grid: the cumsum of hi is exact in fp32 (|sum| < 2^15),
+    # lo's is tiny, so a gap gc_i - gc_j keeps fp32 accuracy of the gap itself even where gc
+    # reaches -1000s (strong gates; a plain fp32 cumsum put 2.4e-5 on dg in fp32 on an H100).
+    # The Triton kernels do the same with an fp64 cumsum (JAX kernels have no fp64).
+    hi = jnp.floor(inc * 256.0 + 0.5) * (1.0 / 256.0)
+    c_hi = jnp.cumsum(hi)
+    c_lo = jnp.cumsum(inc - hi)
+    gc = c_hi + c_lo
     g_last = jnp.sum(inc)
-    gi = gc[:, None] if not transposed else gc[None, :]
-    gj = gc[None, :] if not transposed else gc[:, None]
-    diff = jnp.where(causal, gi - gj, 0.0)
+    if transposed:
+        gap = (c_hi[None, :] - c_hi[:, None]) + (c_lo[None, :] - c_lo[:, None])
+    else:
+        gap = (c_hi[:, None] - c_hi[None, :]) + (c_lo[:, None] - c_lo[None, :])
+    diff = jnp.where(causal, gap, 0.0)
     d = jnp.where(causal, jnp.exp(diff), 0.0)
     later = idx[None, :] > idx[:, None]                   # [i, j]: j > i
     rest = jnp.sum(jnp.where(later, inc[None, :], 0.0), axis=1)
