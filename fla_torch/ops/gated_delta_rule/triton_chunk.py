@@ -40,9 +40,10 @@ def _buf(shape, dtype, device):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-# Internal buffers kept in fp32 for bf16/fp16 inputs: u, because vn = u - w h cancels (a bf16
-# u doubled the bf16 error of o and dg in the interpreted tests); the rest are dot operands.
-_FP32_BUFFERS = {"u"}
+# Internal buffers kept in fp32 for bf16/fp16 inputs (none now). u was fp32 because vn = u - w h
+# cancels; in the input dtype (as FLA) it halves chunk_h's traffic, and the interpreted errors
+# stay far below the tolerances (see the commit message for the before / after table).
+_FP32_BUFFERS: set = set()
 
 
 def _bdt(name, dtype):
@@ -63,7 +64,7 @@ def _precisions(dtype):
 # other kernels for fp32 inputs (not yet re-timed on the GPU). The tuning script overrides
 # entries of this table.
 LAUNCH = {
-    "wy_fwd": dict(BK=128, BV=128, num_warps=4, stages32=1),
+    "wy_fwd": dict(BK=128, BV=128, num_warps=4, stages32=1, KKT64=True),
     "chunk_h": dict(BV=64, BV32=32, num_warps=4, stages32=1),
     "chunk_o": dict(BK=64, BV=128, num_warps=8, stages32=1),
     "dvn_local": dict(BK=64, BV=128, num_warps=8, stages32=1),
@@ -132,7 +133,8 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         _wy_fwd16_kernel[(NT, HV)](
             k, v, g if g is not None else beta, beta, gc if gc is not None else beta, tm, w, u,
             table, offsets, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
-            HAS_G=g is not None, PREC=PREC, PREC32=PREC32, **kw)
+            HAS_G=g is not None, PREC=PREC, PREC32=PREC32, KKT64=LAUNCH["wy_fwd"]["KKT64"],
+            **kw)
         h_buf, vn, ht = _fwd_states(k, w, u, gc, h0, offsets, chunk_offsets, NT, N,
                                     output_final_state, PREC)
         o = _buf((B, T, HV, V), q.dtype, dev)
