@@ -238,3 +238,14 @@ def test_gdn_recurrent_dg_strong_gates_fp32():
     errors = {name: rel_rms(got[name], r, r) for name, r in ref.items()}
     bad = {n: e for n, e in errors.items() if not e <= tolerance("fp32", n)}
     assert not bad, f"gdn/recurrent/strong gates/fp32: {errors}"
+
+
+@pytest.mark.parametrize("bt", [16, 32, 64])
+def test_chunk_every_chunk_length(monkeypatch, bt):
+    """Every chunk length the tile table may pick (pallas_delta_tiles) gives the same parity."""
+    mod = importlib.import_module("fla_jax.ops.gated_delta_rule.pallas_chunk")
+    tiles_mod = importlib.import_module("fla_jax.ops.common.pallas_delta_tiles")
+    forced = tiles_mod.DeltaTiles(BT=bt, state=(16, 4, 1), dh=(16, 4, 1), grads=(16, 4),
+                                  wy=(4, 1))
+    monkeypatch.setattr(mod, "delta_tiles", lambda K, V, dtype: forced)
+    _check("gdn", "chunk", "multi_chunk_varlen", "fp32")

@@ -30,8 +30,8 @@ Backward, dh' = gradient of the chunk's end state:
   a factor 15 in bf16 with g down to -20).
 Decay exponents are pairwise segment sums (sum_{j < s <= i} g_s, computed as one [BT, BT] dot
 with a 0/1 matrix), never differences of large cumsums and never positive for g <= 0.
-Tm is rebuilt in-kernel: 16-row diagonal blocks by forward substitution (each step one dot on
-the whole [BT, BT] tile), then the block-strict part N = Tb A_off by (I + N)^-1 = (I - N)(I + N^2).
+Tm is the forward's (pallas_wy_prep stores it per chunk slot in q's dtype), not rebuilt here.
+Launch tiles (BT, BV, warps, stages) come from pallas_delta_tiles.delta_tiles(K, V, dtype).
 """
 from __future__ import annotations
 
@@ -47,11 +47,6 @@ from .pallas_delta_layout import dot_precision, kdot, l2norm_fwd, triton_params
 from .pallas_wy_prep import masked_rows, store_rows
 
 F32 = jnp.float32
-SUB = 16
-# untuned (never run on a GPU yet): the sequential dh kernel like the forward state kernel
-DH_TUNING = {"BV": 64, "num_warps": 8, "num_stages": 2}
-DH_TUNING_FP32 = {"BV": 32, "num_warps": 4, "num_stages": 1}
-GRADS_TUNING = {"BV": 64, "num_warps": 8, "num_stages": 1}
 
 
 def chunk_first(cu, BT: int):
@@ -126,17 +121,17 @@ def _dh_kernel(*refs, scale, G, BT, BV, has_g, has_dht, has_h0, l2norm, prec):
         dh0_ref[n, hv, :, vs] = D
 
 
-def chunk_dh(q, k, w, do, g, dht, cu, first, *, n_slots, has_h0, scale, l2norm, BT):
+def chunk_dh(q, k, w, do, g, dht, cu, first, *, n_slots, has_h0, scale, l2norm, BT, tile):
     """q, k: [R, H, K]; w: [R, HV, K]; do: [R, HV, V] (one dtype); g: [R, HV] fp32 or None;
     dht: [N, HV, K, V] fp32 or None; cu, first: int32 [N+1].
     Returns dh [n_slots, HV, K, V] (q's dtype; gradient of each chunk's END state),
-    dvn [R, HV, V] fp32 (gradient of v_new) and dh0 [N, HV, K, V] fp32 (or None)."""
+    dvn [R, HV, V] fp32 (gradient of v_new) and dh0 [N, HV, K, V] fp32 (or None).
+    tile: (BV, num_warps, num_stages)."""
     R, H, K = q.shape
     HV, V = do.shape[1], do.shape[2]
     N = cu.shape[0] - 1
     interpret = pallas_interpret()
-    tune = DH_TUNING_FP32 if q.dtype == jnp.float32 else DH_TUNING
-    BV = min(V, tune["BV"])
+    BV = min(V, tile[0])
     kernel = functools.partial(_dh_kernel, scale=scale, G=HV // H, BT=BT, BV=BV,
                                has_g=g is not None, has_dht=dht is not None, has_h0=has_h0,
                                l2norm=l2norm, prec=dot_precision(interpret))
@@ -145,7 +140,7 @@ def chunk_dh(q, k, w, do, g, dht, cu, first, *, n_slots, has_h0, scale, l2norm, 
                  jax.ShapeDtypeStruct((R, HV, V), F32)]
     if has_h0:
         out_shape.append(jax.ShapeDtypeStruct((N, HV, K, V), F32))
-    params = None if interpret else triton_params(tune["num_warps"], tune["num_stages"])
+    params = None if interpret else triton_params(tile[1], tile[2])
     outs = pl.pallas_call(kernel, out_shape=out_shape, grid=(N, HV, V // BV),
                           interpret=interpret, name="chunk_gdn_bwd_dh",
                           compiler_params=params)(*ins)
@@ -153,33 +148,11 @@ def chunk_dh(q, k, w, do, g, dht, cu, first, *, n_slots, has_h0, scale, l2norm, 
 
 
 # ------------------------------------------------------------ per-chunk gradient kernel
-def unit_lower_inverse(A, prec):
-    """(I + A)^-1 for a strictly lower [BT, BT] fp32 tile (BT a multiple of 16)."""
-    BT = A.shape[0]
-    r = lax.broadcasted_iota(jnp.int32, (BT, BT), 0)
-    c = lax.broadcasted_iota(jnp.int32, (BT, BT), 1)
-    eye = (r == c).astype(F32)
-    same = lax.div(r, SUB) == lax.div(c, SUB)     # non-negative: truncation = floor
-    a_bd = jnp.where(same, A, 0.0)
-    a_off = jnp.where(same, 0.0, A)
-    rsub = lax.rem(r, SUB)
-
-    def step(i, tb):   # rows with in-block index i, from the finished rows above them
-        return jnp.where(rsub == i, eye - kdot(a_bd, tb, prec), tb)
-
-    tb = lax.fori_loop(1, SUB, step, eye)
-    if BT == SUB:
-        return tb
-    nil = kdot(tb, a_off, prec)                   # block-strictly lower: nil^4 = 0
-    m = kdot(eye - nil, eye + kdot(nil, nil, prec), prec)
-    return kdot(m, tb, prec)
-
-
 def _grads_kernel(*refs, scale, G, BT, BV, has_g, l2norm, prec):
     it = iter(refs)
     tab_ref, q_ref, k_ref, v_ref, b_ref = (next(it) for _ in range(5))
     g_ref = next(it) if has_g else None
-    do_ref, w_ref, u_ref, vn_ref, h_ref, dh_ref, dvn_ref = (next(it) for _ in range(7))
+    do_ref, w_ref, u_ref, vn_ref, h_ref, dh_ref, dvn_ref, tm_ref = (next(it) for _ in range(8))
     dq_ref, dk_ref, dv_ref, db_ref = (next(it) for _ in range(4))
     dg_ref = next(it) if has_g else None
 
@@ -234,8 +207,7 @@ def _grads_kernel(*refs, scale, G, BT, BV, has_g, l2norm, prec):
         dk = dk + scale * kdot(P.T, q, prec)
         # WY backward
         kk = kdot(k, k.T, prec)
-        A = jnp.where(strict, beta[:, None] * kk * decay, 0.0)
-        tm = unit_lower_inverse(A, prec).astype(dt)
+        tm = tm_ref[s, hv]
         dxw = kdot(tm.T, dw.astype(dt), prec)
         w = masked_rows(w_ref, start, end, BT, hv)
         dA = -dd(dxw, w.T)
@@ -264,26 +236,27 @@ def _grads_kernel(*refs, scale, G, BT, BV, has_g, l2norm, prec):
             store_rows(dg_ref, dg, start, end, hv)
 
 
-def chunk_grads(q, k, v, g, beta, do, w, u, vn, h, dh, dvn, table, *, scale, l2norm, BT):
+def chunk_grads(q, k, v, g, beta, do, w, u, vn, h, dh, dvn, tm, table, *, scale, l2norm, BT,
+                tile):
     """Per chunk slot (table int32 [NC, 2]) and value head. q, k: [R, H, K]; v, do, u, vn:
     [R, HV, V]; w: [R, HV, K] (one dtype); g (or None), beta: [R, HV] fp32; h, dh:
-    [NC, HV, K, V] chunk start states / end-state gradients (q's dtype); dvn [R, HV, V] fp32.
+    [NC, HV, K, V] chunk start states / end-state gradients (q's dtype); dvn [R, HV, V] fp32;
+    tm [NC, HV, BT, BT] the forward's (I + A)^-1 (q's dtype); tile: (BV, num_warps).
     Returns dq, dk [R, HV, K] fp32 (per value head, w.r.t. the normalised q/k when l2norm),
     dv [R, HV, V] (v's dtype), dbeta [R, HV] fp32 and dg [R, HV] fp32 (or None)."""
     R, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     interpret = pallas_interpret()
-    BV = min(V, GRADS_TUNING["BV"])
+    BV = min(V, tile[0])
     kernel = functools.partial(_grads_kernel, scale=scale, G=HV // H, BT=BT, BV=BV,
                                has_g=g is not None, l2norm=l2norm,
                                prec=dot_precision(interpret))
-    ins = [x for x in (table, q, k, v, beta, g, do, w, u, vn, h, dh, dvn) if x is not None]
+    ins = [x for x in (table, q, k, v, beta, g, do, w, u, vn, h, dh, dvn, tm) if x is not None]
     out_shape = [jax.ShapeDtypeStruct((R, HV, K), F32), jax.ShapeDtypeStruct((R, HV, K), F32),
                  jax.ShapeDtypeStruct((R, HV, V), v.dtype), jax.ShapeDtypeStruct((R, HV), F32)]
     if g is not None:
         out_shape.append(jax.ShapeDtypeStruct((R, HV), F32))
-    params = None if interpret else triton_params(GRADS_TUNING["num_warps"],
-                                                  GRADS_TUNING["num_stages"])
+    params = None if interpret else triton_params(tile[1], 1)
     outs = pl.pallas_call(kernel, out_shape=out_shape, grid=(table.shape[0], HV),
                           interpret=interpret, name="chunk_gdn_bwd_grads",
                           compiler_params=params)(*ins)

@@ -7,8 +7,10 @@ For one chunk of BT tokens (rows i, j) of one value head, with gc = chunk-local 
     W       = Tm (beta Gamma K)     [BT, K]
     U       = Tm (beta V)           [BT, V]
 so that the chunk's innovations are v_new = U - W S0 (S0 = state at the chunk start).
-Tm is built from 16x16 diagonal blocks (forward substitution in registers) joined by
-block products: Tm_ab = -Tm_aa sum_{b <= c < a} A_ac Tm_cb.
+Tm is built from 16x16 diagonal blocks (forward substitution in registers, exact fp32 FMAs)
+joined by block products: Tm_ab = -Tm_aa sum_{b <= c < a} A_ac Tm_cb (fp32-accurate dots).
+For training, Tm itself (in k's dtype, the precision the W/U products use) is stored per chunk
+slot, so the backward reads it instead of inverting again.
 
 Chunks are listed in a table (sequence id, first token, end token) so one grid covers
 padded batches and packed varlen batches alike (entries past the real chunk count are empty).
@@ -69,23 +71,25 @@ def store_rows(ref, val, start, end, head, cols=None):
               mask=mask[:, None])
 
 
-def _inv_unit_lower(A):
-    """(I + A)^{-1} for a strictly lower [SUB, SUB] fp32 block, by forward substitution."""
-    r = lax.broadcasted_iota(jnp.int32, A.shape, 0)
-    c = lax.broadcasted_iota(jnp.int32, A.shape, 1)
-    Tm = (r == c).astype(F32)
-    col = lax.broadcasted_iota(jnp.int32, (A.shape[0],), 0)
+def _inv_unit_lower_blocks(As):
+    """[(I + A)^{-1} for A in As]: strictly lower [SUB, SUB] fp32 blocks, by forward
+    substitution (exact fp32 FMAs). The row loop is unrolled and runs the independent blocks
+    side by side, so their dependency chains overlap instead of running one after another."""
+    r = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 0)
+    c = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 1)
+    col = lax.broadcasted_iota(jnp.int32, (SUB,), 0)
+    eye = (r == c).astype(F32)
+    Ts = [eye for _ in As]
+    for i in range(1, SUB):
+        for a, A in enumerate(As):
+            a_i = jnp.sum(jnp.where(r == i, A, 0.0), axis=0)                 # row i of A
+            new = jnp.where(col == i, 1.0, 0.0) - jnp.sum(a_i[:, None] * Ts[a], axis=0)
+            Ts[a] = jnp.where(r == i, new[None, :], Ts[a])
+    return Ts
 
-    def step(i, Tm):
-        a_i = jnp.sum(jnp.where(r == i, A, 0.0), axis=0)            # row i of A  [SUB]
-        new = jnp.where(col == i, 1.0, 0.0) - jnp.sum(a_i[:, None] * Tm, axis=0)
-        return jnp.where(r == i, new[None, :], Tm)
 
-    return lax.fori_loop(1, A.shape[0], step, Tm)
-
-
-def _prep_kernel(tab_ref, k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, *, G, BT, has_g, l2norm,
-                 prec):
+def _prep_kernel(tab_ref, k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, *tm_refs, G, BT, has_g,
+                 l2norm, prec):
     s, hv = pl.program_id(0), pl.program_id(1)
     h = hv // G
     start, end = tab_ref[s, 0], tab_ref[s, 1]
@@ -122,9 +126,9 @@ def _prep_kernel(tab_ref, k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, *, G, BT, ha
                 keep = (r > c) if a == b else jnp.ones((SUB, SUB), jnp.bool_)
                 diff = jnp.where(keep, gcs[a][:, None] - gcs[b][None, :], 0.0)
                 A[a, b] = jnp.where(keep, betas[a][:, None] * kk * jnp.exp(diff), 0.0)
-        Tm = {}
+        Tm = dict(((a, a), t) for a, t in
+                  enumerate(_inv_unit_lower_blocks([A[a, a] for a in range(NB)])))
         for a in range(NB):
-            Tm[a, a] = _inv_unit_lower(A[a, a])
             for b in range(a - 1, -1, -1):
                 acc = jnp.zeros((SUB, SUB), F32)
                 for cc in range(b, a):
@@ -139,12 +143,21 @@ def _prep_kernel(tab_ref, k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, *, G, BT, ha
                 u = u + kdot(t, xs_u[b], prec)
             store_rows(w_ref, w, start + a * SUB, end, hv)
             store_rows(u_ref, u, start + a * SUB, end, hv)
+        if tm_refs:   # every block written (zeros above the diagonal): the tile is read whole
+            (tm_ref,) = tm_refs
+            zero = jnp.zeros((SUB, SUB), dt)
+            for a in range(NB):
+                for b in range(NB):
+                    t = Tm[a, b].astype(dt) if b <= a else zero
+                    tm_ref[s, hv, pl.ds(a * SUB, SUB), pl.ds(b * SUB, SUB)] = t
 
 
-def wy_prep(k, v, g, beta, table, *, H_ratio: int, BT: int, l2norm: bool, out_rows: int):
+def wy_prep(k, v, g, beta, table, *, H_ratio: int, BT: int, l2norm: bool, out_rows: int,
+            num_warps: int = 4, num_stages: int = 1, want_tm: bool = False):
     """k: [R, H, K]; v: [R, HV, V] (one dtype); g (fp32 or None), beta fp32: [R, HV];
     table: int32 [NC, 2]. Returns W [out_rows, HV, K] and U [out_rows, HV, V] in k's dtype
-    (rows not covered by a chunk are left unwritten)."""
+    (rows not covered by a chunk are left unwritten), plus Tm [NC, HV, BT, BT] in k's dtype
+    when want_tm (slots of empty chunks left unwritten)."""
     HV, K, V = v.shape[1], k.shape[2], v.shape[2]
     interpret = pallas_interpret()
     kernel = functools.partial(_prep_kernel, G=H_ratio, BT=BT, has_g=g is not None,
@@ -152,6 +165,9 @@ def wy_prep(k, v, g, beta, table, *, H_ratio: int, BT: int, l2norm: bool, out_ro
     ins = [table, k, v, g if g is not None else beta, beta]
     out_shape = [jax.ShapeDtypeStruct((out_rows, HV, K), k.dtype),
                  jax.ShapeDtypeStruct((out_rows, HV, V), k.dtype)]
-    return pl.pallas_call(kernel, out_shape=out_shape, grid=(table.shape[0], HV),
-                          interpret=interpret, name="delta_wy_prep",
-                          compiler_params=None if interpret else triton_params(4, 2))(*ins)
+    if want_tm:
+        out_shape.append(jax.ShapeDtypeStruct((table.shape[0], HV, BT, BT), k.dtype))
+    params = None if interpret else triton_params(num_warps, num_stages)
+    return tuple(pl.pallas_call(kernel, out_shape=out_shape, grid=(table.shape[0], HV),
+                                interpret=interpret, name="delta_wy_prep",
+                                compiler_params=params)(*ins))

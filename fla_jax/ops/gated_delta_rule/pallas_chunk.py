@@ -1,7 +1,9 @@
 """Chunked gated delta rule (WY / UT transform) as Pallas kernels.
 
-Forward, chunks of BT = 64 tokens:
-  1. `wy_prep` (fla_jax/ops/common/pallas_wy_prep.py), parallel over chunks: W, U per chunk.
+Forward, chunks of BT tokens (64; smaller where fp32 / 256-wide tiles would not fit shared
+memory: common/pallas_delta_tiles.py picks BT, value blocks, warps and stages from K, V, dtype):
+  1. `wy_prep` (fla_jax/ops/common/pallas_wy_prep.py), parallel over chunks: W, U per chunk
+     (and for training Tm = (I + A)^-1 per chunk, which the backward reuses).
   2. `_state_out_kernel`, one program per (sequence, value head, block of BV value columns),
      sequential over the sequence's chunks with the state S [K, BV] fp32 in registers:
         v_new = U - W S
@@ -11,8 +13,7 @@ Forward, chunks of BT = 64 tokens:
      residuals of the backward.
 Backward (default): chunk-parallel kernels of common/pallas_delta_chunk_bwd.py: a reverse
 sequential pass over chunks for the state gradients dh and dv_new, then one parallel kernel per
-chunk for dq, dk, dv, dbeta (WY backward, Tm rebuilt in-kernel); dg from the per-token
-identity by a segmented scan. `backward="recurrent"` keeps the exact token-serial backward
+chunk for dq, dk, dv, dbeta, dg (WY backward with the forward's Tm). `backward="recurrent"` keeps the exact token-serial backward
 kernel of pallas_recurrent.py (forward then stores the fp32 u_t = v_t - k_t S'_t instead).
 q, k, v are read in place ([B, T, H, D] viewed as [B*T, H, D]); varlen is handled inside the
 kernels through cu_seqlens (may be traced).
@@ -30,18 +31,14 @@ from ..common.dispatch import pallas_interpret
 from ..common.pallas_delta_chunk_bwd import chunk_dh, chunk_first, chunk_grads
 from ..common.pallas_delta_layout import (dot_precision, kdot, group_sum, l2norm_bwd, l2norm_fwd,
                                           next_pow2, pad_last, sequence_bounds, triton_params)
+from ..common.pallas_delta_tiles import delta_tiles
 from ..common.pallas_wy_prep import chunk_table, masked_rows, store_rows, wy_prep
 from .pallas_recurrent import _backward as recurrent_backward
 
 F32 = jnp.float32
-BT = 64
-# measured on H100 (B=4 T=4096 H=16 K=V=128): half precision BV=64 / 8 warps was fastest of
-# six settings; fp32 tiles (3xTF32 dots) need BV=32 and one stage to fit shared memory.
-TUNING = {"BV": 64, "num_warps": 8, "num_stages": 2}
-TUNING_FP32 = {"BV": 32, "num_warps": 4, "num_stages": 1}
 
 
-def _state_out_kernel(*refs, scale, G, BV, has_g, has_h0, l2norm, resid, prec):
+def _state_out_kernel(*refs, scale, G, BT, BV, has_g, has_h0, l2norm, resid, prec):
     it = iter(refs)
     cu_ref, first_ref, q_ref, k_ref, v_ref, w_ref, uu_ref = (next(it) for _ in range(7))
     g_ref = next(it) if has_g else None
@@ -104,7 +101,7 @@ def _state_out_kernel(*refs, scale, G, BV, has_g, has_h0, l2norm, resid, prec):
     ht_ref[n, hv, :, vs] = S
 
 
-def _pad_rows(interpret, *xs):
+def _pad_rows(interpret, BT, *xs):
     """The interpreter clamps out-of-range windows instead of masking them: give every chunk
     window real rows to read (the GPU path reads the arrays in place)."""
     if not interpret:
@@ -117,20 +114,24 @@ def _forward(q, k, v, g, beta, h0, cu, *, scale, l2norm, resid):
     """q, k: [R, H, K]; v: [R, HV, V]; g (or None), beta: [R, HV] fp32; h0: [N, HV, K, V] fp32
     or None; cu int32 [N+1]. resid: None, "u" (token-serial backward: u fp32 [R, HV, V]) or
     "h" (chunk backward: w, U [rows, HV, K|V], v_new [rows, HV, V] and the chunk start
-    states h [R // BT + N, HV, K, V], all in q's dtype; rows = R, + BT when interpreted).
+    states h [R // BT + N, HV, K, V] and Tm [R // BT + N, HV, BT, BT], all in q's dtype;
+    rows = R, + BT when interpreted).
     Returns o [R, HV, V], ht [N, HV, K, V] fp32 and the residual tuple (empty for None)."""
     R, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     N = cu.shape[0] - 1
+    tiles = delta_tiles(K, V, q.dtype)
+    BT = tiles.BT
     interpret = pallas_interpret()
-    q, k, v, g, beta = _pad_rows(interpret, q, k, v, g, beta)
+    q, k, v, g, beta = _pad_rows(interpret, BT, q, k, v, g, beta)
     rows = q.shape[0]
     table = chunk_table(cu, R, BT)
     first = chunk_first(cu, BT)
-    w, uu = wy_prep(k, v, g, beta, table, H_ratio=HV // H, BT=BT, l2norm=l2norm, out_rows=rows)
-    tune = TUNING_FP32 if q.dtype == jnp.float32 else TUNING
-    BV = min(V, tune["BV"])
-    kernel = functools.partial(_state_out_kernel, scale=scale, G=HV // H, BV=BV,
+    prep = wy_prep(k, v, g, beta, table, H_ratio=HV // H, BT=BT, l2norm=l2norm, out_rows=rows,
+                   num_warps=tiles.wy[0], num_stages=tiles.wy[1], want_tm=resid == "h")
+    w, uu = prep[:2]
+    BV, num_warps, num_stages = min(V, tiles.state[0]), tiles.state[1], tiles.state[2]
+    kernel = functools.partial(_state_out_kernel, scale=scale, G=HV // H, BT=BT, BV=BV,
                                has_g=g is not None, has_h0=h0 is not None, l2norm=l2norm,
                                resid=resid, prec=dot_precision(interpret))
     ins = [x for x in (cu, first, q, k, v, w, uu, g, h0) if x is not None]
@@ -141,7 +142,7 @@ def _forward(q, k, v, g, beta, h0, cu, *, scale, l2norm, resid):
     elif resid == "h":
         out_shape += [jax.ShapeDtypeStruct((table.shape[0], HV, K, V), q.dtype),
                       jax.ShapeDtypeStruct((rows, HV, V), q.dtype)]
-    params = None if interpret else triton_params(tune["num_warps"], tune["num_stages"])
+    params = None if interpret else triton_params(num_warps, num_stages)
     outs = pl.pallas_call(kernel, out_shape=out_shape, grid=(N, HV, V // BV),
                           interpret=interpret, name="chunk_gdn_state_out",
                           compiler_params=params)(*ins)
@@ -149,23 +150,26 @@ def _forward(q, k, v, g, beta, h0, cu, *, scale, l2norm, resid):
     if resid == "u":
         return o, outs[1], (outs[2][:R],)
     if resid == "h":
-        return o, outs[1], (w, uu, outs[3], outs[2])
+        return o, outs[1], (w, uu, outs[3], outs[2], prep[2])
     return o, outs[1], ()
 
 
-def _chunk_backward(q, k, v, g, beta, h0, cu, w, uu, vn, hs, do, dht, *, scale, l2norm):
+def _chunk_backward(q, k, v, g, beta, h0, cu, w, uu, vn, hs, tm, do, dht, *, scale, l2norm):
     """Chunk-parallel backward (pallas_delta_chunk_bwd.py). Returns per-value-head fp32
     dq, dk [R, HV, K], dv [R, HV, V] (v's dtype), dbeta [R, HV], dg [R, HV] (or None),
     dh0 (or None)."""
     R = q.shape[0]
+    tiles = delta_tiles(q.shape[2], v.shape[2], q.dtype)
+    BT = tiles.BT
     interpret = pallas_interpret()
-    q, k, v, g, beta, do = _pad_rows(interpret, q, k, v, g, beta, do)
+    q, k, v, g, beta, do = _pad_rows(interpret, BT, q, k, v, g, beta, do)
     table = chunk_table(cu, R, BT)
     first = chunk_first(cu, BT)
     dh, dvn, dh0 = chunk_dh(q, k, w, do, g, dht, cu, first, n_slots=table.shape[0],
-                            has_h0=h0 is not None, scale=scale, l2norm=l2norm, BT=BT)
-    dq, dk, dv, db, dg = chunk_grads(q, k, v, g, beta, do, w, uu, vn, hs, dh, dvn, table,
-                                     scale=scale, l2norm=l2norm, BT=BT)
+                            has_h0=h0 is not None, scale=scale, l2norm=l2norm, BT=BT,
+                            tile=tiles.dh)
+    dq, dk, dv, db, dg = chunk_grads(q, k, v, g, beta, do, w, uu, vn, hs, dh, dvn, tm, table,
+                                     scale=scale, l2norm=l2norm, BT=BT, tile=tiles.grads)
     return dq[:R], dk[:R], dv[:R], db[:R], (None if dg is None else dg[:R]), dh0
 
 
@@ -191,9 +195,9 @@ def _chunk_bwd(scale, l2norm, want_ht, backward, res, cts):
         dq, dk, dv, db, dg, dh0 = recurrent_backward(q, k, v, g, beta, h0, cu, u, do, dht,
                                                      scale=scale, l2norm=l2norm)
     else:
-        w, uu, vn, hs = res[7:]
-        dq, dk, dv, db, dg, dh0 = _chunk_backward(q, k, v, g, beta, h0, cu, w, uu, vn, hs, do,
-                                                  dht, scale=scale, l2norm=l2norm)
+        w, uu, vn, hs, tm = res[7:]
+        dq, dk, dv, db, dg, dh0 = _chunk_backward(q, k, v, g, beta, h0, cu, w, uu, vn, hs, tm,
+                                                  do, dht, scale=scale, l2norm=l2norm)
     dq, dk = group_sum(dq, H), group_sum(dk, H)
     if l2norm:
         dq, dk = l2norm_bwd(q, dq), l2norm_bwd(k, dk)
