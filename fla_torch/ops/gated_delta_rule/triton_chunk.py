@@ -64,7 +64,7 @@ def _precisions(dtype):
 # other kernels for fp32 inputs (not yet re-timed on the GPU). The tuning script overrides
 # entries of this table.
 LAUNCH = {
-    "wy_fwd": dict(BK=128, BV=128, num_warps=4, stages32=1, KKT64=True),
+    "wy_fwd": dict(BK=128, BV=128, num_warps=4, stages32=1),
     "chunk_h": dict(BV=64, BV32=32, num_warps=4, stages32=1),
     "chunk_o": dict(BK=64, BV=128, num_warps=8, stages32=1),
     "dvn_local": dict(BK=64, BV=128, num_warps=8, stages32=1),
@@ -133,8 +133,7 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         _wy_fwd16_kernel[(NT, HV)](
             k, v, g if g is not None else beta, beta, gc if gc is not None else beta, tm, w, u,
             table, offsets, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
-            HAS_G=g is not None, PREC=PREC, PREC32=PREC32, KKT64=LAUNCH["wy_fwd"]["KKT64"],
-            **kw)
+            HAS_G=g is not None, PREC=PREC, PREC32=PREC32, **kw)
         h_buf, vn, ht = _fwd_states(k, w, u, gc, h0, offsets, chunk_offsets, NT, N,
                                     output_final_state, PREC)
         o = _buf((B, T, HV, V), q.dtype, dev)

@@ -1,8 +1,8 @@
 """WY / UT forward of one chunk (BT = 64): gc, Tm = (I + A)^-1, w, u.
 
 A[s, r] = beta_s (k_s . k_r) exp(gc_s - gc_r) (r < s) is handled as its 10 lower 16x16 blocks
-A_ij (i >= j, rows of block i, columns of block j). k k^T is one 64-row product parked in
-the chunk's rows of tm_buf and re-read as blocks (KKT64; else ten 16-row products). The
+A_ij (i >= j, rows of block i, columns of block j), straight from 16-row tiles of k (one
+64-row k k^T parked in tm_buf and re-read as blocks was 0.2 ms slower on the H100). The
 inverse T = (I + A)^-1 is block lower triangular:
     T_ii = (I + A_ii)^-1                         forward substitution on 16 rows, registers
     T_ij = -T_ii sum_{j <= m < i} A_im T_mj      (i > j), 16x16 fp32 products
@@ -61,13 +61,6 @@ def _store16(tm_buf, rows, mask, i_hv, col0: tl.constexpr, blk, HV: tl.constexpr
 
 
 @triton.jit
-def _load16(tm_buf, rows, mask, i_hv, col0: tl.constexpr, HV: tl.constexpr, BT: tl.constexpr):
-    o = tl.arange(0, 16)
-    return tl.load(tm_buf + (rows * HV + i_hv)[:, None] * BT + col0 + o[None, :],
-                   mask=mask[:, None] & (o < 16)[None, :], other=0.0, cache_modifier=".cg")
-
-
-@triton.jit
 def _load_rows(x, rows, mask, i_head, NH: tl.constexpr, D: tl.constexpr, o_d, mask_d):
     return tl.load(x + (rows * NH + i_head)[:, None] * D + o_d[None, :],
                    mask=mask[:, None] & mask_d[None, :], other=0.0)
@@ -83,12 +76,10 @@ def _store_rows(x, val, rows, mask, i_head, NH: tl.constexpr, D: tl.constexpr, o
 def _wy_fwd16_kernel(k, v, g, beta, gc_buf, tm_buf, w_buf, u_buf, chunk_table, offsets,
                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                     HAS_G: tl.constexpr, PREC: tl.constexpr, PREC32: tl.constexpr,
-                     KKT64: tl.constexpr):
+                     HAS_G: tl.constexpr, PREC: tl.constexpr, PREC32: tl.constexpr):
     """gc_buf [B*T, HV] fp32 (gated), tm_buf [B*T, HV, BT] fp32, w_buf [B*T, HV, K] (input
     dtype), u_buf [B*T, HV, V] (input dtype). PREC: dots on the input dtype (k k^T); PREC32:
-    the fp32 16x16 block products of the inverse. KKT64: k k^T as one 64-row product through
-    tm_buf (else ten 16-row products)."""
+    the fp32 16x16 block products of the inverse."""
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     i_h = i_hv // (HV // H)
     i_n, t0, eos, i_i = chunk_coords(chunk_table, offsets, i_c, BT)
@@ -128,58 +119,33 @@ def _wy_fwd16_kernel(k, v, g, beta, gc_buf, tm_buf, w_buf, u_buf, chunk_table, o
         c2 = c0
         c3 = c0
     z = tl.zeros([16, 16], dtype=tl.float32)
-    if KKT64:
-        # k k^T as one 64-row product, parked in this chunk's rows of tm_buf and re-read as
-        # its 10 lower 16x16 blocks (Tm overwrites it after the next barrier)
-        rows = t0 + tl.arange(0, BT)
-        m_t = rows < eos
-        kk = tl.zeros([BT, BT], dtype=tl.float32)
-        for i_k in range(0, tl.cdiv(K, BK)):
-            o_k = i_k * BK + tl.arange(0, BK)
-            b_k = _load_rows(k, rows, m_t, i_h, H, K, o_k, o_k < K)
-            kk += tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
-        o_c = tl.arange(0, BT)
-        tl.store(tm_buf + (rows * HV + i_hv)[:, None] * BT + o_c[None, :], kk,
-                 mask=m_t[:, None])
-        tl.debug_barrier()
-        a00 = _load16(tm_buf, r0, m0, i_hv, 0, HV, BT)
-        a10 = _load16(tm_buf, r1, m1, i_hv, 0, HV, BT)
-        a11 = _load16(tm_buf, r1, m1, i_hv, 16, HV, BT)
-        a20 = _load16(tm_buf, r2, m2, i_hv, 0, HV, BT)
-        a21 = _load16(tm_buf, r2, m2, i_hv, 16, HV, BT)
-        a22 = _load16(tm_buf, r2, m2, i_hv, 32, HV, BT)
-        a30 = _load16(tm_buf, r3, m3, i_hv, 0, HV, BT)
-        a31 = _load16(tm_buf, r3, m3, i_hv, 16, HV, BT)
-        a32 = _load16(tm_buf, r3, m3, i_hv, 32, HV, BT)
-        a33 = _load16(tm_buf, r3, m3, i_hv, 48, HV, BT)
-    else:
-        a00 = z
-        a10 = z
-        a11 = z
-        a20 = z
-        a21 = z
-        a22 = z
-        a30 = z
-        a31 = z
-        a32 = z
-        a33 = z
-        for i_k in range(0, tl.cdiv(K, BK)):
-            o_k = i_k * BK + tl.arange(0, BK)
-            mk = o_k < K
-            k0 = _load_rows(k, r0, m0, i_h, H, K, o_k, mk)
-            k1 = _load_rows(k, r1, m1, i_h, H, K, o_k, mk)
-            k2 = _load_rows(k, r2, m2, i_h, H, K, o_k, mk)
-            k3 = _load_rows(k, r3, m3, i_h, H, K, o_k, mk)
-            a00 += tl.dot(k0, tl.trans(k0), input_precision=PREC)
-            a10 += tl.dot(k1, tl.trans(k0), input_precision=PREC)
-            a11 += tl.dot(k1, tl.trans(k1), input_precision=PREC)
-            a20 += tl.dot(k2, tl.trans(k0), input_precision=PREC)
-            a21 += tl.dot(k2, tl.trans(k1), input_precision=PREC)
-            a22 += tl.dot(k2, tl.trans(k2), input_precision=PREC)
-            a30 += tl.dot(k3, tl.trans(k0), input_precision=PREC)
-            a31 += tl.dot(k3, tl.trans(k1), input_precision=PREC)
-            a32 += tl.dot(k3, tl.trans(k2), input_precision=PREC)
-            a33 += tl.dot(k3, tl.trans(k3), input_precision=PREC)
+    a00 = z
+    a10 = z
+    a11 = z
+    a20 = z
+    a21 = z
+    a22 = z
+    a30 = z
+    a31 = z
+    a32 = z
+    a33 = z
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        mk = o_k < K
+        k0 = _load_rows(k, r0, m0, i_h, H, K, o_k, mk)
+        k1 = _load_rows(k, r1, m1, i_h, H, K, o_k, mk)
+        k2 = _load_rows(k, r2, m2, i_h, H, K, o_k, mk)
+        k3 = _load_rows(k, r3, m3, i_h, H, K, o_k, mk)
+        a00 += tl.dot(k0, tl.trans(k0), input_precision=PREC)
+        a10 += tl.dot(k1, tl.trans(k0), input_precision=PREC)
+        a11 += tl.dot(k1, tl.trans(k1), input_precision=PREC)
+        a20 += tl.dot(k2, tl.trans(k0), input_precision=PREC)
+        a21 += tl.dot(k2, tl.trans(k1), input_precision=PREC)
+        a22 += tl.dot(k2, tl.trans(k2), input_precision=PREC)
+        a30 += tl.dot(k3, tl.trans(k0), input_precision=PREC)
+        a31 += tl.dot(k3, tl.trans(k1), input_precision=PREC)
+        a32 += tl.dot(k3, tl.trans(k2), input_precision=PREC)
+        a33 += tl.dot(k3, tl.trans(k3), input_precision=PREC)
     a00 = _diag_block(a00, b0, c0, HAS_G)
     a11 = _diag_block(a11, b1, c1, HAS_G)
     a22 = _diag_block(a22, b2, c2, HAS_G)
@@ -213,8 +179,6 @@ def _wy_fwd16_kernel(k, v, g, beta, gc_buf, tm_buf, w_buf, u_buf, chunk_table, o
     t30 = -tl.dot(t33, tl.dot(a30, t00, input_precision=PREC32)
                   + tl.dot(a31, t10, input_precision=PREC32)
                   + tl.dot(a32, t20, input_precision=PREC32), input_precision=PREC32)
-    # every thread has consumed the A blocks (the KKT64 scratch) before Tm overwrites them
-    tl.debug_barrier()
     _store16(tm_buf, r0, m0, i_hv, 0, t00, HV, BT)
     _store16(tm_buf, r0, m0, i_hv, 16, z, HV, BT)
     _store16(tm_buf, r0, m0, i_hv, 32, z, HV, BT)
