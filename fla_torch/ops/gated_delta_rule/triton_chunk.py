@@ -188,12 +188,19 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         dv = _buf((B, T, HV, V), v.dtype, dev)
         dbeta = _buf((B, T, HV), torch.float32, dev)
         dg = _buf((B, T, HV), torch.float32, dev) if has_g else None
-        BK, BV, kw = _tiles("wy_bwd", K, V, q.dtype)
+        # fp16: the WY backward runs on fp32 copies of k and v with the fp32 configuration.
+        # Its fp16-operand variant gave dbeta errors of 3.4e-2..5.3e-2 on the H100 (Triton
+        # 3.6; bf16, fp32 and the CPU interpreter were right; dk/dv right): a Hopper
+        # miscompile of the kind FLA works around in its WY backward (their #984).
+        wy_dt = torch.float32 if q.dtype == torch.float16 else q.dtype
+        k_wy, v_wy = (k.float(), v.float()) if wy_dt != q.dtype else (k, v)
+        BK, BV, kw = _tiles("wy_bwd", K, V, wy_dt)
         _wy_bwd2_kernel[(NT, HV)](
-            k, v, beta, gc_arg, tm, dk_direct, dw, dvn, dgc if dgc is not None else dw, dk, dv,
-            dbeta, dg if dg is not None else dbeta, table, offsets, B * T * HV, H=H, HV=HV,
-            K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_G=has_g, NKB=NKB,
-            SPLIT=q.dtype != torch.float32, PREC=PREC32, PREC16=PREC, **kw)
+            k_wy, v_wy, beta, gc_arg, tm, dk_direct, dw, dvn, dgc if dgc is not None else dw,
+            dk, dv, dbeta, dg if dg is not None else dbeta, table, offsets, B * T * HV, H=H,
+            HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_G=has_g, NKB=NKB,
+            SPLIT=wy_dt != torch.float32, PREC=PREC32,
+            PREC16=PREC if wy_dt == q.dtype else PREC32, **kw)
         if HV != H:
             dq = group_sum(dq, H).to(q.dtype)
             dk = group_sum(dk, H).to(k.dtype)
