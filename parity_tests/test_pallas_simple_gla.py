@@ -130,6 +130,8 @@ CASES = {
     "varlen": dict(B=1, T=90, cu=[0, 7, 7, 70, 90], use_gamma=True),
     "varlen_chunks16": dict(B=1, T=90, cu=[0, 5, 40, 40, 90], tuning={"bt": 16}),
     "kv100_blocks": dict(B=1, T=40, H=1, K=100, V=100, tuning={"state_elems": 1024}),
+    "k256_v24": dict(B=1, T=40, H=1, K=256, V=24, use_gamma=True),
+    "k16_v256": dict(B=1, T=70, H=1, K=16, V=256, cu=[0, 64, 70]),
 }
 
 
