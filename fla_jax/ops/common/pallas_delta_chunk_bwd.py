@@ -44,6 +44,7 @@ from jax.experimental import pallas as pl
 
 from .dispatch import pallas_interpret
 from .pallas_delta_layout import dot_precision, kdot, l2norm_fwd, triton_params
+from .pallas_triton import split_cumsum
 from .pallas_wy_prep import masked_rows, store_rows
 
 F32 = jnp.float32
@@ -56,7 +57,7 @@ def chunk_first(cu, BT: int):
     return jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(nch).astype(jnp.int32)])
 
 
-def _chunk_gates(g_ref, st, end, BT, hv, prec):
+def _chunk_gates(g_ref, st, end, BT, hv):
     """Returns gc [BT] (inclusive cumsum), g_last, suffix [BT] (= g_last - gc, as a direct
     sum) and Dc [BT, BT] = exp(sum_{j < s <= i} g_s) for j <= i else 0. Rows >= end: g = 0."""
     r = lax.broadcasted_iota(jnp.int32, (BT, BT), 0)
@@ -66,13 +67,7 @@ def _chunk_gates(g_ref, st, end, BT, hv, prec):
         return z, jnp.zeros((), F32), z, (r >= c).astype(F32)
     gb = masked_rows(g_ref, st, end, BT, hv)
     g_last = jnp.sum(gb)
-    # seg[i, j] = sum_{j < s <= i} g_s as a difference of cumsums, g split into an exact
-    # 2^-8-grid part (its cumsum is exact in fp32) and a small rest: fp32 accuracy of the gap
-    # itself under strong gates, without the 64x64x64 fp32 product per chunk this replaces.
-    hi = jnp.floor(gb * 256.0 + 0.5) * (1.0 / 256.0)
-    c_hi, c_lo = jnp.cumsum(hi), jnp.cumsum(gb - hi)
-    gc = c_hi + c_lo
-    seg = (c_hi[:, None] - c_hi[None, :]) + (c_lo[:, None] - c_lo[None, :])
+    gc, seg = split_cumsum(gb)      # seg[i, j] = sum_{j < s <= i} g_s, fp32-accurate gaps
     suffix = jnp.sum(jnp.where(c > r, gb[None, :], 0.0), axis=1)
     decay = jnp.where(r >= c, jnp.exp(jnp.where(r >= c, seg, 0.0)), 0.0)
     return gc, g_last, suffix, decay
@@ -110,7 +105,7 @@ def _dh_kernel(*refs, scale, G, BT, BV, has_g, has_dht, has_h0, l2norm, prec):
         k = _qk(k_ref, st, eos, BT, h, l2norm)
         w = masked_rows(w_ref, st, eos, BT, hv)
         do = masked_rows(do_ref, st, eos, BT, hv, vs)
-        gc, g_last, suffix, decay = _chunk_gates(g_ref, st, eos, BT, hv, prec)
+        gc, g_last, suffix, decay = _chunk_gates(g_ref, st, eos, BT, hv)
         kq = (kdot(k, q.T, prec) * decay.T).astype(dt)             # [s, t]
         kd = (k.astype(F32) * jnp.exp(suffix)[:, None]).astype(dt)
         dvn = scale * kdot(kq, do, prec) + kdot(kd, D.astype(dt), prec)
@@ -173,7 +168,7 @@ def _grads_kernel(*refs, scale, G, BT, BV, has_g, l2norm, prec):
         q = _qk(q_ref, start, end, BT, h, l2norm)
         k = _qk(k_ref, start, end, BT, h, l2norm)
         beta = masked_rows(b_ref, start, end, BT, hv)
-        gc, g_last, suffix, decay = _chunk_gates(g_ref, start, end, BT, hv, prec)
+        gc, g_last, suffix, decay = _chunk_gates(g_ref, start, end, BT, hv)
         gam = jnp.exp(gc)
         dq = jnp.zeros((BT, K), F32)
         dk = jnp.zeros((BT, K), F32)

@@ -7,6 +7,8 @@
   unless `fla_jax.dtypes.allow_tf32()` was active when the op was traced.
 - `load_rows` / `store_rows`: a [BT, D] tile at rows `start + arange(BT)` of a [T, D] ref,
   rows >= `n_valid` and columns >= `n_cols` masked (loaded as 0, never stored).
+- `split_cumsum`: a cumsum whose pairwise gaps stay fp32-accurate (used by chunk_gates and the
+  delta-rule backward).
 - `chunk_gates`: chunk-local cumsum of the scalar log-decay (fp32) and the decay matrix.
 Shapes use BT = chunk length, D = a padded head size (power of two >= 16).
 """
@@ -123,6 +125,19 @@ def store_tile(ref, value, n_rows, n_cols, row0=0, col0=0):
     plt.store(ref, value.astype(ref.dtype), mask=mask)
 
 
+def split_cumsum(x):
+    """x [BT] fp32 -> (cumsum [BT], gap [BT, BT] with gap[i, j] = cumsum_i - cumsum_j).
+
+    x = hi + lo with hi on a 2^-8 grid: hi's cumsum is exact in fp32 (|sum| < 2^15) and lo's is
+    tiny, so every gap keeps the fp32 accuracy of the gap itself even where the cumsum reaches
+    -1000s (strong gates: two plain fp32 cumsums put 2.4e-5 on dg in fp32 on an H100). The
+    Triton kernels do the same with an fp64 cumsum (Pallas kernels have no fp64)."""
+    hi = jnp.floor(x * 256.0 + 0.5) * (1.0 / 256.0)
+    c_hi, c_lo = jnp.cumsum(hi), jnp.cumsum(x - hi)
+    gap = (c_hi[:, None] - c_hi[None, :]) + (c_lo[:, None] - c_lo[None, :])
+    return c_hi + c_lo, gap
+
+
 def chunk_gates(g, gamma, n_valid, bt, transposed=False):
     """Chunk-local decay terms, all fp32.
 
@@ -147,19 +162,10 @@ def chunk_gates(g, gamma, n_valid, bt, transposed=False):
         inc = inc + g.astype(jnp.float32)
     if gamma is not None:
         inc = inc + jnp.where(idx < n_valid, gamma, 0.0)
-    # inc = hi + lo with hi on a 2^-8 grid: the cumsum of hi is exact in fp32 (|sum| < 2^15),
-    # lo's is tiny, so a gap gc_i - gc_j keeps fp32 accuracy of the gap itself even where gc
-    # reaches -1000s (strong gates; a plain fp32 cumsum put 2.4e-5 on dg in fp32 on an H100).
-    # The Triton kernels do the same with an fp64 cumsum (JAX kernels have no fp64).
-    hi = jnp.floor(inc * 256.0 + 0.5) * (1.0 / 256.0)
-    c_hi = jnp.cumsum(hi)
-    c_lo = jnp.cumsum(inc - hi)
-    gc = c_hi + c_lo
+    gc, gap = split_cumsum(inc)
     g_last = jnp.sum(inc)
     if transposed:
-        gap = (c_hi[None, :] - c_hi[:, None]) + (c_lo[None, :] - c_lo[:, None])
-    else:
-        gap = (c_hi[:, None] - c_hi[None, :]) + (c_lo[:, None] - c_lo[None, :])
+        gap = -gap          # gap[j, i] = -gap[i, j], exactly
     diff = jnp.where(causal, gap, 0.0)
     d = jnp.where(causal, jnp.exp(diff), 0.0)
     later = idx[None, :] > idx[:, None]                   # [i, j]: j > i
