@@ -11,21 +11,10 @@ import os
 import torch
 
 from fla_contract import ACTIVATION_DTYPES, KERNEL_DTYPES
+from fla_contract.auto_kernel import AUTO_KERNEL
 
 IMPLS = ("auto", "reference", "chunked", "triton")
 KERNEL_IMPL = "triton"
-# impl='auto' picks a kernel only where a GPU run proved it correct AND faster than the chunked
-# path (fail closed). op -> q dtypes. H100 runs of 2026-11-21 (benchmarks/RESULTS.md): every
-# GPU parity cell of these ops/dtypes passed in both frameworks. Left out: fp32 of the delta
-# family (Triton chunk GDN dg under gates of -20 per token: 2.3e-5 > 2e-5; fp32 speed not
-# compared with the chunked path), fp32 of the recurrent simple GLA (speed not compared).
-# Explicit impl= still selects any kernel.
-AUTO_KERNEL = {"chunk_simple_gla": ("bf16", "fp16", "fp32"),
-               "fused_recurrent_simple_gla": ("bf16", "fp16"),
-               "chunk_delta_rule": ("bf16", "fp16"),
-               "chunk_gated_delta_rule": ("bf16", "fp16"),
-               "fused_recurrent_delta_rule": ("bf16", "fp16"),
-               "fused_recurrent_gated_delta_rule": ("bf16", "fp16")}
 ALLOWED_DTYPES = {"reference": ACTIVATION_DTYPES, "chunked": ACTIVATION_DTYPES,
                   "triton": KERNEL_DTYPES}
 
