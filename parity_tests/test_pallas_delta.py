@@ -240,6 +240,24 @@ def test_gdn_recurrent_dg_strong_gates_fp32():
     assert not bad, f"gdn/recurrent/strong gates/fp32: {errors}"
 
 
+@pytest.mark.parametrize("g_lo,g_hi", [(-20.0, 0.0), (-20.0, -10.0)])
+def test_gdn_chunk_dg_strong_gates_fp32(g_lo, g_hi):
+    """dg of the chunk kernels under strong per-token gates (fp32, two sequences, h0 and dS_T
+    given). With gates in [-20, -10] every term of dg is decayed except k_L . dk_state_L, which
+    a reverse cumsum of -k.dk_state + [last] sum_j k_j.dk_state_j forms and cancels at every
+    token: dg error 7.8e-3 that way, 3.8e-7 with the closed-form prefix sum."""
+    T, K, cu = 256, 32, [0, 60, 256]
+    x = _inputs(3, 1, T, 1, 1, K, K, 2, True, (0.5, 1.0), -20, True)
+    x["g"] = np.random.default_rng(15).uniform(g_lo, g_hi, (1, T, 1))
+    x["k"] = x["k"] / np.sqrt(K)
+    kw = dict(gated=True, scale=K ** -0.5, l2norm=False, cu=cu, h0=True)
+    ref = _reference(x, "fp32", **kw)
+    got = _run(_load(KERNELS[("gdn", "chunk")]), x, jnp.float32, float_dtype=jnp.float32, **kw)
+    errors = {name: rel_rms(got[name], r, r) for name, r in ref.items()}
+    bad = {n: e for n, e in errors.items() if not e <= tolerance("fp32", n)}
+    assert not bad, f"gdn/chunk/strong gates [{g_lo}, {g_hi}]/fp32: {errors}"
+
+
 @pytest.mark.parametrize("bt", [16, 32, 64])
 def test_chunk_every_chunk_length(monkeypatch, bt):
     """Every chunk length the tile table may pick (pallas_delta_tiles) gives the same parity."""

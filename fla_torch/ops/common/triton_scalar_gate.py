@@ -6,7 +6,8 @@
   active; 16-bit operands ignore it. Triton's "ieee" (CUDA-core FMA) is never used: on Hopper it
   is ~15x slower and spills registers (measured 366 ms vs 1.2 ms for a bf16 backward).
 - `block(size, cap)`: a power-of-two tile >= 16 covering `size` (masked beyond it).
-- In-kernel helpers (`seq_bounds`, `chunk_log_decay`, `causal_decay`).
+- In-kernel helpers (`seq_bounds`, `chunk_log_decay`, `causal_decay`, `suffix_sum`,
+  `prefix_sum_excl`).
 - dg of a scalar gate in the recurrent kernels: dG_t = q_t.dq_t - k_t.dk_t per token, reverse
   cumsum per sequence by the shared `common/triton_gate_grad.sequence_reverse_cumsum`.
 """
@@ -84,3 +85,18 @@ def causal_decay(A, b, b_lo, causal, HAS_DECAY: tl.constexpr):
         gap = (b[:, None] - b[None, :]) + (b_lo[:, None] - b_lo[None, :])
         A = A * tl.exp(tl.where(causal, gap, 0.))
     return tl.where(causal, A, 0.)
+
+
+@triton.jit
+def suffix_sum(x, o_t):
+    """y_t = sum_{s >= t} x_s of a [BT] vector as a masked [BT, BT] row sum (o_t = arange).
+    Unlike `total - cumsum + x` it carries no rounding of terms outside the suffix: under
+    strong gates a chunk's gate-gradient terms differ by orders of magnitude and the small
+    sums at most rows must not inherit the rounding of the O(1) ones."""
+    return tl.sum(tl.where(o_t[None, :] >= o_t[:, None], x[None, :], 0.0), axis=1)
+
+
+@triton.jit
+def prefix_sum_excl(x, o_t):
+    """y_t = sum_{s < t} x_s of a [BT] vector (masked row sum, see `suffix_sum`)."""
+    return tl.sum(tl.where(o_t[None, :] < o_t[:, None], x[None, :], 0.0), axis=1)

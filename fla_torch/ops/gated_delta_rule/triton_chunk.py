@@ -97,7 +97,7 @@ def _state_blocks(name, K, V, dtype):
     return BK, block(V, BV), _launch_kw(cfg, wide)
 
 
-def _fwd_states(k, w, u, gc, h0, offsets, chunk_offsets, NT, N, output_final_state, PREC):
+def _fwd_states(k, w, u, gc_hi, gc_lo, has_g, h0, offsets, chunk_offsets, NT, N, output_final_state, PREC):
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
     BK, BV, kw = _state_blocks("chunk_h", K, V, k.dtype)
@@ -105,9 +105,9 @@ def _fwd_states(k, w, u, gc, h0, offsets, chunk_offsets, NT, N, output_final_sta
     vn = _buf((B, T, HV, V), _bdt("vn", k.dtype), k.device)
     ht = _buf((N, HV, K, V), torch.float32, k.device) if output_final_state else None
     _chunk_h_kernel[(triton.cdiv(V, BV), N * HV)](
-        k, w, u, gc if gc is not None else u, h0 if h0 is not None else u, h_buf, vn,
+        k, w, u, gc_hi, gc_lo, h0 if h0 is not None else u, h_buf, vn,
         ht if ht is not None else u, offsets, chunk_offsets,
-        H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_G=gc is not None,
+        H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_G=has_g,
         HAS_H0=h0 is not None, STORE_HT=ht is not None, PREC=PREC, **kw)
     return h_buf, vn, ht
 
@@ -125,21 +125,23 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         table, chunk_offsets, NT = chunk_tables(B, T, cu_seqlens, BT, dev)
         N = offsets.shape[0] - 1
         PREC, PREC32 = _precisions(q.dtype)
-        gc = _buf((B, T, HV), torch.float32, dev) if g is not None else None
+        # chunk-local gate cumsum, fp64-accurate as fp32 hi + lo (see load_gates)
+        gc = _buf((2, B, T, HV), torch.float32, dev) if g is not None else None
+        gc_hi, gc_lo = (gc[0], gc[1]) if gc is not None else (beta, beta)
         tm = _buf((B, T, HV, BT), torch.float32, dev)
         w = _buf((B, T, HV, K), _bdt("w", q.dtype), dev)
         u = _buf((B, T, HV, V), _bdt("u", q.dtype), dev)
         BK, BV, kw = _tiles("wy_fwd", K, V, q.dtype)
         _wy_fwd16_kernel[(NT, HV)](
-            k, v, g if g is not None else beta, beta, gc if gc is not None else beta, tm, w, u,
+            k, v, g if g is not None else beta, beta, gc_hi, gc_lo, tm, w, u,
             table, offsets, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
             HAS_G=g is not None, PREC=PREC, PREC32=PREC32, **kw)
-        h_buf, vn, ht = _fwd_states(k, w, u, gc, h0, offsets, chunk_offsets, NT, N,
-                                    output_final_state, PREC)
+        h_buf, vn, ht = _fwd_states(k, w, u, gc_hi, gc_lo, g is not None, h0, offsets,
+                                    chunk_offsets, NT, N, output_final_state, PREC)
         o = _buf((B, T, HV, V), q.dtype, dev)
         BK, BV, kw = _tiles("chunk_o", K, V, q.dtype)
         _chunk_o_kernel[(triton.cdiv(V, BV), NT, HV)](
-            q, k, vn, h_buf, gc if gc is not None else beta, o, table, offsets, scale,
+            q, k, vn, h_buf, gc_hi, gc_lo, o, table, offsets, scale,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_G=g is not None, PREC=PREC, **kw)
         # the states per chunk and vn are kept (the backward does not re-run chunk_h)
         ctx.save_for_backward(q, k, v, beta, gc, tm, w, h_buf, vn, h0, offsets, table,
@@ -158,17 +160,17 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         PREC, PREC32 = _precisions(q.dtype)
         do = do.contiguous()
         dht = dht.contiguous() if dht is not None else None
-        gc_arg = gc if gc is not None else beta
+        gc_hi, gc_lo = (gc[0], gc[1]) if gc is not None else (beta, beta)
         dvn = _buf((B, T, HV, V), torch.float32, dev)
         BK, BV, kw = _tiles("dvn_local", K, V, q.dtype)
         _dvn_local_kernel[(triton.cdiv(V, BV), NT, HV)](
-            q, k, do, gc_arg, dvn, table, offsets, scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK,
+            q, k, do, gc_hi, gc_lo, dvn, table, offsets, scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK,
             BV=BV, HAS_G=has_g, PREC=PREC, **kw)
         SK, SV, kw = _state_blocks("chunk_dh", K, V, q.dtype)
         dh_buf = _buf((NT, HV, K, V), _bdt("dh", q.dtype), dev)
         dh0 = _buf((N, HV, K, V), torch.float32, dev) if h0 is not None else None
         _chunk_dh_kernel[(triton.cdiv(V, SV), N * HV)](
-            q, k, w, do, gc_arg, dvn, dht if dht is not None else dvn,
+            q, k, w, do, gc_hi, gc_lo, dvn, dht if dht is not None else dvn,
             dh0 if dh0 is not None else dvn, dh_buf, offsets, chunk_offsets, scale,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=SK, BV=SV, HAS_G=has_g, HAS_DHT=dht is not None,
             STORE_DH0=dh0 is not None, PREC=PREC, **kw)
@@ -181,7 +183,7 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         NKB = triton.cdiv(K, QK)
         dgc = _buf((NKB, B, T, HV), torch.float32, dev) if has_g else None
         _dqk_kernel[(NKB, NT, HV)](
-            q, k, do, vn, dvn, h_buf, dh_buf, gc_arg, dq, dk_direct, dw,
+            q, k, do, vn, dvn, h_buf, dh_buf, gc_hi, gc_lo, dq, dk_direct, dw,
             dgc if dgc is not None else dw, table, offsets, scale, B * T * HV,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=QK, BV=BV, HAS_G=has_g, PREC=PREC, **kw)
         dk = _buf((B, T, HV, K), final_dt, dev)
@@ -196,7 +198,7 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         k_wy, v_wy = (k.float(), v.float()) if wy_dt != q.dtype else (k, v)
         BK, BV, kw = _tiles("wy_bwd", K, V, wy_dt)
         _wy_bwd2_kernel[(NT, HV)](
-            k_wy, v_wy, beta, gc_arg, tm, dk_direct, dw, dvn, dgc if dgc is not None else dw,
+            k_wy, v_wy, beta, gc_hi, gc_lo, tm, dk_direct, dw, dvn, dgc if dgc is not None else dw,
             dk, dv, dbeta, dg if dg is not None else dbeta, table, offsets, B * T * HV, H=H,
             HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_G=has_g, NKB=NKB,
             SPLIT=wy_dt != torch.float32, PREC=PREC32,

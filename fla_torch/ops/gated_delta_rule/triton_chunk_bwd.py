@@ -17,6 +17,11 @@ identity dg_t = sum_{s >= t} (q.dq - v.dv) cancelled O(1) terms: bf16 dg 0.72 at
         + beta exp(gc) (k . Tm^T dw) + rowsum(dA * A) - colsum(dA * A)
         + [last token] exp(gc_L) <h, dh_next> + sum_s k_s . dk_state_s
     dg  = reverse cumsum of dgc inside the chunk.
+  The k.dk_state pair is summed in closed form, dg_t gets sum_{s < t} k_s . dk_state_s (all
+  terms decayed by at least exp(g_t)) instead of -sum_{s >= t} + sum_all, whose O(1) term
+  k_L . dk_state_L cancels; the reverse cumsums are masked sums (`suffix_sum`). With both
+  cancellations, per-token gates in [-20, -10] gave an fp32 dg error of ~1e-3.
+  `dqk` writes its K block's share of dg (already summed per token); `wy_bwd` adds its own.
 Kernels: `dvn_local` (chunk-parallel), `chunk_dh` (sequential, reverse), `dqk` (per K block
 x chunk); `wy_bwd` (per chunk) is in triton_wy_bwd.py.
 """
@@ -25,11 +30,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_chunk_fwd import chunk_coords, decay_matrix, load_gates
+from ..common.triton_scalar_gate import prefix_sum_excl, suffix_sum
+from .triton_chunk_fwd import chunk_coords, decay_matrix, decay_to_end, load_gates
 
 
 @triton.jit
-def _dvn_local_kernel(q, k, do, gc_buf, dvn_buf, chunk_table, offsets, scale,
+def _dvn_local_kernel(q, k, do, gc_buf, gc_lo, dvn_buf, chunk_table, offsets, scale,
                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       HAS_G: tl.constexpr, PREC: tl.constexpr):
@@ -51,9 +57,9 @@ def _dvn_local_kernel(q, k, do, gc_buf, dvn_buf, chunk_table, offsets, scale,
         b_A += tl.dot(b_k, tl.trans(b_q), input_precision=PREC)
     anti = o_t[:, None] <= o_t[None, :]
     if HAS_G:
-        b_gc, g_last = load_gates(gc_buf, rows, mask_t, tl.minimum(t0 + BT, eos) - 1, i_hv, HV,
-                                  HAS_G)
-        b_A = b_A * decay_matrix(-b_gc, -b_gc, anti)  # exp(gc_t - gc_s) for s <= t
+        b_gc, b_lo, g_last, l_last = load_gates(gc_buf, gc_lo, rows, mask_t,
+                                                tl.minimum(t0 + BT, eos) - 1, i_hv, HV, HAS_G)
+        b_A = b_A * decay_matrix(-b_gc, -b_lo, -b_gc, -b_lo, anti)  # exp(gc_t - gc_s), s <= t
     else:
         b_A = tl.where(anti, b_A, 0.0)
     b_do = tl.load(do + (rows * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_tv, other=0.0)
@@ -62,7 +68,7 @@ def _dvn_local_kernel(q, k, do, gc_buf, dvn_buf, chunk_table, offsets, scale,
 
 
 @triton.jit
-def _chunk_dh_kernel(q, k, w_buf, do, gc_buf, dvn_buf, dht, dh0, dh_buf, offsets, chunk_offsets,
+def _chunk_dh_kernel(q, k, w_buf, do, gc_buf, gc_lo, dvn_buf, dht, dh0, dh_buf, offsets, chunk_offsets,
                      scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                      V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      HAS_G: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
@@ -107,8 +113,9 @@ def _chunk_dh_kernel(q, k, w_buf, do, gc_buf, dvn_buf, dht, dh0, dh_buf, offsets
         p_dvn = dvn_buf + (rows * HV + i_hv)[:, None] * V + o_v[None, :]
         b_dvn = tl.load(p_dvn, mask=m_tv, other=0.0)
         if HAS_G:
-            b_gc, g_last = load_gates(gc_buf, rows, mask_t, t_last, i_hv, HV, HAS_G)
-            b_kd = (b_k.to(tl.float32) * tl.exp(tl.where(mask_t, g_last - b_gc, 0.0))[:, None])
+            b_gc, b_lo, g_last, l_last = load_gates(gc_buf, gc_lo, rows, mask_t, t_last, i_hv,
+                                                    HV, HAS_G)
+            b_kd = b_k.to(tl.float32) * decay_to_end(b_gc, b_lo, g_last, l_last, mask_t)[:, None]
             b_qd = (b_q.to(tl.float32) * tl.exp(b_gc)[:, None]).to(DT)
             b_dvn += tl.dot(b_kd.to(DT), b_dh.to(DT), input_precision=PREC)
             b_dh = b_dh * tl.exp(g_last)
@@ -123,16 +130,16 @@ def _chunk_dh_kernel(q, k, w_buf, do, gc_buf, dvn_buf, dht, dh0, dh_buf, offsets
 
 
 @triton.jit
-def _dqk_kernel(q, k, do, vn_buf, dvn_buf, h_buf, dh_buf, gc_buf, dq_buf, dk_buf, dw_buf,
+def _dqk_kernel(q, k, do, vn_buf, dvn_buf, h_buf, dh_buf, gc_buf, gc_lo, dq_buf, dk_buf, dw_buf,
                 dgc_buf, chunk_table, offsets, scale, part_stride,
                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
                 PREC: tl.constexpr):
     """Per K block x chunk x value head: dq (final, per value head; fp32 or the input dtype),
     dk (direct part, fp32), dw (fp32),
-    and (gated) this K block's partial dgc_buf[i_kb] of the chunk-local gate gradient:
-    q.dq_inter - k.dk_state + rowsum(M) - colsum(M) (M = scale P * (q k^T), strictly lower),
-    plus exp(gc_L) <h, dh'> + sum_s k_s.dk_state_s at the chunk's last token."""
+    and (gated) this K block's share dgc_buf[i_kb] of dg (see the module docstring):
+    suffix sums of q.dq_inter + rowsum(M) - colsum(M) (M = scale P * (q k^T), strictly lower),
+    + sum_{s < t} k_s.dk_state_s + exp(gc_L) <h, dh'>."""
     i_kb, i_c, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
     i_n, t0, eos, i_i = chunk_coords(chunk_table, offsets, i_c, BT)
@@ -171,10 +178,11 @@ def _dqk_kernel(q, k, do, vn_buf, dvn_buf, h_buf, dh_buf, gc_buf, dq_buf, dk_buf
             b_hdh += tl.sum(tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1), axis=0)
     causal = o_t[:, None] >= o_t[None, :]
     if HAS_G:
-        b_gc, g_last = load_gates(gc_buf, rows, mask_t, t_last, i_hv, HV, HAS_G)
-        b_P = b_P * decay_matrix(b_gc, b_gc, causal)
+        b_gc, b_lo, g_last, l_last = load_gates(gc_buf, gc_lo, rows, mask_t, t_last, i_hv, HV,
+                                                HAS_G)
+        b_P = b_P * decay_matrix(b_gc, b_lo, b_gc, b_lo, causal)
         b_dq = b_dq * tl.exp(b_gc)[:, None]
-        b_dk = b_dk * tl.exp(tl.where(mask_t, g_last - b_gc, 0.0))[:, None]
+        b_dk = b_dk * decay_to_end(b_gc, b_lo, g_last, l_last, mask_t)[:, None]
     else:
         b_P = tl.where(causal, b_P, 0.0)
     b_q = tl.load(q + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
@@ -187,10 +195,8 @@ def _dqk_kernel(q, k, do, vn_buf, dvn_buf, h_buf, dh_buf, gc_buf, dq_buf, dk_buf
         strict = o_t[:, None] > o_t[None, :]
         b_M = tl.where(strict, b_P * tl.dot(b_q, tl.trans(b_k), input_precision=PREC), 0.0)
         b_kdk = tl.sum(b_k32 * b_dk, axis=1)
-        b_dgc = scale * (tl.sum(b_q32 * b_dq, axis=1) + tl.sum(b_M, axis=1)
-                         - tl.sum(b_M, axis=0)) - b_kdk
-        g_end = tl.exp(g_last) * b_hdh + tl.sum(b_kdk, axis=0)
-        b_dgc += tl.where(rows == t_last, g_end, 0.0)
+        b_x = scale * (tl.sum(b_q32 * b_dq, axis=1) + tl.sum(b_M, axis=1) - tl.sum(b_M, axis=0))
+        b_dgc = suffix_sum(b_x, o_t) + prefix_sum_excl(b_kdk, o_t) + tl.exp(g_last) * b_hdh
         tl.store(dgc_buf + i_kb.to(tl.int64) * part_stride + rows * HV + i_hv, b_dgc, mask=mask_t)
     b_dq = (b_dq + tl.dot(b_P.to(DT), b_k, input_precision=PREC)) * scale
     b_dk += scale * tl.dot(tl.trans(b_P).to(DT), b_q, input_precision=PREC)

@@ -7,7 +7,7 @@ Per chunk (tokens s, r of one sequence and value head; gc = chunk-local cumsum o
     vn       = u - w h                    (h: state at the chunk start, [K, V])
     h_next   = exp(gc_L) h + (exp(gc_L - gc) k)^T vn          (L: last token of the chunk)
     o        = scale (exp(gc) q h + (causal(q k^T) * exp(gc_t - gc_s)) vn)
-Kernels: `wy_fwd` (gc, Tm, w, u; in triton_wy_fwd.py), `chunk_h`
+Kernels: `wy_fwd` (gc split in fp32 hi + lo, Tm, w, u; in triton_wy_fwd.py), `chunk_h`
 (sequential over the chunks of a sequence; one program per value block x sequence x value
 head; stores h per chunk and vn), `chunk_o` (one program per value block x chunk x head).
 All decays are exp of a non-positive number: masked entries are masked in the exponent.
@@ -32,31 +32,50 @@ def chunk_coords(chunk_table, offsets, i_c, BT: tl.constexpr):
 
 
 @triton.jit
-def load_gates(gc_buf, rows, mask_t, t_last, i_hv, HV: tl.constexpr, HAS_G: tl.constexpr):
-    """(gc [BT] fp32, gc at the chunk's last valid token); zeros without a gate.
+def load_gates(gc_buf, gc_lo, rows, mask_t, t_last, i_hv, HV: tl.constexpr,
+               HAS_G: tl.constexpr):
+    """(gc [BT], gc_lo [BT], gc and gc_lo at the chunk's last valid token), fp32; zeros
+    without a gate. gc + gc_lo is the chunk-local cumsum to fp64 accuracy (split by `wy_fwd`):
+    under strong gates gc reaches -1000s inside a chunk, where fp32 spacing (6e-5 at 640) would
+    put that much relative error on every decay exp(gc_t - gc_s); gaps are therefore taken as
+    (gc_t - gc_s) + (lo_t - lo_s) (`decay_matrix`, `decay_to_end`). exp(gc) alone needs no lo:
+    its relative error |lo| <= 6e-8 |gc| only matters where exp(gc) has underflowed.
 
-    Padded rows (past the end of the sequence) get g_last, as if their g were 0: every
-    decay gap exp(gc_t - gc_s) with t >= s then stays exp of a non-positive number even
-    for a padded t. (Filling them with 0 made exp(0 - gc_s) = inf under strong gates, and
+    Padded rows (past the end of the sequence) get the last token's values, as if their g were
+    0: every decay gap exp(gc_t - gc_s) with t >= s then stays exp of a non-positive number
+    even for a padded t. (Filling them with 0 made exp(0 - gc_s) = inf under strong gates, and
     inf * 0 = NaN leaked into valid rows through dots over the time axis.)"""
     if HAS_G:
         g_last = tl.load(gc_buf + t_last * HV + i_hv)
+        l_last = tl.load(gc_lo + t_last * HV + i_hv)
         b_gc = tl.load(gc_buf + rows * HV + i_hv, mask=mask_t, other=0.0)
+        b_lo = tl.load(gc_lo + rows * HV + i_hv, mask=mask_t, other=0.0)
         b_gc = tl.where(mask_t, b_gc, g_last)
+        b_lo = tl.where(mask_t, b_lo, l_last)
     else:
         b_gc = tl.zeros([rows.shape[0]], dtype=tl.float32)
+        b_lo = b_gc
         g_last = 0.0
-    return b_gc, g_last
+        l_last = 0.0
+    return b_gc, b_lo, g_last, l_last
 
 
 @triton.jit
-def decay_matrix(b_gc_row, b_gc_col, keep):
-    """exp(gc_row[:, None] - gc_col[None, :]) where keep, else 0 (masked in the exponent)."""
-    return tl.where(keep, tl.exp(tl.where(keep, b_gc_row[:, None] - b_gc_col[None, :], 0.0)), 0.0)
+def decay_matrix(r_gc, r_lo, c_gc, c_lo, keep):
+    """exp(gap) with gap = (r_gc[:, None] - c_gc[None, :]) + (r_lo[:, None] - c_lo[None, :])
+    where keep, else 0 (masked in the exponent)."""
+    gap = (r_gc[:, None] - c_gc[None, :]) + (r_lo[:, None] - c_lo[None, :])
+    return tl.where(keep, tl.exp(tl.where(keep, gap, 0.0)), 0.0)
 
 
 @triton.jit
-def _chunk_h_kernel(k, w_buf, u_buf, gc_buf, h0, h_buf, vn_buf, ht, offsets, chunk_offsets,
+def decay_to_end(b_gc, b_lo, g_last, l_last, mask_t):
+    """exp(gc_L - gc_s) per row s [BT] (1 on padded rows), gap taken with the lo parts."""
+    return tl.exp(tl.where(mask_t, (g_last - b_gc) + (l_last - b_lo), 0.0))
+
+
+@triton.jit
+def _chunk_h_kernel(k, w_buf, u_buf, gc_buf, gc_lo, h0, h_buf, vn_buf, ht, offsets, chunk_offsets,
                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
                     HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr):
@@ -99,8 +118,9 @@ def _chunk_h_kernel(k, w_buf, u_buf, gc_buf, h0, h_buf, vn_buf, ht, offsets, chu
                  b_vn.to(vn_buf.dtype.element_ty), mask=m_tv)
         b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
         if HAS_G:
-            b_gc, g_last = load_gates(gc_buf, rows, mask_t, t_last, i_hv, HV, HAS_G)
-            b_vn = b_vn * tl.exp(tl.where(mask_t, g_last - b_gc, 0.0))[:, None]
+            b_gc, b_lo, g_last, l_last = load_gates(gc_buf, gc_lo, rows, mask_t, t_last, i_hv,
+                                                    HV, HAS_G)
+            b_vn = b_vn * decay_to_end(b_gc, b_lo, g_last, l_last, mask_t)[:, None]
             b_h = b_h * tl.exp(g_last)
         b_h += tl.dot(tl.trans(b_k), b_vn.to(DT), input_precision=PREC)
     if STORE_HT:
@@ -108,7 +128,7 @@ def _chunk_h_kernel(k, w_buf, u_buf, gc_buf, h0, h_buf, vn_buf, ht, offsets, chu
 
 
 @triton.jit
-def _chunk_o_kernel(q, k, vn_buf, h_buf, gc_buf, o, chunk_table, offsets, scale,
+def _chunk_o_kernel(q, k, vn_buf, h_buf, gc_buf, gc_lo, o, chunk_table, offsets, scale,
                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
                     PREC: tl.constexpr):
@@ -135,10 +155,10 @@ def _chunk_o_kernel(q, k, vn_buf, h_buf, gc_buf, o, chunk_table, offsets, scale,
         b_A += tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
     causal = o_t[:, None] >= o_t[None, :]
     if HAS_G:
-        b_gc, g_last = load_gates(gc_buf, rows, mask_t, tl.minimum(t0 + BT, eos) - 1, i_hv, HV,
-                                  HAS_G)
+        b_gc, b_lo, g_last, l_last = load_gates(gc_buf, gc_lo, rows, mask_t,
+                                                tl.minimum(t0 + BT, eos) - 1, i_hv, HV, HAS_G)
         b_o = b_o * tl.exp(b_gc)[:, None]
-        b_A = b_A * decay_matrix(b_gc, b_gc, causal)
+        b_A = b_A * decay_matrix(b_gc, b_lo, b_gc, b_lo, causal)
     else:
         b_A = tl.where(causal, b_A, 0.0)
     b_vn = tl.load(vn_buf + (rows * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_tv, other=0.0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..common.triton_scalar_gate import suffix_sum
 from .triton_chunk_fwd import chunk_coords, decay_matrix, load_gates
 from .triton_split_dot import _bf16_pair, split_dot32, split_dot_wide
 
@@ -32,15 +33,16 @@ def _dot_tm(a, a_hi, a_lo, b, SPLIT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _wy_bwd2_kernel(k, v, beta, gc_buf, tm_buf, dk_buf, dw_buf, dvn_buf, dgc_buf, dk_out, dv,
+def _wy_bwd2_kernel(k, v, beta, gc_buf, gc_lo, tm_buf, dk_buf, dw_buf, dvn_buf, dgc_buf, dk_out, dv,
                     dbeta, dg, chunk_table, offsets, part_stride,
                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                     HAS_G: tl.constexpr, NKB: tl.constexpr, SPLIT: tl.constexpr,
                     PREC: tl.constexpr, PREC16: tl.constexpr):
     """In: dk_buf (direct part of dk, fp32), dw_buf, dvn_buf (= du) fp32, the NKB partials of
-    dgc from `dqk`. Out: dk_out [B*T, HV, K] (fp32 or the input dtype), dv (input dtype),
-    dbeta fp32, dg fp32 (gated: reverse cumsum inside the chunk of the summed dgc).
+    dg from `dqk` (per token, already summed). Out: dk_out [B*T, HV, K] (fp32 or the input
+    dtype), dv (input dtype), dbeta fp32, dg fp32 (gated: the dqk shares + the suffix sums of
+    this kernel's terms of dgc).
     PREC: fp32 products ("tf32x3"); PREC16: the input-dtype product k k^T (the input dtype's
     own precision: "tf32x3" on fp16 operands gave a 5e-2 dbeta error on the H100, where
     k k^T enters only dbeta / dg)."""
@@ -51,8 +53,8 @@ def _wy_bwd2_kernel(k, v, beta, gc_buf, tm_buf, dk_buf, dw_buf, dvn_buf, dgc_buf
     rows = t0 + o_t
     mask_t = rows < eos
     b_beta = tl.load(beta + rows * HV + i_hv, mask=mask_t, other=0.0)
-    b_gc, g_last = load_gates(gc_buf, rows, mask_t, tl.minimum(t0 + BT, eos) - 1, i_hv, HV,
-                              HAS_G)
+    b_gc, b_lo, g_last, l_last = load_gates(gc_buf, gc_lo, rows, mask_t,
+                                            tl.minimum(t0 + BT, eos) - 1, i_hv, HV, HAS_G)
     b_eg = tl.exp(b_gc)
     m_tt = mask_t[:, None] & (o_t < BT)[None, :]
     b_Tm = tl.load(tm_buf + (rows * HV + i_hv)[:, None] * BT + o_t[None, :], mask=m_tt,
@@ -81,7 +83,7 @@ def _wy_bwd2_kernel(k, v, beta, gc_buf, tm_buf, dk_buf, dw_buf, dvn_buf, dgc_buf
     strict = o_t[:, None] > o_t[None, :]
     b_dA = _dot_tm(b_TmT, t_hi, t_lo, b_dTm, SPLIT, PREC)
     b_dA = -split_dot32(b_dA, b_TmT, SPLIT, PREC)
-    b_B = b_dA * decay_matrix(b_gc, b_gc, strict)
+    b_B = b_dA * decay_matrix(b_gc, b_lo, b_gc, b_lo, strict)
     b_db = tl.sum(b_B * b_KK, axis=1)
     b_Bb = b_B * b_beta[:, None]
     b_Bs = b_Bb + tl.trans(b_Bb)
@@ -112,9 +114,9 @@ def _wy_bwd2_kernel(k, v, beta, gc_buf, tm_buf, dk_buf, dw_buf, dvn_buf, dgc_buf
     if HAS_G:
         b_Ad = b_Bb * b_KK   # dA * A
         b_dgc = b_beta * b_wk + tl.sum(b_Ad, axis=1) - tl.sum(b_Ad, axis=0)
+        b_dg = suffix_sum(b_dgc, o_t)
         p_dgc = dgc_buf + rows * HV + i_hv
         for p in range(NKB):
-            b_dgc += tl.load(p_dgc, mask=mask_t, other=0.0)
+            b_dg += tl.load(p_dgc, mask=mask_t, other=0.0)
             p_dgc += part_stride
-        b_dg = tl.sum(b_dgc, axis=0) - tl.cumsum(b_dgc, axis=0) + b_dgc
         tl.store(dg + rows * HV + i_hv, b_dg, mask=mask_t)

@@ -1,6 +1,7 @@
 """WY / UT forward of one chunk (BT = 64): gc, Tm = (I + A)^-1, w, u.
 
-A[s, r] = beta_s (k_s . k_r) exp(gc_s - gc_r) (r < s) is handled as its 10 lower 16x16 blocks
+A[s, r] = beta_s (k_s . k_r) exp(gc_s - gc_r) (r < s; gc = fp64 cumsum kept as fp32 hi + lo,
+see load_gates in triton_chunk_fwd.py) is handled as its 10 lower 16x16 blocks
 A_ij (i >= j, rows of block i, columns of block j), straight from 16-row tiles of k (one
 64-row k k^T parked in tm_buf and re-read as blocks was 0.2 ms slower on the H100). The
 inverse T = (I + A)^-1 is block lower triangular:
@@ -25,22 +26,28 @@ from .triton_split_dot import split_dot
 
 
 @triton.jit
-def _diag_block(a, beta_i, c_i, HAS_G: tl.constexpr):
+def _gap(c_i, l_i, c_j, l_j):
+    """gc_i[:, None] - gc_j[None, :] from the hi + lo split of the cumsum."""
+    return (c_i[:, None] - c_j[None, :]) + (l_i[:, None] - l_j[None, :])
+
+
+@triton.jit
+def _diag_block(a, beta_i, c_i, l_i, HAS_G: tl.constexpr):
     """Strictly lower part of a diagonal block of A, scaled by beta and the decays."""
     o = tl.arange(0, 16)
     strict = o[:, None] > o[None, :]
     a = a * beta_i[:, None]
     if HAS_G:
-        a = a * tl.exp(tl.where(strict, c_i[:, None] - c_i[None, :], 0.0))
+        a = a * tl.exp(tl.where(strict, _gap(c_i, l_i, c_i, l_i), 0.0))
     return tl.where(strict, a, 0.0)
 
 
 @triton.jit
-def _off_block(a, beta_i, c_i, c_j, HAS_G: tl.constexpr):
+def _off_block(a, beta_i, c_i, l_i, c_j, l_j, HAS_G: tl.constexpr):
     """Block of A below the diagonal (rows of block i > columns of block j)."""
     a = a * beta_i[:, None]
     if HAS_G:
-        a = a * tl.exp(c_i[:, None] - c_j[None, :])
+        a = a * tl.exp(_gap(c_i, l_i, c_j, l_j))
     return a
 
 
@@ -50,6 +57,19 @@ def _subst_row(a, t, sel, e):
     a_r = tl.sum(tl.where(sel, a, 0.0), axis=0)
     row = e - tl.sum(a_r[:, None] * t, axis=0)
     return tl.where(sel, row[None, :], t)
+
+
+@triton.jit
+def _cumsum_split(g, gc_buf, gc_lo, rows, mask, i_hv, HV: tl.constexpr, start):
+    """fp64 cumsum of 16 gates after `start` (fp64); stores and returns it split as fp32
+    hi + lo (see load_gates in triton_chunk_fwd.py), and the fp64 running total."""
+    x = tl.load(g + rows * HV + i_hv, mask=mask, other=0.0).to(tl.float64)
+    c = tl.cumsum(x, axis=0) + start
+    hi = c.to(tl.float32)
+    lo = (c - hi.to(tl.float64)).to(tl.float32)
+    tl.store(gc_buf + rows * HV + i_hv, hi, mask=mask)
+    tl.store(gc_lo + rows * HV + i_hv, lo, mask=mask)
+    return hi, lo, start + tl.sum(x, axis=0)
 
 
 @triton.jit
@@ -73,11 +93,11 @@ def _store_rows(x, val, rows, mask, i_head, NH: tl.constexpr, D: tl.constexpr, o
 
 
 @triton.jit
-def _wy_fwd16_kernel(k, v, g, beta, gc_buf, tm_buf, w_buf, u_buf, chunk_table, offsets,
+def _wy_fwd16_kernel(k, v, g, beta, gc_buf, gc_lo, tm_buf, w_buf, u_buf, chunk_table, offsets,
                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      HAS_G: tl.constexpr, PREC: tl.constexpr, PREC32: tl.constexpr):
-    """gc_buf [B*T, HV] fp32 (gated), tm_buf [B*T, HV, BT] fp32, w_buf [B*T, HV, K] (input
+    """gc_buf, gc_lo [B*T, HV] fp32 (gated: chunk-local cumsum, hi + lo), tm_buf [B*T, HV, BT] fp32, w_buf [B*T, HV, K] (input
     dtype), u_buf [B*T, HV, V] (input dtype). PREC: dots on the input dtype (k k^T); PREC32:
     the fp32 16x16 block products of the inverse."""
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
@@ -97,27 +117,23 @@ def _wy_fwd16_kernel(k, v, g, beta, gc_buf, tm_buf, w_buf, u_buf, chunk_table, o
     b2 = tl.load(beta + r2 * HV + i_hv, mask=m2, other=0.0)
     b3 = tl.load(beta + r3 * HV + i_hv, mask=m3, other=0.0)
     if HAS_G:
-        # chunk-local cumsum; padded rows (g = 0) carry the last valid gc
-        x0 = tl.load(g + r0 * HV + i_hv, mask=m0, other=0.0)
-        x1 = tl.load(g + r1 * HV + i_hv, mask=m1, other=0.0)
-        x2 = tl.load(g + r2 * HV + i_hv, mask=m2, other=0.0)
-        x3 = tl.load(g + r3 * HV + i_hv, mask=m3, other=0.0)
-        s0 = tl.sum(x0, axis=0)
-        s1 = s0 + tl.sum(x1, axis=0)
-        s2 = s1 + tl.sum(x2, axis=0)
-        c0 = tl.cumsum(x0, axis=0)
-        c1 = tl.cumsum(x1, axis=0) + s0
-        c2 = tl.cumsum(x2, axis=0) + s1
-        c3 = tl.cumsum(x3, axis=0) + s2
-        tl.store(gc_buf + r0 * HV + i_hv, c0, mask=m0)
-        tl.store(gc_buf + r1 * HV + i_hv, c1, mask=m1)
-        tl.store(gc_buf + r2 * HV + i_hv, c2, mask=m2)
-        tl.store(gc_buf + r3 * HV + i_hv, c3, mask=m3)
+        # chunk-local cumsum in fp64, kept as fp32 hi + lo; padded rows (g = 0) carry the
+        # last valid value
+        s = tl.zeros([1], dtype=tl.float64)
+        s = tl.sum(s, axis=0)
+        c0, l0, s = _cumsum_split(g, gc_buf, gc_lo, r0, m0, i_hv, HV, s)
+        c1, l1, s = _cumsum_split(g, gc_buf, gc_lo, r1, m1, i_hv, HV, s)
+        c2, l2, s = _cumsum_split(g, gc_buf, gc_lo, r2, m2, i_hv, HV, s)
+        c3, l3, s = _cumsum_split(g, gc_buf, gc_lo, r3, m3, i_hv, HV, s)
     else:
         c0 = tl.zeros([16], dtype=tl.float32)
         c1 = c0
         c2 = c0
         c3 = c0
+        l0 = c0
+        l1 = c0
+        l2 = c0
+        l3 = c0
     z = tl.zeros([16, 16], dtype=tl.float32)
     a00 = z
     a10 = z
@@ -146,16 +162,16 @@ def _wy_fwd16_kernel(k, v, g, beta, gc_buf, tm_buf, w_buf, u_buf, chunk_table, o
         a31 += tl.dot(k3, tl.trans(k1), input_precision=PREC)
         a32 += tl.dot(k3, tl.trans(k2), input_precision=PREC)
         a33 += tl.dot(k3, tl.trans(k3), input_precision=PREC)
-    a00 = _diag_block(a00, b0, c0, HAS_G)
-    a11 = _diag_block(a11, b1, c1, HAS_G)
-    a22 = _diag_block(a22, b2, c2, HAS_G)
-    a33 = _diag_block(a33, b3, c3, HAS_G)
-    a10 = _off_block(a10, b1, c1, c0, HAS_G)
-    a20 = _off_block(a20, b2, c2, c0, HAS_G)
-    a21 = _off_block(a21, b2, c2, c1, HAS_G)
-    a30 = _off_block(a30, b3, c3, c0, HAS_G)
-    a31 = _off_block(a31, b3, c3, c1, HAS_G)
-    a32 = _off_block(a32, b3, c3, c2, HAS_G)
+    a00 = _diag_block(a00, b0, c0, l0, HAS_G)
+    a11 = _diag_block(a11, b1, c1, l1, HAS_G)
+    a22 = _diag_block(a22, b2, c2, l2, HAS_G)
+    a33 = _diag_block(a33, b3, c3, l3, HAS_G)
+    a10 = _off_block(a10, b1, c1, l1, c0, l0, HAS_G)
+    a20 = _off_block(a20, b2, c2, l2, c0, l0, HAS_G)
+    a21 = _off_block(a21, b2, c2, l2, c1, l1, HAS_G)
+    a30 = _off_block(a30, b3, c3, l3, c0, l0, HAS_G)
+    a31 = _off_block(a31, b3, c3, l3, c1, l1, HAS_G)
+    a32 = _off_block(a32, b3, c3, l3, c2, l2, HAS_G)
     # diagonal blocks of the inverse: 16 substitution steps, the four blocks side by side
     t00 = z
     t11 = z
