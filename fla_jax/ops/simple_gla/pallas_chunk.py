@@ -414,8 +414,10 @@ def _dk_kernel(refs, st):
             # + sum_{s >= t} q_s . dq_inter_s              (exp(gc_s) q_s S, from _dq_kernel)
             # + sum_{s < t} (k_s . dk_inter_s + colsum_s(M) - rowsum_s(M))
             # with M[i, j] = scale (q_i.k_j)(do_i.v_j) D[i, j]: sum_{s<t} of colsum - rowsum
-            # is the sum of M over i >= t > j, the pairs whose decay contains g_t.
-            M = ptr.matmul(q, k, (1, 1), st.precision) * P * st.scale
+            # is the sum of M over i >= t > j, the pairs whose decay contains g_t. The diagonal
+            # of M drops out of colsum - rowsum exactly; it is masked off, not cancelled: it is
+            # O(1) where every other term is decayed (gates in [-20, -10]: dg error 4.8e-3).
+            M = jnp.where(before, ptr.matmul(q, k, (1, 1), st.precision) * P * st.scale, 0.0)
             x = jnp.sum(M, 0) - jnp.sum(M, 1) + jnp.sum(k.astype(jnp.float32) * inter, 1)
             p = ptr.load_rows(refs["qdq"], start, bt, _rows(st, nv))
             hs = refs["hs"][_slot(st, n, bos, c), :, :].astype(jnp.float32)
