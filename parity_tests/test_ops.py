@@ -23,7 +23,7 @@ CASE_SET = GPU_CASES if DEVICE == "cuda" else CPU_CASES
 # feature against float64 in detail. On a GPU every case runs for the kernels too.
 KERNEL_CPU_CASES = {"basic": ("bf16", "fp16", "fp32"), "varlen": ("fp32",),
                     "short_strong": ("bf16", "fp16"), "gamma": ("fp32",), "gqa_l2_beta2": ("bf16",),
-                    "beta_edges": ("fp32",)}
+                    "beta_edges": ("fp32",), "uniform_strong": ("fp32",)}
 
 
 def _params():

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from .chunk_decay import chunk_cumsum, pairwise_decay
+from .chunk_decay import chunk_cumsum, chunk_suffix, pairwise_decay
 from .chunk_packing import (chunk_initial_states, from_chunks, gather_final_states,
                             plan_chunks, to_chunks)
 from .chunk_state_scan import scan_chunk_states
@@ -39,9 +39,12 @@ def delta_rule_chunks(q, k, v, *, g, beta, scale, initial_state, output_final_st
     bn = to_chunks(plan, beta.astype(cd))[..., None]                  # [B, NC, HV, C, 1]
     NC, C = plan.num_chunks, plan.chunk
     if g is not None:
-        b = chunk_cumsum(to_chunks(plan, g.astype(cd)))                # [B, NC, HV, C]
+        gn = to_chunks(plan, g.astype(cd))
+        b = chunk_cumsum(gn)                                           # [B, NC, HV, C]
+        to_end = chunk_suffix(gn)                                      # b_last - b, directly
     else:
         b = jnp.zeros((plan.lanes, NC, HV, C), cd)
+        to_end = b
     b_last = b[..., -1]
 
     kk = einsum("bnhik,bnhjk->bnhij", kn, kn)
@@ -50,7 +53,7 @@ def delta_rule_chunks(q, k, v, *, g, beta, scale, initial_state, output_final_st
     x = einsum("bnhij,bnhjv->bnhiv", t_inv, bn * vn)
     w = einsum("bnhij,bnhjk->bnhik", t_inv, bn * jnp.exp(b)[..., None] * kn)
 
-    k_decayed = kn * jnp.exp(b_last[..., None] - b)[..., None]
+    k_decayed = kn * jnp.exp(to_end)[..., None]
     carry0, reset_states = chunk_initial_states(plan, initial_state, (HV, K, V), cd)
     S_in, S_after, S_last = scan_chunk_states(
         jnp.exp(b_last)[..., None], k_decayed, x, w, carry0,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ..common.chunk_decay import causal_mask, chunk_cumsum
+from ..common.chunk_decay import causal_mask, chunk_cumsum, chunk_suffix
 from ..common.chunk_packing import (chunk_initial_states, from_chunks, gather_final_states,
                                     plan_chunks, to_chunks)
 from ..common.chunk_state_scan import scan_chunk_states
@@ -30,21 +30,25 @@ def _masked_exp(diff, mask):
     return jnp.where(mask, jnp.exp(jnp.where(mask, diff, 0.0)), 0.0)
 
 
-def intra_chunk_scores(qn, kn, b, sub: int):
-    """qn, kn, b: [B, NC, H, C, K] -> A [B, NC, H, C, C] (zero above the diagonal)."""
+def intra_chunk_scores(qn, kn, gn, b, sub: int):
+    """qn, kn, gn (log-decays), b (their in-chunk cumsum): [B, NC, H, C, K] -> A [B, NC, H, C, C]
+    (zero above the diagonal). Zero-length gaps are constants and gaps to a sub-block's end
+    are direct suffix sums (see common/chunk_decay.py: no cancelled O(1) gradient terms)."""
     *lead, C, K = qn.shape
     nb = C // sub
     qs, ks, bs = (x.reshape(*lead, nb, sub, K) for x in (qn, kn, b))
 
-    diag_mask = causal_mask(sub)[..., None]                               # [c, c, 1]
-    decay = _masked_exp(bs[..., :, None, :] - bs[..., None, :, :], diag_mask)
+    strict = causal_mask(sub, inclusive=False)[..., None]                 # [c, c, 1]
+    decay = _masked_exp(bs[..., :, None, :] - bs[..., None, :, :], strict)
+    decay = decay + jnp.eye(sub, dtype=decay.dtype)[..., None]           # a token to itself: 1
     diag = jnp.sum(qs[..., :, None, :] * ks[..., None, :, :] * decay, axis=-1)  # [.., nb, c, c]
 
     ref = bs[..., -1, :]                                                  # [.., nb, K]
     block = jnp.arange(C) // sub
     earlier = (jnp.arange(nb)[None, :] < block[:, None])[..., None]      # [C, nb, 1]
     q_off = qn[..., :, None, :] * _masked_exp(b[..., :, None, :] - ref[..., None, :, :], earlier)
-    k_off = ks * jnp.exp(ref[..., :, None, :] - bs)                       # [.., nb, c, K]
+    gs = gn.reshape(*lead, nb, sub, K)
+    k_off = ks * jnp.exp(chunk_suffix(gs, axis=-2))                       # exp(ref - b_j)
     off = einsum("bnhiJk,bnhJjk->bnhiJj", q_off, k_off)                   # [.., C, nb, c]
     off = off.reshape(*lead, nb, sub, nb, sub)
     eye = jnp.eye(nb, dtype=qn.dtype)[:, None, :, None]
@@ -65,11 +69,12 @@ def gla_chunked(q, k, v, *, g, scale, initial_state, output_final_state, cu_seql
         raise ValueError(f"gla_chunked: chunk_size={chunk_size}; expected a multiple of {sub}")
     plan = plan_chunks(B, T, cu_seqlens, chunk_size)
     qn, kn, vn = to_chunks(plan, qc), to_chunks(plan, kc), to_chunks(plan, vc)
-    b = chunk_cumsum(to_chunks(plan, g.astype(cd)))                       # [B, NC, H, C, K]
+    gn = to_chunks(plan, g.astype(cd))
+    b = chunk_cumsum(gn)                                                  # [B, NC, H, C, K]
     b_last = b[..., -1, :]                                                # [B, NC, H, K]
 
-    o_intra = einsum("bnhij,bnhjv->bnhiv", intra_chunk_scores(qn, kn, b, sub), vn)
-    k_decayed = kn * jnp.exp(b_last[..., None, :] - b)
+    o_intra = einsum("bnhij,bnhjv->bnhiv", intra_chunk_scores(qn, kn, gn, b, sub), vn)
+    k_decayed = kn * jnp.exp(chunk_suffix(gn))                            # exp(b_last - b)
     carry0, reset_states = chunk_initial_states(plan, initial_state, (HV, K, V), cd)
     S_in, S_after, S_last = scan_chunk_states(
         jnp.exp(b_last), k_decayed, vn, None, carry0,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ..common.chunk_decay import chunk_cumsum, pairwise_decay
+from ..common.chunk_decay import chunk_cumsum, chunk_suffix, pairwise_decay
 from ..common.chunk_packing import (chunk_initial_states, from_chunks, gather_final_states,
                                     plan_chunks, to_chunks)
 from ..common.chunk_state_scan import scan_chunk_states
@@ -37,14 +37,17 @@ def simple_gla_chunked(q, k, v, *, g, g_gamma, scale, initial_state, output_fina
         gamma = jnp.broadcast_to(g_gamma.astype(cd), (B, T, HV))
         log_decay = gamma if log_decay is None else log_decay + gamma
     if log_decay is not None:   # padded slots get log-decay 0: they leave the state alone
-        b = chunk_cumsum(to_chunks(plan, log_decay))                 # [B, NC, H, C]
+        gn = to_chunks(plan, log_decay)
+        b = chunk_cumsum(gn)                                         # [B, NC, H, C]
+        to_end = chunk_suffix(gn)                                    # b_last - b, directly
     else:
         b = jnp.zeros((plan.lanes, NC, HV, C), cd)
+        to_end = b
     b_last = b[..., -1]                                           # [B, NC, HV]
 
     attn = einsum("bnhik,bnhjk->bnhij", qn, kn) * pairwise_decay(b)
     o_intra = einsum("bnhij,bnhjv->bnhiv", attn, vn)
-    k_decayed = kn * jnp.exp(b_last[..., None] - b)[..., None]
+    k_decayed = kn * jnp.exp(to_end)[..., None]
 
     carry0, reset_states = chunk_initial_states(plan, initial_state, (HV, K, V), cd)
     S_in, S_after, S_last = scan_chunk_states(
