@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU session, run from the repo root on the GPU machine (carry .whl for fla-core + einops):
-#   MODE=parity  kernel parity at GPU shapes, one process per op in parallel ($OUT/parity.txt)
+#   MODE=parity  kernel parity at GPU shapes, one process per job in parallel ($OUT/parity.txt)
 #   MODE=bench   the benchmark plan below, one process after another ($OUT/bench.txt, .json)
 # FLA_AUTOTUNE=<tgz of *.autotune.json> reuses FLA's autotune results from an earlier run
 # (Triton's TRITON_CACHE_AUTOTUNING); FLA's cold first calls are then measured separately.
@@ -15,10 +15,21 @@ export PYTHONPATH=${PYTHONPATH:-.}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 MODE=${MODE:-parity}
 if [ "$MODE" = parity ]; then
-  OPS=${OPS:-"chunk_simple_gla fused_recurrent_simple_gla chunk_delta_rule chunk_gated_delta_rule fused_recurrent_delta_rule fused_recurrent_gated_delta_rule"}
-  for op in $OPS; do
+  # one process per job "op[:case,case,...]" (no cases: every GPU case); the slow ops are
+  # split by case so that every job ends within PARITY_S
+  G1=gpu_4k,gpu_gqa,gpu_varlen; G2=gpu_d100,gpu_strong_edges,gpu_strong_uniform,gpu_t16k
+  JOBS=${JOBS:-"chunk_simple_gla fused_recurrent_simple_gla:$G1 fused_recurrent_simple_gla:$G2
+    chunk_delta_rule:$G1 chunk_delta_rule:$G2 chunk_gated_delta_rule:gpu_4k,gpu_gqa
+    chunk_gated_delta_rule:gpu_varlen,gpu_d100,gpu_strong_uniform
+    chunk_gated_delta_rule:gpu_strong_edges,gpu_t16k fused_recurrent_delta_rule:$G1
+    fused_recurrent_delta_rule:$G2 fused_recurrent_gated_delta_rule:$G1
+    fused_recurrent_gated_delta_rule:$G2"}
+  i=0
+  for job in $JOBS; do
+    op=${job%%:*}; cases=""; [ "$op" != "$job" ] && cases=${job#*:}
+    i=$((i + 1))
     timeout ${PARITY_S:-480} python3 -m parity_tests --device cuda --impls kernel --ops $op \
-      ${CASES:+--cases $CASES} > "$OUT/p_$op.log" 2>&1 &
+      ${cases:+--cases ${cases//,/ }} > "$OUT/p_$(printf %02d $i)_$op.log" 2>&1 &
   done
   wait
   cat "$OUT"/p_*.log > "$OUT/parity.txt"; rm -f "$OUT"/p_*.log
