@@ -258,6 +258,22 @@ def test_gdn_chunk_dg_strong_gates_fp32(g_lo, g_hi):
     assert not bad, f"gdn/chunk/strong gates [{g_lo}, {g_hi}]/fp32: {errors}"
 
 
+def test_gdn_chunk_dh0_fp16_uniformly_strong_gates():
+    """fp16, every gate in [-20, -10], l2-normalised q / k: dh0 is made of exp(gc) q do^T and
+    W^T dvn, both ~exp(g_first) small; with exp(gc) inside the fp16 operands (q in the dS
+    update, W as stored) they flushed to zero (GPU: dh0 1.0e-2 > 5e-3 in both frameworks).
+    Scaled relative to the chunk's first token, with exp(gc_0) in fp32, dh0 is accurate."""
+    T, K = 128, 64
+    x = _inputs(5, 1, T, 1, 1, K, K, 1, True, (0.02, 0.98), -20, True)
+    x["g"] = np.random.default_rng(6).uniform(-20.0, -10.0, (1, T, 1))
+    kw = dict(gated=True, scale=K ** -0.5, l2norm=True, cu=None, h0=True)
+    ref = _reference(x, "fp16", **kw)
+    got = _run(_load(KERNELS[("gdn", "chunk")]), x, jnp.float16, float_dtype=jnp.float16, **kw)
+    errors = {name: rel_rms(got[name], r, r) for name, r in ref.items()}
+    bad = {n: e for n, e in errors.items() if not e <= tolerance("fp16", n)}
+    assert not bad, f"gdn/chunk/fp16 uniformly strong gates: {errors}"
+
+
 @pytest.mark.parametrize("bt", [16, 32, 64])
 def test_chunk_every_chunk_length(monkeypatch, bt):
     """Every chunk length the tile table may pick (pallas_delta_tiles) gives the same parity."""

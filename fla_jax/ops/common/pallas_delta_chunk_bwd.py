@@ -34,7 +34,8 @@ Backward, dh' = gradient of the chunk's end state:
   a factor 15 in bf16 with g down to -20).
 Decay exponents are pairwise segment sums (sum_{j < s <= i} g_s, computed as one [BT, BT] dot
 with a 0/1 matrix), never differences of large cumsums and never positive for g <= 0.
-Tm is the forward's (pallas_wy_prep stores it per chunk slot in q's dtype), not rebuilt here.
+Tm is the forward's (pallas_wy_prep stores it per chunk slot in q's dtype), not rebuilt here;
+W is read as stored, exp(-gc_0) W (see pallas_wy_prep), with exp(gc_0) applied in fp32.
 Launch tiles (BT, BV, warps, stages) come from pallas_delta_tiles.delta_tiles(K, V, dtype).
 """
 from __future__ import annotations
@@ -61,20 +62,23 @@ def chunk_first(cu, BT: int):
     return jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(nch).astype(jnp.int32)])
 
 
-def _chunk_gates(g_ref, st, end, BT, hv):
+def _chunk_gates(g_ref, st, end, BT, hv, first=False):
     """Returns gc [BT] (inclusive cumsum), g_last, suffix [BT] (= g_last - gc, as a direct
-    sum) and Dc [BT, BT] = exp(sum_{j < s <= i} g_s) for j <= i else 0. Rows >= end: g = 0."""
+    sum) and Dc [BT, BT] = exp(sum_{j < s <= i} g_s) for j <= i else 0. Rows >= end: g = 0.
+    first: also gc - gc_0 [BT] (the gap from the first token, column 0 of the segment sums)."""
     r = lax.broadcasted_iota(jnp.int32, (BT, BT), 0)
     c = lax.broadcasted_iota(jnp.int32, (BT, BT), 1)
     if g_ref is None:
         z = jnp.zeros((BT,), F32)
-        return z, jnp.zeros((), F32), z, (r >= c).astype(F32)
+        out = (z, jnp.zeros((), F32), z, (r >= c).astype(F32))
+        return out + (z,) if first else out
     gb = masked_rows(g_ref, st, end, BT, hv)
     g_last = jnp.sum(gb)
     gc, seg = split_cumsum(gb)      # seg[i, j] = sum_{j < s <= i} g_s, fp32-accurate gaps
     suffix = jnp.sum(jnp.where(c > r, gb[None, :], 0.0), axis=1)
     decay = jnp.where(r >= c, jnp.exp(jnp.where(r >= c, seg, 0.0)), 0.0)
-    return gc, g_last, suffix, decay
+    out = (gc, g_last, suffix, decay)
+    return out + (jnp.sum(jnp.where(c == 0, seg, 0.0), axis=1),) if first else out
 
 
 def _qk(ref, st, end, BT, h, l2norm):
@@ -109,14 +113,16 @@ def _dh_kernel(*refs, scale, G, BT, BV, has_g, has_dht, has_h0, l2norm, prec):
         k = _qk(k_ref, st, eos, BT, h, l2norm)
         w = masked_rows(w_ref, st, eos, BT, hv)
         do = masked_rows(do_ref, st, eos, BT, hv, vs)
-        gc, g_last, suffix, decay = _chunk_gates(g_ref, st, eos, BT, hv)
+        gc, g_last, suffix, decay, rel0 = _chunk_gates(g_ref, st, eos, BT, hv, first=True)
         kq = (kdot(k, q.T, prec) * decay.T).astype(dt)             # [s, t]
         kd = (k.astype(F32) * jnp.exp(suffix)[:, None]).astype(dt)
         dvn = scale * kdot(kq, do, prec) + kdot(kd, D.astype(dt), prec)
         store_rows(dvn_ref, dvn, st, eos, hv, vs)
-        qd = (q.astype(F32) * jnp.exp(gc)[:, None]).astype(dt)
-        return (jnp.exp(g_last) * D + scale * kdot(qd.T, do, prec)
-                - kdot(w.T, dvn.astype(dt), prec))
+        # q exp(gc - gc_0) in q's dtype and exp(gc_0) in fp32 (W carries the same factor, see
+        # pallas_wy_prep): under strong gates exp(gc) q flushes to zero in fp16
+        qd = (q.astype(F32) * jnp.exp(rel0)[:, None]).astype(dt)
+        return (jnp.exp(g_last) * D + jnp.exp(gc[0]) * (scale * kdot(qd.T, do, prec)
+                                                        - kdot(w.T, dvn.astype(dt), prec)))
 
     D = lax.fori_loop(0, nc, body, D)
     if has_h0:
@@ -213,7 +219,7 @@ def _grads_kernel(*refs, scale, G, BT, BV, has_g, l2norm, prec):
         tm = tm_ref[s, hv]
         dxw = kdot(tm.T, dw.astype(dt), prec)
         w = masked_rows(w_ref, start, end, BT, hv)
-        dA = -dd(dxw, w.T)
+        dA = -jnp.exp(gc[0]) * dd(dxw, w.T)             # W is stored as exp(-gc_0) W
         db = jnp.zeros((BT,), F32)
         for iv in range(V // BV):
             vs = pl.ds(iv * BV, BV)

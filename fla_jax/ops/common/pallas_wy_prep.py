@@ -7,6 +7,9 @@ For one chunk of BT tokens (rows i, j) of one value head, with gc = chunk-local 
     W       = Tm (beta Gamma K)     [BT, K]
     U       = Tm (beta V)           [BT, V]
 so that the chunk's innovations are v_new = U - W S0 (S0 = state at the chunk start).
+W is stored as exp(-gc_0) W (gc_0 = g of the chunk's first token): its largest row keeps its
+scale, where exp(gc) alone flushes fp16 W to zero under strong gates (dh0 lost all accuracy);
+every user of W multiplies its product with W by exp(gc_0) in fp32.
 Tm is built from 16x16 diagonal blocks (forward substitution in registers, exact fp32 FMAs)
 joined by block products: Tm_ab = -Tm_aa sum_{b <= c < a} A_ac Tm_cb (fp32-accurate dots).
 For training, Tm itself (in k's dtype, the precision the W/U products use) is stored per chunk
@@ -115,7 +118,8 @@ def _prep_kernel(tab_ref, k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, *tm_refs, G,
             ks.append(k)
             gcs.append(gc)
             betas.append(beta)
-            xs_w.append((k.astype(F32) * (beta * jnp.exp(gc))[:, None]).astype(dt))
+            g0 = gcs[0][0] if gcs else gc[0]     # relative to the first token (see above)
+            xs_w.append((k.astype(F32) * (beta * jnp.exp(gc - g0))[:, None]).astype(dt))
             xs_u.append((v.astype(F32) * beta[:, None]).astype(dt))
         r = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 0)
         c = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 1)

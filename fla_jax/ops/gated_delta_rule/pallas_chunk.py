@@ -77,7 +77,7 @@ def _state_out_kernel(*refs, scale, G, BT, BV, has_g, has_h0, l2norm, resid, pre
             g_last = jnp.zeros((), F32)
             suffix = gc
         Sd = S.astype(dt)
-        v_new = uu - kdot(w, Sd, prec)
+        v_new = uu - jnp.exp(gc[0]) * kdot(w, Sd, prec)   # W is stored as exp(-gc_0) W
         vn_d = v_new.astype(dt)
         if h_ref is not None:   # residuals of the chunk-parallel backward
             h_ref[first_ref[n] + i, hv, :, vs] = Sd

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ..common.triton_scalar_gate import prefix_sum_excl, suffix_sum
-from .triton_chunk_fwd import chunk_coords, decay_matrix, decay_to_end, load_gates
+from .triton_chunk_fwd import chunk_coords, decay_matrix, decay_to_end, first_gate, load_gates
 
 
 @triton.jit
@@ -116,15 +116,22 @@ def _chunk_dh_kernel(q, k, w_buf, do, gc_buf, gc_lo, dvn_buf, dht, dh0, dh_buf, 
             b_gc, b_lo, g_last, l_last = load_gates(gc_buf, gc_lo, rows, mask_t, t_last, i_hv,
                                                     HV, HAS_G)
             b_kd = b_k.to(tl.float32) * decay_to_end(b_gc, b_lo, g_last, l_last, mask_t)[:, None]
-            b_qd = (b_q.to(tl.float32) * tl.exp(b_gc)[:, None]).to(DT)
+            # q exp(gc - gc_first) in the operand dtype, exp(gc_first) in fp32 (w carries the
+            # same factor): under strong gates exp(gc) q flushes to zero in fp16
+            g0 = first_gate(gc_buf, t0, i_hv, HV, HAS_G)
+            l0 = first_gate(gc_lo, t0, i_hv, HV, HAS_G)
+            b_qd = b_q.to(tl.float32) * tl.exp(tl.where(mask_t, (b_gc - g0) + (b_lo - l0), 0.0))[:, None]
+            b_qd = b_qd.to(DT)
             b_dvn += tl.dot(b_kd.to(DT), b_dh.to(DT), input_precision=PREC)
             b_dh = b_dh * tl.exp(g_last)
+            e0 = tl.exp(g0)
         else:
             b_qd = b_q
             b_dvn += tl.dot(b_k, b_dh.to(DT), input_precision=PREC)
+            e0 = 1.0
         tl.store(p_dvn, b_dvn, mask=m_tv)
-        b_dh += scale * tl.dot(tl.trans(b_qd), b_do, input_precision=PREC)
-        b_dh -= tl.dot(tl.trans(b_w.to(DT)), b_dvn.to(DT), input_precision=PREC)
+        b_dh += e0 * (scale * tl.dot(tl.trans(b_qd), b_do, input_precision=PREC)
+                      - tl.dot(tl.trans(b_w.to(DT)), b_dvn.to(DT), input_precision=PREC))
     if STORE_DH0:
         tl.store(dh0 + (i_n * HV + i_hv).to(tl.int64) * K * V + p_kv, b_dh, mask=mask_kv)
 

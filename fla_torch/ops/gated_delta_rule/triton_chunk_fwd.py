@@ -4,6 +4,7 @@ Per chunk (tokens s, r of one sequence and value head; gc = chunk-local cumsum o
     A[s, r]  = beta_s (k_s . k_r) exp(gc_s - gc_r)   for r < s, else 0
     Tm       = (I + A)^-1                 (forward substitution in registers, fp32)
     w        = Tm (beta exp(gc) k)        [BT, K]      u = Tm (beta v)   [BT, V]
+               (stored as exp(-gc_first) w, fp16-safe: see first_gate)
     vn       = u - w h                    (h: state at the chunk start, [K, V])
     h_next   = exp(gc_L) h + (exp(gc_L - gc) k)^T vn          (L: last token of the chunk)
     o        = scale (exp(gc) q h + (causal(q k^T) * exp(gc_t - gc_s)) vn)
@@ -69,6 +70,18 @@ def decay_matrix(r_gc, r_lo, c_gc, c_lo, keep):
 
 
 @triton.jit
+def first_gate(gc_buf, t0, i_hv, HV: tl.constexpr, HAS_G: tl.constexpr):
+    """gc at the chunk's first token (fp32; 0 without a gate). w is stored as
+    Tm diag(beta exp(gc - gc_first)) k (its largest row unscaled, fp16-safe under strong
+    gates); its users multiply their products with w by exp(gc_first) in fp32."""
+    if HAS_G:
+        g0 = tl.load(gc_buf + t0 * HV + i_hv)
+    else:
+        g0 = 0.0
+    return g0
+
+
+@triton.jit
 def decay_to_end(b_gc, b_lo, g_last, l_last, mask_t):
     """exp(gc_L - gc_s) per row s [BT] (1 on padded rows), gap taken with the lo parts."""
     return tl.exp(tl.where(mask_t, (g_last - b_gc) + (l_last - b_lo), 0.0))
@@ -113,7 +126,8 @@ def _chunk_h_kernel(k, w_buf, u_buf, gc_buf, gc_lo, h0, h_buf, vn_buf, ht, offse
                       other=0.0)
         b_u = tl.load(u_buf + (rows * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_tv,
                       other=0.0)
-        b_vn = b_u.to(tl.float32) - tl.dot(b_w.to(DT), b_h.to(DT), input_precision=PREC)
+        b_wh = tl.dot(b_w.to(DT), b_h.to(DT), input_precision=PREC)
+        b_vn = b_u.to(tl.float32) - tl.exp(first_gate(gc_buf, t0, i_hv, HV, HAS_G)) * b_wh
         tl.store(vn_buf + (rows * HV + i_hv)[:, None] * V + o_v[None, :],
                  b_vn.to(vn_buf.dtype.element_ty), mask=m_tv)
         b_k = tl.load(k + (rows * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)

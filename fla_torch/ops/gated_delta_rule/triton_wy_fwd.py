@@ -11,6 +11,7 @@ so no 64-step substitution over a 64x64 tile is needed. Tm is stored (fp32, zero
 diagonal; kept for the backward); after a barrier the program re-reads it as one 64x64 tile
 and, with cs = beta exp(gc),
     w = (Tm diag(cs)) k,    u = (Tm diag(beta)) v         (64-row products)
+(w is stored relative to the chunk's first token: cs = beta exp(gc - gc_first), see below)
 (the fp32 factor is split in hi + lo of the input dtype: two exact 16-bit products; see
 triton_split_dot.py). Within a program, a store, `tl.debug_barrier()` (bar.sync) and a load
 see each other's data; the reloads read with ".cg" (L2).
@@ -227,10 +228,15 @@ def _wy_fwd16_kernel(k, v, g, beta, gc_buf, gc_lo, tm_buf, w_buf, u_buf, chunk_t
         mv = o_v < V
         b_v = _load_rows(v, rows, m_t, i_hv, HV, V, o_v, mv)
         _store_rows(u_buf, split_dot(tb, b_v, PREC), rows, m_t, i_hv, HV, V, o_v, mv)
-    # w = T diag(beta exp(gc)) k
+    # w = T diag(beta exp(gc - gc_first)) k: relative to the chunk's first token, whose factor
+    # exp(gc_first) = exp(g_first) the users of w apply in fp32 (`first_gate`): under strong
+    # gates exp(gc) alone flushes fp16 w to zero (dh0 lost all accuracy: 1.0 interpreted)
     if HAS_G:
         gcr = tl.load(gc_buf + rows * HV + i_hv, mask=m_t, other=0.0, cache_modifier=".cg")
-        b = b * tl.exp(gcr)
+        gclo = tl.load(gc_lo + rows * HV + i_hv, mask=m_t, other=0.0, cache_modifier=".cg")
+        g0 = tl.load(gc_buf + t0 * HV + i_hv, cache_modifier=".cg")
+        l0 = tl.load(gc_lo + t0 * HV + i_hv, cache_modifier=".cg")
+        b = b * tl.exp(tl.where(m_t, (gcr - g0) + (gclo - l0), 0.0))
     ts = tm * b[None, :]
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
