@@ -6,6 +6,7 @@ imported only when chosen. On a machine without a GPU, 'pallas' runs the kernels
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 import jax
@@ -24,9 +25,26 @@ def on_gpu() -> bool:
     return jax.default_backend() == "gpu"
 
 
+_COMPILE_FOR_GPU = [False]
+
+
 def pallas_interpret() -> bool:
-    """Pallas kernels run interpreted (on CPU) when the default backend is not a GPU."""
-    return not on_gpu()
+    """Pallas kernels run interpreted (on CPU) when the default backend is not a GPU, except
+    inside `compiled_for_gpu()`."""
+    return not (_COMPILE_FOR_GPU[0] or on_gpu())
+
+
+@contextlib.contextmanager
+def compiled_for_gpu():
+    """Build the Pallas calls for the GPU (Triton lowering) even on a CPU-only machine, to
+    lower them with `jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))`: a primitive
+    the Triton lowering lacks fails there, where interpret mode would accept it (found on the
+    H100: `x[0]` in a kernel lowers to an unimplemented `slice`)."""
+    _COMPILE_FOR_GPU[0] = True
+    try:
+        yield
+    finally:
+        _COMPILE_FOR_GPU[0] = False
 
 
 def _auto_dtype_names(op: str) -> tuple:

@@ -50,7 +50,7 @@ from jax.experimental import pallas as pl
 from .dispatch import pallas_interpret
 from .pallas_delta_layout import dot_precision, kdot, l2norm_fwd, triton_params
 from .pallas_triton import split_cumsum
-from .pallas_wy_prep import masked_rows, store_rows
+from .pallas_wy_prep import first_entry, masked_rows, store_rows
 
 F32 = jnp.float32
 
@@ -121,8 +121,9 @@ def _dh_kernel(*refs, scale, G, BT, BV, has_g, has_dht, has_h0, l2norm, prec):
         # q exp(gc - gc_0) in q's dtype and exp(gc_0) in fp32 (W carries the same factor, see
         # pallas_wy_prep): under strong gates exp(gc) q flushes to zero in fp16
         qd = (q.astype(F32) * jnp.exp(rel0)[:, None]).astype(dt)
-        return (jnp.exp(g_last) * D + jnp.exp(gc[0]) * (scale * kdot(qd.T, do, prec)
-                                                        - kdot(w.T, dvn.astype(dt), prec)))
+        return (jnp.exp(g_last) * D
+                + jnp.exp(first_entry(gc)) * (scale * kdot(qd.T, do, prec)
+                                              - kdot(w.T, dvn.astype(dt), prec)))
 
     D = lax.fori_loop(0, nc, body, D)
     if has_h0:
@@ -219,7 +220,7 @@ def _grads_kernel(*refs, scale, G, BT, BV, has_g, l2norm, prec):
         tm = tm_ref[s, hv]
         dxw = kdot(tm.T, dw.astype(dt), prec)
         w = masked_rows(w_ref, start, end, BT, hv)
-        dA = -jnp.exp(gc[0]) * dd(dxw, w.T)             # W is stored as exp(-gc_0) W
+        dA = -jnp.exp(first_entry(gc)) * dd(dxw, w.T)   # W is stored as exp(-gc_0) W
         db = jnp.zeros((BT,), F32)
         for iv in range(V // BV):
             vs = pl.ds(iv * BV, BV)

@@ -61,6 +61,11 @@ def masked_rows(ref, start, end, n_rows, head, cols=None, other=0.0):
     return plt.load(ref.at[pl.ds(start, n_rows), head, cols], mask=mask[:, None], other=other)
 
 
+def first_entry(x):
+    """x[0] of a 1-D in-kernel array as a masked sum (the Triton lowering has no `slice`)."""
+    return jnp.sum(jnp.where(lax.broadcasted_iota(jnp.int32, x.shape, 0) == 0, x, 0.0))
+
+
 def store_rows(ref, val, start, end, head, cols=None):
     from jax.experimental.pallas import triton as plt
     n_rows = val.shape[0]
@@ -118,7 +123,7 @@ def _prep_kernel(tab_ref, k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, *tm_refs, G,
             ks.append(k)
             gcs.append(gc)
             betas.append(beta)
-            g0 = gcs[0][0] if gcs else gc[0]     # relative to the first token (see above)
+            g0 = first_entry(gcs[0] if gcs else gc)   # relative to the first token (see above)
             xs_w.append((k.astype(F32) * (beta * jnp.exp(gc - g0))[:, None]).astype(dt))
             xs_u.append((v.astype(F32) * beta[:, None]).astype(dt))
         r = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 0)

@@ -32,7 +32,8 @@ from ..common.pallas_delta_chunk_bwd import chunk_dh, chunk_first, chunk_grads
 from ..common.pallas_delta_layout import (dot_precision, kdot, group_sum, l2norm_bwd, l2norm_fwd,
                                           next_pow2, pad_last, sequence_bounds, triton_params)
 from ..common.pallas_delta_tiles import delta_tiles
-from ..common.pallas_wy_prep import chunk_table, masked_rows, store_rows, wy_prep
+from ..common.pallas_wy_prep import (chunk_table, first_entry, masked_rows, store_rows,
+                                     wy_prep)
 from .pallas_recurrent import _backward as recurrent_backward
 
 F32 = jnp.float32
@@ -77,7 +78,7 @@ def _state_out_kernel(*refs, scale, G, BT, BV, has_g, has_h0, l2norm, resid, pre
             g_last = jnp.zeros((), F32)
             suffix = gc
         Sd = S.astype(dt)
-        v_new = uu - jnp.exp(gc[0]) * kdot(w, Sd, prec)   # W is stored as exp(-gc_0) W
+        v_new = uu - jnp.exp(first_entry(gc)) * kdot(w, Sd, prec)   # W stored as exp(-gc_0) W
         vn_d = v_new.astype(dt)
         if h_ref is not None:   # residuals of the chunk-parallel backward
             h_ref[first_ref[n] + i, hv, :, vs] = Sd
