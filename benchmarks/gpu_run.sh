@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU session, run from the repo root on the GPU machine (carry .whl for fla-core + einops):
 #   MODE=parity  kernel parity at GPU shapes, one process per job in parallel ($OUT/parity.txt)
-#   MODE=bench   the benchmark plan below, one process after another ($OUT/bench.txt, .json)
+#   MODE=bench   the benchmark steps below (STEPS, default all), one process after another
+#                ($OUT/bench.txt, bench.md, bench.json)
 # FLA_AUTOTUNE=<tgz of *.autotune.json> reuses FLA's autotune results from an earlier run
 # (Triton's TRITON_CACHE_AUTOTUNING); FLA's cold first calls are then measured separately.
 set -u
@@ -39,17 +40,23 @@ if [ "$MODE" = parity ]; then
 fi
 export TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
 if [ -n "${FLA_AUTOTUNE:-}" ]; then mkdir -p "$TRITON_CACHE_DIR" && tar xzf "$FLA_AUTOTUNE" -C "$TRITON_CACHE_DIR"; fi
-mkdir -p /tmp/bj
-b() { timeout ${BENCH_S:-300} python3 benchmarks/run.py --json /tmp/bj/$1.json "${@:2}" 2>&1 \
+BJ=$OUT/bj; mkdir -p "$BJ"   # JSON per step under $OUT: kept even when a later step times out
+b() { timeout ${BENCH_S:-300} python3 benchmarks/run.py --json $BJ/$1.json "${@:2}" 2>&1 \
         | grep -v Warning | tee -a "$OUT/bench.txt" | grep -E "FAILED|ms,"; }
 A="--ops simple_gla delta_rule gated_delta_rule"
-b 1 $A --dtypes bf16 --shapes B4T4096 --paths fla triton pallas
-b 2 $A --dtypes fp16 fp32 --shapes B4T4096 --paths triton pallas
-b 3 --ops simple_gla --dtypes bf16 --shapes B4T4096 --paths torch-chunked jax-chunked sdpa
-b 4 $A --dtypes bf16 --shapes B1T32768 --paths triton pallas
-b 5 --ops gated_delta_rule --dtypes bf16 --shapes GQA_H8HV16 --paths triton pallas
-python3 benchmarks/merge.py /tmp/bj/*.json > "$OUT/bench.md"
-python3 - "$OUT/bench.json" /tmp/bj/*.json <<'PY'
+D="--ops delta_rule gated_delta_rule"
+for step in ${STEPS:-1 2 3 4 5 6}; do
+  case $step in
+    1) b 1 $A --dtypes bf16 --shapes B4T4096 --paths fla triton pallas ;;
+    2) b 2 $A --dtypes fp16 fp32 --shapes B4T4096 --paths triton pallas ;;
+    3) b 3 --ops simple_gla --dtypes bf16 --shapes B4T4096 --paths torch-chunked jax-chunked sdpa ;;
+    4) b 4 $A --dtypes bf16 --shapes B1T32768 --paths triton pallas ;;
+    5) b 5 --ops gated_delta_rule --dtypes bf16 --shapes GQA_H8HV16 --paths fla triton pallas ;;
+    6) b 6 $D --dtypes fp16 fp32 --shapes B4T4096 --paths fla ;;
+  esac
+done
+python3 benchmarks/merge.py $BJ/*.json > "$OUT/bench.md"
+python3 - "$OUT/bench.json" $BJ/*.json <<'PY'
 import json, sys
 rows, env = [], None
 for p in sys.argv[2:]:

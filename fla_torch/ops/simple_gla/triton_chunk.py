@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ..common.triton_scalar_gate import (block, causal_decay, chunk_log_decay, dot_precision,
-                                         prefix_sum_excl, seq_bounds, suffix_sum)
+                                         seq_bounds)
 
 BT = 64
 MAX_HEAD_DIM = 256
@@ -116,10 +116,12 @@ def _fwd_kernel(q, k, v, g, g_gamma, h0, o, ht, h, cu_seqlens, scale, T,
 #   + sum_{j < s} exp(b_last - b_j) (k_j dS) . v_j                   = k_j . dk_j^state (dk)
 #   + sum_{i >= s} scale exp(b_i) (q_i S) . do_i                     = q_i . dq_i^state (dq)
 #   + sum_{j < s <= i} scale exp(b_i - b_j) (q_i . k_j)(do_i . v_j)  intra-chunk       (dq)
-# with no carry from chunk to chunk, so nothing cancels over a long sequence. The in-chunk
-# sums are masked row sums (`suffix_sum`, `prefix_sum_excl`), not cumsum differences: under
-# gates in [-20, -10] only k_L . dk_L is O(1), and `cumsum(r) - r` cancelled it at the last
-# token (fp32 dg error 1.2e-3, now 4.9e-7: test_chunk_dg_uniformly_strong_gates_fp32). Each program
+# with no carry from chunk to chunk, so nothing cancels over a long sequence. Under gates in
+# [-20, -10] every term is decayed except k_L . dk_L (L: the chunk's last token), which the
+# exclusive prefix `cumsum(r) - r` formed and cancelled at L (fp32 dg error 1.2e-3): it is
+# zeroed first (test_chunk_dg_uniformly_strong_gates_fp32). The other in-chunk sums keep
+# cumsum differences: their terms are all decayed, and masked [BT, BT] sums in the
+# sequential loop cost 0.25 ms of a 1.3 ms backward on the H100. Each program
 # writes its share (a partial sum over its block of K) of dg; the host sums the shares. S per
 # chunk comes from the forward (`h`), as the dk programs walk backwards.
 
@@ -169,7 +171,7 @@ def _bwd_dq(q, k, v, g, gamma, h0, do, dq, dgp, i_kb, i_nh, i_h, bos, eos, scale
             M = tl.where(o_t[:, None] > o_t[None, :],
                          tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * dA, 0.)
             x = tl.sum(M, axis=0) - tl.sum(M, axis=1)
-            share = suffix_sum(p, o_t) + prefix_sum_excl(x, o_t)
+            share = tl.sum(p, axis=0) - tl.cumsum(p, axis=0) + p + tl.cumsum(x, axis=0) - x
             tl.store(dgp + i_kb * part_stride + row, share * scale, mask=m_t)
         b_dq += tl.dot(dA.to(dt), b_k, input_precision=PREC)
         tl.store(dq + row[:, None] * K + o_k[None, :], (b_dq * scale).to(dq.dtype.element_ty),
@@ -228,7 +230,10 @@ def _bwd_dk(q, k, v, g, gamma, dht, h, do, dk, dh0, dgp, i_kb, i_n, i_nh, i_h, b
             r = tl.sum(b_dk * b_k.to(tl.float32), axis=1)
             chunk_term = tl.exp(b_last) * tl.sum(tl.sum(b_h.to(tl.float32) * dstate, axis=1),
                                                  axis=0)
-            tl.store(dgp + i_kb * part_stride + row, chunk_term + prefix_sum_excl(r, o_t),
+            # r of the chunk's last valid token (the only undecayed one) is left out of the
+            # exclusive prefix sum: cumsum - r would form and cancel it at that token
+            r = tl.where(t == tl.minimum(bos + i_c * BT + BT, eos) - 1, 0., r)
+            tl.store(dgp + i_kb * part_stride + row, chunk_term + tl.cumsum(r, axis=0) - r,
                      mask=m_t)
         if USE_G or USE_GAMMA:
             dstate *= tl.exp(b_last)
