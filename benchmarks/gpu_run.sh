@@ -53,6 +53,7 @@ for step in ${STEPS:-1 2 3 4 5 6}; do
     4) b 4 $A --dtypes bf16 --shapes B1T32768 --paths triton pallas ;;
     5) b 5 --ops gated_delta_rule --dtypes bf16 --shapes GQA_H8HV16 --paths fla triton pallas ;;
     6) b 6 $D --dtypes fp16 fp32 --shapes B4T4096 --paths fla ;;
+    7) b 7 --ops simple_gla --dtypes bf16 --shapes B4T4096 --paths fla triton ;;
   esac
 done
 python3 benchmarks/merge.py $BJ/*.json > "$OUT/bench.md"
