@@ -139,15 +139,18 @@ def _check(family, variant, case, dtype, **fn_kw):
     if not c["l2norm"]:   # keep the delta rule contractive: |k|^2 ~ 1
         x["k"] = x["k"] / np.sqrt(c["K"])
     scale = c["K"] ** -0.5
-    kw = dict(gated=gated, scale=scale, l2norm=c["l2norm"], cu=c["cu"], h0=c["h0"])
+    _compare(fn, x, dtype, f"{family}/{variant}/{case}/{dtype}", gated=gated, scale=scale,
+             l2norm=c["l2norm"], cu=c["cu"], h0=c["h0"])
+
+
+def _compare(fn, x, dtype, label, **kw):
+    """fn on inputs x in `dtype` against the float64 oracle: every output and gradient within
+    the tolerance table."""
     ref = _reference(x, dtype, **kw)
     got = _run(fn, x, DT[dtype], float_dtype=DT[dtype], **kw)
-    errors = {}
-    for name, r in ref.items():
-        err = rel_rms(got[name], r, r)
-        errors[name] = err
+    errors = {name: rel_rms(got[name], r, r) for name, r in ref.items()}
     bad = {n: e for n, e in errors.items() if not e <= tolerance(dtype, n)}
-    assert not bad, f"{family}/{variant}/{case}/{dtype}: {errors}"
+    assert not bad, f"{label}: {errors}"
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
@@ -231,13 +234,8 @@ def test_gdn_recurrent_dg_strong_gates_fp32():
     x = _inputs(14, 1, T, 1, 1, K, K, 2, True, (1 - 1e-4, 1.0), -20, True)
     x["g"] = -20.0 * np.random.default_rng(15).uniform(0.05, 1.0, (1, T, 1))
     x["k"] = x["k"] / np.sqrt(K)
-    kw = dict(gated=True, scale=K ** -0.5, l2norm=False, cu=cu, h0=True)
-    ref = _reference(x, "fp32", **kw)
-    got = _run(_load(KERNELS[("gdn", "recurrent")]), x, jnp.float32, float_dtype=jnp.float32,
-               **kw)
-    errors = {name: rel_rms(got[name], r, r) for name, r in ref.items()}
-    bad = {n: e for n, e in errors.items() if not e <= tolerance("fp32", n)}
-    assert not bad, f"gdn/recurrent/strong gates/fp32: {errors}"
+    _compare(_load(KERNELS[("gdn", "recurrent")]), x, "fp32", "gdn/recurrent/strong gates/fp32",
+             gated=True, scale=K ** -0.5, l2norm=False, cu=cu, h0=True)
 
 
 @pytest.mark.parametrize("g_lo,g_hi", [(-20.0, 0.0), (-20.0, -10.0)])
@@ -250,12 +248,9 @@ def test_gdn_chunk_dg_strong_gates_fp32(g_lo, g_hi):
     x = _inputs(3, 1, T, 1, 1, K, K, 2, True, (0.5, 1.0), -20, True)
     x["g"] = np.random.default_rng(15).uniform(g_lo, g_hi, (1, T, 1))
     x["k"] = x["k"] / np.sqrt(K)
-    kw = dict(gated=True, scale=K ** -0.5, l2norm=False, cu=cu, h0=True)
-    ref = _reference(x, "fp32", **kw)
-    got = _run(_load(KERNELS[("gdn", "chunk")]), x, jnp.float32, float_dtype=jnp.float32, **kw)
-    errors = {name: rel_rms(got[name], r, r) for name, r in ref.items()}
-    bad = {n: e for n, e in errors.items() if not e <= tolerance("fp32", n)}
-    assert not bad, f"gdn/chunk/strong gates [{g_lo}, {g_hi}]/fp32: {errors}"
+    _compare(_load(KERNELS[("gdn", "chunk")]), x, "fp32",
+             f"gdn/chunk/strong gates [{g_lo}, {g_hi}]/fp32", gated=True, scale=K ** -0.5,
+             l2norm=False, cu=cu, h0=True)
 
 
 def test_gdn_chunk_dh0_fp16_uniformly_strong_gates():
@@ -266,12 +261,8 @@ def test_gdn_chunk_dh0_fp16_uniformly_strong_gates():
     T, K = 128, 64
     x = _inputs(5, 1, T, 1, 1, K, K, 1, True, (0.02, 0.98), -20, True)
     x["g"] = np.random.default_rng(6).uniform(-20.0, -10.0, (1, T, 1))
-    kw = dict(gated=True, scale=K ** -0.5, l2norm=True, cu=None, h0=True)
-    ref = _reference(x, "fp16", **kw)
-    got = _run(_load(KERNELS[("gdn", "chunk")]), x, jnp.float16, float_dtype=jnp.float16, **kw)
-    errors = {name: rel_rms(got[name], r, r) for name, r in ref.items()}
-    bad = {n: e for n, e in errors.items() if not e <= tolerance("fp16", n)}
-    assert not bad, f"gdn/chunk/fp16 uniformly strong gates: {errors}"
+    _compare(_load(KERNELS[("gdn", "chunk")]), x, "fp16", "gdn/chunk/fp16 uniformly strong gates",
+             gated=True, scale=K ** -0.5, l2norm=True, cu=None, h0=True)
 
 
 @pytest.mark.parametrize("bt", [16, 32, 64])

@@ -15,23 +15,16 @@ import pytest
 
 from fla_jax.ops.common.dispatch import compiled_for_gpu
 
-OPS = {
-    "chunk_simple_gla": "fla_jax.ops.simple_gla.pallas_chunk:chunk_simple_gla_pallas",
-    "fused_recurrent_simple_gla":
-        "fla_jax.ops.simple_gla.pallas_recurrent:fused_recurrent_simple_gla_pallas",
-    "chunk_delta_rule": "fla_jax.ops.delta_rule.pallas_chunk:chunk_delta_rule_pallas",
-    "fused_recurrent_delta_rule":
-        "fla_jax.ops.delta_rule.pallas_recurrent:fused_recurrent_delta_rule_pallas",
-    "chunk_gated_delta_rule":
-        "fla_jax.ops.gated_delta_rule.pallas_chunk:chunk_gated_delta_rule_pallas",
-    "fused_recurrent_gated_delta_rule":
-        "fla_jax.ops.gated_delta_rule.pallas_recurrent:fused_recurrent_gated_delta_rule_pallas",
-}
+# op -> the family's interface module and registry, whose "pallas" entry the dispatcher runs
+OPS = {f"{kind}_{family}": (f"fla_jax.ops.{family}.interface", registry)
+       for family in ("simple_gla", "delta_rule", "gated_delta_rule")
+       for kind, registry in (("chunk", "CHUNK_IMPLS"), ("fused_recurrent", "RECURRENT_IMPLS"))}
 DT = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 
 
 def _fn(op):
-    module, _, name = OPS[op].partition(":")
+    interface, registry = OPS[op]
+    module, _, name = getattr(importlib.import_module(interface), registry)["pallas"].partition(":")
     return getattr(importlib.import_module(module), name)
 
 

@@ -157,31 +157,38 @@ def test_recurrent(case, dtype):
              module=pallas_recurrent, **REC_CASES[case])
 
 
-def test_recurrent_dg_strong_gates_fp32():
-    """dg of the recurrent kernel with per-token log-decays in [-20, -1] (fp32, two sequences
-    of 60 and 240 tokens, h0 and dS_T given). The true dg is O(exp(g)) small; a kernel that
-    forms it from O(1) terms that cancel (q.dq and k.dk both holding scale (q.k)(v.do); the
-    final <dS_T, S_T>) is off by ~5e-5 here, over fp32's 2e-5."""
+def _strong_gates_fp32(fn, T, cu, draw_g, label):
+    """fp32 kernel `fn` (two sequences split at cu, h0 and dS_T given, K = V = 32) against the
+    float64 recurrence with the per-token log-decays draw_g(rng) [1, T, 1]."""
     rng = np.random.default_rng(12)
-    T, H, K, V, cu = 300, 1, 32, 32, [0, 60, 300]
+    H, K, V = 1, 32, 32
     rnd = lambda *s: rng.standard_normal(s).astype(np.float32).astype(np.float64)
     q, k, v, do = rnd(1, T, H, K), rnd(1, T, H, K) / np.sqrt(K), rnd(1, T, H, V), rnd(1, T, H, V)
     k = k.astype(np.float32).astype(np.float64)
-    g = (-20.0 * rng.uniform(0.05, 1.0, (1, T, H))).astype(np.float32)
+    g = draw_g(rng).astype(np.float32)
     h0, dht = (0.5 * rnd(2, H, K, V)).astype(np.float32), rnd(2, H, K, V).astype(np.float32)
     ref = recurrence64(q, k, v, g, None, K ** -0.5, h0, cu, do, dht)
 
     def prim(q, k, v, g, h0):
-        return pallas_recurrent.fused_recurrent_simple_gla_pallas(
-            q, k, v, g=g, scale=K ** -0.5, initial_state=h0, output_final_state=True,
-            cu_seqlens=jnp.asarray(cu, jnp.int32))
+        return fn(q, k, v, g=g, scale=K ** -0.5, initial_state=h0, output_final_state=True,
+                  cu_seqlens=jnp.asarray(cu, jnp.int32))
 
     (o, ht), vjp = jax.vjp(prim, *(jnp.asarray(x, jnp.float32) for x in (q, k, v, g, h0)))
     dq, dk, dv, dg, dh0 = vjp((jnp.asarray(do, jnp.float32), jnp.asarray(dht)))
     got = dict(o=o, ht=ht, dq=dq, dk=dk, dv=dv, dg=dg, dh0=dh0)
     errs = {n: rel(np.asarray(x), ref[n]) for n, x in got.items()}
     bad = {n: e for n, e in errs.items() if not e <= TOL["fp32"]}
-    assert not bad, f"strong-gate recurrent fp32: over tolerance {bad} (all: {errs})"
+    assert not bad, f"{label} fp32: over tolerance {bad} (all: {errs})"
+
+
+def test_recurrent_dg_strong_gates_fp32():
+    """dg of the recurrent kernel with per-token log-decays in [-20, -1] (fp32, two sequences
+    of 60 and 240 tokens, h0 and dS_T given). The true dg is O(exp(g)) small; a kernel that
+    forms it from O(1) terms that cancel (q.dq and k.dk both holding scale (q.k)(v.do); the
+    final <dS_T, S_T>) is off by ~5e-5 here, over fp32's 2e-5."""
+    _strong_gates_fp32(pallas_recurrent.fused_recurrent_simple_gla_pallas, 300, [0, 60, 300],
+                       lambda rng: -20.0 * rng.uniform(0.05, 1.0, (1, 300, 1)),
+                       "strong-gate recurrent")
 
 
 def test_chunk_dg_uniformly_strong_gates_fp32():
@@ -189,23 +196,6 @@ def test_chunk_dg_uniformly_strong_gates_fp32():
     sequences, h0 and dS_T given). All dg terms are then decayed except the diagonal of
     M = scale (q k^T) * (do v^T), which colsum - rowsum cancels: formed and subtracted it left
     4.8e-3 relative error; masked off, 3.6e-7."""
-    rng = np.random.default_rng(12)
-    T, H, K, V, cu = 256, 1, 32, 32, [0, 60, 256]
-    rnd = lambda *s: rng.standard_normal(s).astype(np.float32).astype(np.float64)
-    q, k, v, do = rnd(1, T, H, K), rnd(1, T, H, K) / np.sqrt(K), rnd(1, T, H, V), rnd(1, T, H, V)
-    k = k.astype(np.float32).astype(np.float64)
-    g = (-20.0 + 10.0 * rng.uniform(0.0, 1.0, (1, T, H))).astype(np.float32)
-    h0, dht = (0.5 * rnd(2, H, K, V)).astype(np.float32), rnd(2, H, K, V).astype(np.float32)
-    ref = recurrence64(q, k, v, g, None, K ** -0.5, h0, cu, do, dht)
-
-    def prim(q, k, v, g, h0):
-        return pallas_chunk.chunk_simple_gla_pallas(
-            q, k, v, g=g, scale=K ** -0.5, initial_state=h0, output_final_state=True,
-            cu_seqlens=jnp.asarray(cu, jnp.int32))
-
-    (o, ht), vjp = jax.vjp(prim, *(jnp.asarray(x, jnp.float32) for x in (q, k, v, g, h0)))
-    dq, dk, dv, dg, dh0 = vjp((jnp.asarray(do, jnp.float32), jnp.asarray(dht)))
-    got = dict(o=o, ht=ht, dq=dq, dk=dk, dv=dv, dg=dg, dh0=dh0)
-    errs = {n: rel(np.asarray(x), ref[n]) for n, x in got.items()}
-    bad = {n: e for n, e in errs.items() if not e <= TOL["fp32"]}
-    assert not bad, f"uniformly strong-gate chunk fp32: over tolerance {bad} (all: {errs})"
+    _strong_gates_fp32(pallas_chunk.chunk_simple_gla_pallas, 256, [0, 60, 256],
+                       lambda rng: -20.0 + 10.0 * rng.uniform(0.0, 1.0, (1, 256, 1)),
+                       "uniformly strong-gate chunk")

@@ -71,7 +71,8 @@ def decay_matrix(r_gc, r_lo, c_gc, c_lo, keep):
 
 @triton.jit
 def first_gate(gc_buf, t0, i_hv, HV: tl.constexpr, HAS_G: tl.constexpr):
-    """gc at the chunk's first token (fp32; 0 without a gate). w is stored as
+    """gc at the chunk's first token (fp32; 0 without a gate; given gc_lo, its lo part).
+    w is stored as
     Tm diag(beta exp(gc - gc_first)) k (its largest row unscaled, fp16-safe under strong
     gates); its users multiply their products with w by exp(gc_first) in fp32."""
     if HAS_G:
