@@ -295,3 +295,32 @@ def test_spec_matches_public_signatures(fw):
             has_default = params[a.name].default is not inspect.Parameter.empty
             assert has_default != a.required, f"{name}: {a.name}"
         assert ("use_qk_l2norm_in_kernel" in params) == spec.l2norm, name
+
+
+def test_a_new_op_is_one_spec_entry():
+    """A hypothetical op (per-key gate + beta + grouped value heads, KDA-like) described only
+    by an OpSpec is validated and gets parity inputs, with no other code."""
+    from fla_contract import OpSpec, TensorInfo, validate_op
+    from fla_contract.op_spec import ACTIVATION, BETA, GATE_K, STATE, arg
+
+    from .cases import Case, make_inputs
+
+    spec = OpSpec("chunk_new", "new", "chunk", (
+        arg("q", ACTIVATION, "B T H K"), arg("k", ACTIVATION, "B T H K"),
+        arg("v", ACTIVATION, "B T HV V"), arg("g", GATE_K, "B T HV K"),
+        arg("beta", BETA, "B T HV"), arg("initial_state", STATE, "N HV K V", required=False,
+                                          short="h0")), grouped_heads=True, l2norm=True)
+    assert spec.family_args == ("g", "beta", "use_qk_l2norm_in_kernel")
+    x = make_inputs(spec, Case("c", B=1, T=30, H=2, HV=4, K=8, V=4, cu_seqlens=(0, 10, 30)), 0)
+    assert {n: a.shape for n, a in x.items()} == {
+        "q": (1, 30, 2, 8), "k": (1, 30, 2, 8), "v": (1, 30, 4, 4), "g": (1, 30, 4, 8),
+        "beta": (1, 30, 4), "h0": (2, 4, 8, 4), "do": (1, 30, 4, 4), "dht": (2, 4, 8, 4)}
+    info = {a.name: TensorInfo(a.name, x[a.key].shape, "fp32") for a in spec.args}
+    cu = TensorInfo("cu_seqlens", (3,), "int32")
+    dims = validate_op(spec, "chunked", ("fp32",), info, cu)
+    assert (dims.B, dims.T, dims.H, dims.HV, dims.K, dims.V, dims.N) == (1, 30, 2, 4, 8, 4, 2)
+    with pytest.raises(ValueError, match=r"g has shape \[1, 30, 4\]; expected \[B, T, HV, K\]"):
+        validate_op(spec, "chunked", ("fp32",), info | {"g": TensorInfo("g", (1, 30, 4), "fp32")},
+                    cu)
+    with pytest.raises(TypeError, match="beta is None; expected beta"):
+        validate_op(spec, "chunked", ("fp32",), info | {"beta": None}, cu)
