@@ -2,6 +2,7 @@
 FLA (fla-core, when importable) and torch SDPA, in one run; ratios against FLA from the same run.
 
     PYTHONPATH=. python benchmarks/run.py [--ops simple_gla gated_delta_rule] [--json out.json]
+    PYTHONPATH=. python benchmarks/run.py --dry-run [--ops gla]    # CPU check of the calls
 
 Timing: torch with CUDA events (triton.testing.do_bench, median); JAX by wall clock around
 block_until_ready over loops of 10 calls (median of 15 loops). Warm-up (compile, autotune) is
@@ -18,39 +19,57 @@ import time
 SHAPES = {"B4T4096": dict(B=4, T=4096, H=16, HV=16, K=128, V=128),
           "B1T32768": dict(B=1, T=32768, H=16, HV=16, K=128, V=128),
           "GQA_H8HV16": dict(B=4, T=4096, H=8, HV=16, K=128, V=128)}
-FLA_NAMES = {"simple_gla": ("fla.ops.simple_gla", "chunk_simple_gla"),
-             "delta_rule": ("fla.ops.delta_rule", "chunk_delta_rule"),
-             "gated_delta_rule": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")}
+
+
+def _spec(op):
+    from fla_contract import OPS
+    return OPS[f"chunk_{op}"]
 
 
 def make_numpy(op, s, seed=0):
+    """float32 inputs of chunk_<op>, drawn by role from its OpSpec (fla_contract.op_spec): the
+    activations and the output cotangent 'do' standard normal (k unit-norm), then log-decays
+    in -[0.01, 0.2] and beta in [0.05, 0.95]."""
     import numpy as np
+
+    from fla_contract.op_spec import BETA, GATE, GATE_K
+    spec = _spec(op)
     rng = np.random.default_rng(seed)
-    B, T, H, HV, K, V = (s[n] for n in ("B", "T", "H", "HV", "K", "V"))
-    x = {"q": rng.standard_normal((B, T, H, K), np.float32),
-         "k": rng.standard_normal((B, T, H, K), np.float32),
-         "v": rng.standard_normal((B, T, HV, V), np.float32),
-         "do": rng.standard_normal((B, T, HV, V), np.float32)}
+    sizes = dict(s, N=s["B"])
+    x = {a.name: rng.standard_normal(tuple(sizes[d] for d in a.shape), np.float32)
+         for a in spec.activations}
+    x["do"] = rng.standard_normal(tuple(sizes[d] for d in spec.arg("v").shape), np.float32)
     x["k"] /= np.linalg.norm(x["k"], axis=-1, keepdims=True)
-    if op in ("simple_gla", "gated_delta_rule"):
-        x["g"] = -rng.uniform(0.01, 0.2, (B, T, HV)).astype(np.float32)
-    if op in ("delta_rule", "gated_delta_rule"):
-        x["beta"] = rng.uniform(0.05, 0.95, (B, T, HV)).astype(np.float32)
+    for a in spec.args:
+        shape = tuple(sizes[d] for d in a.shape)
+        if a.role in (GATE, GATE_K):
+            x[a.name] = -rng.uniform(0.01, 0.2, shape).astype(np.float32)
+        elif a.role == BETA:
+            x[a.name] = rng.uniform(0.05, 0.95, shape).astype(np.float32)
     return x
 
 
-def torch_case(op, x, dtype, impl, fla=False):
+def _split(op, x):
+    """(activation names in call order, names of the other differentiable inputs)."""
+    from fla_contract.op_spec import ACTIVATION
+    spec = _spec(op)
+    acts = [a.name for a in spec.activations]
+    extra = [a.name for a in spec.args if a.role != ACTIVATION and a.name in x]
+    return acts, extra
+
+
+def torch_case(op, x, dtype, impl, fla=False, device="cuda"):
     import importlib
 
     import torch
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    t = {n: torch.tensor(a, device="cuda") for n, a in x.items()}
-    leaves = [t[n].to(dt).requires_grad_() for n in ("q", "k", "v")]
-    extra = {n: t[n].requires_grad_() for n in ("g", "beta") if n in t}
+    t = {n: torch.tensor(a, device=device) for n, a in x.items()}
+    acts, names = _split(op, x)
+    leaves = [t[n].to(dt).requires_grad_() for n in acts]
+    extra = {n: t[n].requires_grad_() for n in names}
     do = t["do"].to(dt)
-    if fla:
-        mod, name = FLA_NAMES[op]
-        fn = getattr(importlib.import_module(mod), name)
+    if fla:   # FLA's module and function names match ours
+        fn = getattr(importlib.import_module(f"fla.ops.{op}"), f"chunk_{op}")
         call = lambda: fn(*leaves, **extra)[0]  # noqa: E731
     else:
         import fla_torch.ops as ops
@@ -86,13 +105,13 @@ def jax_case(op, x, dtype, impl):
     import fla_jax.ops as ops
     dt = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}[dtype]
     a = {n: jnp.asarray(v) for n, v in x.items()}
-    qkv = [a[n].astype(dt) for n in ("q", "k", "v")]
-    names = [n for n in ("g", "beta") if n in a]
+    acts, names = _split(op, x)
     fn = getattr(ops, f"chunk_{op}")
 
-    def f(q, k, v, *gates):
-        return fn(q, k, v, **dict(zip(names, gates)), impl=impl)[0]
-    args = qkv + [a[n] for n in names]
+    def f(*args):
+        named = dict(zip(acts + names, args))
+        return fn(*(named[n] for n in acts), **{n: named[n] for n in names}, impl=impl)[0]
+    args = [a[n].astype(dt) for n in acts] + [a[n] for n in names]
     do = a["do"].astype(dt)
     fwd = jax.jit(f)
     fwdbwd = jax.jit(lambda *p: jax.vjp(f, *p)[1](do))
@@ -133,15 +152,37 @@ def sdpa(x, dtype):
     return fwd, fwdbwd, [q, k, v]
 
 
+def dry_run(ops, dtypes):
+    """CPU check of the inputs and calls, no timing: each op's torch and JAX chunked paths,
+    forward and forward+backward once, at a tiny shape (GQA for the grouped-head ops)."""
+    for op in ops:
+        s = dict(B=1, T=40, H=1 if _spec(op).grouped_heads else 2, HV=2, K=16, V=16)
+        x = make_numpy(op, s)
+        for dtype in dtypes:
+            fwd, fb, _ = torch_case(op, x, dtype, "chunked", device="cpu")
+            fwd(), fb()
+            jfwd, jfb = jax_case(op, x, dtype, "chunked")
+            jfwd(), jfb()
+            print(f"dry run {op} {dtype} ({', '.join(x)}): torch-chunked, jax-chunked ok",
+                  flush=True)
+
+
 def main(argv=None):
+    from fla_contract import OPS
+    families = sorted({spec.family for spec in OPS.values()})
     p = argparse.ArgumentParser()
-    p.add_argument("--ops", nargs="+", default=["simple_gla", "delta_rule", "gated_delta_rule"])
+    p.add_argument("--ops", nargs="+", default=["simple_gla", "delta_rule", "gated_delta_rule"],
+                   choices=families, help="op families (chunk_<family>)")
     p.add_argument("--dtypes", nargs="+", default=["bf16", "fp16", "fp32"])
     p.add_argument("--shapes", nargs="+", default=list(SHAPES))
     p.add_argument("--paths", nargs="+", default=["fla", "triton", "pallas", "torch-chunked",
                                                    "jax-chunked", "sdpa"])
     p.add_argument("--json", default=None)
+    p.add_argument("--dry-run", action="store_true",
+                   help="no GPU, no timing: run each op's chunked paths once on CPU, tiny shape")
     args = p.parse_args(argv)
+    if args.dry_run:
+        return dry_run(args.ops, args.dtypes)
 
     import jax
     import torch

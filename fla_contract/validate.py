@@ -1,15 +1,17 @@
-"""One validation routine for every op, in both frameworks.
+"""One validation routine for every op, in both frameworks, driven by the op's OpSpec.
 
 Each framework describes its arguments as `TensorInfo(name, shape, dtype)` (dtype as a
 canonical name, see names.py, or the framework's own spelling for non-float types) and
-calls `validate_op`. Errors name the argument, what was given and what was expected.
+calls `validate_op(spec, ...)`. Errors name the argument, what was given and what was expected.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
 
+from .layout_hint import head_first_hint
 from .names import FLOAT_NAMES, INT_NAMES, pretty
+from .op_spec import ACTIVATION, GATE_DTYPE, STATE, STATE_DTYPE, ArgSpec, OpSpec
 
 
 @dataclass(frozen=True)
@@ -21,7 +23,8 @@ class TensorInfo:
 
 @dataclass(frozen=True)
 class Dims:
-    """Sizes of one call. N = number of sequences (len(cu_seqlens)-1, or B)."""
+    """Sizes of one call. N = number of sequences (len(cu_seqlens)-1, or B); `sizes` maps
+    every dimension symbol of the op's OpSpec to its size."""
 
     B: int
     T: int
@@ -31,10 +34,19 @@ class Dims:
     V: int
     N: int
     dtype: str
+    sizes: Mapping = field(default_factory=dict)
+
+
+_DIM_WORDS = {"B": "batch", "T": "time", "H": "heads", "HV": "value heads", "K": "key size",
+              "V": "value size"}
 
 
 def _shape(t: TensorInfo) -> str:
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
+
+
+def _filled(a: ArgSpec, sizes: Mapping) -> str:
+    return "[" + ", ".join(str(sizes.get(s, s)) for s in a.shape) + "]"
 
 
 def _check_rank(op: str, t: TensorInfo, rank: int, layout: str) -> None:
@@ -66,73 +78,95 @@ def _check_activation_dtypes(op: str, impl: str, allowed: Sequence[str],
             f"parameter, scale or norm mixed into one of them is the usual cause)")
     d = dtypes[0]
     if d not in allowed:
-        extra = ""
-        if d == "fp64":
-            extra = "; float64 is accepted by impl='reference' and impl='chunked'"
-        elif d in FLOAT_NAMES:
-            extra = ""
+        extra = ("; float64 is accepted by impl='reference' and impl='chunked'" if d == "fp64"
+                 else "")
         raise TypeError(
             f"{op}(impl={impl!r}): {names} have dtype {pretty(d)}; this implementation "
             f"supports {', '.join(pretty(a) for a in allowed)}{extra}")
     return d
 
 
-def validate_op(op: str, impl: str, allowed: Sequence[str], q: TensorInfo, k: TensorInfo,
-                v: TensorInfo, *, g: Optional[TensorInfo] = None, g_kind: str = "scalar",
-                beta: Optional[TensorInfo] = None, g_gamma: Optional[TensorInfo] = None,
-                initial_state: Optional[TensorInfo] = None,
-                cu_seqlens: Optional[TensorInfo] = None,
-                grouped_heads: bool = False) -> Dims:
-    """Check every argument of a linear-attention op; return its sizes.
+def missing_arg_error(spec: OpSpec, name: str) -> TypeError:
+    """The error for a required argument given as None."""
+    a = spec.arg(name)
+    return TypeError(f"{spec.name}: {name} is None; expected {name}, {a.what} (this op "
+                     f"requires it)")
 
-    q, k: [B, T, H, K]; v: [B, T, HV, V] with HV == H, or HV % H == 0 when `grouped_heads`;
-    g: [B, T, HV] (g_kind='scalar') or [B, T, HV, K] (g_kind='vector'); beta: [B, T, HV];
-    g_gamma: [HV]; initial_state: [N, HV, K, V] float32 (float64 when q is float64);
-    cu_seqlens: [N+1] integer, only with B == 1.
-    """
-    _check_rank(op, q, 4, "[B, T, H, K]")
-    _check_rank(op, k, 4, "[B, T, H, K]")
-    _check_rank(op, v, 4, "[B, T, HV, V]")
-    dtype = _check_activation_dtypes(op, impl, allowed, [q, k, v])
-    B, T, H, K = q.shape
-    if tuple(k.shape) != tuple(q.shape):
-        raise ValueError(f"{op}: k has shape {_shape(k)}; expected the shape of q {_shape(q)} "
-                         f"([B, T, H, K])")
-    Bv, Tv, HV, V = v.shape
-    if (Bv, Tv) != (B, T):
-        raise ValueError(f"{op}: v has shape {_shape(v)}; expected batch and time of q "
-                         f"[{B}, {T}, HV, V]")
-    if grouped_heads:
-        if HV % H != 0:
-            raise ValueError(f"{op}: v has {HV} heads and q/k have {H}; expected HV % H == 0 "
-                             f"(grouped value heads)")
-    elif HV != H:
-        raise ValueError(f"{op}: v has {HV} heads and q/k have {H}; expected the same number "
-                         f"of heads (this op has no grouped value heads)")
-    for name, size in (("K", K), ("V", V)):
-        if size < 1:
-            raise ValueError(f"{op}: head size {name}={size}; expected >= 1")
-    if T < 1 or B < 1:
-        raise ValueError(f"{op}: q has shape {_shape(q)}; expected B >= 1 and T >= 1")
 
-    if g is not None:
-        _check_float(op, g, "gates/log-decays")
-        expected = (B, T, HV) if g_kind == "scalar" else (B, T, HV, K)
-        layout = "[B, T, HV]" if g_kind == "scalar" else "[B, T, HV, K]"
-        if tuple(g.shape) != expected:
-            raise ValueError(f"{op}: {g.name} has shape {_shape(g)}; expected {layout} = "
-                             f"[{', '.join(map(str, expected))}]")
-    if beta is not None:
-        _check_float(op, beta, "beta values")
-        if tuple(beta.shape) != (B, T, HV):
-            raise ValueError(f"{op}: beta has shape {_shape(beta)}; expected [B, T, HV] = "
-                             f"[{B}, {T}, {HV}]")
-    if g_gamma is not None:
-        _check_float(op, g_gamma, "gates/log-decays")
-        if tuple(g_gamma.shape) != (HV,):
-            raise ValueError(f"{op}: g_gamma has shape {_shape(g_gamma)}; expected [H] = [{HV}]")
+def _bind_activations(spec: OpSpec, given: Mapping[str, TensorInfo]) -> dict:
+    """Sizes of the activations' symbols; k must have q's shape, v q's batch and time."""
+    acts = spec.activations
+    first, t0 = acts[0], given[acts[0].name]
+    sizes = dict(zip(first.shape, t0.shape))
+    for a in acts[1:]:
+        t = given[a.name]
+        if a.shape == first.shape:
+            if tuple(t.shape) != tuple(t0.shape):
+                raise ValueError(f"{spec.name}: {a.name} has shape {_shape(t)}; expected the "
+                                 f"shape of {first.name} {_shape(t0)} ({first.layout})")
+            continue
+        if any(s in sizes and sizes[s] != n for s, n in zip(a.shape, t.shape)):
+            shared = [_DIM_WORDS.get(s, s) for s in a.shape if s in sizes]
+            words = ", ".join(shared[:-1]) + " and " + shared[-1] if len(shared) > 1 else shared[0]
+            raise ValueError(f"{spec.name}: {a.name} has shape {_shape(t)}; expected {words} "
+                             f"of {first.name} {_filled(a, sizes)}")
+        sizes.update((s, n) for s, n in zip(a.shape, t.shape) if s not in sizes)
+    return sizes
 
-    N = B
+
+def _check_sizes(spec: OpSpec, given: Mapping[str, TensorInfo], sizes: dict) -> None:
+    op = spec.name
+    for sym, size in sizes.items():
+        if sym not in ("B", "T") and size < 1:
+            kind = "head size" if sym in ("K", "V") else "size"
+            raise ValueError(f"{op}: {kind} {sym}={size}; expected >= 1")
+    if sizes.get("T", 1) < 1 or sizes.get("B", 1) < 1:
+        q = spec.activations[0]
+        raise ValueError(f"{op}: {q.name} has shape {_shape(given[q.name])}; expected B >= 1 "
+                         f"and T >= 1")
+    if "H" in sizes and "HV" in sizes:
+        H, HV = sizes["H"], sizes["HV"]
+        if spec.grouped_heads:
+            if HV % H != 0:
+                raise ValueError(f"{op}: v has {HV} heads and q/k have {H}; expected HV % H == 0 "
+                                 f"(grouped value heads)")
+        elif HV != H:
+            raise ValueError(f"{op}: v has {HV} heads and q/k have {H}; expected the same "
+                             f"number of heads (this op has no grouped value heads)")
+
+
+def _check_arg(op: str, a: ArgSpec, t: TensorInfo, sizes: dict, dtype: str, why: str = "") -> None:
+    """dtype and shape of one non-activation argument; binds symbols it introduces."""
+    if a.dtype == GATE_DTYPE:
+        _check_float(op, t, a.float_words)
+    elif a.dtype == STATE_DTYPE:
+        state_dtype = "fp64" if dtype == "fp64" else "fp32"
+        if t.dtype != state_dtype:
+            raise TypeError(f"{op}: {t.name} has dtype {pretty(t.dtype)}; expected "
+                            f"{pretty(state_dtype)} (recurrent states are float32)")
+    if len(t.shape) == len(a.shape):
+        for s, n in zip(a.shape, t.shape):
+            sizes.setdefault(s, n)
+    expected = tuple(sizes.get(s) for s in a.shape)
+    if tuple(t.shape) != expected:
+        raise ValueError(f"{op}: {t.name} has shape {_shape(t)}; expected {a.layout} = "
+                         f"{_filled(a, sizes)}{why}")
+
+
+def _validate(spec: OpSpec, impl: str, allowed: Sequence[str], given: Mapping[str, TensorInfo],
+              cu_seqlens: Optional[TensorInfo]) -> Dims:
+    op = spec.name
+    acts = spec.activations
+    for a in acts:
+        _check_rank(op, given[a.name], len(a.shape), a.layout)
+    dtype = _check_activation_dtypes(op, impl, allowed, [given[a.name] for a in acts])
+    sizes = _bind_activations(spec, given)
+    _check_sizes(spec, given, sizes)
+    for a in spec.args:
+        if a.role not in (ACTIVATION, STATE) and given.get(a.name) is not None:
+            _check_arg(op, a, given[a.name], sizes, dtype)
+
+    sizes["N"] = sizes.get("B", 1)
     if cu_seqlens is not None:
         if cu_seqlens.dtype not in INT_NAMES:
             raise TypeError(f"{op}: cu_seqlens has dtype {pretty(cu_seqlens.dtype)}; expected an "
@@ -140,21 +174,51 @@ def validate_op(op: str, impl: str, allowed: Sequence[str], q: TensorInfo, k: Te
         if len(cu_seqlens.shape) != 1 or cu_seqlens.shape[0] < 2:
             raise ValueError(f"{op}: cu_seqlens has shape {_shape(cu_seqlens)}; expected [N+1] "
                              f"with N >= 1")
-        if B != 1:
-            raise ValueError(f"{op}: cu_seqlens given with batch size B={B}; expected B == 1 "
-                             f"(pack the sequences along T)")
-        N = cu_seqlens.shape[0] - 1
+        if sizes.get("B") != 1:
+            raise ValueError(f"{op}: cu_seqlens given with batch size B={sizes.get('B')}; "
+                             f"expected B == 1 (pack the sequences along T)")
+        sizes["N"] = cu_seqlens.shape[0] - 1
+    why = f" (N = {'len(cu_seqlens) - 1' if cu_seqlens is not None else 'B'})"
+    for a in spec.of_role(STATE):
+        if given.get(a.name) is not None:
+            _check_arg(op, a, given[a.name], sizes, dtype, why if "N" in a.shape else "")
+    s = sizes
+    return Dims(s.get("B"), s.get("T"), s.get("H"), s.get("HV"), s.get("K"), s.get("V"), s["N"],
+                dtype, dict(sizes))
 
-    if initial_state is not None:
-        state_dtype = "fp64" if dtype == "fp64" else "fp32"
-        if initial_state.dtype != state_dtype:
-            raise TypeError(f"{op}: initial_state has dtype {pretty(initial_state.dtype)}; "
-                            f"expected {pretty(state_dtype)} (recurrent states are float32)")
-        if tuple(initial_state.shape) != (N, HV, K, V):
-            raise ValueError(f"{op}: initial_state has shape {_shape(initial_state)}; expected "
-                             f"[N, HV, K, V] = [{N}, {HV}, {K}, {V}] (N = "
-                             f"{'len(cu_seqlens) - 1' if cu_seqlens is not None else 'B'})")
-    return Dims(B, T, H, HV, K, V, N, dtype)
+
+def validate_op(spec: OpSpec, impl: str, allowed: Sequence[str],
+                tensors: Mapping[str, Optional[TensorInfo]],
+                cu_seqlens: Optional[TensorInfo] = None) -> Dims:
+    """Check every tensor argument of `spec` (tensors: public name -> TensorInfo or None);
+    return the call's sizes.
+
+    Shapes and dtype rules come from the spec's ArgSpecs: activations (q, k, v) share one dtype
+    in `allowed` with k of q's shape and v of q's batch and time; HV == H, or HV % H == 0 for
+    grouped_heads; gates/beta/g_gamma any float dtype; states float32 (float64 when q is
+    float64) of [N, HV, K, V]; cu_seqlens [N+1] integer, only with B == 1. A shape error that a
+    head-first reading ([B, H, T, D]) of some tensors would explain says so.
+    """
+    unknown = set(tensors) - {a.name for a in spec.args}
+    if unknown:
+        raise TypeError(f"{spec.name}: unexpected argument(s) {', '.join(sorted(unknown))}")
+    for a in spec.args:
+        if a.required and tensors.get(a.name) is None:
+            raise missing_arg_error(spec, a.name)
+    given = {n: t for n, t in tensors.items() if t is not None}
+    try:
+        return _validate(spec, impl, allowed, given, cu_seqlens)
+    except ValueError as e:
+        def consistent(swapped):
+            try:
+                _validate(spec, impl, allowed, swapped, cu_seqlens)
+                return True
+            except (TypeError, ValueError):
+                return False
+        hint = head_first_hint(spec, given, consistent)
+        if not hint:
+            raise
+        raise ValueError(f"{e}{hint}") from None
 
 
 def check_cu_seqlens_values(op: str, values, T: int) -> None:

@@ -40,12 +40,17 @@ def to_dtype(name):
     return _FROM_NAME[canonical_dtype(name)]
 
 
-def info(name: str, x) -> TensorInfo | None:
-    """Describe an array (concrete or traced) for fla_contract.validate_op."""
+def info(name: str, x, op: str = "") -> TensorInfo | None:
+    """Describe an array (concrete or traced; jax or numpy) for fla_contract.validate_op;
+    `op` names the op in the error for a non-array."""
     if x is None:
         return None
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-        raise TypeError(f"{name}: got {type(x).__name__}; expected a jax.Array")
+        given = repr(x) if len(repr(x)) <= 60 else repr(x)[:57] + "..."
+        fix = (f"jnp.asarray({name}, dtype=jnp.int32)" if name == "cu_seqlens"
+               else f"jnp.asarray({name})")
+        raise TypeError(f"{op + ': ' if op else ''}{name} is a {type(x).__name__} ({given}); "
+                        f"expected a jax.Array or a numpy array: pass {fix}")
     return TensorInfo(name, tuple(x.shape), dtype_name(x.dtype))
 
 

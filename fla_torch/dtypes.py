@@ -39,12 +39,17 @@ def to_dtype(name) -> torch.dtype:
     return _FROM_NAME[canonical_dtype(name)]
 
 
-def info(name: str, t) -> TensorInfo | None:
-    """Describe a tensor for fla_contract.validate_op (None stays None)."""
+def info(name: str, t, op: str = "") -> TensorInfo | None:
+    """Describe a tensor for fla_contract.validate_op (None stays None); `op` names the op in
+    the error for a non-tensor."""
     if t is None:
         return None
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: got {type(t).__name__}; expected a torch.Tensor")
+        given = repr(t) if len(repr(t)) <= 60 else repr(t)[:57] + "..."
+        fix = (f"torch.tensor({name}, dtype=torch.int32, device=q.device)"
+               if name == "cu_seqlens" else f"torch.as_tensor({name})")
+        raise TypeError(f"{op + ': ' if op else ''}{name} is a {type(t).__name__} ({given}); "
+                        f"expected a torch.Tensor: pass {fix}")
     return TensorInfo(name, tuple(t.shape), dtype_name(t.dtype))
 
 

@@ -7,9 +7,11 @@ after that rounding, so a measured error is the implementation's, not the input 
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
+
+from fla_contract.op_spec import ACTIVATION, BETA, GAMMA, GATE, GATE_K, OPS, STATE, OpSpec
 
 DTYPES = ("bf16", "fp16", "fp32")
 TENSORS = ("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0")
@@ -39,6 +41,9 @@ LAYER_TOLERANCE = {
 
 
 def tolerance(dtype: str, tensor: str, cross: bool = False) -> float:
+    if tensor not in TOLERANCE[dtype]:
+        raise KeyError(f"no tolerance for {tensor!r} ({dtype}): add it to TOLERANCE in "
+                       f"parity_tests/cases.py")
     return TOLERANCE[dtype][tensor] * (CROSS_FACTOR if cross else 1.0)
 
 
@@ -58,31 +63,9 @@ def rel_rms(a: np.ndarray, b: np.ndarray, ref: np.ndarray) -> float:
     return float(num / denom)
 
 
-@dataclass(frozen=True)
-class OpSpec:
-    """One public op: which arguments it takes."""
-
-    name: str
-    family: str
-    variant: str                 # 'chunk' | 'fused_recurrent'
-    gate: str | None             # None | 'scalar' ([B,T,HV]) | 'vector' ([B,T,HV,K])
-    beta: bool = False
-    gamma: bool = False          # takes g_gamma (simple_gla)
-    l2norm: bool = False         # takes use_qk_l2norm_in_kernel
-    grouped: bool = False        # HV % H == 0 allowed
-    gate_required: bool = True
-
-
-def _family(family, **kw):
-    return [OpSpec(f"{variant}_{family}", family, variant, **kw)
-            for variant in ("chunk", "fused_recurrent")]
-
-
-OPS = {spec.name: spec for spec in (
-    _family("simple_gla", gate="scalar", gamma=True, gate_required=False)
-    + _family("gla", gate="vector")
-    + _family("delta_rule", gate=None, beta=True, l2norm=True, grouped=True)
-    + _family("gated_delta_rule", gate="scalar", beta=True, l2norm=True, grouped=True))}
+# every op family of fla_contract.op_spec.OPS; the delta-rule-like ones take beta
+FAMILIES = tuple(dict.fromkeys(spec.family for spec in OPS.values()))
+BETA_FAMILIES = tuple(f for f in FAMILIES if OPS[f"chunk_{f}"].of_role(BETA))
 
 
 @dataclass(frozen=True)
@@ -102,19 +85,19 @@ class Case:
     l2norm: bool = False
     beta_max: float = 1.0        # beta drawn in (0, beta_max)
     beta_edges: bool = False     # beta near 0 (1e-4) and near beta_max (beta_max - 1e-4) only
-    families: tuple = field(default=("simple_gla", "gla", "delta_rule", "gated_delta_rule"))
+    families: tuple = FAMILIES
     dtypes: tuple = ("bf16", "fp16", "fp32")
 
     def applies_to(self, spec: OpSpec) -> bool:
         if spec.family not in self.families:
             return False
-        if self.HV != self.H and not spec.grouped:
+        if self.HV != self.H and not spec.grouped_heads:
             return False
         return True
 
 
-_ALL = ("simple_gla", "gla", "delta_rule", "gated_delta_rule")
-_DELTA = ("delta_rule", "gated_delta_rule")
+_ALL = FAMILIES
+_DELTA = BETA_FAMILIES
 
 # Small shapes for CPU (CI): T not a multiple of 64, K != V, varlen with sequences shorter
 # than a chunk (one empty), initial states, weak to strong gates (down to -20 per token),
@@ -167,36 +150,56 @@ def seed_of(*parts) -> int:
 
 
 def make_inputs(spec: OpSpec, case: Case, seed: int) -> dict:
-    """float64 numpy inputs and cotangents for one op and case."""
+    """float64 numpy inputs and cotangents for one op and case, keyed by ArgSpec.key
+    ('q', 'g', 'h0', ...), then 'do' and 'dht'. Each tensor is drawn by its role, in the
+    spec's argument order, from one generator."""
     rng = np.random.default_rng(seed)
-    B, T, H, HV, K, V = case.B, case.T, case.H, case.HV, case.K, case.V
-    N = len(case.cu_seqlens) - 1 if case.cu_seqlens else B
+    N = len(case.cu_seqlens) - 1 if case.cu_seqlens else case.B
+    sizes = dict(B=case.B, T=case.T, H=case.H, HV=case.HV, K=case.K, V=case.V, N=N)
     x = {}
-    x["q"] = rng.standard_normal((B, T, H, K))
-    k = rng.standard_normal((B, T, H, K))
-    if spec.beta and not case.l2norm:
-        k = k / np.linalg.norm(k, axis=-1, keepdims=True)   # delta rule is stable for |k| = 1
-    else:
-        k = k / np.sqrt(K)
-    x["k"] = k
-    x["v"] = rng.standard_normal((B, T, HV, V))
-    mode = case.gate_mode if spec.gamma else "g"
-    if spec.gate == "scalar" and mode in ("g", "both"):
-        x["g"] = -case.strength * rng.uniform(case.floor, 1.0, (B, T, HV))
-    if spec.gate == "vector":
-        x["g"] = -case.strength * rng.uniform(case.floor, 1.0, (B, T, HV, K))
-    if spec.gamma and mode in ("gamma", "both"):
-        x["g_gamma"] = -np.log2(1 + 2.0 ** -np.linspace(3, 8, HV)) * max(case.strength, 0.1)
-    if spec.beta:
-        x["beta"] = rng.uniform(0.02, 0.98, (B, T, HV)) * case.beta_max
-        if case.beta_edges:
-            near_one = rng.uniform(size=(B, T, HV)) < 0.5
-            x["beta"] = np.where(near_one, case.beta_max - 1e-4, 1e-4)
-    if case.h0:
-        x["h0"] = 0.5 * rng.standard_normal((N, HV, K, V))
-    x["do"] = rng.standard_normal((B, T, HV, V))
-    x["dht"] = 0.5 * rng.standard_normal((N, HV, K, V))
+    for a in spec.args:
+        if _present(a, case):
+            x[a.key] = _draw(spec, a, case, rng, tuple(sizes[s] for s in a.shape))
+    x["do"] = rng.standard_normal((case.B, case.T, case.HV, case.V))
+    x["dht"] = 0.5 * rng.standard_normal((N, case.HV, case.K, case.V))
     return x
+
+
+def _present(a, case: Case) -> bool:
+    """Required arguments always; optional decays by case.gate_mode ('g' | 'gamma' | 'both' |
+    'none'), the initial state by case.h0."""
+    if a.role == STATE:
+        return case.h0
+    if a.required:
+        return True
+    if a.role in (GATE, GATE_K):
+        return case.gate_mode in ("g", "both")
+    if a.role == GAMMA:
+        return case.gate_mode in ("gamma", "both")
+    return True
+
+
+def _draw(spec: OpSpec, a, case: Case, rng, shape: tuple) -> np.ndarray:
+    if a.role == ACTIVATION:
+        x = rng.standard_normal(shape)
+        if a.name == "k":   # keys set the state's growth
+            if spec.of_role(BETA) and not case.l2norm:
+                return x / np.linalg.norm(x, axis=-1, keepdims=True)   # delta rule: |k| = 1
+            return x / np.sqrt(shape[-1])
+        return x
+    if a.role in (GATE, GATE_K):
+        return -case.strength * rng.uniform(case.floor, 1.0, shape)
+    if a.role == GAMMA:
+        return -np.log2(1 + 2.0 ** -np.linspace(3, 8, shape[0])) * max(case.strength, 0.1)
+    if a.role == BETA:
+        beta = rng.uniform(0.02, 0.98, shape) * case.beta_max
+        if case.beta_edges:
+            near_one = rng.uniform(size=shape) < 0.5
+            beta = np.where(near_one, case.beta_max - 1e-4, 1e-4)
+        return beta
+    if a.role == STATE:
+        return 0.5 * rng.standard_normal(shape)
+    raise ValueError(f"{spec.name}: no input rule for role {a.role!r} of {a.name}")
 
 
 def op_kwargs(spec: OpSpec, case: Case) -> dict:

@@ -70,7 +70,7 @@ def _family_inputs(family: str, case: str, dtype: str):
     from .torch_runner import round_to
     spec, c = OPS[f"chunk_{family}"], CASES[case]
     raw = make_inputs(spec, c, seed_of(family, case))
-    act = ("q", "k", "v", "do")
+    act = {a.key for a in spec.activations} | {"do"}
     return {n: round_to(dtype if n in act else "fp32", a) for n, a in raw.items()}
 
 
@@ -102,16 +102,15 @@ def check(op: str, case: str, dtype: str, impls: dict, device: str = "cpu") -> l
     results = {}
     for fw, impl in impls.items():
         results[fw] = (impl, _runner(fw).run(spec, c, impl, dtype, x, device=device))
+    compared = [t for t in TENSORS if t in ref] + [t for t in ref if t not in TENSORS]
     rows = []
     for fw, (impl, res) in results.items():
-        for t in TENSORS:
-            if t in ref:
-                rows.append(Row(op, case, dtype, f"{fw}:{impl} vs fp64", t,
-                                rel_rms(res[t], ref[t], ref[t]), tolerance(dtype, t)))
+        for t in compared:
+            rows.append(Row(op, case, dtype, f"{fw}:{impl} vs fp64", t,
+                            rel_rms(res[t], ref[t], ref[t]), tolerance(dtype, t)))
     if len(results) == 2:
         (ij, rj), (it, rt) = results["jax"], results["torch"]
-        for t in TENSORS:
-            if t in ref:
-                rows.append(Row(op, case, dtype, f"jax:{ij} vs torch:{it}", t,
-                                rel_rms(rj[t], rt[t], ref[t]), tolerance(dtype, t, cross=True)))
+        for t in compared:
+            rows.append(Row(op, case, dtype, f"jax:{ij} vs torch:{it}", t,
+                            rel_rms(rj[t], rt[t], ref[t]), tolerance(dtype, t, cross=True)))
     return rows

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .cases import Case, OpSpec, op_kwargs
+from .cases import ACTIVATION, Case, OpSpec, op_kwargs
 
 DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 
@@ -23,27 +23,21 @@ def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = 
     import fla_jax.ops as ops
 
     dt = DTYPES[dtype]
-    names = ["q", "k", "v"] + [n for n in ("g", "beta", "h0") if n in x]
-    primals = [jnp.asarray(np.asarray(x[n], np.float32)).astype(dt if n in "qkv" else
-                                                               jnp.float32) for n in names]
+    present = [a for a in spec.args if a.key in x]
+    diff = [a for a in present if a.differentiable]   # traced and differentiated
+    const = {a.name: jnp.asarray(np.asarray(x[a.key], np.float32)).astype(
+        dt if a.role == ACTIVATION else jnp.float32) for a in present if not a.differentiable}
+    primals = [jnp.asarray(np.asarray(x[a.key], np.float32)).astype(
+        dt if a.role == ACTIVATION else jnp.float32) for a in diff]
     static = op_kwargs(spec, case)
-    g_gamma = jnp.asarray(x["g_gamma"], jnp.float32) if "g_gamma" in x else None
     cu = None if case.cu_seqlens is None else jnp.asarray(case.cu_seqlens, jnp.int32)
     fn = getattr(ops, spec.name)
 
     def forward(cu_seqlens, *args):
-        kw = dict(static)
-        named = dict(zip(names, args))
-        for n in ("g", "beta"):
-            if n in named:
-                kw[n] = named[n]
-        if "h0" in named:
-            kw["initial_state"] = named["h0"]
-        if g_gamma is not None:
-            kw["g_gamma"] = g_gamma
+        kw = dict(static, **const, **{a.name: t for a, t in zip(diff, args)})
         if cu_seqlens is not None:
             kw["cu_seqlens"] = cu_seqlens
-        return fn(named["q"], named["k"], named["v"], **kw, impl=impl)
+        return fn(**kw, impl=impl)
 
     @jax.jit
     def fwd_bwd(cu_seqlens, do, dht, *args):
@@ -59,8 +53,8 @@ def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = 
         raise AssertionError(f"{spec.name}(impl={impl}): final state has dtype {ht.dtype}; "
                              f"expected float32")
     out = {"o": o, "ht": ht}
-    for n, p, gr in zip(names, primals, grads):
-        key = "dh0" if n == "h0" else "d" + n
+    for a, p, gr in zip(diff, primals, grads):
+        key = "d" + a.key
         if gr.dtype != p.dtype:
             raise AssertionError(f"{spec.name}(impl={impl}): {key} has dtype {gr.dtype}; "
                                  f"expected its input's {p.dtype}")

@@ -206,3 +206,121 @@ def test_required_gate_missing(fw):
     with pytest.raises(TypeError) as e:
         call(fw, **a, beta=None)
     assert "beta" in str(e.value)
+
+
+def test_cu_seqlens_as_list_names_op_and_fix(fw):
+    fix = ("torch.tensor(cu_seqlens, dtype=torch.int32" if isinstance(fw, Torch)
+           else "jnp.asarray(cu_seqlens, dtype=jnp.int32)")
+    _raises(TypeError, ["chunk_gated_delta_rule: cu_seqlens is a list ([0, 5, 20])", fix],
+            lambda: call(fw, **gdn_args(fw), cu_seqlens=[0, 5, T]))
+    if isinstance(fw, Jax):   # numpy is accepted, and the message says so
+        _raises(TypeError, ["expected a jax.Array or a numpy array"],
+                lambda: call(fw, **gdn_args(fw), cu_seqlens=(0, 5, T)))
+
+
+def test_jax_accepts_numpy_cu_seqlens():
+    fw = Jax()
+    o, ht = call(fw, **gdn_args(fw), cu_seqlens=np.asarray([0, 5, T], np.int32),
+                 output_final_state=True)
+    assert o.shape == (B, T, H, V) and ht.shape == (2, H, K, V)
+
+
+def test_non_tensor_argument_names_op(fw):
+    _raises(TypeError, ["chunk_gated_delta_rule: beta is a float", "beta"],
+            lambda: call(fw, **gdn_args(fw) | {"beta": 0.5}))
+
+
+def _swap(fw, x):
+    return x.transpose(1, 2) if isinstance(fw, Torch) else fw.jnp.swapaxes(x, 1, 2)
+
+
+def test_head_first_layout_named(fw):
+    a = gdn_args(fw)
+    hf = {n: _swap(fw, a[n]) for n in ("q", "k", "v", "g", "beta")}
+    # everything head-first: only the state's head count disagrees
+    _raises(ValueError, ["initial_state has shape", "q, k, v, g, beta look like the head-first "
+                         "layout [B, H, T, K]", "swap axes 1 and 2"],
+            lambda: call(fw, **hf, initial_state=fw.arr((B, H, K, V))))
+    # q, k, v head-first with gates in [B, T, H]: either side may be the transposed one
+    _raises(ValueError, ["g has shape", "Either g, beta or q, k, v look like the head-first"],
+            lambda: call(fw, **(a | {n: hf[n] for n in "qkv"})))
+    # grouped value heads, head-first: v's time disagrees with q's
+    q, k = (fw.arr((B, H, T, K)) for _ in range(2))
+    _raises(ValueError, ["v has shape [1, 4, 20, 16]", "q, k, v look like the head-first"],
+            lambda: call(fw, q=q, k=k, v=fw.arr((B, 2 * H, T, V)), g=fw.arr((B, T, 2 * H)),
+                         beta=fw.arr((B, T, 2 * H))))
+    # per-key gate of GLA
+    _raises(ValueError, ["v, g look like the head-first layout"],
+            lambda: call(fw, "chunk_gla", q=fw.arr((B, T, H, K)), k=fw.arr((B, T, H, K)),
+                         v=fw.arr((B, H, T, V)), g=fw.arr((B, H, T, K))))
+
+
+def test_head_first_hint_not_given_for_other_errors(fw):
+    with pytest.raises(ValueError) as e:
+        call(fw, **gdn_args(fw) | {"v": fw.arr((B, T - 1, H, V))})
+    assert "head-first" not in str(e.value)
+
+
+def test_fewer_tokens_than_heads_is_valid(fw):
+    """T < H (decoding one token) reads like [B, H, T, D] by sizes alone: it must run."""
+    heads = 4
+    o, ht = call(fw, q=fw.arr((B, 1, heads, K)), k=fw.arr((B, 1, heads, K)),
+                 v=fw.arr((B, 1, heads, V)), g=fw.arr((B, 1, heads)),
+                 beta=fw.arr((B, 1, heads)) + 1.0, initial_state=fw.arr((B, heads, K, V)),
+                 output_final_state=True)
+    assert tuple(o.shape) == (B, 1, heads, V) and tuple(ht.shape) == (B, heads, K, V)
+
+
+@pytest.mark.parametrize("op", ["chunk_delta_rule", "fused_recurrent_gated_delta_rule"])
+def test_required_arg_message_from_spec(fw, op):
+    a = gdn_args(fw)
+    if "gated" not in op:
+        a.pop("g")
+    a["beta"] = None
+    _raises(TypeError, [f"{op}: beta is None; expected beta, a [B, T, HV] tensor of write "
+                        f"strengths (this op requires it)"], lambda: call(fw, op, **a))
+
+
+def test_spec_matches_public_signatures(fw):
+    """Every OpSpec argument is a parameter of the public op, without a default exactly when
+    the spec requires it; and every tensor parameter has an ArgSpec."""
+    import inspect
+
+    from fla_contract import OPS
+    non_tensor = {"scale", "output_final_state", "cu_seqlens", "use_qk_l2norm_in_kernel", "impl"}
+    for name, spec in OPS.items():
+        params = inspect.signature(getattr(fw.ops, name)).parameters
+        assert [a.name for a in spec.args] == [p for p in params if p not in non_tensor], name
+        for a in spec.args:
+            has_default = params[a.name].default is not inspect.Parameter.empty
+            assert has_default != a.required, f"{name}: {a.name}"
+        assert ("use_qk_l2norm_in_kernel" in params) == spec.l2norm, name
+
+
+def test_a_new_op_is_one_spec_entry():
+    """A hypothetical op (per-key gate + beta + grouped value heads, KDA-like) described only
+    by an OpSpec is validated and gets parity inputs, with no other code."""
+    from fla_contract import OpSpec, TensorInfo, validate_op
+    from fla_contract.op_spec import ACTIVATION, BETA, GATE_K, STATE, arg
+
+    from .cases import Case, make_inputs
+
+    spec = OpSpec("chunk_new", "new", "chunk", (
+        arg("q", ACTIVATION, "B T H K"), arg("k", ACTIVATION, "B T H K"),
+        arg("v", ACTIVATION, "B T HV V"), arg("g", GATE_K, "B T HV K"),
+        arg("beta", BETA, "B T HV"), arg("initial_state", STATE, "N HV K V", required=False,
+                                          short="h0")), grouped_heads=True, l2norm=True)
+    assert spec.family_args == ("g", "beta", "use_qk_l2norm_in_kernel")
+    x = make_inputs(spec, Case("c", B=1, T=30, H=2, HV=4, K=8, V=4, cu_seqlens=(0, 10, 30)), 0)
+    assert {n: a.shape for n, a in x.items()} == {
+        "q": (1, 30, 2, 8), "k": (1, 30, 2, 8), "v": (1, 30, 4, 4), "g": (1, 30, 4, 8),
+        "beta": (1, 30, 4), "h0": (2, 4, 8, 4), "do": (1, 30, 4, 4), "dht": (2, 4, 8, 4)}
+    info = {a.name: TensorInfo(a.name, x[a.key].shape, "fp32") for a in spec.args}
+    cu = TensorInfo("cu_seqlens", (3,), "int32")
+    dims = validate_op(spec, "chunked", ("fp32",), info, cu)
+    assert (dims.B, dims.T, dims.H, dims.HV, dims.K, dims.V, dims.N) == (1, 30, 2, 4, 8, 4, 2)
+    with pytest.raises(ValueError, match=r"g has shape \[1, 30, 4\]; expected \[B, T, HV, K\]"):
+        validate_op(spec, "chunked", ("fp32",), info | {"g": TensorInfo("g", (1, 30, 4), "fp32")},
+                    cu)
+    with pytest.raises(TypeError, match="beta is None; expected beta"):
+        validate_op(spec, "chunked", ("fp32",), info | {"beta": None}, cu)

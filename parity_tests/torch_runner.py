@@ -7,7 +7,7 @@ import importlib
 import numpy as np
 import torch
 
-from .cases import Case, OpSpec, op_kwargs
+from .cases import ACTIVATION, Case, OpSpec, op_kwargs
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
           "fp64": torch.float64}
@@ -54,24 +54,22 @@ def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = 
     def leaf(a, d):
         return torch.tensor(a, dtype=d, device=device, requires_grad=True)
 
-    q, k, v = (leaf(x[n], dt) for n in ("q", "k", "v"))
-    leaves = {"dq": q, "dk": k, "dv": v}
+    args, leaves = {}, {}   # leaves: gradient name ('dq', 'dh0', ...) -> input tensor
+    for a in spec.args:
+        if a.key in x:
+            d = dt if a.role == ACTIVATION else gdt
+            if a.differentiable:
+                args[a.name] = leaves["d" + a.key] = leaf(x[a.key], d)
+            else:
+                args[a.name] = torch.tensor(x[a.key], dtype=d, device=device)
     kw = op_kwargs(spec, case)
-    if "g" in x:
-        kw["g"] = leaves["dg"] = leaf(x["g"], gdt)
-    if "beta" in x:
-        kw["beta"] = leaves["dbeta"] = leaf(x["beta"], gdt)
-    if "g_gamma" in x:
-        kw["g_gamma"] = torch.tensor(x["g_gamma"], dtype=gdt, device=device)
-    if "h0" in x:
-        kw["initial_state"] = leaves["dh0"] = leaf(x["h0"], gdt)
     if case.cu_seqlens is not None:
         kw["cu_seqlens"] = torch.tensor(case.cu_seqlens, dtype=torch.int32, device=device)
 
     fn = getattr(ops, spec.name)
     kernel = impl not in ("reference", "chunked")
     with poisoned_allocations() if kernel else contextlib.nullcontext():
-        o, ht = fn(q, k, v, **kw, impl=impl)
+        o, ht = fn(**args, **kw, impl=impl)
         do = torch.tensor(x["do"], dtype=o.dtype, device=device)
         dht = torch.tensor(x["dht"], dtype=ht.dtype, device=device)
         grads = torch.autograd.grad((o, ht), list(leaves.values()), (do, dht), allow_unused=True)

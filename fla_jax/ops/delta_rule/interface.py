@@ -8,20 +8,16 @@ x / sqrt(sum(x^2) + 1e-6).
 """
 from __future__ import annotations
 
+from fla_contract import OPS
+
 from ..common.prepare import run_op
 
-_FAMILY_ARGS = ("beta", "use_qk_l2norm_in_kernel")
 _BASE = {"reference": "fla_jax.ops.delta_rule.reference:delta_rule_reference",
          "chunked": "fla_jax.ops.delta_rule.chunked:delta_rule_chunked"}
 CHUNK_IMPLS = dict(_BASE)
 CHUNK_IMPLS["pallas"] = "fla_jax.ops.delta_rule.pallas_chunk:chunk_delta_rule_pallas"
 RECURRENT_IMPLS = dict(_BASE)
 RECURRENT_IMPLS["pallas"] = "fla_jax.ops.delta_rule.pallas_recurrent:fused_recurrent_delta_rule_pallas"
-
-
-def _require(op: str, name: str, x) -> None:
-    if x is None:
-        raise TypeError(f"{op}: {name} is None; expected an array (this op needs {name})")
 
 
 def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
@@ -39,11 +35,10 @@ def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final
         o: [B, T, HV, V] in q's dtype; final_state: [N, HV, K, V] fp32, or None unless
         output_final_state.
     """
-    _require("chunk_delta_rule", "beta", beta)
-    return run_op("chunk_delta_rule", CHUNK_IMPLS, impl, q, k, v, family_args=_FAMILY_ARGS,
-                  beta=beta, scale=scale, initial_state=initial_state,
+    return run_op(OPS["chunk_delta_rule"], CHUNK_IMPLS, impl, q=q, k=k, v=v,
+                  beta=beta, initial_state=initial_state, scale=scale,
                   output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                  grouped_heads=True, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
 
 
 def fused_recurrent_delta_rule(q, k, v, beta, scale=None, initial_state=None,
@@ -51,9 +46,7 @@ def fused_recurrent_delta_rule(q, k, v, beta, scale=None, initial_state=None,
                                use_qk_l2norm_in_kernel=False, impl="auto"):
     """Token-by-token delta rule (FLA's signature); same arguments and returns as
     `chunk_delta_rule`. Its kernel suits decoding and short sequences."""
-    _require("fused_recurrent_delta_rule", "beta", beta)
-    return run_op("fused_recurrent_delta_rule", RECURRENT_IMPLS, impl, q, k, v,
-                  family_args=_FAMILY_ARGS, beta=beta, scale=scale,
-                  initial_state=initial_state, output_final_state=output_final_state,
-                  cu_seqlens=cu_seqlens, grouped_heads=True,
+    return run_op(OPS["fused_recurrent_delta_rule"], RECURRENT_IMPLS, impl, q=q, k=k, v=v,
+                  beta=beta, initial_state=initial_state, scale=scale,
+                  output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)

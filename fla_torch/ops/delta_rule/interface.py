@@ -7,17 +7,16 @@ With use_qk_l2norm_in_kernel, q and k are l2-normalised over K (in fp32) first.
 """
 from __future__ import annotations
 
-from ..common.prepare import run_op
-from ..common.required_args import require
+from fla_contract import OPS
 
-_FAMILY_ARGS = ("beta", "use_qk_l2norm_in_kernel")
+from ..common.prepare import run_op
+
 _BASE = {"reference": "fla_torch.ops.delta_rule.reference:delta_rule_reference",
          "chunked": "fla_torch.ops.delta_rule.chunked:delta_rule_chunked"}
 CHUNK_IMPLS = dict(_BASE)
 CHUNK_IMPLS["triton"] = "fla_torch.ops.delta_rule.triton_chunk:chunk_delta_rule_triton"
 RECURRENT_IMPLS = dict(_BASE)
 RECURRENT_IMPLS["triton"] = "fla_torch.ops.delta_rule.triton_recurrent:fused_recurrent_delta_rule_triton"
-_BETA = "beta, a [B, T, HV] tensor of write strengths"
 
 
 def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
@@ -34,11 +33,10 @@ def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final
         o: [B, T, HV, V] in q's dtype; final_state: [N, HV, K, V] fp32, or None unless
         output_final_state.
     """
-    require("chunk_delta_rule", "beta", beta, _BETA)
-    return run_op("chunk_delta_rule", CHUNK_IMPLS, impl, q, k, v, family_args=_FAMILY_ARGS,
-                  beta=beta, scale=scale, initial_state=initial_state,
+    return run_op(OPS["chunk_delta_rule"], CHUNK_IMPLS, impl, q=q, k=k, v=v,
+                  beta=beta, initial_state=initial_state, scale=scale,
                   output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                  grouped_heads=True, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
 
 
 def fused_recurrent_delta_rule(q, k, v, beta, scale=None, initial_state=None,
@@ -46,9 +44,7 @@ def fused_recurrent_delta_rule(q, k, v, beta, scale=None, initial_state=None,
                                use_qk_l2norm_in_kernel=False, impl="auto"):
     """Token-by-token delta rule (FLA's signature); same arguments and returns as
     `chunk_delta_rule`. Its kernel suits decoding and short sequences."""
-    require("fused_recurrent_delta_rule", "beta", beta, _BETA)
-    return run_op("fused_recurrent_delta_rule", RECURRENT_IMPLS, impl, q, k, v,
-                  family_args=_FAMILY_ARGS, beta=beta, scale=scale,
-                  initial_state=initial_state, output_final_state=output_final_state,
-                  cu_seqlens=cu_seqlens, grouped_heads=True,
+    return run_op(OPS["fused_recurrent_delta_rule"], RECURRENT_IMPLS, impl, q=q, k=k, v=v,
+                  beta=beta, initial_state=initial_state, scale=scale,
+                  output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)

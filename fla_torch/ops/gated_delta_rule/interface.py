@@ -7,18 +7,16 @@ With use_qk_l2norm_in_kernel, q and k are l2-normalised over K (in fp32) first.
 """
 from __future__ import annotations
 
-from ..common.prepare import run_op
-from ..common.required_args import require
+from fla_contract import OPS
 
-_FAMILY_ARGS = ("g", "beta", "use_qk_l2norm_in_kernel")
+from ..common.prepare import run_op
+
 _BASE = {"reference": "fla_torch.ops.gated_delta_rule.reference:gated_delta_rule_reference",
          "chunked": "fla_torch.ops.gated_delta_rule.chunked:gated_delta_rule_chunked"}
 CHUNK_IMPLS = dict(_BASE)
 CHUNK_IMPLS["triton"] = "fla_torch.ops.gated_delta_rule.triton_chunk:chunk_gated_delta_rule_triton"
 RECURRENT_IMPLS = dict(_BASE)
 RECURRENT_IMPLS["triton"] = "fla_torch.ops.gated_delta_rule.triton_recurrent:fused_recurrent_gated_delta_rule_triton"
-_G = "g, a [B, T, HV] log-decay tensor"
-_BETA = "beta, a [B, T, HV] tensor of write strengths"
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
@@ -37,12 +35,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
         o: [B, T, HV, V] in q's dtype; final_state: [N, HV, K, V] fp32, or None unless
         output_final_state.
     """
-    require("chunk_gated_delta_rule", "g", g, _G)
-    require("chunk_gated_delta_rule", "beta", beta, _BETA)
-    return run_op("chunk_gated_delta_rule", CHUNK_IMPLS, impl, q, k, v,
-                  family_args=_FAMILY_ARGS, g=g, beta=beta, scale=scale,
-                  initial_state=initial_state, output_final_state=output_final_state,
-                  cu_seqlens=cu_seqlens, grouped_heads=True,
+    return run_op(OPS["chunk_gated_delta_rule"], CHUNK_IMPLS, impl, q=q, k=k, v=v,
+                  g=g, beta=beta, initial_state=initial_state, scale=scale,
+                  output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
 
 
@@ -51,10 +46,7 @@ def fused_recurrent_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state
                                      use_qk_l2norm_in_kernel=False, impl="auto"):
     """Token-by-token gated delta rule (FLA's signature); same arguments and returns as
     `chunk_gated_delta_rule`. Its kernel suits decoding and short sequences."""
-    require("fused_recurrent_gated_delta_rule", "g", g, _G)
-    require("fused_recurrent_gated_delta_rule", "beta", beta, _BETA)
-    return run_op("fused_recurrent_gated_delta_rule", RECURRENT_IMPLS, impl, q, k, v,
-                  family_args=_FAMILY_ARGS, g=g, beta=beta, scale=scale,
-                  initial_state=initial_state, output_final_state=output_final_state,
-                  cu_seqlens=cu_seqlens, grouped_heads=True,
+    return run_op(OPS["fused_recurrent_gated_delta_rule"], RECURRENT_IMPLS, impl, q=q, k=k, v=v,
+                  g=g, beta=beta, initial_state=initial_state, scale=scale,
+                  output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)

@@ -6,6 +6,8 @@ Recurrence per head (S: [K, V], fp32):
 """
 from __future__ import annotations
 
+from fla_contract import OPS
+
 from ..common.prepare import run_op
 from ..common.required_args import require
 
@@ -32,8 +34,8 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
         output_final_state.
     """
     require("chunk_gla", "g", g, _G)
-    return run_op("chunk_gla", CHUNK_IMPLS, impl, q, k, v, family_args=_FAMILY_ARGS,
-                  g=g, g_kind="vector", scale=scale, initial_state=initial_state,
+    return run_op(OPS["chunk_gla"], CHUNK_IMPLS, impl, q=q, k=k, v=v,
+                  g=g, scale=scale, initial_state=initial_state,
                   output_final_state=output_final_state, cu_seqlens=cu_seqlens)
 
 
@@ -42,7 +44,7 @@ def fused_recurrent_gla(q, k, v, g, scale=None, initial_state=None, output_final
     """Token-by-token GLA (FLA's signature); same arguments and returns as `chunk_gla`.
     Its kernel suits decoding and short sequences."""
     require("fused_recurrent_gla", "g", g, _G)
-    return run_op("fused_recurrent_gla", RECURRENT_IMPLS, impl, q, k, v,
-                  family_args=_FAMILY_ARGS, g=g, g_kind="vector", scale=scale,
+    return run_op(OPS["fused_recurrent_gla"], RECURRENT_IMPLS, impl, q=q, k=k, v=v,
+                  g=g, scale=scale,
                   initial_state=initial_state, output_final_state=output_final_state,
                   cu_seqlens=cu_seqlens)

@@ -7,9 +7,10 @@ Covers linear attention (no gate), RetNet (g_gamma) and simple GLA / Lightning a
 """
 from __future__ import annotations
 
+from fla_contract import OPS
+
 from ..common.prepare import run_op
 
-_FAMILY_ARGS = ("g", "g_gamma")
 _BASE = {"reference": "fla_torch.ops.simple_gla.reference:simple_gla_reference",
          "chunked": "fla_torch.ops.simple_gla.chunked:simple_gla_chunked"}
 CHUNK_IMPLS = dict(_BASE, triton="fla_torch.ops.simple_gla.triton_chunk:chunk_simple_gla_triton")
@@ -31,8 +32,8 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=No
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] fp32, or None unless
         output_final_state.
     """
-    return run_op("chunk_simple_gla", CHUNK_IMPLS, impl, q, k, v, family_args=_FAMILY_ARGS,
-                  g=g, g_gamma=g_gamma, scale=scale, initial_state=initial_state,
+    return run_op(OPS["chunk_simple_gla"], CHUNK_IMPLS, impl, q=q, k=k, v=v, g=g,
+                  g_gamma=g_gamma, initial_state=initial_state, scale=scale,
                   output_final_state=output_final_state, cu_seqlens=cu_seqlens)
 
 
@@ -40,7 +41,6 @@ def fused_recurrent_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initia
                                output_final_state=False, cu_seqlens=None, impl="auto"):
     """Token-by-token simple GLA (FLA's signature); same arguments and returns as
     `chunk_simple_gla`. Its kernel suits decoding and short sequences."""
-    return run_op("fused_recurrent_simple_gla", RECURRENT_IMPLS, impl, q, k, v,
-                  family_args=_FAMILY_ARGS, g=g, g_gamma=g_gamma, scale=scale,
-                  initial_state=initial_state, output_final_state=output_final_state,
-                  cu_seqlens=cu_seqlens)
+    return run_op(OPS["fused_recurrent_simple_gla"], RECURRENT_IMPLS, impl, q=q, k=k, v=v, g=g,
+                  g_gamma=g_gamma, initial_state=initial_state, scale=scale,
+                  output_final_state=output_final_state, cu_seqlens=cu_seqlens)

@@ -1,0 +1,139 @@
+"""One description of each public op: its tensors (role, shape, dtype rule, required) and its
+op-level facts. `validate_op`, both frameworks' `run_op`, the parity runners, the parity
+inputs and the benchmark all read `OPS`, so a new op is one entry here plus its
+implementations.
+
+Shapes are written with dimension symbols, bound from the arguments in order:
+B batch, T time, H q/k heads, HV value heads, K key size, V value size, N sequences
+(len(cu_seqlens) - 1, or B).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Roles: how a tensor is checked, converted, drawn for the tests and differentiated.
+ACTIVATION = "activation"   # q, k, v: one shared dtype in {bf16, fp16, fp32} (fp64 off-kernel)
+GATE = "gate"               # scalar log-decay per token and value head [B, T, HV]
+GATE_K = "gate_k"           # per-key-channel log-decay [B, T, HV, K]
+BETA = "beta"               # write strength per token and value head [B, T, HV]
+GAMMA = "gamma"             # fixed log-decay per value head [HV] (not differentiated)
+STATE = "state"             # recurrent state [N, HV, K, V], float32 (float64 with fp64 q)
+ROLES = (ACTIVATION, GATE, GATE_K, BETA, GAMMA, STATE)
+
+# Dtype rules.
+SHARED = "shared"           # the one activation dtype of q, k, v
+GATE_DTYPE = "gate_dtype"   # any float dtype, converted to float32 (float64 with fp64 q)
+STATE_DTYPE = "state_dtype"  # exactly float32 (float64 with fp64 q)
+
+_ROLE_DTYPE = {ACTIVATION: SHARED, GATE: GATE_DTYPE, GATE_K: GATE_DTYPE, BETA: GATE_DTYPE,
+               GAMMA: GATE_DTYPE, STATE: STATE_DTYPE}
+_ROLE_WHAT = {GATE: "a [B, T, HV] log-decay tensor", GATE_K: "a [B, T, HV, K] log-decay tensor",
+              BETA: "a [B, T, HV] tensor of write strengths",
+              GAMMA: "a [HV] fixed log-decay per head", STATE: "a [N, HV, K, V] float32 state"}
+_ROLE_FLOAT_WORDS = {GATE: "gates/log-decays", GATE_K: "gates/log-decays",
+                     GAMMA: "gates/log-decays", BETA: "beta values"}
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """One tensor argument of an op.
+
+    name: the public keyword ("q", "g", "initial_state"); short: its key in the parity inputs
+    and, prefixed with "d", its gradient's ("h0" -> "dh0"); shape: dimension symbols;
+    dtype: SHARED | GATE_DTYPE | STATE_DTYPE.
+    """
+
+    name: str
+    role: str
+    shape: tuple
+    dtype: str
+    required: bool = True
+    short: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.short or self.name
+
+    @property
+    def differentiable(self) -> bool:
+        return self.role != GAMMA
+
+    @property
+    def layout(self) -> str:
+        return "[" + ", ".join(self.shape) + "]"
+
+    @property
+    def what(self) -> str:
+        """Words for a missing-argument error."""
+        return _ROLE_WHAT.get(self.role, f"a {self.layout} tensor")
+
+    @property
+    def float_words(self) -> str:
+        return _ROLE_FLOAT_WORDS.get(self.role, f"{self.name} values")
+
+
+def arg(name: str, role: str, shape: str, *, required: bool = True, short: str = "") -> ArgSpec:
+    """ArgSpec with the dtype rule of its role; shape as "B T H K"."""
+    return ArgSpec(name, role, tuple(shape.split()), _ROLE_DTYPE[role], required, short)
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One public op: its tensors in signature order and what the op allows.
+
+    grouped_heads: v may have HV heads with HV % H == 0 (value head hv reads q/k head
+    hv // (HV // H)); otherwise HV == H. l2norm: takes use_qk_l2norm_in_kernel.
+    """
+
+    name: str
+    family: str
+    variant: str                 # 'chunk' | 'fused_recurrent'
+    args: tuple
+    grouped_heads: bool = False
+    l2norm: bool = False
+
+    def arg(self, name: str) -> ArgSpec:
+        for a in self.args:
+            if a.name == name:
+                return a
+        raise KeyError(f"{self.name} has no argument {name!r}")
+
+    def of_role(self, *roles: str) -> tuple:
+        return tuple(a for a in self.args if a.role in roles)
+
+    @property
+    def activations(self) -> tuple:
+        return self.of_role(ACTIVATION)
+
+    @property
+    def gate_optional(self) -> bool:
+        """True when the op runs without any decay (simple GLA: g and g_gamma both optional)."""
+        gates = self.of_role(GATE, GATE_K, GAMMA)
+        return bool(gates) and not any(a.required for a in gates)
+
+    @property
+    def family_args(self) -> tuple:
+        """Keywords the implementation function takes besides the activations (positional),
+        scale, initial_state, output_final_state and cu_seqlens (DESIGN.md)."""
+        names = tuple(a.name for a in self.args if a.role not in (ACTIVATION, STATE))
+        return names + (("use_qk_l2norm_in_kernel",) if self.l2norm else ())
+
+
+_Q = arg("q", ACTIVATION, "B T H K")
+_K = arg("k", ACTIVATION, "B T H K")
+_V = arg("v", ACTIVATION, "B T HV V")
+_H0 = arg("initial_state", STATE, "N HV K V", required=False, short="h0")
+
+
+def _family(family: str, *args: ArgSpec, **facts) -> list:
+    return [OpSpec(f"{variant}_{family}", family, variant, (_Q, _K, _V) + args + (_H0,), **facts)
+            for variant in ("chunk", "fused_recurrent")]
+
+
+OPS = {spec.name: spec for spec in (
+    _family("simple_gla", arg("g", GATE, "B T HV", required=False),
+            arg("g_gamma", GAMMA, "HV", required=False))
+    + _family("gla", arg("g", GATE_K, "B T HV K"))
+    + _family("delta_rule", arg("beta", BETA, "B T HV"), grouped_heads=True, l2norm=True)
+    + _family("gated_delta_rule", arg("g", GATE, "B T HV"), arg("beta", BETA, "B T HV"),
+              grouped_heads=True, l2norm=True))}
