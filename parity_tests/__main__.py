@@ -17,7 +17,7 @@ def _parse(argv):
     from .cases import CPU_CASES, DTYPES, GPU_CASES, OPS
     p = argparse.ArgumentParser(prog="python -m parity_tests", description=__doc__.split("\n")[0])
     p.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS), metavar="OP",
-                   help="ops to check (default: all 8)")
+                   help="ops to check (default: all)")
     p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     p.add_argument("--impls", nargs="+", default=["default"], choices=["default", "kernel"],
                    help="'default': chunked / reference (CPU path); 'kernel': Pallas + Triton "
@@ -25,7 +25,8 @@ def _parse(argv):
     p.add_argument("--frameworks", nargs="+", default=["jax", "torch"], choices=["jax", "torch"])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--cases", nargs="+", default=None,
-                   help=f"case names (default: 'basic' 'varlen' on cpu, all GPU cases on cuda); "
+                   help=f"case names (default: 'basic' 'varlen' 'attn_basic' 'attn_varlen' on cpu, "
+                        f"all GPU cases on cuda); "
                         f"known: {', '.join(c.name for c in CPU_CASES + GPU_CASES)}")
     p.add_argument("--json", metavar="PATH", help="also write all rows as JSON")
     return p.parse_args(argv)
@@ -45,8 +46,8 @@ def main(argv=None) -> int:
     from .cases import CASES, GPU_CASES, OPS
     from .harness import check, resolve
 
-    names = args.cases or (["basic", "varlen"] if args.device == "cpu"
-                           else [c.name for c in GPU_CASES])
+    names = args.cases or (["basic", "varlen", "attn_basic", "attn_varlen"]
+                           if args.device == "cpu" else [c.name for c in GPU_CASES])
     rows, skipped, t0 = [], [], time.time()
     header = f"{'op':34s} {'case':12s} {'dtype':5s} {'compared':30s} " + \
              "  ".join(f"{t:>8s}" for t in ("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0")) + \
