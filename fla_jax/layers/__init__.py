@@ -9,6 +9,7 @@ plus Flax's `dtype` (compute; None = the input's dtype), `param_dtype` (storage)
 attention_mask: None or [B, T] of 0/1 (1 = real token; left, right or inner padding);
 padded tokens change no state and their outputs are 0 -- see layers/padding.py.
 """
+from .attn import Attention
 from .delta_net import DeltaNet
 from .gated_deltanet import GatedDeltaNet
 from .gla import GatedLinearAttention
@@ -16,4 +17,4 @@ from .linear_attention import LinearAttention
 from .multiscale_retention import MultiScaleRetention
 
 __all__ = ["LinearAttention", "MultiScaleRetention", "GatedLinearAttention", "DeltaNet",
-           "GatedDeltaNet"]
+           "GatedDeltaNet", "Attention"]

@@ -6,6 +6,7 @@ fla_torch/layers/cache.py and is the same in fla_jax.layers.
 attention_mask: None or [B, T] of 0/1 (1 = real token; left, right or inner padding);
 padded tokens change no state and their outputs are 0 -- see layers/padding.py.
 """
+from .attn import Attention
 from .delta_net import DeltaNet
 from .gated_deltanet import GatedDeltaNet
 from .gla import GatedLinearAttention
@@ -13,4 +14,4 @@ from .linear_attention import LinearAttention
 from .multiscale_retention import MultiScaleRetention
 
 __all__ = ["LinearAttention", "MultiScaleRetention", "GatedLinearAttention", "DeltaNet",
-           "GatedDeltaNet"]
+           "GatedDeltaNet", "Attention"]
