@@ -33,7 +33,8 @@ def check_hidden_states(layer: str, shape: tuple, dtype: str, hidden_size: int,
     """hidden_states must be a float [B, T, hidden_size] with B, T >= 1.
 
     compute: the layer's explicit compute dtype name (None when it follows the input);
-    compute_source: how it was set, for the message (e.g. 'policy=bf16', 'dtype=bfloat16')."""
+    compute_source: how it was set, for the message (e.g. 'policy params=fp32,compute=bf16,
+    output=bf16', 'dtype=bfloat16')."""
     expected = f"[B, T, hidden_size] = [B, T, {hidden_size}]"
     if len(shape) != 3:
         raise ValueError(f"{layer}: hidden_states has shape {shape_str(shape)} (rank "
