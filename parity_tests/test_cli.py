@@ -2,6 +2,8 @@
 one-line refusal (exit 2, no traceback) for --device cuda without a GPU."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from parity_tests.__main__ import main
@@ -40,7 +42,17 @@ def test_tolerance_rows_print_the_table():
     assert "2.5e-02" in bf16 and "3e-02" not in bf16
 
 
-def test_report_legend_and_total(capsys):
+def _keep_env(monkeypatch):
+    """main() sets PARITY_DEVICE (and CPU defaults); put them back after the test."""
+    for name in ("PARITY_DEVICE", "TRITON_INTERPRET", "JAX_PLATFORMS", "XLA_FLAGS"):
+        if name in os.environ:
+            monkeypatch.setenv(name, os.environ[name])
+        else:
+            monkeypatch.delenv(name, raising=False)
+
+
+def test_report_legend_and_total(capsys, monkeypatch):
+    _keep_env(monkeypatch)
     assert main(["--ops", "fused_recurrent_simple_gla", "--dtypes", "fp32",
                  "--cases", "basic"]) == 0
     out = capsys.readouterr().out
@@ -54,6 +66,7 @@ def test_report_legend_and_total(capsys):
 
 def test_cuda_without_gpu_is_one_line(capsys, monkeypatch):
     import torch
+    _keep_env(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert main(["--device", "cuda", "--frameworks", "torch"]) == 2
     err = capsys.readouterr().err.strip()
@@ -62,6 +75,7 @@ def test_cuda_without_gpu_is_one_line(capsys, monkeypatch):
 
 def test_cuda_without_gpu_jax(capsys, monkeypatch):
     import jax
+    _keep_env(monkeypatch)
 
     def no_gpu(*a):
         if a and a[0] == "gpu":
