@@ -46,8 +46,9 @@ def _epilog() -> str:
 
 def _parse(argv):
     from .cases import CPU_CASES, DTYPES, GPU_CASES, OPS
-    p = argparse.ArgumentParser(prog="python -m parity_tests", description=__doc__.split("\n")[0],
-                                epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m parity_tests",
+                                description=__doc__.split("\n")[0], epilog=_epilog(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS), metavar="OP",
                    help="ops to check (default: all 8)")
     p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))

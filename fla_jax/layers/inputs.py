@@ -1,4 +1,5 @@
-"""Check a layer call's arguments (fla_contract.layer_inputs words; mirror: fla_torch/layers/inputs.py)."""
+"""Check a layer call's arguments with fla_contract.layer_inputs
+(mirror: fla_torch/layers/inputs.py)."""
 from __future__ import annotations
 
 from fla_contract import layer_inputs as contract
