@@ -127,8 +127,10 @@ class CausalLM(nn.Module):
         if not isinstance(input_ids, torch.Tensor):
             raise not_an_array("CausalLM", "input_ids", type(input_ids).__name__,
                                "a torch.Tensor [B, T] of int64 or int32 token ids")
+        # The id range is checked where it costs no device sync (CPU tensors); on a GPU the
+        # embedding's own bounds check stops an out-of-range id.
         known = (input_ids.dtype in (torch.int32, torch.int64) and input_ids.numel() > 0
-                 and not torch.compiler.is_compiling())
+                 and input_ids.device.type == "cpu" and not torch.compiler.is_compiling())
         check_input_ids("CausalLM", tuple(input_ids.shape), dtype_name(input_ids.dtype),
                         self.config.vocab_size, int(input_ids.min()) if known else None,
                         int(input_ids.max()) if known else None, allowed=("int32", "int64"))
