@@ -3,7 +3,7 @@
 Forward: state pass (h [slots, H, K, V], the state before every chunk, and the final state),
 then the chunk-parallel output stage. Backward: the reverse state pass (dh, the gradient of
 the state after every chunk, and dh0), then the output-stage backward (dq, dk, dv, dg).
-h and dh are kept in q's dtype for 16-bit inputs (tensor-core operands) and in fp32 for fp32.
+h and dh are kept in q's dtype (tensor-core operands; fp32 for fp32 inputs).
 No host synchronisation: varlen chunks are found inside the kernels (engine/varlen.py).
 """
 from __future__ import annotations

@@ -7,8 +7,9 @@ b the in-chunk cumsum of the log-decay (per key channel c for the key gate):
     A_ij = sum_c q_ic k_jc exp(b_ic - b_jc).
 A's rows of sub-chunk I: the columns of earlier sub-chunks factor through the sub-chunk's first
 row r (q_i exp(b_i - b_r), k_j exp(b_r - b_j): every exponent <= 0) into one tensor-core dot;
-the diagonal sub-block is exact per pair. The backward mirrors this (columns of sub-chunk J
-factor through its last row) for dA = scale * do v^T:
+the diagonal sub-block is exact per pair. The backward does the same for dA = scale * do v^T
+(dv: columns of sub-chunk J through its last row; dq / dk: through the row just before /
+after the sub-chunk, the decay of the other side applied to the fp32 product):
     dv_j = sum_{i >= j} A_ij do_i * scale + (k_j * exp(last - b_j)) dS
     dq_i = scale exp(b_i) do_i S^T + sum_{j <= i} dA_ij exp(b_i - b_j) k_j
     dk_j = exp(last - b_j) v_j dS^T + sum_{i >= j} dA_ij exp(b_i - b_j) q_i
@@ -237,20 +238,22 @@ def _output_bwd_dqk_kernel(q, k, v, g, h, dh, do, dq, dk, dg, cu_seqlens, scale,
         dAt *= scale
         dq_s = dq_s * (scale * tl.exp(hi_I + lo_I))
         dk_s = dk_s * tl.exp(gap(l_hi[None, :], l_lo[None, :], hi_I, lo_I))
-        r_hi, r_lo = pick_row(hi_I, o_c, 0), pick_row(lo_I, o_c, 0)
-        e_hi, e_lo = pick_row(hi_I, o_c, BC - 1), pick_row(lo_I, o_c, BC - 1)
-        # sub-chunks before I (dq) and after I (dk), through I's first / last row
+        # sub-chunks before I (dq) and after I (dk). The 16-bit operand keeps its largest
+        # entries undecayed (reference: the row just before / just after I) and the rest of
+        # the decay multiplies the fp32 product: fp16 would flush exp(-10) k to subnormals
+        r_hi, r_lo = split(tl.sum(tl.where(o_t[:, None] < i0, g_f, 0.), axis=0))
+        n_hi, n_lo = split(tl.sum(tl.where(o_t[:, None] <= i0 + BC, g_f, 0.), axis=0))
         e_k = tl.where(o_t[:, None] < i0, gap(r_hi[None, :], r_lo[None, :], hi_f, lo_f),
                        float("-inf"))
         k_d = (k_f * tl.exp(e_k)).to(dt)
         dq_i = tl.dot(tl.where(o_t[None, :] < i0, dA, 0.).to(dt), k_d, input_precision=PREC)
         dq_i *= tl.exp(gap(hi_I, lo_I, r_hi[None, :], r_lo[None, :]))
-        e_q = tl.where(o_t[:, None] > i0 + BC - 1, gap(hi_f, lo_f, e_hi[None, :], e_lo[None, :]),
+        e_q = tl.where(o_t[:, None] > i0 + BC - 1, gap(hi_f, lo_f, n_hi[None, :], n_lo[None, :]),
                        float("-inf"))
         q_d = (q_f * tl.exp(e_q)).to(dt)
         dk_i = tl.dot(tl.where(o_t[None, :] > i0 + BC - 1, dAt, 0.).to(dt), q_d,
                       input_precision=PREC)
-        dk_i *= tl.exp(gap(e_hi[None, :], e_lo[None, :], hi_I, lo_I))
+        dk_i *= tl.exp(gap(n_hi[None, :], n_lo[None, :], hi_I, lo_I))
         # the diagonal sub-block, exact per pair, without the pair i == j
         q_32 = q_I.to(tl.float32)
         k_32 = k_I.to(tl.float32)
@@ -323,7 +326,7 @@ def output_fwd(q, k, v, g, gate: int, h, scale: float, cu_seqlens, prec: str, al
 def output_bwd(q, k, v, g, gate: int, h, dh, do, scale: float, cu_seqlens, need_dg: bool,
                prec: str, alloc):
     """(dq, dk, dv in their inputs' dtypes, dg fp32 shaped like g, or None).
-    h / dh [slots, H, K, V]: state before / state gradient after each chunk."""
+    h / dh [slots, H, K, V]: state before / state gradient after each chunk; in q's dtype."""
     B, T, H, K = q.shape
     V = v.shape[3]
     cfg = launch_for("output_bwd_dv", K, V, q.dtype)
