@@ -102,3 +102,54 @@ def test_no_final_state(op):
     errs = {t: rel_rms(np.asarray(got[t], np.float64), ref[t], ref[t]) for t in got}
     bad = {t: e for t, e in errs.items() if not e <= tolerance("fp32", t)}
     assert not bad, f"{op} output_final_state=False: over tolerance {bad}; all {errs}"
+
+
+ENGINE_CASES = (
+    Case("engine_scalar_varlen", B=1, T=150, cu_seqlens=(0, 0, 10, 40, 150), strength=1.0,
+         families=("simple_gla",)),
+    Case("engine_scalar_uniform_strong", B=1, T=150, cu_seqlens=(0, 60, 150), strength=20.0,
+         floor=0.5, families=("simple_gla",)),
+    Case("engine_no_gate", B=2, T=100, K=32, V=48, gate_mode="none", strength=0.0,
+         families=("simple_gla",)),
+)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("case", ENGINE_CASES, ids=lambda c: c.name)
+def test_engine_scalar_gate_is_simple_gla(case, dtype):
+    """The engine with GATE_SCALAR (g [B, T, H]) / GATE_NONE, wired like chunk_gla_pallas,
+    against the float64 chunk_simple_gla oracle: o, final state and every gradient."""
+    from fla_jax.ops.gla import pallas_chunk as pc
+
+    spec = OPS["chunk_simple_gla"]
+    raw = make_inputs(spec, case, seed_of("pallas_engine", case.name))
+    act = ("q", "k", "v", "do")
+    x = {n: torch_runner.round_to(dtype if n in act else "fp32", a) for n, a in raw.items()}
+    ref = torch_runner.run(spec, case, "reference", "fp64", x)
+    dt = jax_runner.DTYPES[dtype]
+    names = ["q", "k", "v"] + (["g"] if "g" in x else []) + ["h0"]
+    gate = pc.GATE_SCALAR if "g" in x else pc.GATE_NONE
+    cu = None if case.cu_seqlens is None else jnp.asarray(case.cu_seqlens, jnp.int32)
+    K = case.K
+
+    @jax.jit
+    def run(cu, *args):
+        def f(*a):
+            named = dict(zip(names, a))
+            g = named.get("g")
+            pb = pc.make_problem(named["q"], named["v"], g, named["h0"], cu, K ** -0.5, gate)
+            return pc.engine_chunk(pb, named["q"], named["k"], named["v"], g, named["h0"], cu)
+        (o, ht), vjp = jax.vjp(f, *args)
+        return o, ht, vjp((jnp.asarray(x["do"], jnp.float32).astype(dt),
+                           jnp.asarray(x["dht"], jnp.float32)))
+
+    args = [jnp.asarray(x[n], jnp.float32).astype(dt if n in "qkv" else jnp.float32)
+            for n in names]
+    o, ht, grads = run(cu, *args)
+    got = {"o": o, "ht": ht}
+    got.update({("dh0" if n == "h0" else "d" + n): gr for n, gr in zip(names, grads)})
+    assert o.dtype == dt and all(got["d" + n].dtype == dt for n in "qkv")
+    errs = {t: rel_rms(np.asarray(jnp.asarray(got[t], jnp.float32), np.float64), ref[t], ref[t])
+            for t in got}
+    bad = {t: e for t, e in errs.items() if not e <= tolerance(dtype, t)}
+    assert not bad, f"engine {case.name} {dtype}: over tolerance {bad}; all {errs}"
