@@ -25,7 +25,7 @@ def make_problem(q, v, g, initial_state, cu_seqlens, scale, gate, bt=64):
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     return Problem(B=B, T=T, H=H, K=K, V=v.shape[-1], N=N, scale=float(scale),
                    varlen=cu_seqlens is not None, gate=gate, has_h0=initial_state is not None,
-                   precision=ptr.dot_precision(), bt=bt)
+                   precision=ptr.dot_precision(), bt=bt, state_dtype=jnp.dtype(q.dtype).name)
 
 
 def _seq(pb, cu):

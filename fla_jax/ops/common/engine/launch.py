@@ -17,13 +17,17 @@ from .. import pallas_triton as ptr
 from . import varlen as vl
 
 KERNELS = ("state_fwd", "state_bwd", "output_fwd", "output_dv", "output_dqk")
+STATE_TILE_BYTES = 32 * 1024
+# kernel -> Launch, read when an op is traced (benchmarks / tuning runs set it; empty: heuristic)
+OVERRIDES: dict = {}
 SUB = 16           # sub-chunk length of the key-gate intra-chunk scores (tl.dot needs >= 16)
 
 
 @dataclass(frozen=True)
 class Problem:
     """Static description of one engine call. gate: gates.GATE_*; bt: chunk length (a
-    multiple of SUB); state_dtype: dtype of the per-chunk states h / dh buffers."""
+    multiple of SUB); state_dtype: dtype of the per-chunk states h / dh buffers (the
+    activations' dtype: halves their traffic in bf16/fp16; each product casts them to it)."""
     B: int
     T: int
     H: int
@@ -61,17 +65,29 @@ class Launch:
 
 
 def launch_for(kernel: str, K: int, V: int, dtype) -> Launch:
-    """Heuristic launch configuration for `kernel` (one of KERNELS)."""
+    """Heuristic launch configuration for `kernel` (one of KERNELS). A program's state tile
+    (an operand of its products, staged in shared memory) is kept <= STATE_TILE_BYTES."""
     if kernel not in KERNELS:
         raise ValueError(f"launch_for: kernel={kernel!r}; expected one of {', '.join(KERNELS)}")
+    if kernel in OVERRIDES:
+        return OVERRIDES[kernel]
     Kp, Vp = ptr.padded(K), ptr.padded(V)
-    fp32 = jnp.dtype(dtype) == jnp.float32
-    stages = 1 if fp32 else 2
+    size = jnp.dtype(dtype).itemsize
+    stages = 1 if size == 4 else 2
+
+    def fit(other, full):
+        """Widest power-of-two block (16 .. full) with other x block x size within the cap."""
+        b = full
+        while b > 16 and other * b * size > STATE_TILE_BYTES:
+            b //= 2
+        return b
+
     if kernel in ("state_fwd", "state_bwd"):
         return Launch(min(Kp, 64), min(Vp, 64), 4, stages)
     if kernel in ("output_fwd", "output_dv"):
-        return Launch(None, min(Vp, 64), 4, stages)
-    return Launch(min(Kp, 64), None, 4, stages)
+        # as much of V per program as fits: the intra-chunk scores are formed once per program
+        return Launch(None, fit(Kp, Vp), 4, stages)
+    return Launch(min(64, fit(Vp, Kp)), None, 4, stages)
 
 
 def call(kernel, grid, inputs, outputs, launch: Launch, name: str):
