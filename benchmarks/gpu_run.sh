@@ -24,7 +24,8 @@ if [ "$MODE" = parity ]; then
     chunk_gated_delta_rule:gpu_varlen,gpu_d100,gpu_strong_uniform
     chunk_gated_delta_rule:gpu_strong_edges,gpu_t16k fused_recurrent_delta_rule:$G1
     fused_recurrent_delta_rule:$G2 fused_recurrent_gated_delta_rule:$G1
-    fused_recurrent_gated_delta_rule:$G2"}
+    fused_recurrent_gated_delta_rule:$G2 chunk_gla:$G1 chunk_gla:$G2 fused_recurrent_gla:$G1
+    fused_recurrent_gla:$G2"}
   i=0
   for job in $JOBS; do
     op=${job%%:*}; cases=""; [ "$op" != "$job" ] && cases=${job#*:}
@@ -43,7 +44,7 @@ if [ -n "${FLA_AUTOTUNE:-}" ]; then mkdir -p "$TRITON_CACHE_DIR" && tar xzf "$FL
 BJ=$OUT/bj; mkdir -p "$BJ"   # JSON per step under $OUT: kept even when a later step times out
 b() { timeout ${BENCH_S:-300} python3 benchmarks/run.py --json $BJ/$1.json "${@:2}" 2>&1 \
         | grep -v Warning | tee -a "$OUT/bench.txt" | grep -E "FAILED|ms,"; }
-A="--ops simple_gla delta_rule gated_delta_rule"
+A="--ops simple_gla gla delta_rule gated_delta_rule"
 D="--ops delta_rule gated_delta_rule"
 for step in ${STEPS:-1 2 3 4 5 6}; do
   case $step in

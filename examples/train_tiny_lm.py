@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ POLICIES = {"fp32": None, "bf16": "params=fp32,compute=bf16,output=fp32"}
 # fp32: rounding-level differences (different but equivalent summation orders) that training
 # amplifies slowly; bf16: one bf16 rounding of the activations.
 AGREEMENT = {"fp32": 1e-4, "bf16": 2e-2}
+ZERO_FLOOR = 1e-9     # where the |difference| panel (log scale) draws an exact 0
 
 
 def parse_args(argv=None):
@@ -162,13 +164,33 @@ def plot(path, steps, curves, title) -> str:
     ax.legend()
     if both:
         a, b = (np.asarray(v) for v in curves.values())
-        axes[1, 0].semilogy(steps, np.maximum(np.abs(a - b), 1e-9), color="tab:red", lw=1)
+        diff = np.abs(a - b)
+        zeros = diff == 0
+        axes[1, 0].semilogy(steps, np.where(zeros, ZERO_FLOOR, diff), color="tab:red", lw=1)
         axes[1, 0].set_ylabel("|torch - jax|")
+        if zeros.any():     # a log axis has no 0: exact agreement is drawn at ZERO_FLOOR
+            axes[1, 0].axhline(ZERO_FLOOR, color="0.6", lw=0.8, ls=":")
+            axes[1, 0].annotate(f"exactly 0 at {int(zeros.sum())} step(s), drawn at "
+                                f"{ZERO_FLOOR:g}", xy=(0.01, 0.04), xycoords="axes fraction",
+                                fontsize=8, color="0.35")
     axes[-1, 0].set_xlabel("step")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return f"wrote {path}"
+
+
+def next_commands(out_dir: str, frameworks) -> list[str]:
+    """The commands that read this run's checkpoints (naming --out's directory unless it is the
+    default one)."""
+    custom = Path(out_dir).resolve() != Path(parse_args([]).out).resolve()
+    if "torch" in frameworks:
+        ckpt = shlex.quote(str(Path(out_dir) / "tiny_lm_torch.safetensors"))
+        return ["python examples/generate.py" + (f" --checkpoint {ckpt}" if custom else ""),
+                "python examples/convert_weights.py"
+                + (f" --checkpoint {ckpt} --out {shlex.quote(out_dir)}" if custom else "")]
+    ckpt = shlex.quote(str(Path(out_dir) / "tiny_lm_jax.safetensors"))
+    return [f"python examples/generate.py --framework jax --checkpoint {ckpt}"]
 
 
 def main(argv=None) -> int:
@@ -267,7 +289,7 @@ def main(argv=None) -> int:
     if "jax" in runs:
         save_jax(runs["jax"].model, tok, out / "tiny_lm_jax.safetensors")
         print(f"wrote {out / 'tiny_lm_jax.safetensors'}")
-    print("next: python examples/generate.py   |   python examples/convert_weights.py")
+    print("next: " + "   |   ".join(next_commands(args.out, list(runs))))
     return status
 
 

@@ -2,10 +2,9 @@
 
 Fail closed: an op/dtype is listed only where a GPU parity run proved its kernels (Pallas AND
 Triton) and they are faster than the chunked path. H100 runs of 2026-11-21
-(benchmarks/RESULTS.md): every GPU parity cell of these ops/dtypes passed. Left out: fp32 of
-the delta family (Triton chunk GDN dg under gates of -20 per token: 2.3e-5 > 2e-5; fp32 speed
-not compared with the chunked path) and fp32 of the recurrent simple GLA (speed not compared).
-An explicit impl= still selects any kernel.
+(benchmarks/RESULTS.md, run 3): every GPU parity cell of every kernel op passed, fp32 included.
+Left out: fp32 of the delta family and of the recurrent simple GLA, whose speed has not been
+compared with the chunked path's. An explicit impl= still selects any kernel.
 """
 AUTO_KERNEL = {"chunk_simple_gla": ("bf16", "fp16", "fp32"),
                "fused_recurrent_simple_gla": ("bf16", "fp16"),

@@ -95,7 +95,7 @@ def _decode_jax(model, x, n_prefill):
         outs.append(logits)
     assert len(cache) == len(model.layers)
     for c in cache:     # recurrent states fp32; an Attention block's KV cache in its dtype
-        assert c["recurrent_state"] is None or c["recurrent_state"].dtype == jnp.float32
+        assert c.get("recurrent_state") is None or c["recurrent_state"].dtype == jnp.float32
         assert c.get("attn_state") is None or c["attn_state"][0].dtype == jnp.float32
     return np.asarray(jnp.concatenate(outs, 1))
 

@@ -1,5 +1,4 @@
-"""Dtype incidents 1 and 3 (scratch/issues/dtype-lessons.md) reproduced on the layers and
-modules, in both frameworks.
+"""Two dtype incidents reproduced on the layers and modules, in both frameworks.
 
 Incident 1: fp32 parameters with fp16 activations (and, in torch, under autocast): forward and
 backward run, nothing is promoted, and the q, k, v reaching the op share the activation dtype.

@@ -17,7 +17,7 @@ from fla_jax.ops.common.dispatch import compiled_for_gpu
 
 # op -> the family's interface module and registry, whose "pallas" entry the dispatcher runs
 OPS = {f"{kind}_{family}": (f"fla_jax.ops.{family}.interface", registry)
-       for family in ("simple_gla", "delta_rule", "gated_delta_rule")
+       for family in ("simple_gla", "gla", "delta_rule", "gated_delta_rule")
        for kind, registry in (("chunk", "CHUNK_IMPLS"), ("fused_recurrent", "RECURRENT_IMPLS"))}
 DT = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 
@@ -38,8 +38,9 @@ def test_lowers_for_gpu(op, dtype, varlen):
     S = jax.ShapeDtypeStruct
     x = {"q": S((B, T, H, K), dt), "k": S((B, T, H, K), dt), "v": S((B, T, H, V), dt),
          "h0": S((N, H, K, V), f32)}
-    gated = "simple_gla" in op or "gated" in op
-    if gated:
+    if op.endswith("_gla") and "simple" not in op:
+        x["g"] = S((B, T, H, K), f32)
+    elif "simple_gla" in op or "gated" in op:
         x["g"] = S((B, T, H), f32)
     if "delta" in op:
         x["beta"] = S((B, T, H), f32)

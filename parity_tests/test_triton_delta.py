@@ -190,11 +190,12 @@ def test_gated_chunk_wide_heads(dtype):
 @pytest.mark.parametrize("g_lo,g_hi", [(-20.0, -1.0), (-20.0, -10.0)])
 def test_gated_chunk_dg_strong_gates_fp32(g_lo, g_hi):
     """dg of the chunk kernels under strong per-token gates, beta near 1 (fp32).
-    [-20, -1]: the in-chunk cumsum reaches ~-700, where fp32's spacing is 6e-5; with the cumsum
-    kept as ONE fp32 buffer every decay exp(gc_t - gc_s) carried that rounding (GPU dg 2.3e-5
-    > 2e-5 at T=2048; here 2.5e-5 interpreted; hi + lo split: 8.6e-7).
-    [-20, -10]: every term of dg is decayed except k_L . dk_state_L, which the old sum formed
-    and cancelled at every token (dg error 9e-4; closed-form prefix sums: 3.7e-7)."""
+    [-20, -1]: the in-chunk cumsum reaches ~-700, where fp32's spacing is 6e-5; a cumsum kept as
+    ONE fp32 buffer puts that rounding on every decay exp(gc_t - gc_s) (dg 2.5e-5 > 2e-5
+    interpreted); the kernels' hi + lo split gives 8.6e-7.
+    [-20, -10]: every term of dg is decayed except k_L . dk_state_L, which a running sum forms
+    and cancels at every token (dg error 9e-4); the kernels' closed-form prefix sums give
+    3.7e-7."""
     run_case("chunk", True, "fp32", B=1, T=300, H=1, HV=1, K=32, V=32, cu=[0, 60, 300],
              g_lo=g_lo, g_hi=g_hi, beta_lo=1 - 1e-4 if g_hi == -1.0 else 0.5, beta_hi=1.0,
              seed=3)

@@ -9,8 +9,9 @@ from ..modules import Linear, RMSNorm
 from ..modules.precision import canonical, compute_dtype
 from ..ops.attention import attention
 from ..ops.attention.interface import attention_with_key_mask
-from .kv_cache import extend, extend_mask, make_kv_cache, read_kv_cache
-from .padding import check_attention_mask, masked_positions, neutralise, next_offset
+from .inputs import check_layer_call
+from .kv_cache import check_kv_cache, extend, extend_mask, make_kv_cache, read_kv_cache
+from .padding import masked_positions, neutralise, next_offset
 from .projections import split_heads
 from .rotary import apply_rotary, rotary_positions
 
@@ -65,8 +66,10 @@ class Attention(nnx.Module):
     def __call__(self, hidden_states, attention_mask=None, past_key_values=None,
                  use_cache: bool = False, cu_seqlens=None, **kwargs):
         name = "Attention"
-        mask = check_attention_mask(name, attention_mask, hidden_states, cu_seqlens)
-        k_old, v_old, mask_old, offset = read_kv_cache(name, past_key_values)
+        mask = check_layer_call(self, name, hidden_states, attention_mask, None, cu_seqlens)
+        if past_key_values is not None:
+            check_kv_cache(self, name, past_key_values, hidden_states.shape[0])
+        k_old, v_old, mask_old, offset = read_kv_cache(past_key_values)
         if cu_seqlens is not None and (use_cache or k_old is not None):
             raise ValueError(f"{name}: use_cache / past_key_values with cu_seqlens; the KV "
                              f"cache holds padded rows: decode a batch with attention_mask")

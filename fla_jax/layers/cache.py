@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fla_contract.layer_inputs import check_cache_structure
+
 CACHE_KEYS = ("recurrent_state", "conv_state", "offset", "k_sum")
 
 
@@ -27,18 +29,12 @@ def read_cache(layer_name: str, cache, use_short_conv: bool):
     None -> (None, (None, None, None), 0)."""
     if cache is None:
         return None, (None, None, None), 0
-    if not isinstance(cache, dict) or "recurrent_state" not in cache:
-        raise TypeError(f"{layer_name}: past_key_values is {type(cache).__name__}; expected the "
-                        f"per-layer cache dict this layer returned with use_cache=True (keys "
-                        f"{', '.join(CACHE_KEYS[:3])})")
-    conv = cache.get("conv_state")
-    if use_short_conv:
-        if conv is None or len(conv) != 3:
-            raise ValueError(f"{layer_name}: past_key_values['conv_state'] is {conv!r}; expected "
-                             f"a (q, k, v) tuple of [B, D, W] arrays (use_short_conv=True)")
-        conv = tuple(conv)
-    else:
-        conv = (None, None, None)
+    conv = cache.get("conv_state") if isinstance(cache, dict) else None
+    check_cache_structure(layer_name, type(cache).__name__,
+                          list(cache) if isinstance(cache, dict) else [], use_short_conv,
+                          None if conv is None else (len(conv) if hasattr(conv, "__len__") else -1),
+                          False)
+    conv = tuple(conv) if use_short_conv else (None, None, None)
     state = cache["recurrent_state"]
     if state is not None and np.dtype(state.dtype) != np.dtype(np.float32):
         raise TypeError(f"{layer_name}: past_key_values['recurrent_state'] has dtype "

@@ -11,7 +11,8 @@ from flax import nnx
 from ..modules import FusedRMSNormGated, Linear, RMSNorm, ShortConvolution
 from ..modules.precision import canonical, compute_dtype
 from .cache import make_cache, read_cache
-from .padding import check_attention_mask, neutralise, next_offset
+from .inputs import check_layer_call
+from .padding import neutralise, next_offset
 from .projections import (activate, call_op, check_mode, effective_mode, flatten_heads,
                           project_qkv, split_heads)
 
@@ -96,8 +97,8 @@ class DeltaNet(nnx.Module):
 
     def __call__(self, hidden_states, attention_mask=None, past_key_values=None,
                  use_cache: bool = False, cu_seqlens=None, **kwargs):
-        mask = check_attention_mask("DeltaNet", attention_mask, hidden_states,
-                                    cu_seqlens)
+        mask = check_layer_call(self, "DeltaNet", hidden_states, attention_mask,
+                                past_key_values, cu_seqlens)
         B, T, _ = hidden_states.shape
         cd = compute_dtype(hidden_states, self.dtype)
         x = hidden_states.astype(cd)

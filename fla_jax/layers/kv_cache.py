@@ -4,24 +4,48 @@
                   to k -- every key and value so far (S grows by T per call)
     'attn_mask':  bool [B, S] (False = a padded slot), or None when no call had padding
     'offset':     as layers/cache.py (rotary positions continue from it)
-'recurrent_state' and 'conv_state' are None, so a model's list of per-layer caches mixes
-attention and linear-attention layers freely. S grows, so a jitted decode step retraces
+A model's list of per-layer caches mixes these with the linear-attention layers' dicts; it
+has no 'recurrent_state', so a linear layer handed it by mistake raises the cache error of
+fla_contract.layer_inputs, and `check_kv_cache` names the mistake the other way round. S grows, so a jitted decode step retraces
 once per length.
 """
 from __future__ import annotations
 
 import jax.numpy as jnp
 
+from fla_contract import layer_inputs as contract
 
-def read_kv_cache(layer_name: str, cache):
-    """None -> (None, None, None, 0); else (k, v, mask or None, offset) after checks."""
+
+def check_kv_cache(layer, name: str, cache, B: int) -> None:
+    """past_key_values must be the dict this layer returned: k, v [B, S, num_kv_heads,
+    head_dim], attn_mask None or [B, S], offset int or [B]. Raises TypeError / ValueError with
+    the words of fla_contract.layer_inputs."""
+    if not isinstance(cache, dict) or "attn_state" not in cache:
+        what = type(cache).__name__ + (" without 'attn_state' (a linear-attention layer's "
+                                       "cache?)" if isinstance(cache, dict) else "")
+        raise TypeError(f"{name}: past_key_values is {what}; expected the per-layer cache dict "
+                        f"this layer returned with use_cache=True (keys attn_state, attn_mask, "
+                        f"offset)")
+    k, v = cache["attn_state"]
+    S = k.shape[1] if len(k.shape) == 4 else -1
+    want = (B, S, layer.num_kv_heads, layer.head_dim)
+    entries = [("past_key_values['attn_state'][0] (k)", tuple(k.shape), want,
+                "[B, S, num_kv_heads, head_dim]"),
+               ("past_key_values['attn_state'][1] (v)", tuple(v.shape), want,
+                "[B, S, num_kv_heads, head_dim]")]
+    if cache.get("attn_mask") is not None:
+        entries.append(("past_key_values['attn_mask']", tuple(cache["attn_mask"].shape), (B, S),
+                        "[B, S]"))
+    offset = cache.get("offset", 0)
+    if getattr(offset, "ndim", 0) > 0:
+        entries.append(("past_key_values['offset']", tuple(offset.shape), (B,), "[B]"))
+    contract.check_cache_shapes(name, entries)
+
+
+def read_kv_cache(cache):
+    """None -> (None, None, None, 0); else (k, v, mask or None, offset) of a checked cache."""
     if cache is None:
         return None, None, None, 0
-    if not isinstance(cache, dict) or "attn_state" not in cache:
-        raise TypeError(f"{layer_name}: past_key_values is {type(cache).__name__}"
-                        f"{' without attn_state' if isinstance(cache, dict) else ''}; expected "
-                        f"the cache dict this layer returned with use_cache=True (keys "
-                        f"attn_state, attn_mask, offset)")
     k, v = cache["attn_state"]
     return k, v, cache.get("attn_mask"), cache.get("offset", 0)
 
@@ -43,5 +67,4 @@ def extend_mask(old_mask, S_old: int, mask, B: int, T: int):
 
 
 def make_kv_cache(k, v, mask, offset) -> dict:
-    return {"recurrent_state": None, "conv_state": None, "offset": offset, "attn_state": (k, v),
-            "attn_mask": mask}
+    return {"attn_state": (k, v), "attn_mask": mask, "offset": offset}

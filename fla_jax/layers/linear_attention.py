@@ -9,7 +9,8 @@ from ..modules import Linear, RMSNorm
 from ..modules.feature_map import HadamardFeatureMap
 from ..modules.precision import canonical, compute_dtype
 from .cache import make_cache, read_cache
-from .padding import check_attention_mask, neutralise, next_offset
+from .inputs import check_layer_call
+from .padding import neutralise, next_offset
 from .projections import (activate, call_op, check_mode, effective_mode, flatten_heads,
                           repeat_heads, split_heads)
 
@@ -90,8 +91,8 @@ class LinearAttention(nnx.Module):
 
     def __call__(self, hidden_states, attention_mask=None, past_key_values=None,
                  use_cache: bool = False, cu_seqlens=None, **kwargs):
-        mask = check_attention_mask("LinearAttention", attention_mask, hidden_states,
-                                    cu_seqlens)
+        mask = check_layer_call(self, "LinearAttention", hidden_states, attention_mask,
+                                past_key_values, cu_seqlens)
         B, T, _ = hidden_states.shape
         cd = compute_dtype(hidden_states, self.dtype)
         x = hidden_states.astype(cd)

@@ -17,6 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fla_contract.layer_inputs import check_attention_mask as check_mask
+
+from ..dtypes import dtype_name
+
 
 def check_attention_mask(layer_name: str, attention_mask, hidden_states, cu_seqlens=None):
     """Validate attention_mask and return it as a bool array [B, T] (None stays None).
@@ -33,15 +37,9 @@ def check_attention_mask(layer_name: str, attention_mask, hidden_states, cu_seql
         raise TypeError(f"{layer_name}: attention_mask is {type(attention_mask).__name__}; "
                         f"expected an array [B, T] of 0/1 (bool, integer or float)")
     B, T = hidden_states.shape[:2]
-    if tuple(attention_mask.shape) != (B, T):
-        raise ValueError(f"{layer_name}: attention_mask has shape {list(attention_mask.shape)}; "
-                         f"expected [B, T] = [{B}, {T}] (hidden_states is "
-                         f"{list(hidden_states.shape)})")
     dt = np.dtype(attention_mask.dtype)
-    if not (dt == np.bool_ or jnp.issubdtype(dt, jnp.integer)
-            or jnp.issubdtype(dt, jnp.floating)):
-        raise TypeError(f"{layer_name}: attention_mask has dtype {dt.name}; expected bool, an "
-                        f"integer or a floating dtype")
+    check_mask(layer_name, tuple(attention_mask.shape), dtype_name(dt), B, T,
+               tuple(hidden_states.shape))
     if dt == np.bool_:
         return jnp.asarray(attention_mask)
     if not isinstance(attention_mask, jax.core.Tracer):

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
+from fla_contract.layer_inputs import check_input_ids, not_an_array
+
 from .. import layers as fla_layers
-from ..dtypes import DtypePolicy
+from ..dtypes import DtypePolicy, dtype_name
 from ..modules import Linear, RMSNorm
 from ..modules.precision import canonical, dense
 from .config import LMConfig
@@ -134,12 +137,15 @@ class CausalLM(nnx.Module):
                 else self.lm_head.weight[...])
 
     def __call__(self, input_ids, cache=None, use_cache: bool = False):
-        if not jnp.issubdtype(input_ids.dtype, jnp.integer):
-            raise TypeError(f"CausalLM: input_ids has dtype {input_ids.dtype}; expected integer "
-                            f"token ids")
-        if input_ids.ndim != 2:
-            raise ValueError(f"CausalLM: input_ids has shape {list(input_ids.shape)}; expected "
-                             f"[B, T]")
+        if not hasattr(input_ids, "shape") or not hasattr(input_ids, "dtype"):
+            raise not_an_array("CausalLM", "input_ids", type(input_ids).__name__,
+                               "a jax.Array [B, T] of int32 token ids")
+        known = (not isinstance(input_ids, jax.core.Tracer) and input_ids.size > 0
+                 and jnp.issubdtype(input_ids.dtype, jnp.integer))
+        check_input_ids("CausalLM", tuple(input_ids.shape), dtype_name(input_ids.dtype),
+                        self.config.vocab_size,
+                        int(np.min(np.asarray(input_ids))) if known else None,
+                        int(np.max(np.asarray(input_ids))) if known else None)
         if cache is not None and len(cache) != len(self.layers):
             raise ValueError(f"CausalLM: cache has {len(cache)} entries; expected one per layer "
                              f"({len(self.layers)})")

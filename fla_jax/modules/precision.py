@@ -3,9 +3,9 @@
 - Parameters are stored in `param_dtype` (default float32).
 - The compute dtype of a call is the module's `dtype` when set; when `dtype` is None it is the
   dtype of the input activation. (Flax's own default would promote an fp16 input with fp32
-  parameters to fp32 -- lesson 1 of scratch/issues/dtype-lessons.md -- so we do not.)
+  parameters to fp32; here it stays fp16: parity_tests/test_modules_dtype.py.)
 - Parameters are cast to the compute dtype before they touch activations.
-- Gates, log-decays and beta are computed in float32 whatever `dtype` says (lesson 3).
+- Gates, log-decays and beta are computed in float32 whatever `dtype` says.
 - Matmuls accumulate in float32 at full precision unless `fla_jax.dtypes.allow_tf32()`.
 """
 from __future__ import annotations

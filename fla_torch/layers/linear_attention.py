@@ -16,7 +16,8 @@ from ..modules.feature_map import HadamardFeatureMap
 from ..modules.precision import (compute_dtype, linear, no_autocast, output_dtype, resolve_policy,
                                  storage_dtype)
 from .cache import make_cache, read_cache
-from .padding import check_attention_mask, neutralise, next_offset
+from .inputs import check_layer_call
+from .padding import neutralise, next_offset
 from .projections import activate, call_op, check_mode, effective_mode, repeat_heads, split_heads
 
 _FEATURE_MAPS = ("elementwise_product", "elu", "relu", "identity")
@@ -100,8 +101,8 @@ class LinearAttention(nn.Module):
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None,
                 use_cache: bool = False, output_attentions: bool = False, cu_seqlens=None,
                 **kwargs):
-        mask = check_attention_mask("LinearAttention", attention_mask, hidden_states,
-                                    cu_seqlens)
+        mask = check_layer_call(self, "LinearAttention", hidden_states, attention_mask,
+                                past_key_values, cu_seqlens)
         B, T, _ = hidden_states.shape
         cd = compute_dtype(hidden_states, self.policy)
         x = hidden_states.to(cd)

@@ -13,7 +13,8 @@ from ..modules import ShortConvolution
 from ..modules.precision import (compute_dtype, linear, output_dtype, resolve_policy,
                                  storage_dtype)
 from .cache import make_cache, read_cache
-from .padding import check_attention_mask, masked_positions, neutralise, next_offset
+from .inputs import check_layer_call
+from .padding import masked_positions, neutralise, next_offset
 from .projections import (activate, build_output_norm, call_op, check_activation, check_mode,
                           effective_mode, output_gate, project_qkv, repeat_heads, split_heads)
 from .rotary import apply_rotary, retention_log_decay, rotary_positions
@@ -91,8 +92,8 @@ class MultiScaleRetention(nn.Module):
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None,
                 use_cache: bool = False, output_attentions: bool = False, cu_seqlens=None,
                 **kwargs):
-        mask = check_attention_mask("MultiScaleRetention", attention_mask, hidden_states,
-                                    cu_seqlens)
+        mask = check_layer_call(self, "MultiScaleRetention", hidden_states, attention_mask,
+                                past_key_values, cu_seqlens)
         B, T, _ = hidden_states.shape
         cd = compute_dtype(hidden_states, self.policy)
         x = hidden_states.to(cd)

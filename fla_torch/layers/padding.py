@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import torch
 
+from fla_contract.layer_inputs import check_attention_mask as check_mask
+
+from ..dtypes import dtype_name
+
 
 def check_attention_mask(layer_name: str, attention_mask, hidden_states: torch.Tensor,
                          cu_seqlens=None):
@@ -31,14 +35,9 @@ def check_attention_mask(layer_name: str, attention_mask, hidden_states: torch.T
         raise TypeError(f"{layer_name}: attention_mask is {type(attention_mask).__name__}; "
                         f"expected a torch.Tensor [B, T] of 0/1 (bool, integer or float)")
     B, T = hidden_states.shape[:2]
-    if tuple(attention_mask.shape) != (B, T):
-        raise ValueError(f"{layer_name}: attention_mask has shape {list(attention_mask.shape)}; "
-                         f"expected [B, T] = [{B}, {T}] (hidden_states is "
-                         f"{list(hidden_states.shape)})")
     dt = attention_mask.dtype
-    if dt.is_complex:
-        raise TypeError(f"{layer_name}: attention_mask has dtype {dt}; expected bool, an "
-                        f"integer or a floating dtype")
+    check_mask(layer_name, tuple(attention_mask.shape), dtype_name(dt), B, T,
+               tuple(hidden_states.shape))
     mask = attention_mask.to(hidden_states.device)
     if dt != torch.bool:
         if not bool(((mask == 0) | (mask == 1)).all()):

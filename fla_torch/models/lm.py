@@ -23,8 +23,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fla_contract.layer_inputs import check_input_ids, not_an_array
+
 from .. import layers as fla_layers
-from ..dtypes import DtypePolicy
+from ..dtypes import DtypePolicy, dtype_name
 from ..modules import RMSNorm
 from ..modules.precision import compute_dtype, linear, no_autocast
 from .config import LMConfig
@@ -122,12 +124,16 @@ class CausalLM(nn.Module):
         return self.embeddings.weight if self.config.tie_embeddings else self.lm_head.weight
 
     def forward(self, input_ids: torch.Tensor, cache=None, use_cache: bool = False):
-        if input_ids.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"CausalLM: input_ids has dtype {input_ids.dtype}; expected "
-                            f"torch.int64 or torch.int32 token ids")
-        if input_ids.dim() != 2:
-            raise ValueError(f"CausalLM: input_ids has shape {list(input_ids.shape)}; expected "
-                             f"[B, T]")
+        if not isinstance(input_ids, torch.Tensor):
+            raise not_an_array("CausalLM", "input_ids", type(input_ids).__name__,
+                               "a torch.Tensor [B, T] of int64 or int32 token ids")
+        # The id range is checked where it costs no device sync (CPU tensors); on a GPU the
+        # embedding's own bounds check stops an out-of-range id.
+        known = (input_ids.dtype in (torch.int32, torch.int64) and input_ids.numel() > 0
+                 and input_ids.device.type == "cpu" and not torch.compiler.is_compiling())
+        check_input_ids("CausalLM", tuple(input_ids.shape), dtype_name(input_ids.dtype),
+                        self.config.vocab_size, int(input_ids.min()) if known else None,
+                        int(input_ids.max()) if known else None, allowed=("int32", "int64"))
         if cache is not None and len(cache) != len(self.layers):
             raise ValueError(f"CausalLM: cache has {len(cache)} entries; expected one per layer "
                              f"({len(self.layers)})")

@@ -7,9 +7,9 @@ The rules (the same as fla_jax.modules.precision, written for torch's convention
   the module's `policy.compute_dtype` (a `fla_torch.DtypePolicy` or policy string),
   the autocast dtype when `torch.autocast` is active for the input's device,
   otherwise the dtype of the input activation.
-- Parameters are cast to the compute dtype before they touch activations (lesson 1 of
-  scratch/issues/dtype-lessons.md: an fp32 parameter must never promote an fp16 activation).
-- Gates, log-decays and beta are computed in float32 in an autocast-free region (lesson 3).
+- Parameters are cast to the compute dtype before they touch activations (an fp32 parameter
+  never promotes an fp16 activation; parity_tests/test_modules_dtype.py).
+- Gates, log-decays and beta are computed in float32 in an autocast-free region.
 """
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def linear(x: torch.Tensor, layer: torch.nn.Linear, dtype: torch.dtype) -> torch
 
 
 def linear_fp32(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
-    """`layer(x)` in float32 (for gate / decay / beta projections, lesson 3)."""
+    """`layer(x)` in float32 (for gate / decay / beta projections)."""
     return linear(x, layer, torch.float32)
 
 

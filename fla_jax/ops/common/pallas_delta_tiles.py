@@ -7,8 +7,8 @@ H100 gives one program at most 227 KiB (232448 bytes). What a kernel asks for gr
   * the padded head sizes K, V (the [BT, K] tiles of q, k, w, dq, dk and the [K, BV] state),
   * BT (the [BT, K] tiles and the [BT, BT] decay / WY tiles),
   * num_stages (software pipelining keeps num_stages copies of the loads of a loop).
-Measured by compiling each kernel's Triton IR for sm_90 (scratch/pallasgdn/smem.py) at K=V=128
-and 256 in bf16/fp16/fp32, gated and ungated; every entry below stays under ~200 KB there (the
+Measured by compiling each kernel's Triton IR for sm_90 and reading its shared-memory size, at
+K=V=128 and 256 in bf16/fp16/fp32, gated and ungated; every entry below stays under ~200 KB there (the
 XLA-bundled Triton of the GPU asked for up to 1.2x the local figure, so that is the margin).
 
 Knobs per kernel:

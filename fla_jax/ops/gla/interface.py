@@ -13,8 +13,8 @@ from ..common.prepare import run_op
 _FAMILY_ARGS = ("g",)
 _BASE = {"reference": "fla_jax.ops.gla.reference:gla_reference",
          "chunked": "fla_jax.ops.gla.chunked:gla_chunked"}
-CHUNK_IMPLS = dict(_BASE)
-RECURRENT_IMPLS = dict(_BASE)
+CHUNK_IMPLS = dict(_BASE, pallas="fla_jax.ops.gla.pallas_chunk:chunk_gla_pallas")
+RECURRENT_IMPLS = dict(_BASE, pallas="fla_jax.ops.gla.pallas_recurrent:fused_recurrent_gla_pallas")
 
 
 def _require(op: str, name: str, x) -> None:

@@ -40,22 +40,23 @@ def _buf(shape, dtype, device):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-# Internal buffers (w, u, h, vn, dh) are in the input dtype, as FLA's. u was fp32 because
-# vn = u - w h cancels; in the input dtype it halves chunk_h's traffic, and the errors stay far
-# below the tolerances (GPU parity of every case).
+# Internal buffers (w, u, h, vn, dh) are in the input dtype, as FLA's. vn = u - w h cancels,
+# yet u in the input dtype (half of fp32's chunk_h traffic) keeps the errors far below the
+# tolerances (GPU parity of every case).
 
 
 def _precisions(dtype):
     """(PREC for dots on operands in the input dtype, PREC32 for fp32-internal dots). The fp32
     internals (Tm, dA, dw, du) are multiplied fp32-accurately for every input dtype: with tf32
-    the GPU's dbeta error was 2.3e-2 in bf16 AND fp16 (delta rule, H100), 40x the fp16 error."""
+    products the delta rule's dbeta error on an H100 is 2.3e-2 in bf16 AND fp16, 40x the fp16
+    tolerance."""
     return dot_precision(dtype), fp32_dot_precision()
 
 
 # Launch parameters per kernel: caps on the K / V tile sizes, num_warps, num_stages (H100,
-# bf16 B4T4096 sweep: scratch/tritongdn/gpu.py). "BV32" / "stages32": the state kernels' value
+# bf16 B4T4096 sweep). "BV32" / "stages32": the state kernels' value
 # tile and pipeline depth for fp32 inputs or K > 128 (the larger tiles overflow the 227 KiB of
-# shared memory with 3 stages: chunk_dh fp32 needed 256 KiB); "stages32" also applies to the
+# shared memory with 3 stages: chunk_dh fp32 would need 256 KiB); "stages32" also applies to the
 # other kernels for fp32 inputs (not yet re-timed on the GPU). The tuning script overrides
 # entries of this table.
 LAUNCH = {

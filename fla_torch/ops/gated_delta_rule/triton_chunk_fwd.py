@@ -44,8 +44,8 @@ def load_gates(gc_buf, gc_lo, rows, mask_t, t_last, i_hv, HV: tl.constexpr,
 
     Padded rows (past the end of the sequence) get the last token's values, as if their g were
     0: every decay gap exp(gc_t - gc_s) with t >= s then stays exp of a non-positive number
-    even for a padded t. (Filling them with 0 made exp(0 - gc_s) = inf under strong gates, and
-    inf * 0 = NaN leaked into valid rows through dots over the time axis.)"""
+    even for a padded t. (Zeros there would make exp(0 - gc_s) = inf under strong gates,
+    and inf * 0 = NaN would reach valid rows through dots over the time axis.)"""
     if HAS_G:
         g_last = tl.load(gc_buf + t_last * HV + i_hv)
         l_last = tl.load(gc_lo + t_last * HV + i_hv)

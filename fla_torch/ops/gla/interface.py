@@ -14,8 +14,9 @@ from ..common.required_args import require
 _FAMILY_ARGS = ("g",)
 _BASE = {"reference": "fla_torch.ops.gla.reference:gla_reference",
          "chunked": "fla_torch.ops.gla.chunked:gla_chunked"}
-CHUNK_IMPLS = dict(_BASE)
-RECURRENT_IMPLS = dict(_BASE)
+CHUNK_IMPLS = dict(_BASE, triton="fla_torch.ops.gla.triton_chunk:chunk_gla_triton")
+RECURRENT_IMPLS = dict(_BASE,
+                       triton="fla_torch.ops.gla.triton_recurrent:fused_recurrent_gla_triton")
 _G = "g, a [B, T, H, K] log-decay tensor"
 
 

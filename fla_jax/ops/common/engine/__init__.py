@@ -1,0 +1,16 @@
+"""The chunk engine (Pallas, Triton lowering): the stages every chunked linear-attention family
+shares, with a gate switch (gates.GATE_NONE / GATE_SCALAR / GATE_KEY).
+
+    state_pass.state_pass_fwd / state_pass_bwd   inter-chunk state pass (sequential over chunks)
+    output_stage.output_fwd / output_bwd         output stage (chunk-parallel)
+    launch.Problem, launch.Launch, launch.launch_for   static problem, launch configuration
+    varlen                                       the one varlen slot scheme (no host sync)
+    gates                                        gate switch, split cumsums, accurate gaps
+"""
+from .gates import GATE_KEY, GATE_NONE, GATE_SCALAR
+from .launch import Launch, Problem, launch_for
+from .output_stage import output_bwd, output_fwd
+from .state_pass import state_pass_bwd, state_pass_fwd
+
+__all__ = ["GATE_NONE", "GATE_SCALAR", "GATE_KEY", "Launch", "Problem", "launch_for",
+           "state_pass_fwd", "state_pass_bwd", "output_fwd", "output_bwd"]

@@ -1,0 +1,113 @@
+"""Launch configuration of the engine's kernels and the static problem they run on.
+
+`Problem`: the static description of one call (shapes, gate switch, varlen, scale,
+precision, chunk length). `Launch`: one kernel's tile sizes and Triton parameters.
+`launch_for(kernel, K, V, dtype)`: the heuristic, sized so that every kernel fits the H100's
+shared memory (~227 KiB per block) in every dtype (fp32 tiles: one pipeline stage).
+`call(...)`: one pallas_call with named inputs / outputs (refs reach the kernel as a dict).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from .. import pallas_triton as ptr
+from . import varlen as vl
+
+KERNELS = ("state_fwd", "state_bwd", "output_fwd", "output_dv", "output_dqk")
+STATE_TILE_BYTES = 32 * 1024
+# kernel -> Launch, read when an op is traced (benchmarks / tuning runs set it; empty: heuristic)
+OVERRIDES: dict = {}
+SUB = 16           # sub-chunk length of the key-gate intra-chunk scores (tl.dot needs >= 16)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Static description of one engine call. gate: gates.GATE_*; bt: chunk length (a
+    multiple of SUB); state_dtype: dtype of the per-chunk states h / dh buffers (the
+    activations' dtype: halves their traffic in bf16/fp16; each product casts them to it)."""
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    N: int
+    scale: float
+    varlen: bool
+    gate: int
+    has_h0: bool
+    precision: object
+    bt: int = 64
+    state_dtype: str = "float32"
+
+    @property
+    def Kp(self):
+        return ptr.padded(self.K)
+
+    @property
+    def Vp(self):
+        return ptr.padded(self.V)
+
+    @property
+    def n_slots(self):
+        return vl.n_slots(self.T, self.bt, self.N, self.varlen)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """bk / bv: K- and V-block widths (None: the whole padded head size)."""
+    bk: int | None
+    bv: int | None
+    num_warps: int
+    num_stages: int
+
+
+def launch_for(kernel: str, K: int, V: int, dtype) -> Launch:
+    """Heuristic launch configuration for `kernel` (one of KERNELS). A program's state tile
+    (an operand of its products, staged in shared memory) is kept <= STATE_TILE_BYTES."""
+    if kernel not in KERNELS:
+        raise ValueError(f"launch_for: kernel={kernel!r}; expected one of {', '.join(KERNELS)}")
+    if kernel in OVERRIDES:
+        return OVERRIDES[kernel]
+    Kp, Vp = ptr.padded(K), ptr.padded(V)
+    size = jnp.dtype(dtype).itemsize
+    stages = 1 if size == 4 else 2
+
+    def fit(other, full):
+        """Widest power-of-two block (16 .. full) with other x block x size within the cap."""
+        b = full
+        while b > 16 and other * b * size > STATE_TILE_BYTES:
+            b //= 2
+        return b
+
+    if kernel in ("state_fwd", "state_bwd"):
+        return Launch(min(Kp, 64), min(Vp, 64), 4, stages)
+    if kernel in ("output_fwd", "output_dv"):
+        # as much of V per program as fits: the intra-chunk scores are formed once per program
+        return Launch(None, fit(Kp, Vp), 4, stages)
+    return Launch(min(64, fit(Vp, Kp)), None, 4, stages)
+
+
+def call(kernel, grid, inputs, outputs, launch: Launch, name: str):
+    """inputs / outputs: lists of (name, array-or-ShapeDtypeStruct, BlockSpec); kernel(refs)
+    gets {name: Ref}. Returns {output name: array}."""
+    names = [n for n, _, _ in inputs] + [n for n, _, _ in outputs]
+
+    def body(*refs):
+        kernel(dict(zip(names, refs)))
+
+    out = pl.pallas_call(
+        body, grid=grid,
+        in_specs=[s for _, _, s in inputs],
+        out_specs=[s for _, _, s in outputs],
+        out_shape=[a for _, a, _ in outputs],
+        compiler_params=ptr.compiler_params(launch.num_warps, launch.num_stages),
+        interpret=ptr.interpret(), name=name,
+    )(*[a for _, a, _ in inputs])
+    return dict(zip([n for n, _, _ in outputs], out))
+
+
+def width(size_p, block):
+    return size_p if block is None else min(size_p, block)

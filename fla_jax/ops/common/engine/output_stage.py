@@ -1,0 +1,347 @@
+"""Output stage of the chunk engine (chunk-parallel), forward and backward.
+
+One program per (chunk slot, head, V- or K-block). With b the inclusive cumsum of the
+log-decay from the chunk start, S = h[slot] (state before the chunk), dS = dh[slot]
+(cotangent of the state after it) and A[i, j] = sum_c q_ic k_jc exp(b_ic - b_jc) (j <= i):
+    o  = scale ((q exp(b)) S + A v)
+    dv = scale A^T do + (k exp(b_last - b)) dS
+    dq = scale exp(b) (do S^T) + sum_{j <= i} dA_ij k_j exp(b_i - b_j),   dA = scale do v^T
+    dk = exp(b_last - b) (v dS^T) + sum_{i >= j} dA_ij q_i exp(b_i - b_j)
+    dg_t = sum_{i >= t} q_i.(dq_inter + dq_strict)_i - sum_{j >= t} k_j.dk_strict_j
+           + sum_{j < t} k_j.dk_inter_j + exp(b_last) rowsum(S * dS)     (per key channel)
+where "strict" leaves out the pairs i == j: they are O(1) and would cancel in dg (masked off,
+never formed), and the prefix sum over j < t never reaches the chunk's last token (whose
+k.dk_inter is O(1)); every other term is decayed, so strong gates keep dg's fp32 accuracy.
+The chunk is handled in sub-chunks of SUB = 16 tokens (I, J) with R_I = b before sub-chunk I
+and loc = the cumsum inside it: pairs of different sub-chunks (J < I) factor as
+exp(b_i - b_j) = exp(loc_i) exp(R_I - b_j), both exponents <= 0; pairs inside one sub-chunk are
+exact per pair (a loop over its 16 columns). A scalar gate is the key gate with every channel
+equal (its dg is the sum over channels).
+Shapes: q, k [B, T, H, K]; v, do [B, T, H, V]; g per the gate switch (fp32); h, dh
+[slots, H, Kp, Vp]; outputs in the inputs' dtypes, dg fp32.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+from .. import pallas_triton as ptr
+from . import gates as gt
+from . import specs
+from . import varlen as vl
+from .launch import SUB, Launch, Problem, call, launch_for, width
+
+F32 = jnp.float32
+
+
+def _row(ref, t, ok, n_cols, col0):
+    """Row t of a [T, D] ref as [D] fp32; zeros unless `ok`, columns >= n_cols masked."""
+    cols = col0 + jnp.arange(ref.shape[1])
+    return plt.load(ref.at[t, :], mask=(cols < n_cols) & ok, other=0.0).astype(F32)
+
+
+def _chunk(refs, pb):
+    """(start row, valid rows) of this program's chunk."""
+    s = pl.program_id(0)
+    n, bos, c, nv = vl.slot_chunk(refs, pb.varlen, pb.T, pb.bt, s)
+    return bos + c * pb.bt, nv
+
+
+def _gated(pb):
+    return pb.gate != gt.GATE_NONE
+
+
+def _sub_gates(refs, pb, start, nv, w, n_cols, col0):
+    """Per sub-chunk I: (loc_I [SUB, w] Cum, R_I [w] Cum), and the chunk total [w] Cum."""
+    out, R = [], gt.zero_cum(w)
+    for I in range(pb.bt // SUB):
+        if not _gated(pb):
+            out.append((None, None))
+            continue
+        g = gt.load_gate(refs["g"], pb.gate, start + I * SUB, SUB, nv - I * SUB, w, n_cols, col0)
+        loc, tot = gt.cumsum(g)
+        out.append((loc, R))
+        R = gt.add(R, tot)
+    return out, R
+
+
+def _q_factor(pb, q, gI):
+    """q exp(loc_I) (fp32), the query side of a cross-sub-chunk pair."""
+    return q.astype(F32) if gI[0] is None else q * jnp.exp(gI[0].value())
+
+
+def _k_factor(pb, k, gI, gJ):
+    """k_J exp(R_I - b_j) (fp32) for rows j of sub-chunk J < I."""
+    if gI[0] is None:
+        return k.astype(F32)
+    return k * jnp.exp(gt.span(gI[1], gJ[1], gJ[0]))
+
+
+def _diag_scores(refs, pb, rs, nvI, q, gI, n_cols, col0):
+    """A_II [SUB, SUB] fp32 of one sub-chunk: sum_c q_ic k_jc exp(loc_ic - loc_jc), j <= i,
+    exact per pair (one column per loop step; k's rows read from refs['k'])."""
+    ii = jnp.arange(SUB)[:, None]
+    jj = jnp.arange(SUB)[None, :]
+    qf = q.astype(F32)
+    loc = gI[0]
+
+    def body(j, A):
+        kj = _row(refs["k"], rs + j, j < nvI, n_cols, col0)
+        if loc is None:
+            d = (ii >= j).astype(F32)
+        else:
+            lj = gt.bcast(gt.row(loc, j))
+            d = jnp.where(ii == j, 1.0, gt.masked_exp(gt.gap(loc, lj), ii > j))
+        col = jnp.sum(qf * kj[None, :] * d, axis=1)
+        return jnp.where(jj == j, col[:, None], A)
+
+    return lax.fori_loop(0, SUB, body, jnp.zeros((SUB, SUB), F32))
+
+
+def _scores(refs, pb, qs, ks, gs, rows, n_cols, col0, dt):
+    """{(I, J): A_IJ [SUB, SUB] fp32} for J <= I (the chunk's causal scores by sub-chunk)."""
+    A = {}
+    nb = pb.bt // SUB
+    for I in range(nb):
+        qf = _q_factor(pb, qs[I], gs[I]).astype(dt)
+        for J in range(I):
+            kf = _k_factor(pb, ks[J], gs[I], gs[J]).astype(dt)
+            A[I, J] = ptr.matmul(qf, kf, (1, 1), pb.precision)
+        A[I, I] = _diag_scores(refs, pb, rows[I][0], rows[I][1], qs[I], gs[I], n_cols, col0)
+    return A
+
+
+def _load_sub(refs, name, rows, n_cols, col0=0):
+    return [ptr.load_rows(refs[name], rs, SUB, nv, n_cols, col0) for rs, nv in rows]
+
+
+def _sub_rows(pb, start, nv):
+    return [(start + I * SUB, nv - I * SUB) for I in range(pb.bt // SUB)]
+
+
+# ----------------------------------------------------------------------------- forward
+def _fwd_kernel(refs, pb, bv):
+    c0 = pl.program_id(2) * bv
+    start, nv = _chunk(refs, pb)
+    rows = _sub_rows(pb, start, nv)
+    qs = _load_sub(refs, "q", rows, pb.K)
+    ks = _load_sub(refs, "k", rows, pb.K)
+    vs = _load_sub(refs, "v", rows, pb.V, c0)
+    dt = qs[0].dtype
+    gs, _ = _sub_gates(refs, pb, start, nv, pb.Kp, pb.K, 0)
+    A = _scores(refs, pb, qs, ks, gs, rows, pb.K, 0, dt)
+    S = refs["h"][...].astype(dt)
+    for I in range(pb.bt // SUB):
+        qd = qs[I] if gs[I][0] is None else (
+            qs[I] * jnp.exp(gs[I][0].value() + gt.bcast(gs[I][1]).value())).astype(dt)
+        o = ptr.matmul(qd, S, (1, 0), pb.precision)
+        for J in range(I + 1):
+            o = o + ptr.matmul(A[I, J].astype(dt), vs[J], (1, 0), pb.precision)
+        ptr.store_rows(refs["o"], rows[I][0], rows[I][1], pb.V, o * pb.scale, c0)
+
+
+def _parallel_inputs(pb, cu, seq):
+    ins = []
+    if pb.varlen:
+        ins += [("cu", cu, specs.full(cu)), ("seq", seq, specs.full(seq))]
+    return ins
+
+
+def _gate_input(pb, g, w, col_block):
+    if pb.gate == gt.GATE_NONE:
+        return []
+    return [("g", g, specs.gate_rows(pb, w, col_block, parallel=True))]
+
+
+def _grid(pb, nb):
+    return (pb.n_slots, pb.H, nb)
+
+
+def output_fwd(pb: Problem, q, k, v, g, h, cu, seq, launch: Launch | None = None):
+    """o [B, T, H, V] in q's dtype from q, k [B, T, H, K], v [B, T, H, V], g (gate switch),
+    h [slots, H, Kp, Vp] (state_pass_fwd), cu / seq (varlen: cu_seqlens int32 [N+1] and
+    varlen.slot_sequences; else None)."""
+    launch = launch or launch_for("output_fwd", pb.K, pb.V, q.dtype)
+    bv = width(pb.Vp, launch.bv)
+    par = dict(parallel=True)
+    ins = [("q", q, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
+           ("k", k, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
+           ("v", v, specs.seq_rows(pb, bv, specs.same, **par))]
+    ins += _gate_input(pb, g, pb.Kp, specs.zero) + _parallel_inputs(pb, cu, seq)
+    ins.append(("h", h, specs.slot_state(pb.Kp, bv, specs.zero, specs.same)))
+    outs = [("o", jax.ShapeDtypeStruct(v.shape, q.dtype), specs.seq_rows(pb, bv, specs.same, **par))]
+    r = call(lambda refs: _fwd_kernel(refs, pb, bv), _grid(pb, pl.cdiv(pb.V, bv)), ins, outs,
+             launch, "engine_output_fwd")
+    return r["o"]
+
+
+# ----------------------------------------------------------------------------- backward
+def _dv_kernel(refs, pb, bv):
+    c0 = pl.program_id(2) * bv
+    start, nv = _chunk(refs, pb)
+    rows = _sub_rows(pb, start, nv)
+    qs = _load_sub(refs, "q", rows, pb.K)
+    ks = _load_sub(refs, "k", rows, pb.K)
+    dos = _load_sub(refs, "do", rows, pb.V, c0)
+    dt = qs[0].dtype
+    gs, tot = _sub_gates(refs, pb, start, nv, pb.Kp, pb.K, 0)
+    A = _scores(refs, pb, qs, ks, gs, rows, pb.K, 0, dt)
+    dS = refs["dh"][...].astype(dt)
+    nb = pb.bt // SUB
+    for J in range(nb):
+        kd = ks[J] if gs[J][0] is None else (ks[J] * jnp.exp(gt.span(tot, gs[J][1], gs[J][0]))).astype(dt)
+        dv = ptr.matmul(kd, dS, (1, 0), pb.precision)
+        intra = None
+        for I in range(J, nb):
+            t = ptr.matmul(A[I, J].astype(dt), dos[I], (0, 0), pb.precision)
+            intra = t if intra is None else intra + t
+        ptr.store_rows(refs["dv"], rows[J][0], rows[J][1], pb.V, dv + pb.scale * intra, c0)
+
+
+def _diag_grads(refs, pb, rs, nvI, q, gI, dA, n_cols, col0):
+    """Strict (i > j) in-sub-chunk parts of dq and dk [SUB, w] fp32:
+    dq_i = sum_{j<i} dA_ij k_j exp(loc_i - loc_j), dk_j = sum_{i>j} dA_ij q_i exp(loc_i - loc_j)."""
+    ii = jnp.arange(SUB)[:, None]
+    jj = jnp.arange(SUB)[None, :]
+    qf = q.astype(F32)
+    loc = gI[0]
+    w = q.shape[1]
+
+    def body(j, carry):
+        dq, dk = carry
+        kj = _row(refs["k"], rs + j, j < nvI, n_cols, col0)
+        a = jnp.sum(jnp.where(jj == j, dA, 0.0), axis=1)
+        if loc is None:
+            d = (ii > j).astype(F32)
+        else:
+            d = gt.masked_exp(gt.gap(loc, gt.bcast(gt.row(loc, j))), ii > j)
+        wgt = a[:, None] * d
+        dq = dq + wgt * kj[None, :]
+        dkj = jnp.sum(wgt * qf, axis=0)
+        dk = dk + jnp.where(ii == j, dkj[None, :], 0.0)
+        return dq, dk
+
+    z = jnp.zeros((SUB, w), F32)
+    return lax.fori_loop(0, SUB, body, (z, z))
+
+
+def _dqk_kernel(refs, pb, bk):
+    r0 = pl.program_id(2) * bk
+    start, nv = _chunk(refs, pb)
+    rows = _sub_rows(pb, start, nv)
+    nb = pb.bt // SUB
+    qs = _load_sub(refs, "q", rows, pb.K, r0)
+    ks = _load_sub(refs, "k", rows, pb.K, r0)
+    vs = _load_sub(refs, "v", rows, pb.V)
+    dos = _load_sub(refs, "do", rows, pb.V)
+    dt = qs[0].dtype
+    gated = _gated(pb)
+    gs, tot = _sub_gates(refs, pb, start, nv, bk, pb.K, r0)
+    S32 = refs["h"][...].astype(F32)
+    dS32 = refs["dh"][...].astype(F32)
+    S, dS = S32.astype(dt), dS32.astype(dt)
+    ii = jnp.arange(SUB)[:, None]
+    eye = ii == jnp.arange(SUB)[None, :]
+
+    dA = {(I, J): pb.scale * ptr.matmul(dos[I], vs[J], (1, 1), pb.precision)
+          for I in range(nb) for J in range(I + 1)}
+    dq_inter, dk_inter, dq_strict, dk_strict = [], [], [], []
+    for I in range(nb):
+        x = ptr.matmul(dos[I], S, (1, 1), pb.precision)
+        y = ptr.matmul(vs[I], dS, (1, 1), pb.precision)
+        if gated:
+            x = x * jnp.exp(gs[I][0].value() + gt.bcast(gs[I][1]).value())
+            y = y * jnp.exp(gt.span(tot, gs[I][1], gs[I][0]))
+        dq_inter.append(pb.scale * x)
+        dk_inter.append(y)
+        dq, dk = _diag_grads(refs, pb, rows[I][0], rows[I][1], qs[I], gs[I], dA[I, I], pb.K, r0)
+        dq_strict.append(dq)
+        dk_strict.append(dk)
+    for I in range(nb):
+        qf = _q_factor(pb, qs[I], gs[I])
+        for J in range(I):
+            kdec = jnp.exp(gt.span(gs[I][1], gs[J][1], gs[J][0])) if gated else 1.0
+            kf = (ks[J] * kdec).astype(dt)
+            qloc = jnp.exp(gs[I][0].value()) if gated else 1.0
+            dAd = dA[I, J].astype(dt)
+            dq_strict[I] = dq_strict[I] + qloc * ptr.matmul(dAd, kf, (1, 0), pb.precision)
+            dk_strict[J] = dk_strict[J] + kdec * ptr.matmul(dAd, qf.astype(dt), (0, 0), pb.precision)
+
+    if gated:
+        rowterm = jnp.exp(tot.value()) * jnp.sum(S32 * dS32, axis=1)
+        y_tot = [jnp.sum(qs[I] * (dq_inter[I] + dq_strict[I]) - ks[I] * dk_strict[I], axis=0)
+                 for I in range(nb)]
+        later = jnp.zeros_like(rowterm)
+        suffix = [None] * nb
+        for I in reversed(range(nb)):
+            suffix[I] = later
+            later = later + y_tot[I]
+        before = jnp.zeros_like(rowterm)
+    for I in range(nb):
+        rs, nvI = rows[I]
+        ddiag = jnp.sum(jnp.where(eye, dA[I, I], 0.0), axis=1)[:, None]
+        dq = dq_inter[I] + dq_strict[I] + ddiag * ks[I]
+        dk = dk_inter[I] + dk_strict[I] + ddiag * qs[I]
+        ptr.store_rows(refs["dq"], rs, nvI, pb.K, dq, r0)
+        ptr.store_rows(refs["dk"], rs, nvI, pb.K, dk, r0)
+        if not gated:
+            continue
+        yv = qs[I] * (dq_inter[I] + dq_strict[I]) - ks[I] * dk_strict[I]
+        ki = jnp.where(ii == nvI - 1, 0.0, ks[I] * dk_inter[I])
+        suf = suffix[I][None, :] + (jnp.sum(yv, axis=0)[None, :] - jnp.cumsum(yv, axis=0) + yv)
+        pre = before[None, :] + (jnp.cumsum(ki, axis=0) - ki)
+        before = before + jnp.sum(ki, axis=0)
+        dg = suf + pre + rowterm[None, :]
+        if pb.gate == gt.GATE_KEY:
+            ptr.store_rows(refs["dg"], rs, nvI, pb.K, dg, r0)
+        else:
+            ptr.store_rows(refs["dg"], rs, nvI, None, jnp.sum(dg, axis=1))
+
+
+def output_bwd(pb: Problem, q, k, v, g, h, do, dh, cu, seq,
+               launch_dv: Launch | None = None, launch_dqk: Launch | None = None):
+    """Cotangents of output_fwd w.r.t. q, k, v (their dtypes) and the gate (fp32: [B, T, H, K]
+    for GATE_KEY, [B, T, H] for GATE_SCALAR, None for GATE_NONE), from do [B, T, H, V] and
+    dh [slots, H, Kp, Vp] (state_pass_bwd). dv also carries the state path (k dS)."""
+    launch_dv = launch_dv or launch_for("output_dv", pb.K, pb.V, q.dtype)
+    launch_dqk = launch_dqk or launch_for("output_dqk", pb.K, pb.V, q.dtype)
+    par = dict(parallel=True)
+    common = _parallel_inputs(pb, cu, seq)
+
+    bv = width(pb.Vp, launch_dv.bv)
+    ins = [("q", q, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
+           ("k", k, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
+           ("do", do, specs.seq_rows(pb, bv, specs.same, **par))]
+    ins += _gate_input(pb, g, pb.Kp, specs.zero) + common
+    ins.append(("dh", dh, specs.slot_state(pb.Kp, bv, specs.zero, specs.same)))
+    outs = [("dv", jax.ShapeDtypeStruct(v.shape, v.dtype), specs.seq_rows(pb, bv, specs.same, **par))]
+    dv = call(lambda refs: _dv_kernel(refs, pb, bv), _grid(pb, pl.cdiv(pb.V, bv)), ins, outs,
+              launch_dv, "engine_output_dv")["dv"]
+
+    bk = width(pb.Kp, launch_dqk.bk)
+    nkb = pl.cdiv(pb.K, bk)
+    ins = [("q", q, specs.seq_rows(pb, bk, specs.same, **par)),
+           ("k", k, specs.seq_rows(pb, bk, specs.same, **par)),
+           ("v", v, specs.seq_rows(pb, pb.Vp, specs.zero, **par)),
+           ("do", do, specs.seq_rows(pb, pb.Vp, specs.zero, **par))]
+    ins += _gate_input(pb, g, bk, specs.same) + common
+    ins += [("h", h, specs.slot_state(bk, pb.Vp, specs.same, specs.zero)),
+            ("dh", dh, specs.slot_state(bk, pb.Vp, specs.same, specs.zero))]
+    outs = [("dq", jax.ShapeDtypeStruct(q.shape, q.dtype), specs.seq_rows(pb, bk, specs.same, **par)),
+            ("dk", jax.ShapeDtypeStruct(k.shape, k.dtype), specs.seq_rows(pb, bk, specs.same, **par))]
+    if pb.gate == gt.GATE_KEY:
+        outs.append(("dg", jax.ShapeDtypeStruct(g.shape, F32), specs.seq_rows(pb, bk, specs.same, **par)))
+    elif pb.gate == gt.GATE_SCALAR:
+        part = jax.ShapeDtypeStruct((nkb,) + g.shape, F32)
+        batch = vl.batch_of_slot(pb.varlen, pb.T, pb.bt)
+        outs.append(("dg", part, pl.BlockSpec((None, None, pb.T, None),
+                                              lambda s, hh, j: (j, batch(s), 0, hh))))
+    r = call(lambda refs: _dqk_kernel(refs, pb, bk), _grid(pb, nkb), ins, outs, launch_dqk,
+             "engine_output_dqk")
+    dg = r.get("dg")
+    if pb.gate == gt.GATE_SCALAR:
+        dg = jnp.sum(dg, axis=0)
+    return r["dq"], r["dk"], dv, dg

@@ -1,0 +1,138 @@
+"""Inter-chunk state pass of the chunk engine (sequential over chunks), forward and backward.
+
+Per sequence n, head h, K-block and V-block (program), chunks in order, with b the in-chunk
+inclusive cumsum of the log-decay (gates.py) and b_last its chunk total:
+    forward:   h[slot(c)] = S  (the state BEFORE chunk c),
+               S <- decay(b_last) S + (k decay(b_last - b))^T v        final state = S
+    backward:  dh[slot(c)] = dS (the cotangent of the state AFTER chunk c), walking chunks in
+               reverse from dht, dS <- decay(b_last) dS + scale (q decay(b))^T do; dh0 = dS.
+decay: 1 (GATE_NONE), exp per token (GATE_SCALAR) or per key channel (GATE_KEY, a row scaling
+of S). In the backward, q decay(b) is formed as q exp(b - b_0) (every exponent <= 0, the first
+token's factor exp(b_0) applied in fp32 afterwards): in fp16 it would underflow otherwise.
+Shapes: k, q [B, T, H, K]; v, do [B, T, H, V] (one dtype); g per the gate switch (fp32);
+h0 / dht [N, H, K, V] fp32; h / dh [slots, H, Kp, Vp] in pb.state_dtype.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from .. import pallas_triton as ptr
+from . import gates as gt
+from . import specs
+from . import varlen as vl
+from .launch import Launch, Problem, call, launch_for, width
+
+
+def _tiles(pb, launch):
+    bk, bv = width(pb.Kp, launch.bk), width(pb.Vp, launch.bv)
+    nk, nv = pl.cdiv(pb.K, bk), pl.cdiv(pb.V, bv)
+    return bk, bv, nk, nv
+
+
+def _common(pb, bk, kb, cu, g):
+    ins = []
+    if pb.varlen:
+        ins.append(("cu", cu, specs.full(cu)))
+    if pb.gate != gt.GATE_NONE:
+        ins.append(("g", g, specs.gate_rows(pb, bk, kb)))
+    return ins
+
+
+def _program(refs, pb, bk, bv, nvb):
+    n, j = pl.program_id(0), pl.program_id(2)
+    r0, c0 = (j // nvb) * bk, (j % nvb) * bv
+    bos, L = vl.sequence_bounds(refs, pb.varlen, pb.T, n)
+    slot0 = vl.first_slot(pb.varlen, pb.T, pb.bt, n, bos)
+    return r0, c0, bos, L, slot0, (L + pb.bt - 1) // pb.bt
+
+
+def _fwd_kernel(refs, pb, bk, bv, nvb):
+    bt = pb.bt
+    r0, c0, bos, L, slot0, nt = _program(refs, pb, bk, bv, nvb)
+    if pb.has_h0:
+        S0 = ptr.load_tile(refs["h0"], pb.K, pb.V, r0, c0)
+    else:
+        S0 = jnp.zeros((bk, bv), jnp.float32)
+
+    def body(c, S):
+        start, nv = bos + c * bt, L - c * bt
+        refs["h"][slot0 + c, :, :] = S.astype(refs["h"].dtype)
+        k = ptr.load_rows(refs["k"], start, bt, nv, pb.K, r0)
+        v = ptr.load_rows(refs["v"], start, bt, nv, pb.V, c0)
+        if pb.gate != gt.GATE_NONE:
+            g = gt.load_gate(refs["g"], pb.gate, start, bt, nv, bk, pb.K, r0)
+            cum, tot = gt.cumsum(g)
+            k = (k * jnp.exp(gt.gap(gt.Cum(tot.hi[None, :], tot.lo[None, :]), cum))).astype(v.dtype)
+            S = S * jnp.exp(tot.value())[:, None]
+        return S + ptr.matmul(k, v, (0, 0), pb.precision)
+
+    S = lax.fori_loop(0, nt, body, S0)
+    ptr.store_tile(refs["ht"], S, pb.K, pb.V, r0, c0)
+
+
+def state_pass_fwd(pb: Problem, k, v, g, h0, cu, launch: Launch | None = None):
+    """k [B, T, H, K], v [B, T, H, V], g (gate switch) fp32, h0 None or [N, H, K, V] fp32,
+    cu None or int32 [N+1]. Returns h [slots, H, Kp, Vp] (pb.state_dtype; the state before
+    each chunk) and the final state [N, H, K, V] fp32."""
+    launch = launch or launch_for("state_fwd", pb.K, pb.V, v.dtype)
+    bk, bv, nkb, nvb = _tiles(pb, launch)
+    kb, vb = specs.split(nvb)
+    ins = [("k", k, specs.seq_rows(pb, bk, kb)), ("v", v, specs.seq_rows(pb, bv, vb))]
+    ins += _common(pb, bk, kb, cu, g)
+    if pb.has_h0:
+        ins.append(("h0", h0, specs.state(bk, bv, kb, vb)))
+    outs = [("h", jax.ShapeDtypeStruct((pb.n_slots, pb.H, pb.Kp, pb.Vp), pb.state_dtype),
+             specs.chunk_states(pb, bk, bv, kb, vb)),
+            ("ht", jax.ShapeDtypeStruct((pb.N, pb.H, pb.K, pb.V), jnp.float32),
+             specs.state(bk, bv, kb, vb))]
+    r = call(lambda refs: _fwd_kernel(refs, pb, bk, bv, nvb), (pb.N, pb.H, nkb * nvb),
+             ins, outs, launch, "engine_state_fwd")
+    return r["h"], r["ht"]
+
+
+def _bwd_kernel(refs, pb, bk, bv, nvb):
+    bt = pb.bt
+    r0, c0, bos, L, slot0, nt = _program(refs, pb, bk, bv, nvb)
+    dS0 = ptr.load_tile(refs["dht"], pb.K, pb.V, r0, c0)
+
+    def body(i, dS):
+        c = nt - 1 - i
+        start, nv = bos + c * bt, L - c * bt
+        refs["dh"][slot0 + c, :, :] = dS.astype(refs["dh"].dtype)
+        q = ptr.load_rows(refs["q"], start, bt, nv, pb.K, r0)
+        do = ptr.load_rows(refs["do"], start, bt, nv, pb.V, c0)
+        if pb.gate == gt.GATE_NONE:
+            return dS + pb.scale * ptr.matmul(q, do, (0, 0), pb.precision)
+        g = gt.load_gate(refs["g"], pb.gate, start, bt, nv, bk, pb.K, r0)
+        cum, tot = gt.cumsum(g)
+        first = gt.row(cum, 0)
+        qd = (q * jnp.exp(gt.gap(cum, gt.Cum(first.hi[None, :], first.lo[None, :])))).astype(q.dtype)
+        upd = ptr.matmul(qd, do, (0, 0), pb.precision)
+        return dS * jnp.exp(tot.value())[:, None] + (pb.scale * jnp.exp(first.value()))[:, None] * upd
+
+    dS = lax.fori_loop(0, nt, body, dS0)
+    if pb.has_h0:
+        ptr.store_tile(refs["dh0"], dS, pb.K, pb.V, r0, c0)
+
+
+def state_pass_bwd(pb: Problem, q, do, g, dht, cu, launch: Launch | None = None):
+    """q [B, T, H, K], do [B, T, H, V], g (gate switch) fp32, dht [N, H, K, V] fp32 (the final
+    state's cotangent). Returns dh [slots, H, Kp, Vp] (pb.state_dtype; the cotangent of the
+    state after each chunk) and dh0 [N, H, K, V] fp32 (None without pb.has_h0)."""
+    launch = launch or launch_for("state_bwd", pb.K, pb.V, do.dtype)
+    bk, bv, nkb, nvb = _tiles(pb, launch)
+    kb, vb = specs.split(nvb)
+    ins = [("q", q, specs.seq_rows(pb, bk, kb)), ("do", do, specs.seq_rows(pb, bv, vb))]
+    ins += _common(pb, bk, kb, cu, g)
+    ins.append(("dht", dht, specs.state(bk, bv, kb, vb)))
+    outs = [("dh", jax.ShapeDtypeStruct((pb.n_slots, pb.H, pb.Kp, pb.Vp), pb.state_dtype),
+             specs.chunk_states(pb, bk, bv, kb, vb))]
+    if pb.has_h0:
+        outs.append(("dh0", jax.ShapeDtypeStruct((pb.N, pb.H, pb.K, pb.V), jnp.float32),
+                     specs.state(bk, bv, kb, vb)))
+    r = call(lambda refs: _bwd_kernel(refs, pb, bk, bv, nvb), (pb.N, pb.H, nkb * nvb),
+             ins, outs, launch, "engine_state_bwd")
+    return r["dh"], r.get("dh0")

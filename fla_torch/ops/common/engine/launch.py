@@ -1,0 +1,49 @@
+"""Launch configuration of every engine kernel: a frozen dataclass and one heuristic.
+
+Tiles are sized from K, V and the dtype so that each kernel fits the H100's shared memory
+(~227 KiB per block) in every dtype; fp32 tiles run with num_stages=1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+KERNELS = ("state_fwd", "state_bwd", "output_fwd", "output_bwd_dv", "output_bwd_dqk")
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """BT: chunk length; BC: sub-chunk length of the key-gate intra-chunk scores;
+    BK, BV: key / value tile widths."""
+    BT: int = 64
+    BC: int = 16
+    BK: int = 64
+    BV: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def meta(self) -> dict:
+        return {"BT": self.BT, "BC": self.BC, "BK": self.BK, "BV": self.BV,
+                "num_warps": self.num_warps, "num_stages": self.num_stages}
+
+
+def block(size: int, cap: int = 256) -> int:
+    """Smallest power of two >= max(size, 16), at most cap."""
+    return min(max(16, triton.next_power_of_2(size)), cap)
+
+
+def launch_for(kernel: str, K: int, V: int, dtype: torch.dtype,
+               capability: tuple | None = None) -> LaunchConfig:
+    """The configuration of `kernel` (one of KERNELS) for head sizes K, V and q's dtype."""
+    if kernel not in KERNELS:
+        raise ValueError(f"launch_for: kernel={kernel!r}; expected one of {KERNELS}")
+    wide = dtype == torch.float32
+    stages = 1 if wide else 2
+    BK, BV = min(block(K), 64), min(block(V), 64)
+    if kernel == "output_bwd_dqk":
+        BK = min(block(K), 32 if wide else 64)
+    if kernel == "output_fwd" or kernel == "output_bwd_dv":
+        BK = min(block(K), 32 if wide else 64)
+    return LaunchConfig(BT=64, BC=16, BK=BK, BV=BV, num_warps=4, num_stages=stages)

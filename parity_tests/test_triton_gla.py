@@ -1,0 +1,120 @@
+"""Triton GLA kernels (chunk_gla on the chunk engine, fused_recurrent_gla): the cases that
+test_ops.py's CPU kernel subset leaves out, on the shared harness (cases.Case, harness.check:
+one input generator, the float64 oracle, NaN-poisoned allocations, one metric and the one
+tolerance table).
+
+Covered here: varlen with an empty sequence and sequences shorter than a chunk, no initial
+state, K != V, K = V = 256, a non-power-of-two head size (100), per-channel gates down to -20
+(uniformly strong: every gate in [-20, -10]) in fp32 / bf16 / fp16, weak gates (0.01), and
+output_final_state=False. Interpreted on CPU (TRITON_INTERPRET=1, set by conftest) or on a GPU
+with PARITY_DEVICE=cuda.
+"""
+from __future__ import annotations
+
+import os
+
+if os.environ.get("PARITY_DEVICE", "cpu") != "cuda":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import triton  # noqa: E402,F401  (the suite needs every framework: no silent skip)
+
+from parity_tests import triton_interpret_patch  # noqa: E402
+from parity_tests.cases import CASES, TOLERANCE, Case, rel_rms  # noqa: E402
+from parity_tests.harness import check  # noqa: E402
+
+triton_interpret_patch.apply()
+
+DEVICE = "cuda" if os.environ.get("PARITY_DEVICE", "cpu") == "cuda" else "cpu"
+_GLA = ("gla",)
+
+# Cases of this file (names prefixed so they never collide with cases.py's own).
+GLA_CASES = (
+    Case("tgla_varlen_short", B=1, T=150, cu_seqlens=(0, 5, 20, 20, 83, 150), strength=1.0,
+         families=_GLA),
+    Case("tgla_k100", B=1, T=80, H=1, HV=1, K=100, V=100, strength=1.0, families=_GLA),
+    Case("tgla_k256", B=1, T=70, H=1, HV=1, K=256, V=256, cu_seqlens=(0, 64, 70),
+         strength=1.0, families=_GLA),
+    Case("tgla_k16_v256", B=1, T=40, H=1, HV=1, K=16, V=256, h0=False, strength=1.0,
+         families=_GLA),
+    Case("tgla_k256_v48", B=1, T=40, H=1, HV=1, K=256, V=48, strength=1.0, families=_GLA),
+    Case("tgla_strong_long", B=1, T=200, H=1, HV=1, cu_seqlens=(0, 130, 200), strength=20.0,
+         floor=0.5, families=_GLA),
+)
+for _c in GLA_CASES:
+    CASES.setdefault(_c.name, _c)
+
+# (op, case, dtype): the cases above plus cases.py cases in dtypes test_ops.py's kernel subset
+# does not run (t63_kv_weak: no h0, K=32 != V=48, gates of 0.01; uniform_strong: every gate in
+# [-20, -10]; short_strong in fp32).
+CHUNK = [
+    ("tgla_varlen_short", "bf16"), ("tgla_varlen_short", "fp16"),
+    ("tgla_k100", "fp32"), ("tgla_k100", "bf16"),
+    ("tgla_k256", "bf16"),
+    ("tgla_k16_v256", "fp16"), ("tgla_k256_v48", "fp32"),
+    ("tgla_strong_long", "fp32"), ("tgla_strong_long", "bf16"), ("tgla_strong_long", "fp16"),
+    ("t63_kv_weak", "fp32"), ("t63_kv_weak", "bf16"),
+    ("uniform_strong", "bf16"), ("uniform_strong", "fp16"),
+    ("short_strong", "fp32"),
+]
+RECURRENT = [
+    ("tgla_varlen_short", "bf16"), ("tgla_k100", "fp32"), ("tgla_k16_v256", "fp16"),
+    ("tgla_strong_long", "fp32"), ("tgla_strong_long", "fp16"), ("t63_kv_weak", "fp32"),
+    ("uniform_strong", "fp16"), ("short_strong", "fp32"),
+]
+
+
+def _assert_rows(rows):
+    bad = [f"{r.compared} {r.tensor} err={r.error:.3e} tol={r.tolerance:.1e}"
+           for r in rows if not r.passed]
+    assert rows and not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("case,dtype", CHUNK, ids=[f"{c}-{d}" for c, d in CHUNK])
+def test_chunk_gla_triton(case, dtype):
+    _assert_rows(check("chunk_gla", case, dtype, {"torch": "triton"}, device=DEVICE))
+
+
+@pytest.mark.parametrize("case,dtype", RECURRENT, ids=[f"{c}-{d}" for c, d in RECURRENT])
+def test_fused_recurrent_gla_triton(case, dtype):
+    _assert_rows(check("fused_recurrent_gla", case, dtype, {"torch": "triton"}, device=DEVICE))
+
+
+@pytest.mark.parametrize("op", ["chunk_gla", "fused_recurrent_gla"])
+def test_no_final_state(op):
+    """output_final_state=False: no final state, the same output and gradients."""
+    import fla_torch.ops as ops
+    gen = torch.Generator().manual_seed(5)
+    B, T, H, K, V = 1, 70, 2, 32, 16
+    q = torch.randn(B, T, H, K, generator=gen).to(torch.bfloat16)
+    k = (torch.randn(B, T, H, K, generator=gen) / K ** 0.5).to(torch.bfloat16)
+    v = torch.randn(B, T, H, V, generator=gen).to(torch.bfloat16)
+    g = -torch.rand(B, T, H, K, generator=gen)
+    do = torch.randn(B, T, H, V, generator=gen).to(torch.bfloat16)
+    fn = getattr(ops, op)
+    out = {}
+    for impl in ("triton", "reference"):
+        dt = torch.bfloat16 if impl == "triton" else torch.float64
+        leaves = [x.detach().to(dt).to(DEVICE).clone().requires_grad_() for x in (q, k, v)]
+        gd = torch.float32 if impl == "triton" else torch.float64
+        gl = g.detach().to(gd).to(DEVICE).clone().requires_grad_()
+        o, ht = fn(*leaves, gl, scale=0.3, output_final_state=False, impl=impl)
+        assert ht is None
+        o.backward(do.to(o.dtype).to(DEVICE))
+        out[impl] = [o] + [x.grad for x in leaves] + [gl.grad]
+    for name, a, r in zip(("o", "dq", "dk", "dv", "dg"), out["triton"], out["reference"]):
+        err = rel_rms(a.detach().double().cpu().numpy(), r.detach().double().cpu().numpy(),
+                      r.detach().double().cpu().numpy())
+        assert err <= TOLERANCE["bf16"][name], f"{op} {name}: {err:.3e}"
+
+
+def test_head_dim_limit_is_named():
+    from fla_torch.ops.gla.triton_chunk import chunk_gla_triton
+    from fla_torch.ops.gla.triton_recurrent import fused_recurrent_gla_triton
+    q = torch.zeros(1, 4, 1, 300)
+    v = torch.zeros(1, 4, 1, 16)
+    for fn in (chunk_gla_triton, fused_recurrent_gla_triton):
+        with pytest.raises(ValueError, match="K=300"):
+            fn(q, q, v, g=torch.zeros(1, 4, 1, 300), scale=1.0)
