@@ -219,3 +219,18 @@ def test_scaled_q_mix_is_the_named_type_error():
         jattention(qj * jnp.ones(16, jnp.float32), kj, vj)
     for fn, arr in ((tattention, torch.randn(1, 9, 2, 16)), (jattention, jnp.ones((1, 9, 2, 16)))):
         assert fn(arr, arr, arr).dtype == arr.dtype      # fp32 accepted by every auto path
+
+
+def test_parity_rows_catch_an_off_by_one_window(monkeypatch):
+    """The attention parity rows can fail: an SDPA path whose window reaches one key further
+    than asked fails the fp32 check of the 'attn_window' case."""
+    from fla_torch.ops.attention import engine, interface
+
+    from .harness import check
+
+    def wide(q, k, v, *, window, **kw):
+        left, right = window
+        return engine.attention_sdpa(q, k, v, window=(left + 1, right), **kw)
+    monkeypatch.setitem(interface.IMPLS, "sdpa", wide)
+    rows = check("attention", "attn_window", "fp32", {"torch": "auto"})
+    assert any(not r.passed for r in rows if r.tensor == "o")
