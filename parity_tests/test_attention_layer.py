@@ -234,3 +234,29 @@ def test_parity_rows_catch_an_off_by_one_window(monkeypatch):
     monkeypatch.setitem(interface.IMPLS, "sdpa", wide)
     rows = check("attention", "attn_window", "fp32", {"torch": "auto"})
     assert any(not r.passed for r in rows if r.tensor == "o")
+
+
+def test_jax_auto_on_gpu_picks_cudnn_and_falls_back_to_xla(monkeypatch):
+    """impl='auto' as on a GPU (on_gpu patched): bf16 plain causal goes to the cuDNN path;
+    jax's cuDNN wrapper refusing the call while tracing (here: no cuDNN on this machine) runs
+    the XLA path, same result; explicit impl='cudnn' raises instead; fp32 / a window with a
+    right side / packed sequences go to XLA directly."""
+    from fla_jax.ops import attention
+    from fla_jax.ops.attention import engine, interface
+    monkeypatch.setattr(interface, "on_gpu", lambda: True)
+    chosen = []
+    real = interface._auto
+    monkeypatch.setattr(interface, "_auto", lambda q, call: chosen.append(real(q, call)) or
+                        chosen[-1])
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, 20, 2, 16)), jnp.bfloat16) for _ in range(3))
+    o = attention(q, k, v)
+    ref = attention(q, k, v, impl="xla")
+    assert chosen == ["cudnn"] and o.dtype == jnp.bfloat16
+    assert np.array_equal(np.asarray(o, np.float32), np.asarray(ref, np.float32))
+    with pytest.raises(RuntimeError):
+        engine.attention_cudnn(q, k, v, scale=0.25, causal=True, window=None)
+    attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32))
+    attention(q, k, v, causal=False, window_size=(3, 2))
+    attention(q, k, v, cu_seqlens=jnp.asarray([0, 7, 20], jnp.int32))
+    assert chosen[1:] == ["xla", "xla", "xla"]

@@ -77,12 +77,19 @@ def attention_xla(q, k, v, *, scale: float, causal: bool, window, cu_seqlens=Non
 
 
 def attention_cudnn(q, k, v, *, scale: float, causal: bool, window, cu_seqlens=None,
-                    key_mask=None):
-    """The cuDNN fused kernel; raises ValueError for a call it does not take (cudnn_accepts)."""
+                    key_mask=None, fallback_xla: bool = False):
+    """The cuDNN fused kernel; raises ValueError for a call it does not take (cudnn_accepts).
+    fallback_xla (impl='auto' only): a call that jax's cuDNN wrapper refuses while tracing
+    (its own shape / version checks, beyond cudnn_accepts) runs the XLA path instead."""
     why = cudnn_accepts(q, k, causal, window, cu_seqlens, key_mask, v)
     if why:
         raise ValueError(f"attention(impl='cudnn'): cuDNN does not take {why}; use "
                          f"impl='auto' or impl='xla'")
+    if fallback_xla:
+        try:
+            return attention_cudnn(q, k, v, scale=scale, causal=causal, window=window)
+        except (ValueError, NotImplementedError, RuntimeError):
+            return attention_xla(q, k, v, scale=scale, causal=causal, window=window)
     q, k, v, V = _same_head_size(q, k, v)
     o = jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal,
                                      local_window_size=window, implementation="cudnn")

@@ -24,7 +24,8 @@ ALLOWED = {"xla": KERNEL_DTYPES, "cudnn": ("bf16", "fp16")}
 
 
 def _auto(q, call: dict) -> str:
-    """'cudnn' on a GPU where it takes the call, 'xla' otherwise; 'reference' for float64."""
+    """'cudnn' on a GPU where it takes the call (with the XLA path as its fallback: sets
+    call['options']['fallback_xla']), 'xla' otherwise; 'reference' for float64."""
     if not hasattr(q, "dtype"):
         return "xla"          # validation names the non-array argument
     if np.dtype(q.dtype) == np.float64:
@@ -33,6 +34,7 @@ def _auto(q, call: dict) -> str:
         from .engine import cudnn_accepts
         if not cudnn_accepts(q, call["k"], call["causal"], call["window"], call["cu_seqlens"],
                              call["key_mask"], call["v"]):
+            call["options"]["fallback_xla"] = True
             return "cudnn"
     return "xla"
 
@@ -45,6 +47,7 @@ def _run(q, k, v, causal, scale, cu_seqlens, window_size, impl, key_mask=None):
     options = {"causal": causal, "window": window}
     if key_mask is not None:
         options["key_mask"] = key_mask
+    call["options"] = options
     return run_op(op, IMPLS, impl, q=q, k=k, v=v, scale=scale, cu_seqlens=cu_seqlens,
                   options=options, allowed=ALLOWED, auto=lambda q: _auto(q, call),
                   check=lambda dims: check_lengths(op.name, dims, causal))
