@@ -260,3 +260,32 @@ def test_jax_auto_on_gpu_picks_cudnn_and_falls_back_to_xla(monkeypatch):
     attention(q, k, v, causal=False, window_size=(3, 2))
     attention(q, k, v, cu_seqlens=jnp.asarray([0, 7, 20], jnp.int32))
     assert chosen[1:] == ["xla", "xla", "xla"]
+
+
+def test_op_argument_errors_same_words_both_frameworks():
+    """Bad attention arguments raise the same TypeError / ValueError text in both frameworks,
+    naming the argument, what was given and what is expected."""
+    from fla_jax.ops import attention as ja
+    from fla_torch.ops import attention as ta
+
+    def arrays(fw, *shapes):
+        return [torch.ones(*s) if fw == "torch" else jnp.ones(s) for s in shapes]
+    cases = [
+        (((1, 9, 4, 8), (1, 9, 3, 8), (1, 9, 3, 8)), {}, ValueError, "HQ % HKV == 0"),
+        (((1, 9, 4, 8), (1, 5, 2, 8), (1, 5, 2, 8)), {}, ValueError, "expected S >= T"),
+        (((1, 9, 2, 8), (1, 9, 2, 8), (1, 7, 2, 8)), {}, ValueError,
+         "v has shape [1, 7, 2, 8]; expected batch, key length and key/value heads of k"),
+        (((1, 9, 2, 8),) * 3, {"window_size": 0}, ValueError, "window_size=0"),
+        (((1, 9, 2, 8),) * 3, {"window_size": (2, -3)}, ValueError, "right=-3"),
+        (((1, 9, 2, 8),) * 3, {"window_size": 2.5}, TypeError, "window_size is float"),
+        (((1, 9, 2, 8),) * 3, {"causal": None}, TypeError, "causal is NoneType"),
+        (((2, 9, 2, 8),) * 3, {"cu_seqlens": [0, 9]}, TypeError, "cu_seqlens is a list"),
+    ]
+    for shapes, kw, exc, words in cases:
+        msgs = []
+        for fw, fn in (("torch", ta), ("jax", ja)):
+            with pytest.raises(exc) as info:
+                fn(*arrays(fw, *shapes), **kw)
+            assert words in str(info.value), (fw, str(info.value))
+            msgs.append(str(info.value).split("; expected a torch")[0].split("; expected a jax")[0])
+        assert msgs[0] == msgs[1], msgs

@@ -32,7 +32,8 @@ def resolve_impl(op: str, impl: str, registry: dict, q: torch.Tensor, auto=None)
     """Pick the implementation name. 'auto': Triton kernels for CUDA tensors of a kernel
     dtype when the op's kernels are GPU-proven (AUTO_KERNEL), else 'chunked'; an op with its own
     rule passes it as `auto(q) -> name`. Names an op registers beyond IMPLS are accepted."""
-    known = IMPLS + tuple(n for n in registry if n not in IMPLS)
+    own = tuple(n for n in registry if n not in IMPLS)   # an op with engines of its own
+    known = ("auto",) + tuple(registry) if own else IMPLS
     if impl not in known:
         raise ValueError(f"{op}: impl={impl!r}; expected one of {', '.join(known)}")
     if impl == "auto" and auto is not None:
