@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
+
 from fla_contract import KERNEL_DTYPES, OPS
 from fla_contract.attention import check_lengths, check_window
 
@@ -23,7 +25,6 @@ ALLOWED = {"sdpa": KERNEL_DTYPES}
 
 def _auto(q) -> str:
     """'sdpa' for bf16/fp16/fp32, 'reference' for float64."""
-    import torch
     return "reference" if isinstance(q, torch.Tensor) and q.dtype == torch.float64 else "sdpa"
 
 
@@ -60,7 +61,6 @@ def attention_with_key_mask(q, k, v, key_mask, causal: bool = True, scale=None, 
     """`attention` for the Attention layer's padding: key_mask bool [B, S], False = padded key
     (never attended except by the query at its own position, whose output the layer
     discards)."""
-    import torch
     op = OPS["attention"]
     window = check_window(op.name, window_size, causal)
     if key_mask.dtype != torch.bool or tuple(key_mask.shape) != (k.shape[0], k.shape[1]):
