@@ -55,6 +55,8 @@ for step in ${STEPS:-1 2 3 4 5 6}; do
     5) b 5 --ops gated_delta_rule --dtypes bf16 --shapes GQA_H8HV16 --paths fla triton pallas ;;
     6) b 6 $D --dtypes fp16 fp32 --shapes B4T4096 --paths fla ;;
     7) b 7 --ops simple_gla --dtypes bf16 --shapes B4T4096 --paths fla triton ;;
+    8) b 8 --ops gla --dtypes bf16 --shapes B4T4096 --paths fla triton pallas torch-chunked jax-chunked ;;
+    9) b 9 --ops gla --dtypes fp16 fp32 --shapes B4T4096 --paths triton pallas ;;
   esac
 done
 python3 benchmarks/merge.py $BJ/*.json > "$OUT/bench.md"
