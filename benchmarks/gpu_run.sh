@@ -47,7 +47,7 @@ b() { timeout ${BENCH_S:-300} python3 benchmarks/run.py --json $BJ/$1.json "${@:
         | grep -v Warning | tee -a "$OUT/bench.txt" | grep -E "FAILED|ms,"; }
 A="--ops simple_gla gla delta_rule gated_delta_rule"
 D="--ops delta_rule gated_delta_rule"
-for step in ${STEPS:-1 2 3 4 5 6 8}; do
+for step in ${STEPS:-1 2 3 4 5 6 10}; do
   case $step in
     1) b 1 $A --dtypes bf16 --shapes B4T4096 --paths fla triton pallas ;;
     2) b 2 $A --dtypes fp16 fp32 --shapes B4T4096 --paths triton pallas ;;
@@ -56,7 +56,9 @@ for step in ${STEPS:-1 2 3 4 5 6 8}; do
     5) b 5 --ops gated_delta_rule --dtypes bf16 --shapes GQA_H8HV16 --paths fla triton pallas ;;
     6) b 6 $D --dtypes fp16 fp32 --shapes B4T4096 --paths fla ;;
     7) b 7 --ops simple_gla --dtypes bf16 --shapes B4T4096 --paths fla triton ;;
-    8) b 8 --ops attention --dtypes bf16 ;;   # ours vs SDPA flash / jax cuDNN (issue 13)
+    8) b 8 --ops gla --dtypes bf16 --shapes B4T4096 --paths fla triton pallas torch-chunked jax-chunked ;;
+    9) b 9 --ops gla --dtypes fp16 fp32 --shapes B4T4096 --paths triton pallas ;;
+    10) b 10 --ops attention --dtypes bf16 ;;   # ours vs SDPA flash / jax cuDNN (issue 13)
   esac
 done
 python3 benchmarks/merge.py $BJ/*.json > "$OUT/bench.md"

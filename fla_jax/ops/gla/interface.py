@@ -10,16 +10,10 @@ from fla_contract import OPS
 
 from ..common.prepare import run_op
 
-_FAMILY_ARGS = ("g",)
 _BASE = {"reference": "fla_jax.ops.gla.reference:gla_reference",
          "chunked": "fla_jax.ops.gla.chunked:gla_chunked"}
 CHUNK_IMPLS = dict(_BASE, pallas="fla_jax.ops.gla.pallas_chunk:chunk_gla_pallas")
 RECURRENT_IMPLS = dict(_BASE, pallas="fla_jax.ops.gla.pallas_recurrent:fused_recurrent_gla_pallas")
-
-
-def _require(op: str, name: str, x) -> None:
-    if x is None:
-        raise TypeError(f"{op}: {name} is None; expected an array (this op needs {name})")
 
 
 def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
@@ -36,7 +30,6 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] fp32, or None unless
         output_final_state.
     """
-    _require("chunk_gla", "g", g)
     return run_op(OPS["chunk_gla"], CHUNK_IMPLS, impl, q=q, k=k, v=v,
                   g=g, scale=scale, initial_state=initial_state,
                   output_final_state=output_final_state, cu_seqlens=cu_seqlens)
@@ -46,7 +39,6 @@ def fused_recurrent_gla(q, k, v, g, scale=None, initial_state=None, output_final
                         cu_seqlens=None, impl="auto"):
     """Token-by-token GLA (FLA's signature); same arguments and returns as `chunk_gla`.
     Its kernel suits decoding and short sequences."""
-    _require("fused_recurrent_gla", "g", g)
     return run_op(OPS["fused_recurrent_gla"], RECURRENT_IMPLS, impl, q=q, k=k, v=v,
                   g=g, scale=scale,
                   initial_state=initial_state, output_final_state=output_final_state,

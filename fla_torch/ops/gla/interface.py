@@ -9,15 +9,12 @@ from __future__ import annotations
 from fla_contract import OPS
 
 from ..common.prepare import run_op
-from ..common.required_args import require
 
-_FAMILY_ARGS = ("g",)
 _BASE = {"reference": "fla_torch.ops.gla.reference:gla_reference",
          "chunked": "fla_torch.ops.gla.chunked:gla_chunked"}
 CHUNK_IMPLS = dict(_BASE, triton="fla_torch.ops.gla.triton_chunk:chunk_gla_triton")
 RECURRENT_IMPLS = dict(_BASE,
                        triton="fla_torch.ops.gla.triton_recurrent:fused_recurrent_gla_triton")
-_G = "g, a [B, T, H, K] log-decay tensor"
 
 
 def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
@@ -34,7 +31,6 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] fp32, or None unless
         output_final_state.
     """
-    require("chunk_gla", "g", g, _G)
     return run_op(OPS["chunk_gla"], CHUNK_IMPLS, impl, q=q, k=k, v=v,
                   g=g, scale=scale, initial_state=initial_state,
                   output_final_state=output_final_state, cu_seqlens=cu_seqlens)
@@ -44,7 +40,6 @@ def fused_recurrent_gla(q, k, v, g, scale=None, initial_state=None, output_final
                         cu_seqlens=None, impl="auto"):
     """Token-by-token GLA (FLA's signature); same arguments and returns as `chunk_gla`.
     Its kernel suits decoding and short sequences."""
-    require("fused_recurrent_gla", "g", g, _G)
     return run_op(OPS["fused_recurrent_gla"], RECURRENT_IMPLS, impl, q=q, k=k, v=v,
                   g=g, scale=scale,
                   initial_state=initial_state, output_final_state=output_final_state,
