@@ -6,8 +6,8 @@
     'offset':     as layers/cache.py (rotary positions continue from it)
 A model's list of per-layer caches mixes these with the linear-attention layers' dicts; it
 has no 'recurrent_state', so a linear layer handed it by mistake raises the cache error of
-fla_contract.layer_inputs, and `check_kv_cache` names the mistake the other way round. S grows, so a jitted decode step retraces
-once per length.
+fla_contract.layer_inputs, and `check_kv_cache` names the mistake the other way round.
+S grows, so a jitted decode step retraces once per length.
 """
 from __future__ import annotations
 
