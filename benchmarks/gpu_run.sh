@@ -25,12 +25,13 @@ if [ "$MODE" = parity ]; then
     chunk_gated_delta_rule:gpu_strong_edges,gpu_t16k fused_recurrent_delta_rule:$G1
     fused_recurrent_delta_rule:$G2 fused_recurrent_gated_delta_rule:$G1
     fused_recurrent_gated_delta_rule:$G2 chunk_gla:$G1 chunk_gla:$G2 fused_recurrent_gla:$G1
-    fused_recurrent_gla:$G2"}
+    fused_recurrent_gla:$G2 attention"}
   i=0
   for job in $JOBS; do
     op=${job%%:*}; cases=""; [ "$op" != "$job" ] && cases=${job#*:}
     i=$((i + 1))
-    timeout ${PARITY_S:-480} python3 -m parity_tests --device cuda --impls kernel --ops $op \
+    impls=kernel; [ "$op" = attention ] && impls=default   # attention: engines, no kernel
+    timeout ${PARITY_S:-480} python3 -m parity_tests --device cuda --impls $impls --ops $op \
       ${cases:+--cases ${cases//,/ }} > "$OUT/p_$(printf %02d $i)_$op.log" 2>&1 &
   done
   wait
@@ -46,7 +47,7 @@ b() { timeout ${BENCH_S:-300} python3 benchmarks/run.py --json $BJ/$1.json "${@:
         | grep -v Warning | tee -a "$OUT/bench.txt" | grep -E "FAILED|ms,"; }
 A="--ops simple_gla gla delta_rule gated_delta_rule"
 D="--ops delta_rule gated_delta_rule"
-for step in ${STEPS:-1 2 3 4 5 6}; do
+for step in ${STEPS:-1 2 3 4 5 6 10}; do
   case $step in
     1) b 1 $A --dtypes bf16 --shapes B4T4096 --paths fla triton pallas ;;
     2) b 2 $A --dtypes fp16 fp32 --shapes B4T4096 --paths triton pallas ;;
@@ -57,6 +58,7 @@ for step in ${STEPS:-1 2 3 4 5 6}; do
     7) b 7 --ops simple_gla --dtypes bf16 --shapes B4T4096 --paths fla triton ;;
     8) b 8 --ops gla --dtypes bf16 --shapes B4T4096 --paths fla triton pallas torch-chunked jax-chunked ;;
     9) b 9 --ops gla --dtypes fp16 fp32 --shapes B4T4096 --paths triton pallas ;;
+    10) b 10 --ops attention --dtypes bf16 ;;   # ours vs SDPA flash / jax cuDNN (issue 13)
   esac
 done
 python3 benchmarks/merge.py $BJ/*.json > "$OUT/bench.md"

@@ -3,6 +3,8 @@ FLA (fla-core, when importable) and torch SDPA, in one run; ratios against FLA f
 
     PYTHONPATH=. python benchmarks/run.py [--ops simple_gla gated_delta_rule] [--json out.json]
     PYTHONPATH=. python benchmarks/run.py --dry-run [--ops gla]    # CPU check of the calls
+    PYTHONPATH=. python benchmarks/run.py --ops attention --dtypes bf16   # softmax attention
+        (ours vs SDPA flash and vs jax cuDNN, B=4 T=4096 H=16 D=128 causal: attention.py)
 
 Timing: torch with CUDA events (triton.testing.do_bench, median); JAX by wall clock around
 block_until_ready over loops of 10 calls (median of 15 loops). Warm-up (compile, autotune) is
@@ -155,7 +157,10 @@ def sdpa(x, dtype):
 def dry_run(ops, dtypes):
     """CPU check of the inputs and calls, no timing: each op's torch and JAX chunked paths,
     forward and forward+backward once, at a tiny shape (GQA for the grouped-head ops)."""
-    for op in ops:
+    if "attention" in ops:
+        from attention import dry_run as attention_dry_run
+        attention_dry_run(dtypes)
+    for op in [o for o in ops if o != "attention"]:
         s = dict(B=1, T=40, H=1 if _spec(op).grouped_heads else 2, HV=2, K=16, V=16)
         x = make_numpy(op, s)
         for dtype in dtypes:
@@ -172,7 +177,8 @@ def main(argv=None):
     families = sorted({spec.family for spec in OPS.values()})
     p = argparse.ArgumentParser()
     p.add_argument("--ops", nargs="+", default=["simple_gla", "delta_rule", "gated_delta_rule"],
-                   choices=families, help="op families (chunk_<family>)")
+                   choices=families, help="op families (chunk_<family>; 'attention': "
+                                           "softmax attention, benchmarks/attention.py)")
     p.add_argument("--dtypes", nargs="+", default=["bf16", "fp16", "fp32"])
     p.add_argument("--shapes", nargs="+", default=list(SHAPES))
     p.add_argument("--paths", nargs="+", default=["fla", "triton", "pallas", "torch-chunked",
@@ -202,9 +208,12 @@ def main(argv=None):
     except ImportError:
         env["fla"] = None
     print(json.dumps(env))
+    if "attention" in args.ops:
+        from attention import ATTN_SHAPES, run as run_attention
+        run_attention(args.dtypes, list(ATTN_SHAPES), time_torch, time_jax, rows)
     for shape in args.shapes:
         s = SHAPES[shape]
-        for op in args.ops:
+        for op in [o for o in args.ops if o != "attention"]:
             if shape.startswith("GQA") and op != "gated_delta_rule":
                 continue
             x = make_numpy(op, s)
@@ -239,6 +248,9 @@ def main(argv=None):
                     finally:
                         torch.cuda.empty_cache()
     print_table(rows)
+    if "attention" in args.ops:
+        from attention import ratio_lines
+        print("\n" + "\n".join(ratio_lines(rows)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"env": env, "rows": rows}, f, indent=1)

@@ -160,7 +160,7 @@ def main(argv=None) -> int:
         except FileNotFoundError as e:
             raise SystemExit(str(e)) from None
         cfg = dec.model.config
-        print(f"[{name}] {Path(args.checkpoint).name}: {cfg.attn} x {cfg.num_layers}, hidden "
+        print(f"[{name}] {Path(args.checkpoint).name}: {','.join(cfg.layer_types)}, hidden "
               f"{cfg.hidden_size}, vocab {cfg.vocab_size}; prompt {args.prompt!r}, "
               f"{args.max_new_tokens} new chars, temperature {args.temperature}, "
               f"top-k {args.top_k}, seed {args.seed}")

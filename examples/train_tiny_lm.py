@@ -5,6 +5,7 @@ SAME batches, and compare the loss curves step by step.
     python examples/train_tiny_lm.py                      # fp32, 50 steps, both frameworks
     python examples/train_tiny_lm.py --dtype bf16         # bf16 compute, fp32 parameters
     python examples/train_tiny_lm.py --frameworks torch --steps 400   # train longer, one side
+    python examples/train_tiny_lm.py --attn hybrid        # Gated DeltaNet + softmax attention
 
 Prints a table (step, learning rate, torch loss, jax loss, |difference|) and the largest
 difference; writes to --out (default examples/out/): losses.csv, loss_curves.png (if
@@ -43,7 +44,10 @@ def parse_args(argv=None):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--attn", default="gated_deltanet",
                    choices=["linear_attention", "retention", "gla", "delta_net",
-                            "gated_deltanet"])
+                            "gated_deltanet", "attention", "hybrid"],
+                   help="'hybrid': gated_deltanet blocks with softmax Attention in blocks "
+                        "3, 7, 11, ... (3:1, as Qwen3-Next), or in the last block when "
+                        "num_layers < 4")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=128)
@@ -66,9 +70,14 @@ def parse_args(argv=None):
 
 def build_config(args, vocab_size: int):
     from fla_torch.models import LMConfig   # pure Python; fla_jax.models.LMConfig is the same
+    attn, attn_layers = args.attn, []
+    if attn == "hybrid":
+        n = args.num_layers
+        attn, attn_layers = "gated_deltanet", [i for i in range(n) if i % 4 == 3] or [n - 1]
     return LMConfig(vocab_size=vocab_size, hidden_size=args.hidden_size,
-                    num_layers=args.num_layers, attn=args.attn, num_heads=args.num_heads,
-                    head_dim=args.head_dim, policy=POLICIES[args.dtype])
+                    num_layers=args.num_layers, attn=attn, num_heads=args.num_heads,
+                    head_dim=args.head_dim, policy=POLICIES[args.dtype],
+                    attn_layers=attn_layers)
 
 
 class TorchRun:
@@ -197,7 +206,7 @@ def main(argv=None) -> int:
     tok, train_ids, val_ids = load_corpus()
     cfg = build_config(args, tok.vocab_size)
     print(f"text: {len(train_ids) + len(val_ids)} chars, vocabulary {tok.vocab_size}; "
-          f"model: {cfg.attn} x {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
+          f"model: {','.join(cfg.layer_types)}, hidden {cfg.hidden_size}, "
           f"{cfg.num_heads} heads of {cfg.head_dim}; dtype {args.dtype} "
           f"(policy {cfg.policy or 'fp32'}); batch {args.batch_size} x {args.seq_len}, "
           f"{args.steps} steps, peak lr {args.lr}")
@@ -253,7 +262,7 @@ def main(argv=None) -> int:
             w.writerow([i, lrs[i]] + [losses[n][i] for n in names])
     print(f"\nwrote {out / 'losses.csv'}")
     print(plot(out / "loss_curves.png", list(range(args.steps)), losses,
-               f"tiny LM ({cfg.attn}, {args.dtype}): torch.optim vs optax"))
+               f"tiny LM ({','.join(cfg.layer_types)}, {args.dtype}): torch.optim vs optax"))
 
     vx, vy = eval_windows(val_ids, args.seq_len)
     for name, run in runs.items():

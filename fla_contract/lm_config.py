@@ -3,7 +3,12 @@ one JSON dict builds the same model in fla_torch.models and fla_jax.models.
 
     cfg = LMConfig(vocab_size=96, hidden_size=64, num_layers=2, attn="gated_deltanet")
     cfg.to_dict() / LMConfig.from_dict(d)        # JSON-able, e.g. safetensors metadata
-    cfg.attn_class, cfg.attn_kwargs(layer_idx)   # the layer class name and its constructor args
+    cfg.layer_class(i), cfg.attn_kwargs_for(i)   # block i's layer class name and its arguments
+
+Hybrid models (linear attention + softmax attention): `attn_layers` lists the blocks whose
+layer is softmax `Attention`; the others use `attn`. A 4-layer Qwen3-Next-style 3:1 stack:
+
+    LMConfig(num_layers=4, attn="gated_deltanet", attn_layers=[3])      # gdn, gdn, gdn, attn
 """
 from __future__ import annotations
 
@@ -17,7 +22,9 @@ ATTN_CLASSES = {
     "gla": "GatedLinearAttention",
     "delta_net": "DeltaNet",
     "gated_deltanet": "GatedDeltaNet",
+    "attention": "Attention",
 }
+SOFTMAX_ATTN = "Attention"
 
 
 @dataclass
@@ -25,7 +32,13 @@ class LMConfig:
     """Configuration of `CausalLM` (same fields in fla_torch and fla_jax).
 
     vocab_size, hidden_size (D), num_layers: the usual.
-    attn: 'linear_attention' | 'retention' | 'gla' | 'delta_net' | 'gated_deltanet'.
+    attn: 'linear_attention' | 'retention' | 'gla' | 'delta_net' | 'gated_deltanet' |
+        'attention' (softmax attention in every block).
+    attn_layers: indices of the blocks that are softmax `Attention` layers (a hybrid; the
+        others use `attn`), e.g. [3] or [1, 3]; default none.
+    softmax_attn_kwargs: extra constructor arguments for the Attention blocks (num_kv_heads,
+        qk_norm, window_size, rope_theta, qkv_bias). Their head size is hidden_size //
+        num_heads (FLA's Attention).
     num_heads, head_dim: q/k heads and their size K; value heads have V = head_dim * expand_v.
     mlp_ratio: the gated MLP's intermediate size is mlp_ratio * hidden_size, rounded up to a
         multiple of 8.
@@ -52,6 +65,8 @@ class LMConfig:
     attn_kwargs: dict = field(default_factory=dict)
     initializer_range: float = 0.02
     policy: str | None = None
+    attn_layers: list = field(default_factory=list)
+    softmax_attn_kwargs: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.attn not in ATTN_CLASSES:
@@ -61,6 +76,17 @@ class LMConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"LMConfig: {name}={value!r}; expected a positive int")
+        layers = self.attn_layers
+        if (not isinstance(layers, (list, tuple))
+                or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers)
+                or any(not 0 <= i < self.num_layers for i in layers)
+                or len(set(layers)) != len(layers)):
+            raise ValueError(f"LMConfig: attn_layers={layers!r}; expected a list of distinct "
+                             f"block indices in [0, num_layers={self.num_layers})")
+        self.attn_layers = sorted(layers)
+        if self.hidden_size % self.num_heads and (self.attn_layers or self.attn == "attention"):
+            raise ValueError(f"LMConfig: hidden_size={self.hidden_size} is not divisible by "
+                             f"num_heads={self.num_heads} (the Attention blocks' head size)")
         if self.mlp_ratio <= 0:
             raise ValueError(f"LMConfig: mlp_ratio={self.mlp_ratio}; expected > 0")
         v = self.head_dim * self.expand_v
@@ -81,12 +107,28 @@ class LMConfig:
     def attn_class(self) -> str:
         return ATTN_CLASSES[self.attn]
 
+    def layer_class(self, layer_idx: int) -> str:
+        """The layer class name of block `layer_idx`: 'Attention' for attn_layers, else
+        attn_class."""
+        return SOFTMAX_ATTN if layer_idx in self.attn_layers else self.attn_class
+
+    @property
+    def layer_types(self) -> list:
+        """Per block: 'attention' or the config's `attn`, e.g. ['gated_deltanet', 'attention']."""
+        return ["attention" if i in self.attn_layers else self.attn
+                for i in range(self.num_layers)]
+
     def attn_kwargs_for(self, layer_idx: int) -> dict:
         """Constructor arguments of the attention layer of block `layer_idx` (both frameworks;
         dtype/policy arguments are added by the model). GatedDeltaNet takes head_dim/expand_v
         directly; the other layers size their heads from hidden_size * expand_k / num_heads,
         so expand_k and expand_v are derived from head_dim and head_v_dim."""
         H, K, V, D = self.num_heads, self.head_dim, self.head_v_dim, self.hidden_size
+        if self.layer_class(layer_idx) == SOFTMAX_ATTN:
+            kw = {"hidden_size": D, "num_heads": H, "layer_idx": layer_idx,
+                  "norm_eps": self.norm_eps}
+            kw.update(self.softmax_attn_kwargs)
+            return kw
         kw = {"hidden_size": D, "num_heads": H, "mode": self.attn_mode,
               "layer_idx": layer_idx, "norm_eps": self.norm_eps}
         if self.attn == "gated_deltanet":

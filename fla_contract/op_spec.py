@@ -5,7 +5,8 @@ implementations.
 
 Shapes are written with dimension symbols, bound from the arguments in order:
 B batch, T time, H q/k heads, HV value heads, K key size, V value size, N sequences
-(len(cu_seqlens) - 1, or B).
+(len(cu_seqlens) - 1, or B). Softmax attention: HQ query heads, HKV key/value heads, S key
+length.
 """
 from __future__ import annotations
 
@@ -83,6 +84,8 @@ class OpSpec:
 
     grouped_heads: v may have HV heads with HV % H == 0 (value head hv reads q/k head
     hv // (HV // H)); otherwise HV == H. l2norm: takes use_qk_l2norm_in_kernel.
+    grouped_query: q has HQ heads over HKV key/value heads, HQ % HKV == 0 (query head h reads
+    k/v head h // (HQ // HKV)): softmax attention's GQA.
     """
 
     name: str
@@ -91,6 +94,8 @@ class OpSpec:
     args: tuple
     grouped_heads: bool = False
     l2norm: bool = False
+    grouped_query: bool = False
+    options: tuple = ()          # the op's own non-tensor keywords (attention: causal, ...)
 
     def arg(self, name: str) -> ArgSpec:
         for a in self.args:
@@ -110,6 +115,11 @@ class OpSpec:
         """True when the op runs without any decay (simple GLA: g and g_gamma both optional)."""
         gates = self.of_role(GATE, GATE_K, GAMMA)
         return bool(gates) and not any(a.required for a in gates)
+
+    @property
+    def has_state(self) -> bool:
+        """False for ops that return o only (softmax attention)."""
+        return bool(self.of_role(STATE))
 
     @property
     def family_args(self) -> tuple:
@@ -137,3 +147,12 @@ OPS = {spec.name: spec for spec in (
     + _family("delta_rule", arg("beta", BETA, "B T HV"), grouped_heads=True, l2norm=True)
     + _family("gated_delta_rule", arg("g", GATE, "B T HV"), arg("beta", BETA, "B T HV"),
               grouped_heads=True, l2norm=True))}
+
+
+# Softmax attention: no state, no gates; returns o only. variant 'attention'.
+ATTENTION = OpSpec("attention", "attention", "attention",
+                   (arg("q", ACTIVATION, "B T HQ K"), arg("k", ACTIVATION, "B S HKV K"),
+                    arg("v", ACTIVATION, "B S HKV V")), grouped_query=True,
+                   options=("causal", "window_size"))
+OPS[ATTENTION.name] = ATTENTION
+LINEAR_OPS = tuple(name for name, spec in OPS.items() if spec.has_state)

@@ -38,7 +38,7 @@ class Dims:
 
 
 _DIM_WORDS = {"B": "batch", "T": "time", "H": "heads", "HV": "value heads", "K": "key size",
-              "V": "value size"}
+              "V": "value size", "HKV": "key/value heads", "S": "key length"}
 
 
 def _shape(t: TensorInfo) -> str:
@@ -98,6 +98,7 @@ def _bind_activations(spec: OpSpec, given: Mapping[str, TensorInfo]) -> dict:
     acts = spec.activations
     first, t0 = acts[0], given[acts[0].name]
     sizes = dict(zip(first.shape, t0.shape))
+    owner = dict.fromkeys(first.shape, first.name)
     for a in acts[1:]:
         t = given[a.name]
         if a.shape == first.shape:
@@ -108,8 +109,10 @@ def _bind_activations(spec: OpSpec, given: Mapping[str, TensorInfo]) -> dict:
         if any(s in sizes and sizes[s] != n for s, n in zip(a.shape, t.shape)):
             shared = [_DIM_WORDS.get(s, s) for s in a.shape if s in sizes]
             words = ", ".join(shared[:-1]) + " and " + shared[-1] if len(shared) > 1 else shared[0]
+            by = owner[next(s for s, n in zip(a.shape, t.shape) if s in sizes and sizes[s] != n)]
             raise ValueError(f"{spec.name}: {a.name} has shape {_shape(t)}; expected {words} "
-                             f"of {first.name} {_filled(a, sizes)}")
+                             f"of {by} {_filled(a, sizes)}")
+        owner.update((s, a.name) for s in a.shape if s not in sizes)
         sizes.update((s, n) for s, n in zip(a.shape, t.shape) if s not in sizes)
     return sizes
 
@@ -133,6 +136,9 @@ def _check_sizes(spec: OpSpec, given: Mapping[str, TensorInfo], sizes: dict) -> 
         elif HV != H:
             raise ValueError(f"{op}: v has {HV} heads and q/k have {H}; expected the same "
                              f"number of heads (this op has no grouped value heads)")
+    if spec.grouped_query and sizes["HQ"] % sizes["HKV"] != 0:
+        raise ValueError(f"{op}: q has {sizes['HQ']} heads and k/v have {sizes['HKV']}; "
+                         f"expected HQ % HKV == 0 (grouped-query attention)")
 
 
 def _check_arg(op: str, a: ArgSpec, t: TensorInfo, sizes: dict, dtype: str, why: str = "") -> None:
@@ -178,6 +184,10 @@ def _validate(spec: OpSpec, impl: str, allowed: Sequence[str], given: Mapping[st
             raise ValueError(f"{op}: cu_seqlens given with batch size B={sizes.get('B')}; "
                              f"expected B == 1 (pack the sequences along T)")
         sizes["N"] = cu_seqlens.shape[0] - 1
+        if sizes.get("S", sizes.get("T")) != sizes.get("T"):
+            raise ValueError(f"{op}: cu_seqlens given with k of length S={sizes['S']} and q of "
+                             f"length T={sizes['T']}; expected S == T (one packed sequence "
+                             f"layout for q, k and v)")
     why = f" (N = {'len(cu_seqlens) - 1' if cu_seqlens is not None else 'B'})"
     for a in spec.of_role(STATE):
         if given.get(a.name) is not None:

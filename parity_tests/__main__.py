@@ -23,6 +23,11 @@ def _epilog() -> str:
     def case_line(c):
         extra = [f"cu_seqlens={list(c.cu_seqlens)}"] if c.cu_seqlens else []
         extra += [f"HV={c.HV}"] if c.HV != c.H else []
+        if c.families == ("attention",):      # softmax attention: HV query over H k/v heads
+            extra += ([] if c.causal else ["non-causal"]) + (
+                [f"window={c.window}"] if c.window is not None else []) + ["only attention"]
+            return (f"  {c.name:18s} B={c.B} T={c.T} H={c.H} K={c.K} V={c.V} "
+                    f"{' '.join(extra)}; {'/'.join(c.dtypes)}")
         extra += [f"gates -{c.strength:g}/token"] if c.strength else []
         extra += [f"gate_mode={c.gate_mode}"] if c.gate_mode != "g" else []
         extra += ["l2norm"] if c.l2norm else []
@@ -35,7 +40,8 @@ def _epilog() -> str:
     return "\n".join(
         ["ops:"] + textwrap.wrap(" ".join(OPS), 88, initial_indent="  ", subsequent_indent="  ")
         + [
-         "cases on cpu (default: basic varlen):"] + [case_line(c) for c in CPU_CASES]
+         "cases on cpu (default: basic varlen attn_basic attn_varlen):"]
+        + [case_line(c) for c in CPU_CASES]
         + ["cases on cuda (default: all of them):"] + [case_line(c) for c in GPU_CASES]
         + [""] + textwrap.wrap(METRIC + "; tolerances per dtype and tensor in "
                                "parity_tests/cases.py (TOLERANCE), printed with the report.", 88)
@@ -50,7 +56,7 @@ def _parse(argv):
                                 description=__doc__.split("\n")[0], epilog=_epilog(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS), metavar="OP",
-                   help="ops to check (default: all 8)")
+                   help="ops to check (default: all)")
     p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     p.add_argument("--impls", nargs="+", default=["default"], choices=["default", "kernel"],
                    help="'default': chunked / reference (CPU path); 'kernel': Pallas + Triton "
@@ -59,8 +65,8 @@ def _parse(argv):
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--cases", nargs="+", default=None, metavar="CASE",
                    choices=[c.name for c in CPU_CASES + GPU_CASES],
-                   help="case names (default: 'basic' 'varlen' on cpu, all GPU cases on cuda; "
-                        "listed below)")
+                   help="case names (default: 'basic' 'varlen' 'attn_basic' 'attn_varlen' on "
+                        "cpu, all GPU cases on cuda; listed below)")
     p.add_argument("--json", metavar="PATH", help="also write all rows as JSON")
     return p.parse_args(argv)
 
@@ -102,8 +108,8 @@ def main(argv=None) -> int:
     from .harness import check, resolve
     from .report import group_lines, header, legend, tolerance_lines
 
-    names = args.cases or (["basic", "varlen"] if args.device == "cpu"
-                           else [c.name for c in GPU_CASES])
+    names = args.cases or (["basic", "varlen", "attn_basic", "attn_varlen"]
+                           if args.device == "cpu" else [c.name for c in GPU_CASES])
     rows, skipped, t0 = [], [], time.time()
     for line in legend(args.device, args.frameworks):
         print(line)

@@ -63,9 +63,15 @@ def rel_rms(a: np.ndarray, b: np.ndarray, ref: np.ndarray) -> float:
     return float(num / denom)
 
 
-# every op family of fla_contract.op_spec.OPS; the delta-rule-like ones take beta
-FAMILIES = tuple(dict.fromkeys(spec.family for spec in OPS.values()))
+# every linear-attention family of fla_contract.op_spec.OPS (ops with a recurrent state); the
+# delta-rule-like ones take beta. Softmax attention ("attention") has cases of its own.
+FAMILIES = tuple(dict.fromkeys(spec.family for spec in OPS.values() if spec.has_state))
 BETA_FAMILIES = tuple(f for f in FAMILIES if OPS[f"chunk_{f}"].of_role(BETA))
+
+
+def family_spec(family: str) -> OpSpec:
+    """The OpSpec whose inputs a family's ops share: chunk_<family>, or the family's only op."""
+    return OPS.get(f"chunk_{family}") or next(s for s in OPS.values() if s.family == family)
 
 
 @dataclass(frozen=True)
@@ -87,11 +93,13 @@ class Case:
     beta_edges: bool = False     # beta near 0 (1e-4) and near beta_max (beta_max - 1e-4) only
     families: tuple = FAMILIES
     dtypes: tuple = ("bf16", "fp16", "fp32")
+    causal: bool = True          # attention: causal mask
+    window: object = None        # attention: window_size (int or (left, right))
 
     def applies_to(self, spec: OpSpec) -> bool:
         if spec.family not in self.families:
             return False
-        if self.HV != self.H and not spec.grouped_heads:
+        if self.HV != self.H and not (spec.grouped_heads or spec.grouped_query):
             return False
         return True
 
@@ -125,6 +133,20 @@ CPU_CASES = (
          dtypes=_FEATURE),
 )
 
+# Softmax attention (op 'attention'): HV query heads over H key/value heads, K != V, packed
+# sequences with an empty one, a causal sliding window and a two-sided one, T not a multiple
+# of 64.
+_ATTN = ("attention",)
+CPU_CASES += (
+    Case("attn_basic", B=2, T=100, families=_ATTN),
+    Case("attn_gqa", B=1, T=70, H=2, HV=4, K=32, V=48, families=_ATTN, dtypes=_FEATURE),
+    Case("attn_varlen", B=1, T=150, cu_seqlens=(0, 15, 15, 100, 150), H=2, HV=4,
+         families=_ATTN),
+    Case("attn_window", B=2, T=100, window=16, families=_ATTN, dtypes=_FEATURE),
+    Case("attn_window_lr", B=1, T=63, causal=False, window=(8, 4), families=_ATTN,
+         dtypes=_FEATURE),
+)
+
 # Realistic shapes for a GPU run.
 GPU_CASES = (
     Case("gpu_4k", B=2, T=4096, H=4, HV=4, K=128, V=128, strength=0.5, families=_ALL),
@@ -140,6 +162,11 @@ GPU_CASES = (
          families=_ALL),
     Case("gpu_t16k", B=1, T=16384, H=2, HV=2, K=128, V=128, strength=1.0, families=_ALL,
          dtypes=("fp16", "bf16")),
+    Case("gpu_attn_4k", B=1, T=4096, H=4, HV=4, K=128, V=128, families=_ATTN),
+    Case("gpu_attn_varlen", B=1, T=2000, H=4, HV=4, K=128, V=128,
+         cu_seqlens=(0, 15, 100, 300, 1200, 2000), families=_ATTN),
+    Case("gpu_attn_gqa", B=1, T=1000, H=2, HV=8, K=128, V=128, families=_ATTN),
+    Case("gpu_attn_window", B=1, T=2048, H=4, HV=4, K=128, V=128, window=256, families=_ATTN),
 )
 
 CASES = {c.name: c for c in CPU_CASES + GPU_CASES}
@@ -155,13 +182,15 @@ def make_inputs(spec: OpSpec, case: Case, seed: int) -> dict:
     spec's argument order, from one generator."""
     rng = np.random.default_rng(seed)
     N = len(case.cu_seqlens) - 1 if case.cu_seqlens else case.B
-    sizes = dict(B=case.B, T=case.T, H=case.H, HV=case.HV, K=case.K, V=case.V, N=N)
+    sizes = dict(B=case.B, T=case.T, H=case.H, HV=case.HV, K=case.K, V=case.V, N=N,
+                 HQ=case.HV, HKV=case.H, S=case.T)
     x = {}
     for a in spec.args:
         if _present(a, case):
             x[a.key] = _draw(spec, a, case, rng, tuple(sizes[s] for s in a.shape))
     x["do"] = rng.standard_normal((case.B, case.T, case.HV, case.V))
-    x["dht"] = 0.5 * rng.standard_normal((N, case.HV, case.K, case.V))
+    if spec.has_state:
+        x["dht"] = 0.5 * rng.standard_normal((N, case.HV, case.K, case.V))
     return x
 
 
@@ -182,7 +211,7 @@ def _present(a, case: Case) -> bool:
 def _draw(spec: OpSpec, a, case: Case, rng, shape: tuple) -> np.ndarray:
     if a.role == ACTIVATION:
         x = rng.standard_normal(shape)
-        if a.name == "k":   # keys set the state's growth
+        if a.name == "k" and spec.has_state:   # keys set the state's growth
             if spec.of_role(BETA) and not case.l2norm:
                 return x / np.linalg.norm(x, axis=-1, keepdims=True)   # delta rule: |k| = 1
             return x / np.sqrt(shape[-1])
@@ -204,6 +233,8 @@ def _draw(spec: OpSpec, a, case: Case, rng, shape: tuple) -> np.ndarray:
 
 def op_kwargs(spec: OpSpec, case: Case) -> dict:
     """Non-tensor keyword arguments of the op for this case."""
+    if not spec.has_state:
+        return {"scale": None, "causal": case.causal, "window_size": case.window}
     kw = {"scale": None, "output_final_state": True}
     if spec.l2norm:
         kw["use_qk_l2norm_in_kernel"] = case.l2norm

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from dataclasses import asdict, dataclass
 
-from .cases import CASES, OPS, TENSORS, make_inputs, rel_rms, seed_of, tolerance
+from .cases import CASES, OPS, TENSORS, family_spec, make_inputs, rel_rms, seed_of, tolerance
 
 FRAMEWORKS = ("jax", "torch")
 KERNEL = {"jax": "pallas", "torch": "triton"}
@@ -46,7 +46,10 @@ def _runner(framework: str):
 
 def default_impl(op: str) -> str:
     """The implementation a CPU user gets from impl='auto' for a chunk_* op ('chunked'); for a
-    fused_recurrent_* op the token-by-token 'reference' is what the CPU path checks."""
+    fused_recurrent_* op the token-by-token 'reference' is what the CPU path checks; softmax
+    attention's engine through impl='auto' (SDPA; XLA, or cuDNN on a GPU)."""
+    if not OPS[op].has_state:
+        return "auto"       # softmax attention: the engine impl='auto' picks
     return "chunked" if OPS[op].variant == "chunk" else "reference"
 
 
@@ -57,7 +60,7 @@ def resolve(framework: str, op: str, impl: str) -> str | None:
         impl = default_impl(op)
     elif impl == "kernel":
         impl = KERNEL[framework]
-    return impl if impl in _runner(framework).registry(spec) else None
+    return impl if impl == "auto" or impl in _runner(framework).registry(spec) else None
 
 
 def _inputs(op: str, case: str, dtype: str):
@@ -68,7 +71,7 @@ def _inputs(op: str, case: str, dtype: str):
 def _family_inputs(family: str, case: str, dtype: str):
     """Inputs depend on the family only: chunk_* and fused_recurrent_* see the same values."""
     from .torch_runner import round_to
-    spec, c = OPS[f"chunk_{family}"], CASES[case]
+    spec, c = family_spec(family), CASES[case]
     raw = make_inputs(spec, c, seed_of(family, case))
     act = {a.key for a in spec.activations} | {"do"}
     return {n: round_to(dtype if n in act else "fp32", a) for n, a in raw.items()}
@@ -78,16 +81,15 @@ def oracle(op: str, case: str, dtype: str, device: str = "cpu") -> dict:
     """The float64 oracle on the rounded inputs: fla_torch's token-by-token reference on CPU;
     on a GPU run, fla_torch's chunked path in float64 on the GPU (proven equal to the reference
     to ~1e-10 in float64 by test_chunked_fp64_torch.py), since a Python token loop over
-    T = 4096 is too slow. Shared by the chunk_* and fused_recurrent_* ops of one family."""
-    spec = OPS[op]
-    chunk_op = f"chunk_{spec.family}"
-    return _oracle(chunk_op, case, dtype, device)
+    T = 4096 is too slow. Shared by the chunk_* and fused_recurrent_* ops of one family. Softmax
+    attention: its float64 reference (a materialised softmax) on either device."""
+    return _oracle(family_spec(OPS[op].family).name, case, dtype, device)
 
 
 @functools.lru_cache(maxsize=16)
 def _oracle(op: str, case: str, dtype: str, device: str) -> dict:
     from . import torch_runner
-    impl = "reference" if device == "cpu" else "chunked"
+    impl = "reference" if device == "cpu" or not OPS[op].has_state else "chunked"
     return torch_runner.run(OPS[op], CASES[case], impl, "fp64", _inputs(op, case, dtype),
                             device=device)
 

@@ -15,6 +15,8 @@ DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 
 def registry(spec: OpSpec) -> dict:
     mod = importlib.import_module(f"fla_jax.ops.{spec.family}.interface")
+    if not spec.has_state:
+        return mod.IMPLS
     return mod.CHUNK_IMPLS if spec.variant == "chunk" else mod.RECURRENT_IMPLS
 
 
@@ -41,18 +43,21 @@ def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = 
 
     @jax.jit
     def fwd_bwd(cu_seqlens, do, dht, *args):
+        if not spec.has_state:   # softmax attention returns o only
+            o, vjp = jax.vjp(lambda *a: forward(cu_seqlens, *a), *args)
+            return o, None, vjp(do.astype(o.dtype))
         (o, ht), vjp = jax.vjp(lambda *a: forward(cu_seqlens, *a), *args)
         return o, ht, vjp((do.astype(o.dtype), dht.astype(ht.dtype)))
 
     do = jnp.asarray(np.asarray(x["do"], np.float32)).astype(dt)
-    dht = jnp.asarray(x["dht"], jnp.float32)
+    dht = jnp.asarray(x["dht"], jnp.float32) if "dht" in x else None
     o, ht, grads = fwd_bwd(cu, do, dht, *primals)
     if o.dtype != dt:
         raise AssertionError(f"{spec.name}(impl={impl}): o has dtype {o.dtype}; expected {dt}")
-    if ht.dtype != jnp.float32:
+    if ht is not None and ht.dtype != jnp.float32:
         raise AssertionError(f"{spec.name}(impl={impl}): final state has dtype {ht.dtype}; "
                              f"expected float32")
-    out = {"o": o, "ht": ht}
+    out = {"o": o, "ht": ht} if ht is not None else {"o": o}
     for a, p, gr in zip(diff, primals, grads):
         key = "d" + a.key
         if gr.dtype != p.dtype:

@@ -45,6 +45,11 @@ LAYER_CASES = (
     LayerCase("linear_attn_norm", "LinearAttention",
               dict(hidden_size=HIDDEN, num_heads=2, feature_map="elu", do_feature_map_norm=True,
                    num_kv_heads=1)),
+    LayerCase("attn", "Attention",
+              dict(hidden_size=HIDDEN, num_heads=4, num_kv_heads=2, qk_norm=True)),
+    LayerCase("attn_window", "Attention",
+              dict(hidden_size=HIDDEN, num_heads=2, qkv_bias=True, window_size=9,
+                   rope_theta=500.0)),
 )
 CASES_BY_NAME = {c.name: c for c in LAYER_CASES}
 

@@ -29,6 +29,7 @@ LAYERS = {   # one small configuration per layer class; with short convs where t
     "GatedLinearAttention": dict(hidden_size=D, num_heads=2, use_short_conv=True),
     "DeltaNet": dict(hidden_size=D, num_heads=2),
     "GatedDeltaNet": dict(hidden_size=D, head_dim=8, num_heads=2, num_v_heads=4),
+    "Attention": dict(hidden_size=D, num_heads=4, num_kv_heads=2, qk_norm=True),
 }
 OTHER = {   # a layer of the same class whose cache has other sizes
     "LinearAttention": dict(hidden_size=D, num_heads=4, do_feature_map_norm=True),
@@ -36,8 +37,11 @@ OTHER = {   # a layer of the same class whose cache has other sizes
     "GatedLinearAttention": dict(hidden_size=D, num_heads=4, use_short_conv=True),
     "DeltaNet": dict(hidden_size=D, num_heads=4),
     "GatedDeltaNet": dict(hidden_size=D, head_dim=8, num_heads=2, num_v_heads=2),
+    "Attention": dict(hidden_size=D, num_heads=4, num_kv_heads=1),
 }
 NAMES = tuple(LAYERS)
+# the cache entry a batch mismatch is reported on
+FIRST_CACHE_KEY = {"Attention": "past_key_values['attn_state'][0] (k)"}
 
 
 def _torch_layer(name, kw=None, **extra):
@@ -142,8 +146,21 @@ def _cache(layer, fw, B=2, T=3):
 def test_cache_of_another_batch(name):
     def call(layer, fw):
         return layer(_x(fw, (3, 1, D)), past_key_values=_cache(layer, fw, B=2))
-    _both(name, call, ValueError, "past_key_values['recurrent_state']", "[2, ", "[3, ",
+    _both(name, call, ValueError,
+          FIRST_CACHE_KEY.get(name, "past_key_values['recurrent_state']"), "[2, ", "[3, ",
           "another batch size")
+
+
+def test_attention_and_linear_caches_do_not_mix():
+    """A hybrid model's per-layer caches: an Attention cache handed to a linear layer and a
+    linear layer's cache handed to Attention both raise TypeError naming the layer."""
+    for fw, make in (("torch", _torch_layer), ("jax", _jax_layer)):
+        kv = _cache(make("Attention"), fw)
+        rec = _cache(make("GatedDeltaNet"), fw)
+        _raises(lambda: make("GatedDeltaNet")(_x(fw, (2, 1, D)), past_key_values=kv),
+                TypeError, "GatedDeltaNet", "past_key_values is dict", "recurrent_state")
+        _raises(lambda: make("Attention")(_x(fw, (2, 1, D)), past_key_values=rec),
+                TypeError, "Attention", "without 'attn_state'", "attn_state, attn_mask")
 
 
 @pytest.mark.parametrize("name", NAMES)

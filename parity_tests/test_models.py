@@ -26,7 +26,10 @@ import fla_torch.models as tm  # noqa: E402
 from fla_jax.models import train as jax_train  # noqa: E402
 from fla_torch.models import train as torch_train  # noqa: E402
 
-ATTNS = ("linear_attention", "retention", "gla", "delta_net", "gated_deltanet")
+ATTNS = ("linear_attention", "retention", "gla", "delta_net", "gated_deltanet", "attention",
+         "hybrid")
+# 'hybrid': Gated DeltaNet block 0, softmax Attention block 1 (LMConfig.attn_layers)
+HYBRID = {"attn": "gated_deltanet", "attn_layers": [1]}
 VOCAB = 23
 SMALL = dict(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=2, head_dim=16)
 # THE tolerances of this file (rel RMS; cross-framework rows get twice the per-framework one).
@@ -45,7 +48,8 @@ def rel_rms(a, ref) -> float:
 
 def make_pair(attn: str, policy=None, seed: int = 0, **overrides):
     """(torch model, jax model, numpy state) with the torch model's (seeded) weights in both."""
-    kw = {**SMALL, "attn": attn, "policy": policy, **overrides}
+    kw = {**SMALL, "attn": attn, "policy": policy, **(HYBRID if attn == "hybrid" else {}),
+          **overrides}
     torch.manual_seed(seed)
     t_model = tm.CausalLM(tm.LMConfig(**kw))
     with torch.no_grad():   # norm weights off 1.0 so they matter
@@ -90,7 +94,9 @@ def _decode_jax(model, x, n_prefill):
         logits, cache = step(model, jnp.asarray(x[:, t:t + 1]), cache)
         outs.append(logits)
     assert len(cache) == len(model.layers)
-    assert cache[0]["recurrent_state"].dtype == jnp.float32
+    for c in cache:     # recurrent states fp32; an Attention block's KV cache in its dtype
+        assert c.get("recurrent_state") is None or c["recurrent_state"].dtype == jnp.float32
+        assert c.get("attn_state") is None or c["attn_state"][0].dtype == jnp.float32
     return np.asarray(jnp.concatenate(outs, 1))
 
 
@@ -141,9 +147,10 @@ def test_lm_forward_parity_bf16(attn):
     assert e_x < 2 * TOL_BF16, f"jax vs torch bf16: {e_x:.2e}"
 
 
-@pytest.mark.parametrize("tie", [True, False])
-def test_lm_round_trip_lossless(tie, tmp_path):
-    t_model, j_model, state = make_pair("gated_deltanet", tie_embeddings=tie, seed=5)
+@pytest.mark.parametrize("tie,attn", [(True, "gated_deltanet"), (False, "gated_deltanet"),
+                                      (True, "hybrid")])
+def test_lm_round_trip_lossless(tie, attn, tmp_path):
+    t_model, j_model, state = make_pair(attn, tie_embeddings=tie, seed=5)
     keys = set(t_model.state_dict())
     assert ("lm_head.weight" in keys) == (not tie)
     back = jax_interop.to_state_dict(j_model)
@@ -170,16 +177,20 @@ def test_lm_round_trip_lossless(tie, tmp_path):
         assert np.array_equal(np.asarray(j2.head_weight()), state["embeddings.weight"])
 
 
+def _layers_for(attn) -> int:
+    return 2 if attn == "hybrid" else 1
+
+
 def _train_torch(attn, lrs, batches):
-    t_model, _, state = make_pair(attn, seed=7, num_layers=1)
+    t_model, _, state = make_pair(attn, seed=7, num_layers=_layers_for(attn))
     opt = torch_train.adamw(t_model, weight_decay=0.1)
     losses = [torch_train.train_step(t_model, opt, torch.from_numpy(x), torch.from_numpy(y),
                                      lrs[i], clip_norm=1.0) for i, (x, y) in enumerate(batches)]
     return losses, torch_interop.to_numpy(t_model), state
 
 
-def test_train_three_steps_agree():
-    attn = "gated_deltanet"
+@pytest.mark.parametrize("attn", ["gated_deltanet", "hybrid"])
+def test_train_three_steps_agree(attn):
     lrs = torch_train.lr_schedule(1e-2, 3, warmup=1)
     rng = np.random.default_rng(11)
     batches = []
@@ -188,7 +199,7 @@ def test_train_three_steps_agree():
         batches.append((w[:, :-1], w[:, 1:]))
     t_losses, t_after, before = _train_torch(attn, lrs, batches)
 
-    _, j_model, _ = make_pair(attn, seed=7, num_layers=1)
+    _, j_model, _ = make_pair(attn, seed=7, num_layers=_layers_for(attn))
     opt = jax_train.make_optimizer(j_model, jax_train.adamw(lrs, weight_decay=0.1))
     j_losses = [float(jax_train.train_step(j_model, opt, jnp.asarray(x), jnp.asarray(y),
                                            clip_norm=1.0)) for x, y in batches]
@@ -217,6 +228,12 @@ def test_config_contract():
             mod.LMConfig(attn="softmax")
         with pytest.raises(ValueError, match="unknown keys"):
             mod.LMConfig.from_dict({"hiden_size": 3})
+        with pytest.raises(ValueError, match=r"attn_layers=\[2\]"):
+            mod.LMConfig(**SMALL, attn_layers=[2])
+    hybrid = tm.LMConfig(**SMALL, **HYBRID)
+    assert hybrid.layer_types == ["gated_deltanet", "attention"]
+    assert [hybrid.layer_class(i) for i in range(2)] == ["GatedDeltaNet", "Attention"]
+    assert jm.LMConfig.from_dict(hybrid.to_json()) == hybrid
     t_model, j_model, _ = make_pair("retention")
     with pytest.raises(TypeError, match="input_ids"):
         t_model(torch.zeros(1, 4))

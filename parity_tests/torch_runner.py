@@ -15,6 +15,8 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
 
 def registry(spec: OpSpec) -> dict:
     mod = importlib.import_module(f"fla_torch.ops.{spec.family}.interface")
+    if not spec.has_state:
+        return mod.IMPLS
     return mod.CHUNK_IMPLS if spec.variant == "chunk" else mod.RECURRENT_IMPLS
 
 
@@ -69,11 +71,14 @@ def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = 
     fn = getattr(ops, spec.name)
     kernel = impl not in ("reference", "chunked")
     with poisoned_allocations() if kernel else contextlib.nullcontext():
-        o, ht = fn(**args, **kw, impl=impl)
-        do = torch.tensor(x["do"], dtype=o.dtype, device=device)
-        dht = torch.tensor(x["dht"], dtype=ht.dtype, device=device)
-        grads = torch.autograd.grad((o, ht), list(leaves.values()), (do, dht), allow_unused=True)
-    out = {"o": o, "ht": ht}
+        res = fn(**args, **kw, impl=impl)
+        o, ht = res if spec.has_state else (res, None)   # softmax attention returns o only
+        outs = [o] + ([ht] if ht is not None else [])
+        cots = [torch.tensor(x["do"], dtype=o.dtype, device=device)]
+        if ht is not None:
+            cots.append(torch.tensor(x["dht"], dtype=ht.dtype, device=device))
+        grads = torch.autograd.grad(outs, list(leaves.values()), cots, allow_unused=True)
+    out = {"o": o, "ht": ht} if ht is not None else {"o": o}
     for name, gr in zip(leaves, grads):
         if gr is None:
             raise AssertionError(f"{spec.name}(impl={impl}): no gradient reached {name[1:]}")
@@ -83,7 +88,7 @@ def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = 
         out[name] = gr
     if o.dtype != dt:
         raise AssertionError(f"{spec.name}(impl={impl}): o has dtype {o.dtype}; expected {dt}")
-    if ht.dtype != gdt:
+    if ht is not None and ht.dtype != gdt:
         raise AssertionError(f"{spec.name}(impl={impl}): final state has dtype {ht.dtype}; "
                              f"expected {gdt}")
     return {n: t.detach().to(torch.float64).cpu().numpy() for n, t in out.items()}

@@ -72,8 +72,8 @@ class Block(nnx.Module):
     def __init__(self, config: LMConfig, layer_idx: int, *, param_dtype, rngs: nnx.Rngs):
         f = {"param_dtype": param_dtype, "rngs": rngs}
         self.attn_norm = RMSNorm(config.hidden_size, eps=config.norm_eps, **f)
-        self.attn = getattr(fla_layers, config.attn_class)(**config.attn_kwargs_for(layer_idx),
-                                                          **f)
+        self.attn = getattr(fla_layers, config.layer_class(layer_idx))(
+            **config.attn_kwargs_for(layer_idx), **f)
         _check_attn_sizes(config, self.attn)
         self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps, **f)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, **f)

@@ -1,11 +1,14 @@
-"""Linear-attention layers (FLA's class names, constructor arguments and parameter names).
+"""Linear-attention layers and softmax `Attention` for hybrids (FLA's class names, constructor
+arguments and parameter names).
 
 Every layer: forward(hidden_states [B, T, hidden], attention_mask=None, past_key_values=None,
 use_cache=False) -> (o [B, T, hidden], None, cache dict or None). The cache dict is described in
-fla_torch/layers/cache.py and is the same in fla_jax.layers.
+fla_torch/layers/cache.py (Attention's KV cache: layers/kv_cache.py) and is the same in
+fla_jax.layers.
 attention_mask: None or [B, T] of 0/1 (1 = real token; left, right or inner padding);
 padded tokens change no state and their outputs are 0 -- see layers/padding.py.
 """
+from .attn import Attention
 from .delta_net import DeltaNet
 from .gated_deltanet import GatedDeltaNet
 from .gla import GatedLinearAttention
@@ -13,4 +16,4 @@ from .linear_attention import LinearAttention
 from .multiscale_retention import MultiScaleRetention
 
 __all__ = ["LinearAttention", "MultiScaleRetention", "GatedLinearAttention", "DeltaNet",
-           "GatedDeltaNet"]
+           "GatedDeltaNet", "Attention"]

@@ -61,8 +61,8 @@ class Block(nn.Module):
         super().__init__()
         f = {"device": device, "dtype": dtype}
         self.attn_norm = RMSNorm(config.hidden_size, eps=config.norm_eps, **f)
-        self.attn = getattr(fla_layers, config.attn_class)(**config.attn_kwargs_for(layer_idx),
-                                                          **f)
+        self.attn = getattr(fla_layers, config.layer_class(layer_idx))(
+            **config.attn_kwargs_for(layer_idx), **f)
         _check_attn_sizes(config, self.attn)
         self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps, **f)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, **f)

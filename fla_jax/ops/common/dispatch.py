@@ -52,11 +52,16 @@ def _auto_dtype_names(op: str) -> tuple:
     return tuple(names[d] for d in AUTO_KERNEL.get(op, ()))
 
 
-def resolve_impl(op: str, impl: str, registry: dict, q) -> str:
+def resolve_impl(op: str, impl: str, registry: dict, q, auto=None) -> str:
     """Pick the implementation name. 'auto': Pallas kernels on a GPU backend for kernel
-    dtypes when the op's kernels are GPU-proven (AUTO_KERNEL), else 'chunked'."""
-    if impl not in IMPLS:
-        raise ValueError(f"{op}: impl={impl!r}; expected one of {', '.join(IMPLS)}")
+    dtypes when the op's kernels are GPU-proven (AUTO_KERNEL), else 'chunked'; an op with its own
+    rule passes it as `auto(q) -> name`. Names an op registers beyond IMPLS are accepted."""
+    own = tuple(n for n in registry if n not in IMPLS)   # an op with engines of its own
+    known = ("auto",) + tuple(registry) if own else IMPLS
+    if impl not in known:
+        raise ValueError(f"{op}: impl={impl!r}; expected one of {', '.join(known)}")
+    if impl == "auto" and auto is not None:
+        return auto(q)
     if impl == "auto":
         names = _auto_dtype_names(op)
         if KERNEL_IMPL in registry and on_gpu() and np.dtype(q.dtype).name in names:

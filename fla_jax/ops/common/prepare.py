@@ -28,14 +28,19 @@ def concrete_values(x):
 
 def run_op(spec: OpSpec, registry: dict, impl: str, *, scale=None,
            output_final_state: bool = False, cu_seqlens=None,
-           use_qk_l2norm_in_kernel: bool = False, **tensors):
+           use_qk_l2norm_in_kernel: bool = False, options=None, allowed=None, auto=None,
+           check=None, **tensors):
     """tensors: the op's tensor arguments by public name (q, k, v, g, beta, g_gamma,
     initial_state; None where not given). Returns (o [B, T, HV, V] in q's dtype,
-    final_state [N, HV, K, V] fp32 or None)."""
+    final_state [N, HV, K, V] fp32 or None); an op without a state (not spec.has_state) returns o.
+    options: extra keywords for the implementation (checked by the op); allowed: {impl: q/k/v
+    dtypes} for implementation names beyond dispatch.ALLOWED_DTYPES; auto: the op's own
+    impl='auto' rule (see resolve_impl); check: the op's own checks, called with the
+    call's Dims after validation."""
     op = spec.name
     q = tensors.get(spec.activations[0].name)
-    name = resolve_impl(op, impl, registry, q)
-    dims = validate_op(spec, name, ALLOWED_DTYPES[name],
+    name = resolve_impl(op, impl, registry, q, auto)
+    dims = validate_op(spec, name, dict(ALLOWED_DTYPES, **(allowed or {}))[name],
                        {n: dtypes.info(n, t, op) for n, t in tensors.items()},
                        dtypes.info("cu_seqlens", cu_seqlens, op))
     if cu_seqlens is not None:
@@ -47,6 +52,13 @@ def run_op(spec: OpSpec, registry: dict, impl: str, *, scale=None,
     scale = dims.K ** -0.5 if scale is None else check_scale(op, scale)
     if use_qk_l2norm_in_kernel and not spec.l2norm:
         raise TypeError(f"{op}: use_qk_l2norm_in_kernel=True; this op has no such option")
+
+    if check is not None:
+        check(dims)
+    if not spec.has_state:
+        fn = load_impl(registry, name)
+        return fn(*(tensors[a.name] for a in spec.activations), scale=scale,
+                  cu_seqlens=cu_seqlens, **(options or {}))
 
     gd = dtypes.gate_dtype(q.dtype)
     family = {}

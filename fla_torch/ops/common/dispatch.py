@@ -28,11 +28,16 @@ def _auto_dtype_names(op: str) -> tuple:
     return tuple(names[d] for d in AUTO_KERNEL.get(op, ()))
 
 
-def resolve_impl(op: str, impl: str, registry: dict, q: torch.Tensor) -> str:
+def resolve_impl(op: str, impl: str, registry: dict, q: torch.Tensor, auto=None) -> str:
     """Pick the implementation name. 'auto': Triton kernels for CUDA tensors of a kernel
-    dtype when the op's kernels are GPU-proven (AUTO_KERNEL), else 'chunked'."""
-    if impl not in IMPLS:
-        raise ValueError(f"{op}: impl={impl!r}; expected one of {', '.join(IMPLS)}")
+    dtype when the op's kernels are GPU-proven (AUTO_KERNEL), else 'chunked'; an op with its own
+    rule passes it as `auto(q) -> name`. Names an op registers beyond IMPLS are accepted."""
+    own = tuple(n for n in registry if n not in IMPLS)   # an op with engines of its own
+    known = ("auto",) + tuple(registry) if own else IMPLS
+    if impl not in known:
+        raise ValueError(f"{op}: impl={impl!r}; expected one of {', '.join(known)}")
+    if impl == "auto" and auto is not None:
+        return auto(q)
     if impl == "auto":
         if (KERNEL_IMPL in registry and isinstance(q, torch.Tensor) and q.is_cuda
                 and str(q.dtype).replace("torch.", "") in _auto_dtype_names(op)):

@@ -1,0 +1,3 @@
+from .interface import attention
+
+__all__ = ["attention"]

@@ -1,0 +1,113 @@
+"""Attention: softmax attention with FLA's class name, constructor arguments and parameter
+names (fla.layers.Attention), under the dtype contract.
+
+Per token: q, k, v = q/k/v_proj(x) in heads of D = hidden_size // num_heads (k and v in
+num_kv_heads heads, GQA), optional RMSNorm of q and k per head (qk_norm), rotary positions
+(rope_theta; None = none), causal softmax attention over the keys so far (ops.attention;
+window_size = the w most recent keys), o_proj.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..modules import RMSNorm
+from ..modules.precision import compute_dtype, linear, output_dtype, resolve_policy, storage_dtype
+from ..ops.attention import attention
+from ..ops.attention.interface import attention_with_key_mask
+from .inputs import check_layer_call
+from .kv_cache import check_kv_cache, extend, extend_mask, make_kv_cache, read_kv_cache
+from .padding import masked_positions, neutralise, next_offset
+from .projections import split_heads
+from .rotary import apply_rotary, rotary_positions
+
+
+class Attention(nn.Module):
+    """Multi-head (grouped-query) softmax attention layer.
+
+    Args (FLA's): hidden_size, num_heads, num_kv_heads (default num_heads; num_heads %
+        num_kv_heads == 0), qkv_bias, qk_norm, window_size (None or int w: the w most recent
+        keys, the query's own included), rope_theta (None: no rotary), max_position_embeddings
+        (accepted, unused: rotary positions are computed, not tabulated), layer_idx.
+        Ours: norm_eps (q/k RMSNorm eps), device, dtype (parameter storage), policy (compute).
+    Parameters: q_proj [hidden, hidden] (+ bias), k_proj / v_proj [num_kv_heads * D, hidden]
+        (+ bias), o_proj [hidden, hidden], q_norm.weight / k_norm.weight [D] (qk_norm).
+    forward(hidden_states [B, T, hidden], attention_mask=None ([B, T] 0/1, 1 = real token),
+        past_key_values=None, use_cache=False, cu_seqlens=None) -> (o [B, T, hidden] in the
+        compute dtype (the policy's output dtype with a policy), None, cache dict or None);
+        the cache is layers/kv_cache.py's. Padded positions output 0 and are never attended;
+        rotary positions count real tokens; a window counts slots (exact for left padding).
+    """
+
+    def __init__(self, hidden_size: int = 2048, num_heads: int = 32,
+                 num_kv_heads: int | None = None, qkv_bias: bool = False, qk_norm: bool = False,
+                 window_size: int | None = None, rope_theta: float | None = 10000.0,
+                 max_position_embeddings: int | None = None, layer_idx: int | None = None,
+                 norm_eps: float = 1e-5, device=None, dtype=None, policy=None):
+        super().__init__()
+        name = "Attention"
+        self.hidden_size, self.num_heads = hidden_size, num_heads
+        self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_heads % self.num_kv_heads != 0:
+            raise ValueError(f"{name}: num_heads={num_heads} is not a multiple of "
+                             f"num_kv_heads={self.num_kv_heads}")
+        if hidden_size % num_heads != 0:
+            raise ValueError(f"{name}: hidden_size={hidden_size} is not divisible by "
+                             f"num_heads={num_heads}")
+        if window_size is not None and (not isinstance(window_size, int) or window_size < 1):
+            raise ValueError(f"{name}: window_size={window_size!r}; expected None or an int >= 1")
+        self.num_kv_groups = num_heads // self.num_kv_heads
+        self.head_dim = hidden_size // num_heads
+        self.kv_dim = self.num_kv_heads * self.head_dim
+        self.qkv_bias, self.qk_norm = qkv_bias, qk_norm
+        self.window_size, self.rope_theta = window_size, rope_theta
+        self.max_position_embeddings, self.layer_idx = max_position_embeddings, layer_idx
+        self.policy = resolve_policy(policy)
+        f = {"device": device, "dtype": storage_dtype(dtype, self.policy)}
+        self.q_proj = nn.Linear(hidden_size, hidden_size, bias=qkv_bias, **f)
+        self.k_proj = nn.Linear(hidden_size, self.kv_dim, bias=qkv_bias, **f)
+        self.v_proj = nn.Linear(hidden_size, self.kv_dim, bias=qkv_bias, **f)
+        self.o_proj = nn.Linear(hidden_size, hidden_size, bias=False, **f)
+        if qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, eps=norm_eps, **f)
+            self.k_norm = RMSNorm(self.head_dim, eps=norm_eps, **f)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None,
+                use_cache: bool = False, output_attentions: bool = False, cu_seqlens=None,
+                **kwargs):
+        name = "Attention"
+        mask = check_layer_call(self, name, hidden_states, attention_mask, None, cu_seqlens)
+        if past_key_values is not None:
+            check_kv_cache(self, name, past_key_values, hidden_states.shape[0])
+        k_old, v_old, mask_old, offset = read_kv_cache(past_key_values)
+        if cu_seqlens is not None and (use_cache or k_old is not None):
+            raise ValueError(f"{name}: use_cache / past_key_values with cu_seqlens; the KV "
+                             f"cache holds padded rows: decode a batch with attention_mask")
+        B, T, _ = hidden_states.shape
+        cd = compute_dtype(hidden_states, self.policy)
+        x = hidden_states.to(cd)
+        D = self.head_dim
+        q = split_heads(linear(x, self.q_proj, cd), D)
+        k = split_heads(linear(x, self.k_proj, cd), D)
+        v = split_heads(linear(x, self.v_proj, cd), D)
+        if self.qk_norm:
+            q, k = self.q_norm(q).to(cd), self.k_norm(k).to(cd)
+        if self.rope_theta is not None:
+            pos = (masked_positions(mask, offset) if mask is not None else
+                   rotary_positions(B, T, offset, cu_seqlens, device=x.device))
+            q, k = apply_rotary(q, pos, self.rope_theta), apply_rotary(k, pos, self.rope_theta)
+        S_old = 0 if k_old is None else k_old.shape[1]
+        k, v = extend(k_old, k), extend(v_old, v)
+        key_mask = extend_mask(mask_old, S_old, mask, B, T, x.device)
+        if key_mask is None:
+            o = attention(q, k, v, causal=True, cu_seqlens=cu_seqlens,
+                          window_size=self.window_size)
+        else:
+            o = attention_with_key_mask(q, k, v, key_mask, causal=True,
+                                        window_size=self.window_size)
+        o = linear(o.reshape(B, T, -1), self.o_proj, cd).to(output_dtype(cd, self.policy))
+        if mask is not None:
+            o = neutralise(mask, o)
+        cache = (make_kv_cache(k, v, key_mask, next_offset(offset, T, cu_seqlens, mask))
+                 if use_cache else None)
+        return o, None, cache

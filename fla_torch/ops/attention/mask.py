@@ -1,0 +1,40 @@
+"""Which keys each query may attend: one boolean mask for every attention path."""
+from __future__ import annotations
+
+import torch
+
+from ...modules.varlen import token_sequence
+
+
+def needs_mask(T: int, S: int, causal: bool, window, cu_seqlens, key_mask) -> bool:
+    """False when plain causal (T == S) or full attention describes the call."""
+    return (window is not None or cu_seqlens is not None or key_mask is not None
+            or (causal and T != S))
+
+
+def allowed_mask(T: int, S: int, causal: bool, window, cu_seqlens=None, key_mask=None,
+                 device=None) -> torch.Tensor:
+    """bool [B or 1, T, S], True where query t may attend key s.
+
+    Query t sits at position p = t + S - T. causal: s <= p; window (left, right), -1 =
+    unbounded: p - left <= s <= p + right; cu_seqlens [N+1] (T == S): s in t's sequence;
+    key_mask bool [B, S] (False = padding): padded keys are skipped except by the query at the
+    same position, so a padded query's row is never empty (its output is discarded)."""
+    pq = torch.arange(T, device=device)[:, None] + (S - T)
+    pk = torch.arange(S, device=device)[None, :]
+    ok = torch.ones(T, S, dtype=torch.bool, device=device)
+    if causal:
+        ok &= pk <= pq
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            ok &= pk >= pq - left
+        if right >= 0:
+            ok &= pk <= pq + right
+    if cu_seqlens is not None:
+        seq, _ = token_sequence(cu_seqlens.to(device), T)
+        ok &= seq[:, None] == seq[None, :]
+    ok = ok[None]
+    if key_mask is not None:
+        ok = ok & (key_mask.to(device)[:, None, :] | (pk == pq)[None])
+    return ok
