@@ -32,13 +32,15 @@ from .varlen import n_slots, search_steps, slot_chunk
 
 
 @triton.jit
-def _sub_gates(g, g_f, row_I, o_t, o_k, m_I, m_k, i0, K: tl.constexpr, GATE: tl.constexpr,
-               BC: tl.constexpr):
-    """Split cumsum (hi, lo) [BC, GW] of sub-chunk rows i0.. of a chunk whose fp64 gate tile is
-    g_f [BT, GW]: the sum of the rows before i0 plus the sub-chunk's own cumsum."""
-    off = tl.sum(tl.where(o_t[:, None] < i0, g_f, 0.), axis=0)
+def _sub_gates(g, hi_f, lo_f, row_I, o_t, o_k, m_I, m_k, i0, K: tl.constexpr,
+               GATE: tl.constexpr, BC: tl.constexpr):
+    """Split cumsum (hi, lo) [BC, GW] of sub-chunk rows i0.. of a chunk whose split cumsum is
+    (hi_f, lo_f) [BT, GW], and (r_hi, r_lo) [GW]: the cumsum at row i0 - 1 (0 for i0 = 0)."""
+    r_hi, r_lo = pick_row(hi_f, o_t, i0 - 1), pick_row(lo_f, o_t, i0 - 1)
     g_I = load_gate(g, row_I, o_k, m_I, m_k, K, GATE, BC)
-    return split(off[None, :] + tl.cumsum(g_I, axis=0))
+    off = r_hi.to(tl.float64) + r_lo.to(tl.float64)
+    hi_I, lo_I = split(off[None, :] + tl.cumsum(g_I, axis=0))
+    return hi_I, lo_I, r_hi, r_lo
 
 
 @triton.jit
@@ -80,7 +82,8 @@ def _output_fwd_kernel(q, k, v, g, h, o, cu_seqlens, scale, T, N, n_steps, H: tl
                           mask=(m_k[:, None] & m_v[None, :]), other=0.)
             g_f = load_gate(g, row_f, o_k, m_f, m_k, K, GATE, BT)
             hi_f, lo_f = split(tl.cumsum(g_f, axis=0))
-            hi_I, lo_I = _sub_gates(g, g_f, row_I, o_t, o_k, m_I, m_k, i0, K, GATE, BC)
+            hi_I, lo_I, _, _ = _sub_gates(g, hi_f, lo_f, row_I, o_t, o_k, m_I, m_k, i0, K, GATE,
+                                          BC)
             acc += tl.dot((q_I * tl.exp(hi_I + lo_I)).to(dt), b_h, input_precision=PREC)
             r_hi, r_lo = pick_row(hi_I, o_c, 0), pick_row(lo_I, o_c, 0)
             q_d = (q_I * tl.exp(gap(hi_I, lo_I, r_hi[None, :], r_lo[None, :]))).to(dt)
@@ -143,7 +146,8 @@ def _output_bwd_dv_kernel(q, k, g, dh, do, dv, cu_seqlens, scale, T, N, n_steps,
             g_f = load_gate(g, row_f, o_k, m_f, m_k, K, GATE, BT)
             hi_f, lo_f = split(tl.cumsum(g_f, axis=0))
             l_hi, l_lo = split(tl.sum(g_f, axis=0))
-            hi_J, lo_J = _sub_gates(g, g_f, row_J, o_t, o_k, m_J, m_k, j0, K, GATE, BC)
+            hi_J, lo_J, _, _ = _sub_gates(g, hi_f, lo_f, row_J, o_t, o_k, m_J, m_k, j0, K, GATE,
+                                           BC)
             k_e = (k_J * tl.exp(gap(l_hi[None, :], l_lo[None, :], hi_J, lo_J))).to(dt)
             acc += tl.dot(k_e, b_dh, input_precision=PREC)
             e_hi, e_lo = pick_row(hi_J, o_c, BC - 1), pick_row(lo_J, o_c, BC - 1)
@@ -213,7 +217,8 @@ def _output_bwd_dqk_kernel(q, k, v, g, h, dh, do, dq, dk, dg, cu_seqlens, scale,
         m_Ik = m_I[:, None] & m_k[None, :]
         q_I = tl.load(q + row_I[:, None] * K + o_k[None, :], mask=m_Ik, other=0.)
         k_I = tl.load(k + row_I[:, None] * K + o_k[None, :], mask=m_Ik, other=0.)
-        hi_I, lo_I = _sub_gates(g, g_f, row_I, o_t, o_k, m_I, m_k, i0, K, GATE, BC)
+        hi_I, lo_I, r_hi, r_lo = _sub_gates(g, hi_f, lo_f, row_I, o_t, o_k, m_I, m_k, i0, K,
+                                            GATE, BC)
         dA = tl.zeros([BC, BT], dtype=tl.float32)     # dA[i, j], i in sub-chunk I
         dAt = tl.zeros([BC, BT], dtype=tl.float32)    # dAt[j, i] = dA[i, j], j in I
         dq_s = tl.zeros([BC, BK], dtype=tl.float32)
@@ -241,8 +246,8 @@ def _output_bwd_dqk_kernel(q, k, v, g, h, dh, do, dq, dk, dg, cu_seqlens, scale,
         # sub-chunks before I (dq) and after I (dk). The 16-bit operand keeps its largest
         # entries undecayed (reference: the row just before / just after I) and the rest of
         # the decay multiplies the fp32 product: fp16 would flush exp(-10) k to subnormals
-        r_hi, r_lo = split(tl.sum(tl.where(o_t[:, None] < i0, g_f, 0.), axis=0))
-        n_hi, n_lo = split(tl.sum(tl.where(o_t[:, None] <= i0 + BC, g_f, 0.), axis=0))
+        i_n1 = tl.minimum(i0 + BC, BT - 1)
+        n_hi, n_lo = pick_row(hi_f, o_t, i_n1), pick_row(lo_f, o_t, i_n1)
         e_k = tl.where(o_t[:, None] < i0, gap(r_hi[None, :], r_lo[None, :], hi_f, lo_f),
                        float("-inf"))
         k_d = (k_f * tl.exp(e_k)).to(dt)
