@@ -64,3 +64,18 @@ def pick_row(x, o, j):
 def pick_col(x, o, j):
     """Column j of a 2-D tile x (o = arange over its columns), as a 1-D tensor (exact)."""
     return tl.sum(tl.where(o[None, :] == j, x, 0.), axis=1)
+
+
+@triton.jit
+def load_gate_row(g, t, i_h, eos, o_k, m_k, H: tl.constexpr, K: tl.constexpr,
+                  GATE: tl.constexpr):
+    """fp64 gate of the single token t ([BK] key gate, [1] scalar / none); 0 at t >= eos."""
+    if GATE == GATE_KEY:
+        x = tl.load(g + (t * H + i_h) * K + o_k, mask=m_k & (o_k * 0 + t < eos),
+                    other=0.).to(tl.float64)
+    elif GATE == GATE_SCALAR:
+        o_1 = tl.zeros([1], dtype=tl.int64) + t
+        x = tl.load(g + o_1 * H + i_h, mask=o_1 < eos, other=0.).to(tl.float64)
+    else:
+        x = tl.zeros([1], dtype=tl.float64)
+    return x

@@ -26,9 +26,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .gates import GATE_SCALAR, gap, load_gate, pick_col, pick_row, split
+from .gates import GATE_SCALAR, gap, load_gate, load_gate_row, pick_col, pick_row, split
 from .launch import launch_for
 from .varlen import n_slots, search_steps, slot_chunk
+
+
+@triton.jit
+def _load_row(x, t, i_h, eos, o_k, m_k, H: tl.constexpr, K: tl.constexpr):
+    """Row [BK] (fp32) of token t of x [B*T, H, K]; 0 at t >= eos."""
+    return tl.load(x + (t * H + i_h) * K + o_k, mask=m_k & (o_k * 0 + t < eos),
+                   other=0.).to(tl.float32)
 
 
 @triton.jit
@@ -82,21 +89,22 @@ def _output_fwd_kernel(q, k, v, g, h, o, cu_seqlens, scale, T, N, n_steps, H: tl
                           mask=(m_k[:, None] & m_v[None, :]), other=0.)
             g_f = load_gate(g, row_f, o_k, m_f, m_k, K, GATE, BT)
             hi_f, lo_f = split(tl.cumsum(g_f, axis=0))
-            hi_I, lo_I, _, _ = _sub_gates(g, hi_f, lo_f, row_I, o_t, o_k, m_I, m_k, i0, K, GATE,
-                                          BC)
+            hi_I, lo_I, r_hi, r_lo = _sub_gates(g, hi_f, lo_f, row_I, o_t, o_k, m_I, m_k, i0, K,
+                                                GATE, BC)
             acc += tl.dot((q_I * tl.exp(hi_I + lo_I)).to(dt), b_h, input_precision=PREC)
-            r_hi, r_lo = pick_row(hi_I, o_c, 0), pick_row(lo_I, o_c, 0)
-            q_d = (q_I * tl.exp(gap(hi_I, lo_I, r_hi[None, :], r_lo[None, :]))).to(dt)
-            e_k = tl.where(o_t[:, None] < i0, gap(r_hi[None, :], r_lo[None, :], hi_f, lo_f),
+            f_hi, f_lo = pick_row(hi_I, o_c, 0), pick_row(lo_I, o_c, 0)
+            q_d = (q_I * tl.exp(gap(hi_I, lo_I, f_hi[None, :], f_lo[None, :]))).to(dt)
+            e_k = tl.where(o_t[:, None] < i0, gap(f_hi[None, :], f_lo[None, :], hi_f, lo_f),
                            float("-inf"))
             k_d = (k_f * tl.exp(e_k)).to(dt)
             A += tl.dot(q_d, tl.trans(k_d), input_precision=PREC)
             q_32 = q_I.to(tl.float32)
-            k_32 = tl.load(k + row_I[:, None] * K + o_k[None, :],
-                           mask=m_I[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_j = r_hi.to(tl.float64) + r_lo.to(tl.float64)
             for j in range(BC):
-                k_j = pick_row(k_32, o_c, j)
-                h_j, l_j = pick_row(hi_I, o_c, j), pick_row(lo_I, o_c, j)
+                t_j = c0 + i0 + j
+                k_j = _load_row(k, t_j, i_h, eos, o_k, m_k, H, K)
+                b_j += load_gate_row(g, t_j, i_h, eos, o_k, m_k, H, K, GATE)
+                h_j, l_j = split(b_j)
                 e = tl.where(o_c[:, None] >= j, gap(hi_I, lo_I, h_j[None, :], l_j[None, :]),
                              float("-inf"))
                 a = tl.sum(q_32 * k_j[None, :] * tl.exp(e), axis=1)
@@ -146,8 +154,8 @@ def _output_bwd_dv_kernel(q, k, g, dh, do, dv, cu_seqlens, scale, T, N, n_steps,
             g_f = load_gate(g, row_f, o_k, m_f, m_k, K, GATE, BT)
             hi_f, lo_f = split(tl.cumsum(g_f, axis=0))
             l_hi, l_lo = split(tl.sum(g_f, axis=0))
-            hi_J, lo_J, _, _ = _sub_gates(g, hi_f, lo_f, row_J, o_t, o_k, m_J, m_k, j0, K, GATE,
-                                           BC)
+            hi_J, lo_J, r_hi, r_lo = _sub_gates(g, hi_f, lo_f, row_J, o_t, o_k, m_J, m_k, j0, K,
+                                                GATE, BC)
             k_e = (k_J * tl.exp(gap(l_hi[None, :], l_lo[None, :], hi_J, lo_J))).to(dt)
             acc += tl.dot(k_e, b_dh, input_precision=PREC)
             e_hi, e_lo = pick_row(hi_J, o_c, BC - 1), pick_row(lo_J, o_c, BC - 1)
@@ -157,11 +165,12 @@ def _output_bwd_dv_kernel(q, k, g, dh, do, dv, cu_seqlens, scale, T, N, n_steps,
             q_d = (q_f * tl.exp(e_q)).to(dt)
             At += tl.dot(k_d, tl.trans(q_d), input_precision=PREC)
             k_32 = k_J.to(tl.float32)
-            q_32 = tl.load(q + row_J[:, None] * K + o_k[None, :],
-                           mask=m_J[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_i = r_hi.to(tl.float64) + r_lo.to(tl.float64)
             for i in range(BC):
-                q_i = pick_row(q_32, o_c, i)
-                h_i, l_i = pick_row(hi_J, o_c, i), pick_row(lo_J, o_c, i)
+                t_i = c0 + j0 + i
+                q_i = _load_row(q, t_i, i_h, eos, o_k, m_k, H, K)
+                b_i += load_gate_row(g, t_i, i_h, eos, o_k, m_k, H, K, GATE)
+                h_i, l_i = split(b_i)
                 e = tl.where(o_c[:, None] <= i, gap(h_i[None, :], l_i[None, :], hi_J, lo_J),
                              float("-inf"))
                 a = tl.sum(k_32 * q_i[None, :] * tl.exp(e), axis=1)
@@ -262,10 +271,13 @@ def _output_bwd_dqk_kernel(q, k, v, g, h, dh, do, dq, dk, dg, cu_seqlens, scale,
         # the diagonal sub-block, exact per pair, without the pair i == j
         q_32 = q_I.to(tl.float32)
         k_32 = k_I.to(tl.float32)
+        b_j = r_hi.to(tl.float64) + r_lo.to(tl.float64)
         for j in range(BC):
-            h_j, l_j = pick_row(hi_I, o_c, j), pick_row(lo_I, o_c, j)
-            k_j = pick_row(k_32, o_c, j)
-            q_j = pick_row(q_32, o_c, j)
+            t_j = c0 + i0 + j
+            b_j += load_gate_row(g, t_j, i_h, eos, o_k, m_k, H, K, GATE)
+            h_j, l_j = split(b_j)
+            k_j = _load_row(k, t_j, i_h, eos, o_k, m_k, H, K)
+            q_j = _load_row(q, t_j, i_h, eos, o_k, m_k, H, K)
             a = pick_col(dA, o_t, i0 + j)
             e = tl.where(o_c[:, None] > j, gap(hi_I, lo_I, h_j[None, :], l_j[None, :]),
                          float("-inf"))
