@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common.engine import (GATE_NONE, GATE_SCALAR, output_bwd, output_fwd, state_pass_bwd,
-                             state_pass_fwd)
+from ..common.engine import GATE_NONE, GATE_SCALAR, chunk_backward, chunk_forward
 from ..common.triton_scalar_gate import dot_precision
 from ..gla.triton_chunk import _alloc_on, _contig
 
@@ -19,24 +18,20 @@ class _EngineSimpleGLA(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, gate, scale, initial_state, output_final_state, cu_seqlens):
-        alloc = _alloc_on(q.device)
         prec = dot_precision(q.dtype)
-        h, ht = state_pass_fwd(k, v, g, gate, initial_state, output_final_state, cu_seqlens,
-                               q.dtype, prec, alloc)
-        o = output_fwd(q, k, v, g, gate, h, scale, cu_seqlens, prec, alloc)
-        ctx.save_for_backward(q, k, v, g, initial_state, cu_seqlens, h)
+        o, ht, saved = chunk_forward(q, k, v, g, gate, scale, initial_state, output_final_state,
+                                     cu_seqlens, prec, _alloc_on(q.device))
+        ctx.save_for_backward(q, k, v, cu_seqlens, *saved)
         ctx.gate, ctx.scale, ctx.prec = gate, scale, prec
+        ctx.has_h0, ctx.has_g = initial_state is not None, g is not None
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, initial_state, cu_seqlens, h = ctx.saved_tensors
-        alloc = _alloc_on(q.device)
-        do = do.contiguous()
-        dh, dh0 = state_pass_bwd(q, do, g, ctx.gate, ctx.scale, _contig(dht), cu_seqlens,
-                                 initial_state is not None, q.dtype, ctx.prec, alloc)
-        dq, dk, dv, dg = output_bwd(q, k, v, g, ctx.gate, h, dh, do, ctx.scale, cu_seqlens,
-                                    g is not None and ctx.needs_input_grad[3], ctx.prec, alloc)
+        q, k, v, cu_seqlens, *saved = ctx.saved_tensors
+        dq, dk, dv, dg, dh0 = chunk_backward(
+            q, k, v, saved, do.contiguous(), _contig(dht), ctx.gate, ctx.scale, cu_seqlens,
+            ctx.has_h0, ctx.has_g and ctx.needs_input_grad[3], ctx.prec, _alloc_on(q.device))
         return dq, dk, dv, dg, None, None, dh0, None, None
 
 

@@ -2,7 +2,8 @@
 
 Per (sequence, head, K block, V block) one program walks the chunks of its sequence in order
 with the state tile [BK, BV] fp32 in registers. With b the in-chunk cumsum of the log-decay
-(gates.py) and `last` its value at the chunk's end:
+(gates.chunk_cumsum, read as stored: (hi, lo) per slot row) and `last` its value at the
+chunk's end:
     forward:  h[slot] = S (the state before the chunk, stored in h's dtype);
               S <- exp(last) * S + sum_j (k_j * exp(last - b_j))^T v_j
               final state = S after the last chunk (fp32).
@@ -19,13 +20,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .gates import GATE_NONE, gap, load_gate, split
+from .gates import GATE_NONE, gap, load_cum, load_cum_row
 from .launch import launch_for
 from .varlen import chunk_slot, n_slots, seq_bounds
 
 
 @triton.jit
-def _state_fwd_kernel(k, v, g, h0, h, ht, cu_seqlens, T, H: tl.constexpr, K: tl.constexpr,
+def _state_fwd_kernel(k, v, ch, cl, h0, h, ht, cu_seqlens, T, H: tl.constexpr, K: tl.constexpr,
                       V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       GATE: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
                       IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
@@ -55,9 +56,9 @@ def _state_fwd_kernel(k, v, g, h0, h, ht, cu_seqlens, T, H: tl.constexpr, K: tl.
         b_v = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
                       other=0.)
         if GATE != GATE_NONE:
-            gt = load_gate(g, row, o_k, m_t, m_k, K, GATE, BT)
-            hi, lo = split(tl.cumsum(gt, axis=0))
-            l_hi, l_lo = split(tl.sum(gt, axis=0))
+            srow = slot * BT + o_t
+            hi, lo = load_cum(ch, cl, srow, i_h, o_k, m_k, H, K, GATE, BT)
+            l_hi, l_lo = load_cum_row(ch, cl, slot * BT + BT - 1, i_h, o_k, m_k, H, K, GATE)
             b_k = (b_k * tl.exp(gap(l_hi[None, :], l_lo[None, :], hi, lo))).to(dt)
             state *= tl.exp(l_hi + l_lo)[:, None]
         state += tl.dot(tl.trans(b_k), b_v, input_precision=PREC)
@@ -66,7 +67,7 @@ def _state_fwd_kernel(k, v, g, h0, h, ht, cu_seqlens, T, H: tl.constexpr, K: tl.
 
 
 @triton.jit
-def _state_bwd_kernel(q, do, g, dht, dh, dh0, cu_seqlens, scale, T, H: tl.constexpr,
+def _state_bwd_kernel(q, do, ch, cl, dht, dh, dh0, cu_seqlens, scale, T, H: tl.constexpr,
                       K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                       BV: tl.constexpr, GATE: tl.constexpr, USE_DHT: tl.constexpr,
                       STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
@@ -99,9 +100,9 @@ def _state_bwd_kernel(q, do, g, dht, dh, dh0, cu_seqlens, scale, T, H: tl.conste
         b_do = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
                        other=0.)
         if GATE != GATE_NONE:
-            gt = load_gate(g, row, o_k, m_t, m_k, K, GATE, BT)
-            hi, lo = split(tl.cumsum(gt, axis=0))
-            l_hi, l_lo = split(tl.sum(gt, axis=0))
+            srow = slot * BT + o_t
+            hi, lo = load_cum(ch, cl, srow, i_h, o_k, m_k, H, K, GATE, BT)
+            l_hi, l_lo = load_cum_row(ch, cl, slot * BT + BT - 1, i_h, o_k, m_k, H, K, GATE)
             b_max = tl.max(hi, axis=0)
             b_q = (b_q * tl.exp((hi - b_max[None, :]) + lo)).to(dt)
             dstate *= tl.exp(l_hi + l_lo)[:, None]
@@ -117,9 +118,10 @@ def _dummy(x, fallback):
     return x if x is not None else fallback
 
 
-def state_pass_fwd(k, v, g, gate: int, initial_state, output_final_state: bool, cu_seqlens,
+def state_pass_fwd(k, v, cum, gate: int, initial_state, output_final_state: bool, cu_seqlens,
                    h_dtype: torch.dtype, prec: str, alloc):
-    """k [B, T, H, K], v [B, T, H, V]; g per `gate` ([B, T, H] or [B, T, H, K] fp32, or None).
+    """k [B, T, H, K], v [B, T, H, V]; cum: the gate's split in-chunk cumsum (hi, lo) from
+    gates.chunk_cumsum, or None (GATE_NONE).
     Returns (h [slots, H, K, V] in h_dtype: the state before every chunk,
     final state [N, H, K, V] fp32 or None)."""
     B, T, H, K = k.shape
@@ -130,7 +132,8 @@ def state_pass_fwd(k, v, g, gate: int, initial_state, output_final_state: bool, 
     ht = alloc((N, H, K, V), torch.float32) if output_final_state else None
     grid = (triton.cdiv(K, cfg.BK) * triton.cdiv(V, cfg.BV), N * H)
     _state_fwd_kernel[grid](
-        k, v, _dummy(g, k), _dummy(initial_state, k), h, _dummy(ht, h), _dummy(cu_seqlens, k),
+        k, v, *(cum if cum is not None else (k, k)), _dummy(initial_state, k), h,
+        _dummy(ht, h), _dummy(cu_seqlens, k),
         T, H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK, BV=cfg.BV, GATE=gate,
         USE_H0=initial_state is not None, STORE_HT=ht is not None,
         IS_VARLEN=cu_seqlens is not None, PREC=prec, num_warps=cfg.num_warps,
@@ -138,9 +141,9 @@ def state_pass_fwd(k, v, g, gate: int, initial_state, output_final_state: bool, 
     return h, ht
 
 
-def state_pass_bwd(q, do, g, gate: int, scale: float, dht, cu_seqlens, need_dh0: bool,
+def state_pass_bwd(q, do, cum, gate: int, scale: float, dht, cu_seqlens, need_dh0: bool,
                    h_dtype: torch.dtype, prec: str, alloc):
-    """q [B, T, H, K], do [B, T, H, V], dht [N, H, K, V] fp32 or None.
+    """q [B, T, H, K], do [B, T, H, V], cum as in state_pass_fwd, dht [N, H, K, V] fp32 or None.
     Returns (dh [slots, H, K, V] in h_dtype: the gradient of the state after every chunk,
     dh0 [N, H, K, V] fp32 or None)."""
     B, T, H, K = q.shape
@@ -151,7 +154,8 @@ def state_pass_bwd(q, do, g, gate: int, scale: float, dht, cu_seqlens, need_dh0:
     dh0 = alloc((N, H, K, V), torch.float32) if need_dh0 else None
     grid = (triton.cdiv(K, cfg.BK) * triton.cdiv(V, cfg.BV), N * H)
     _state_bwd_kernel[grid](
-        q, do, _dummy(g, q), _dummy(dht, q), dh, _dummy(dh0, dh), _dummy(cu_seqlens, q),
+        q, do, *(cum if cum is not None else (q, q)), _dummy(dht, q), dh, _dummy(dh0, dh),
+        _dummy(cu_seqlens, q),
         scale, T, H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK, BV=cfg.BV, GATE=gate,
         USE_DHT=dht is not None, STORE_DH0=dh0 is not None, IS_VARLEN=cu_seqlens is not None,
         PREC=prec, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
