@@ -100,9 +100,20 @@ def load_cum_row(ch, cl, srow, i_h, o_k, m_k, H: tl.constexpr, K: tl.constexpr,
 
 
 @triton.jit
-def _cumsum_kernel(g, ch, cl, cu_seqlens, T, N, n_steps, H: tl.constexpr, K: tl.constexpr,
-                   BT: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr,
-                   IS_VARLEN: tl.constexpr):
+def load_decay_last(el, slot, i_h, o_k, m_k, H: tl.constexpr, K: tl.constexpr,
+                    GATE: tl.constexpr):
+    """exp(last) fp32 of chunk `slot`: [BK] (key gate) or [1] (scalar gate), from chunk_cumsum."""
+    if GATE == GATE_KEY:
+        x = tl.load(el + (slot * H + i_h) * K + o_k, mask=m_k, other=0.)
+    else:
+        x = tl.load(el + tl.zeros([1], dtype=tl.int64) + slot * H + i_h)
+    return x
+
+
+@triton.jit
+def _cumsum_kernel(g, k, ch, cl, kg, el, cu_seqlens, T, N, n_steps, H: tl.constexpr,
+                   K: tl.constexpr, GK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                   GATE: tl.constexpr, IS_VARLEN: tl.constexpr):
     slot, i_hk = tl.program_id(0), tl.program_id(1)
     i_h, i_kb = i_hk % H, i_hk // H
     i_n, c0, eos = slot_chunk(cu_seqlens, slot, N, n_steps, T, BT, IS_VARLEN)
@@ -111,31 +122,47 @@ def _cumsum_kernel(g, ch, cl, cu_seqlens, T, N, n_steps, H: tl.constexpr, K: tl.
     m_t = t < eos
     o_k = i_kb * BK + tl.arange(0, BK)
     m_k = o_k < K
-    hi, lo = split(tl.cumsum(load_gate(g, t * H + i_h, o_k, m_t, m_k, K, GATE, BT), axis=0))
+    x = load_gate(g, t * H + i_h, o_k, m_t, m_k, GK, GATE, BT)
+    hi, lo = split(tl.cumsum(x, axis=0))
+    l_hi, l_lo = split(tl.sum(x, axis=0))
+    b_k = tl.load(k + (t[:, None] * H + i_h) * K + o_k[None, :],
+                  mask=m_t[:, None] & m_k[None, :], other=0.)
+    b_k = b_k * tl.exp(gap(l_hi[None, :], l_lo[None, :], hi, lo))
+    tl.store(kg + (t[:, None] * H + i_h) * K + o_k[None, :], b_k.to(kg.dtype.element_ty),
+             mask=m_t[:, None] & m_k[None, :])
     srow = slot.to(tl.int64) * BT + o_t
     if GATE == GATE_KEY:
         p = (srow[:, None] * H + i_h) * K + o_k[None, :]
         tl.store(ch + p, hi, mask=m_k[None, :])
         tl.store(cl + p, lo, mask=m_k[None, :])
+        tl.store(el + (slot * H + i_h) * K + o_k, tl.exp(l_hi + l_lo), mask=m_k)
     else:
-        p = (srow * H + i_h)[:, None]
-        tl.store(ch + p, hi)
-        tl.store(cl + p, lo)
+        if i_kb == 0:
+            p = (srow * H + i_h)[:, None]
+            tl.store(ch + p, hi)
+            tl.store(cl + p, lo)
+            tl.store(el + tl.zeros([1], dtype=tl.int64) + slot * H + i_h, tl.exp(l_hi + l_lo))
 
 
-def chunk_cumsum(g, gate: int, cu_seqlens, BT: int, BK: int, alloc):
-    """In-chunk cumsum of the log-decay g ([B, T, H] or [B, T, H, K] fp32 per `gate`), split
-    into fp32 (hi, lo) in the slot layout [slots * BT, H(, K)]; None for GATE_NONE."""
+def chunk_cumsum(g, k, gate: int, cu_seqlens, BT: int, BK: int, alloc):
+    """The gate's in-chunk cumsum, once: returns (cum, kg, el) with
+    cum = (hi, lo): the cumsum of g ([B, T, H] or [B, T, H, K] fp32 per `gate`) split into fp32,
+          in the slot layout [slots * BT, H(, K)];
+    kg = k * exp(last - b) [B, T, H, K] in k's dtype (every exponent <= 0);
+    el = exp(last) [slots, H(, K)] fp32.
+    GATE_NONE: (None, k, None)."""
     if gate == GATE_NONE.value:
-        return None
-    B, T, H = g.shape[:3]
-    K = g.shape[3] if gate == GATE_KEY.value else 1
+        return None, k, None
+    B, T, H, K = k.shape
+    GK = K if gate == GATE_KEY.value else 1
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     S = n_slots(B, T, N, BT, cu_seqlens is not None)
     shape = (S * BT, H, K) if gate == GATE_KEY.value else (S * BT, H)
     ch, cl = alloc(shape, torch.float32), alloc(shape, torch.float32)
-    BK = BK if gate == GATE_KEY.value else 16
+    kg = alloc(k.shape, k.dtype)
+    el = alloc((S, H, K) if gate == GATE_KEY.value else (S, H), torch.float32)
     _cumsum_kernel[(S, H * triton.cdiv(K, BK))](
-        g, ch, cl, cu_seqlens if cu_seqlens is not None else g, T, N, search_steps(N), H=H,
-        K=K, BT=BT, BK=BK, GATE=gate, IS_VARLEN=cu_seqlens is not None, num_warps=4)
-    return ch, cl
+        g, k, ch, cl, kg, el, cu_seqlens if cu_seqlens is not None else g, T, N,
+        search_steps(N), H=H, K=K, GK=GK, BT=BT, BK=BK, GATE=gate,
+        IS_VARLEN=cu_seqlens is not None, num_warps=4)
+    return (ch, cl), kg, el

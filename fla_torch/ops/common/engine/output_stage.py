@@ -4,7 +4,8 @@ Inputs besides q, k, v ([B, T, H, K|V]): the split in-chunk cumsum b of the log-
 (gates.chunk_cumsum), the intra-chunk scores A (scores.intra_scores), h[slot] (the state before
 the chunk) and dh[slot] (the gradient of the state after it). `last` is b at the chunk's end.
     o_i  = scale * ((q_i * exp(b_i)) S + sum_{j <= i} A_ij v_j)         (one program per
-           (chunk slot, head, V block), the whole K in two dots)
+           (chunk slot, head, V block), the whole K in two dots; q exp(b) as stored by
+           intra_scores, k exp(last - b) as stored by chunk_cumsum)
 Backward, dA = scale * do v^T (causal, stored once per chunk like A):
     dv_j = scale * sum_{i >= j} A_ij do_i + (k_j * exp(last - b_j)) dS
     dq_i = scale exp(b_i) do_i S^T + sum_{j <= i} dA_ij exp(b_i - b_j) k_j
@@ -32,14 +33,13 @@ from .varlen import n_slots, search_steps, slot_chunk
 
 
 @triton.jit
-def _output_fwd_kernel(q, v, ch, cl, h, A, o, cu_seqlens, scale, T, N, n_steps,
-                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                       BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr,
-                       IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
+def _output_fwd_kernel(qg, v, h, A, o, cu_seqlens, scale, T, N, n_steps, H: tl.constexpr,
+                       K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                       BV: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
     slot, i_hv = tl.program_id(0), tl.program_id(1)
     i_h, i_vb = i_hv % H, i_hv // H
     i_n, c0, eos = slot_chunk(cu_seqlens, slot, N, n_steps, T, BT, IS_VARLEN)
-    dt = q.dtype.element_ty
+    dt = qg.dtype.element_ty
     NK: tl.constexpr = (K + BK - 1) // BK
     o_t = tl.arange(0, BT)
     o_v = i_vb * BV + tl.arange(0, BV)
@@ -52,12 +52,11 @@ def _output_fwd_kernel(q, v, ch, cl, h, A, o, cu_seqlens, scale, T, N, n_steps,
     for kb in range(NK):
         o_k = kb * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_q = tl.load(q + (t_f[:, None] * H + i_h) * K + o_k[None, :],
+        b_q = tl.load(qg + (t_f[:, None] * H + i_h) * K + o_k[None, :],
                       mask=m_f[:, None] & m_k[None, :], other=0.)
-        hi, lo = load_cum(ch, cl, s_f, i_h, o_k, m_k, H, K, GATE, BT)
         b_h = tl.load(p_h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :],
                       other=0.)
-        acc += tl.dot((b_q * tl.exp(hi + lo)).to(dt), b_h, input_precision=PREC)
+        acc += tl.dot(b_q, b_h, input_precision=PREC)
     b_A = tl.load(A + (s_f[:, None] * H + i_h) * BT + o_t[None, :])
     b_v = tl.load(v + (t_f[:, None] * H + i_h) * V + o_v[None, :],
                   mask=m_f[:, None] & m_v[None, :], other=0.)
@@ -67,13 +66,12 @@ def _output_fwd_kernel(q, v, ch, cl, h, A, o, cu_seqlens, scale, T, N, n_steps,
 
 
 @triton.jit
-def _bwd_dv_kernel(k, v, ch, cl, A, dh, do, dv, dA, cu_seqlens, scale, T, N, n_steps,
-                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                   BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr,
-                   IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
+def _bwd_dv_kernel(kg, v, A, dh, do, dv, dA, cu_seqlens, scale, T, N, n_steps, H: tl.constexpr,
+                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                   BV: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
     slot, i_h = tl.program_id(0), tl.program_id(1)
     i_n, c0, eos = slot_chunk(cu_seqlens, slot, N, n_steps, T, BT, IS_VARLEN)
-    dt = k.dtype.element_ty
+    dt = kg.dtype.element_ty
     NK: tl.constexpr = (K + BK - 1) // BK
     NV: tl.constexpr = (V + BV - 1) // BV
     o_t = tl.arange(0, BT)
@@ -96,11 +94,8 @@ def _bwd_dv_kernel(k, v, ch, cl, A, dh, do, dv, dA, cu_seqlens, scale, T, N, n_s
         for kb in range(NK):
             o_k = kb * BK + tl.arange(0, BK)
             m_k = o_k < K
-            b_k = tl.load(k + (t_f[:, None] * H + i_h) * K + o_k[None, :],
+            k_e = tl.load(kg + (t_f[:, None] * H + i_h) * K + o_k[None, :],
                           mask=m_f[:, None] & m_k[None, :], other=0.)
-            hi, lo = load_cum(ch, cl, s_f, i_h, o_k, m_k, H, K, GATE, BT)
-            l_hi, l_lo = load_cum_row(ch, cl, base + BT - 1, i_h, o_k, m_k, H, K, GATE)
-            k_e = (b_k * tl.exp(gap(l_hi[None, :], l_lo[None, :], hi, lo))).to(dt)
             b_dh = tl.load(p_dh + o_k[:, None] * V + o_v[None, :],
                            mask=m_k[:, None] & m_v[None, :], other=0.)
             acc += tl.dot(k_e, b_dh, input_precision=PREC)
@@ -247,27 +242,27 @@ def _cum_args(cum, x):
     return cum if cum is not None else (x, x)
 
 
-def output_fwd(q, v, cum, gate: int, h, A, scale: float, cu_seqlens, prec: str, alloc):
-    """o [B, T, H, V] in q's dtype from q [B, T, H, K], v [B, T, H, V], the split cumsum `cum`
-    (gates.chunk_cumsum), h [slots, H, K, V] (state before each chunk, from state_pass_fwd)
-    and A [slots * BT, H, BT] fp32 (scores.intra_scores)."""
-    H, K, V = q.shape[2], q.shape[3], v.shape[3]
-    cfg = launch_for("output_fwd", K, V, q.dtype)
-    S, a = _grid_args(q, cu_seqlens, cfg.BT)
-    o = alloc(v.shape, q.dtype)
+def output_fwd(qg, v, h, A, scale: float, cu_seqlens, prec: str, alloc):
+    """o [B, T, H, V] in qg's dtype from qg = q exp(b) [B, T, H, K] and A [slots * BT, H, BT]
+    fp32 (scores.intra_scores), v [B, T, H, V] and h [slots, H, K, V] (the state before each
+    chunk, from state_pass_fwd)."""
+    H, K, V = qg.shape[2], qg.shape[3], v.shape[3]
+    cfg = launch_for("output_fwd", K, V, qg.dtype)
+    S, a = _grid_args(qg, cu_seqlens, cfg.BT)
+    o = alloc(v.shape, qg.dtype)
     _output_fwd_kernel[(S, H * triton.cdiv(V, cfg.BV))](
-        q, v, *_cum_args(cum, q), h, A, o, cu_seqlens if cu_seqlens is not None else q, scale,
-        a["T"], a["N"], a["n_steps"], H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK, BV=cfg.BV,
-        GATE=gate, IS_VARLEN=cu_seqlens is not None, PREC=prec, num_warps=cfg.num_warps,
+        qg, v, h, A, o, cu_seqlens if cu_seqlens is not None else qg, scale, a["T"], a["N"],
+        a["n_steps"], H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK, BV=cfg.BV,
+        IS_VARLEN=cu_seqlens is not None, PREC=prec, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     return o
 
 
-def output_bwd(q, k, v, cum, gate: int, A, h, dh, do, scale: float, cu_seqlens, need_dg: bool,
-               prec: str, alloc):
+def output_bwd(q, k, v, kg, cum, gate: int, A, h, dh, do, scale: float, cu_seqlens,
+               need_dg: bool, prec: str, alloc):
     """(dq, dk, dv in their inputs' dtypes, dg fp32 [B, T, H(, K)] or None).
-    cum, A as in output_fwd; h / dh [slots, H, K, V]: state before / state gradient after each
-    chunk, in q's dtype."""
+    kg = k exp(last - b) and cum = the split cumsum (gates.chunk_cumsum), A as in output_fwd;
+    h / dh [slots, H, K, V]: state before / state gradient after each chunk, in q's dtype."""
     B, T, H, K = q.shape
     V = v.shape[3]
     cu = cu_seqlens if cu_seqlens is not None else q
@@ -278,8 +273,8 @@ def output_bwd(q, k, v, cum, gate: int, A, h, dh, do, scale: float, cu_seqlens, 
     dv = alloc(v.shape, v.dtype)
     dA = alloc((S * cfg.BT, H, cfg.BT), torch.float32)
     _bwd_dv_kernel[(S, H)](
-        k, v, ch, cl, A, dh, do, dv, dA, cu, scale, a["T"], a["N"], a["n_steps"], H=H, K=K,
-        V=V, BT=cfg.BT, BK=cfg.BK, BV=cfg.BV, GATE=gate, IS_VARLEN=varlen, PREC=prec,
+        kg, v, A, dh, do, dv, dA, cu, scale, a["T"], a["N"], a["n_steps"], H=H, K=K, V=V,
+        BT=cfg.BT, BK=cfg.BK, BV=cfg.BV, IS_VARLEN=varlen, PREC=prec,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     cfg = launch_for("output_bwd_intra", K, V, q.dtype)
     dqi = alloc((S * cfg.BT, H, K), torch.float32)
