@@ -47,6 +47,8 @@ def launch_for(kernel: str, K: int, V: int, dtype: torch.dtype,
     if kernel in ("output_fwd", "output_bwd_dv", "output_bwd_inter", "output_bwd_intra"):
         BK = min(block(K), 32 if wide else 64)
         BV = min(block(V), 32 if wide else 64)
-    if kernel == "output_bwd_dv" or kernel == "output_bwd_inter":
-        warps = 8 if wide else 4
+    if kernel == "output_fwd" and not wide:
+        BV = min(block(V), 128)
+    if kernel in ("output_fwd", "output_bwd_dv", "output_bwd_inter") and (wide or BV > 64):
+        warps = 8
     return LaunchConfig(BT=64, BC=16, BK=BK, BV=BV, num_warps=warps, num_stages=stages)
