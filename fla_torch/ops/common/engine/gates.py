@@ -114,7 +114,7 @@ def load_decay_last(el, slot, i_h, o_k, m_k, H: tl.constexpr, K: tl.constexpr,
 def _cumsum_kernel(g, k, ch, cl, kg, el, cu_seqlens, T, N, n_steps, H: tl.constexpr,
                    K: tl.constexpr, GK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                    GATE: tl.constexpr, IS_VARLEN: tl.constexpr):
-    slot, i_hk = tl.program_id(0), tl.program_id(1)
+    slot, i_hk = tl.program_id(0).to(tl.int64), tl.program_id(1)
     i_h, i_kb = i_hk % H, i_hk // H
     i_n, c0, eos = slot_chunk(cu_seqlens, slot, N, n_steps, T, BT, IS_VARLEN)
     o_t = tl.arange(0, BT)
@@ -130,7 +130,7 @@ def _cumsum_kernel(g, k, ch, cl, kg, el, cu_seqlens, T, N, n_steps, H: tl.conste
     b_k = b_k * tl.exp(gap(l_hi[None, :], l_lo[None, :], hi, lo))
     tl.store(kg + (t[:, None] * H + i_h) * K + o_k[None, :], b_k.to(kg.dtype.element_ty),
              mask=m_t[:, None] & m_k[None, :])
-    srow = slot.to(tl.int64) * BT + o_t
+    srow = slot * BT + o_t
     if GATE == GATE_KEY:
         p = (srow[:, None] * H + i_h) * K + o_k[None, :]
         tl.store(ch + p, hi, mask=m_k[None, :])
