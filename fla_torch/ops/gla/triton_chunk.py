@@ -1,17 +1,16 @@
 """Chunked GLA (per-key gate) in Triton on the chunk engine (fla_torch/ops/common/engine).
 
-Forward: state pass (h [slots, H, K, V], the state before every chunk, and the final state),
-then the chunk-parallel output stage. Backward: the reverse state pass (dh, the gradient of
-the state after every chunk, and dh0), then the output-stage backward (dq, dk, dv, dg).
-h and dh are kept in q's dtype (tensor-core operands; fp32 for fp32 inputs).
+The engine's stages in order (engine/pipeline.py): the split in-chunk gate cumsum, the state
+pass (h [slots, H, K, V], the state before every chunk, and the final state), the intra-chunk
+scores A, the chunk-parallel output stage; backward: the reverse state pass (dh, dh0), then
+dv / dA, the intra-chunk dq / dk, and dq, dk, dg.
 No host synchronisation: varlen chunks are found inside the kernels (engine/varlen.py).
 """
 from __future__ import annotations
 
 import torch
 
-from ..common.engine import (GATE_KEY, output_bwd, output_fwd, state_pass_bwd,
-                             state_pass_fwd)
+from ..common.engine import GATE_KEY, chunk_backward, chunk_forward
 from ..common.triton_scalar_gate import dot_precision
 
 MAX_HEAD_DIM = 256
@@ -36,25 +35,19 @@ class _ChunkGLA(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens):
-        alloc = _alloc_on(q.device)
         prec = dot_precision(q.dtype)
-        h, ht = state_pass_fwd(k, v, g, _GATE, initial_state, output_final_state, cu_seqlens,
-                               q.dtype, prec, alloc)
-        o = output_fwd(q, k, v, g, _GATE, h, scale, cu_seqlens, prec, alloc)
-        ctx.save_for_backward(q, k, v, g, initial_state, cu_seqlens, h)
-        ctx.scale = scale
-        ctx.prec = prec
+        o, ht, saved = chunk_forward(q, k, v, g, _GATE, scale, initial_state, output_final_state,
+                                     cu_seqlens, prec, _alloc_on(q.device))
+        ctx.save_for_backward(q, k, v, cu_seqlens, *saved)
+        ctx.scale, ctx.prec, ctx.has_h0 = scale, prec, initial_state is not None
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, initial_state, cu_seqlens, h = ctx.saved_tensors
-        alloc = _alloc_on(q.device)
-        do = do.contiguous()
-        dh, dh0 = state_pass_bwd(q, do, g, _GATE, ctx.scale, _contig(dht), cu_seqlens,
-                                 initial_state is not None, q.dtype, ctx.prec, alloc)
-        dq, dk, dv, dg = output_bwd(q, k, v, g, _GATE, h, dh, do, ctx.scale, cu_seqlens,
-                                    ctx.needs_input_grad[3], ctx.prec, alloc)
+        q, k, v, cu_seqlens, *saved = ctx.saved_tensors
+        dq, dk, dv, dg, dh0 = chunk_backward(
+            q, k, v, saved, do.contiguous(), _contig(dht), _GATE, ctx.scale, cu_seqlens,
+            ctx.has_h0, ctx.needs_input_grad[3], ctx.prec, _alloc_on(q.device))
         return dq, dk, dv, dg, None, dh0, None, None
 
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import torch
 import triton
 
-KERNELS = ("state_fwd", "state_bwd", "output_fwd", "output_bwd_dv", "output_bwd_dqk")
+KERNELS = ("cumsum", "state_fwd", "state_bwd", "scores", "output_fwd", "output_bwd_dv",
+           "output_bwd_intra", "output_bwd_inter")
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,14 @@ def launch_for(kernel: str, K: int, V: int, dtype: torch.dtype,
     wide = dtype == torch.float32
     stages = 1 if wide else 2
     BK, BV = min(block(K), 64), min(block(V), 64)
-    if kernel == "output_bwd_dqk":
+    warps = 4
+    if kernel in ("output_fwd", "output_bwd_dv", "output_bwd_inter", "output_bwd_intra"):
         BK = min(block(K), 32 if wide else 64)
-    if kernel == "output_fwd" or kernel == "output_bwd_dv":
-        BK = min(block(K), 32 if wide else 64)
-    return LaunchConfig(BT=64, BC=16, BK=BK, BV=BV, num_warps=4, num_stages=stages)
+        BV = min(block(V), 32 if wide else 64)
+    if kernel == "output_fwd" and not wide:
+        BV = min(block(V), 128)
+    if kernel in ("output_fwd", "output_bwd_dv", "output_bwd_inter") and (wide or BV > 64):
+        warps = 8
+    if kernel in ("scores", "output_bwd_intra"):
+        BK = 16    # the diagonal sub-block is one [BC, BC, BK] product
+    return LaunchConfig(BT=64, BC=16, BK=BK, BV=BV, num_warps=warps, num_stages=stages)

@@ -1,23 +1,23 @@
 """Output stage (Triton), forward and backward, chunk-parallel, with the gate switch.
 
-One program per (chunk slot, head, V or K block); the chunk is walked in sub-chunks of BC rows.
-With S = h[slot] (state before the chunk), dS = dh[slot] (gradient of the state after it) and
-b the in-chunk cumsum of the log-decay (per key channel c for the key gate):
-    o_i  = scale * ((q_i * exp(b_i)) S + sum_{j <= i} A_ij v_j),
-    A_ij = sum_c q_ic k_jc exp(b_ic - b_jc).
-A's rows of sub-chunk I: the columns of earlier sub-chunks factor through the sub-chunk's first
-row r (q_i exp(b_i - b_r), k_j exp(b_r - b_j): every exponent <= 0) into one tensor-core dot;
-the diagonal sub-block is exact per pair. The backward does the same for dA = scale * do v^T
-(dv: columns of sub-chunk J through its last row; dq / dk: through the row just before /
-after the sub-chunk, the decay of the other side applied to the fp32 product):
-    dv_j = sum_{i >= j} A_ij do_i * scale + (k_j * exp(last - b_j)) dS
+Inputs besides q, k, v ([B, T, H, K|V]): the split in-chunk cumsum b of the log-decay
+(gates.chunk_cumsum), the intra-chunk scores A (scores.intra_scores), h[slot] (the state before
+the chunk) and dh[slot] (the gradient of the state after it). `last` is b at the chunk's end.
+    o_i  = scale * ((q_i * exp(b_i)) S + sum_{j <= i} A_ij v_j)         (one program per
+           (chunk slot, head, V block), the whole K in two dots; q exp(b) as stored by
+           intra_scores, k exp(last - b) as stored by chunk_cumsum)
+Backward, dA = scale * do v^T (causal, stored once per chunk like A):
+    dv_j = scale * sum_{i >= j} A_ij do_i + (k_j * exp(last - b_j)) dS
     dq_i = scale exp(b_i) do_i S^T + sum_{j <= i} dA_ij exp(b_i - b_j) k_j
     dk_j = exp(last - b_j) v_j dS^T + sum_{i >= j} dA_ij exp(b_i - b_j) q_i
+The intra-chunk sums of dq / dk run per sub-chunk of BC rows: the other sub-chunks through the
+row just before / after it (the 16-bit operand keeps its largest entries undecayed, the rest of
+the decay multiplies the fp32 product: fp16 would flush exp(-10) k to subnormals), the diagonal
+sub-block exact per pair, the pair i == j left out (it is added as dA_ii k_i / dA_ii q_i).
 dg per token s and channel, per chunk (nothing carried from chunk to chunk, no O(1) term formed
-and cancelled: the pair i == j is left out of both sides, and so is the chunk's last token
-in the prefix of r):
+and cancelled):
     dg_s = exp(last) <S, dS>_row + sum_{j < s} r_j + sum_{i >= s} x_i,
-    r_j  = k_j . (exp(last - b_j) v_j dS^T),
+    r_j  = k_j . (exp(last - b_j) v_j dS^T)          (0 for the chunk's last token),
     x_i  = q_i . (dq_i without the pair i == i) - k_i . (the intra-chunk dk_i without it).
 """
 from __future__ import annotations
@@ -26,333 +26,276 @@ import torch
 import triton
 import triton.language as tl
 
-from .gates import GATE_SCALAR, gap, load_gate, pick_col, pick_row, split
+from .gates import GATE_SCALAR, gap, load_cum, load_cum_row
 from .launch import launch_for
 from .varlen import n_slots, search_steps, slot_chunk
 
 
 @triton.jit
-def _sub_gates(g, g_f, row_I, o_t, o_k, m_I, m_k, i0, K: tl.constexpr, GATE: tl.constexpr,
-               BC: tl.constexpr):
-    """Split cumsum (hi, lo) [BC, GW] of sub-chunk rows i0.. of a chunk whose fp64 gate tile is
-    g_f [BT, GW]: the sum of the rows before i0 plus the sub-chunk's own cumsum."""
-    off = tl.sum(tl.where(o_t[:, None] < i0, g_f, 0.), axis=0)
-    g_I = load_gate(g, row_I, o_k, m_I, m_k, K, GATE, BC)
-    return split(off[None, :] + tl.cumsum(g_I, axis=0))
-
-
-@triton.jit
-def _output_fwd_kernel(q, k, v, g, h, o, cu_seqlens, scale, T, N, n_steps, H: tl.constexpr,
-                       K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                       BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr,
-                       IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
+def _output_fwd_kernel(qg, v, h, A, o, cu_seqlens, scale, T, N, n_steps, H: tl.constexpr,
+                       K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                       BV: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
     slot, i_hv = tl.program_id(0), tl.program_id(1)
     i_h, i_vb = i_hv % H, i_hv // H
     i_n, c0, eos = slot_chunk(cu_seqlens, slot, N, n_steps, T, BT, IS_VARLEN)
-    dt = q.dtype.element_ty
-    NC: tl.constexpr = BT // BC
+    dt = qg.dtype.element_ty
     NK: tl.constexpr = (K + BK - 1) // BK
     o_t = tl.arange(0, BT)
-    o_c = tl.arange(0, BC)
     o_v = i_vb * BV + tl.arange(0, BV)
     m_v = o_v < V
     t_f = c0 + o_t
     m_f = t_f < eos
-    row_f = t_f * H + i_h
+    s_f = slot.to(tl.int64) * BT + o_t
     p_h = h + (slot.to(tl.int64) * H + i_h) * K * V
-    b_v = tl.load(v + row_f[:, None] * V + o_v[None, :], mask=m_f[:, None] & m_v[None, :],
-                  other=0.)
-    for I in range(NC):
-        i0 = I * BC
-        t_I = c0 + i0 + o_c
-        m_I = t_I < eos
-        row_I = t_I * H + i_h
-        acc = tl.zeros([BC, BV], dtype=tl.float32)
-        A = tl.zeros([BC, BT], dtype=tl.float32)
-        for kb in range(NK):
-            o_k = kb * BK + tl.arange(0, BK)
-            m_k = o_k < K
-            q_I = tl.load(q + row_I[:, None] * K + o_k[None, :], mask=m_I[:, None] & m_k[None, :],
-                          other=0.)
-            k_f = tl.load(k + row_f[:, None] * K + o_k[None, :], mask=m_f[:, None] & m_k[None, :],
-                          other=0.)
-            b_h = tl.load(p_h + o_k[:, None] * V + o_v[None, :],
-                          mask=(m_k[:, None] & m_v[None, :]), other=0.)
-            g_f = load_gate(g, row_f, o_k, m_f, m_k, K, GATE, BT)
-            hi_f, lo_f = split(tl.cumsum(g_f, axis=0))
-            hi_I, lo_I = _sub_gates(g, g_f, row_I, o_t, o_k, m_I, m_k, i0, K, GATE, BC)
-            acc += tl.dot((q_I * tl.exp(hi_I + lo_I)).to(dt), b_h, input_precision=PREC)
-            r_hi, r_lo = pick_row(hi_I, o_c, 0), pick_row(lo_I, o_c, 0)
-            q_d = (q_I * tl.exp(gap(hi_I, lo_I, r_hi[None, :], r_lo[None, :]))).to(dt)
-            e_k = tl.where(o_t[:, None] < i0, gap(r_hi[None, :], r_lo[None, :], hi_f, lo_f),
-                           float("-inf"))
-            k_d = (k_f * tl.exp(e_k)).to(dt)
-            A += tl.dot(q_d, tl.trans(k_d), input_precision=PREC)
-            q_32 = q_I.to(tl.float32)
-            k_32 = tl.load(k + row_I[:, None] * K + o_k[None, :],
-                           mask=m_I[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            for j in range(BC):
-                k_j = pick_row(k_32, o_c, j)
-                h_j, l_j = pick_row(hi_I, o_c, j), pick_row(lo_I, o_c, j)
-                e = tl.where(o_c[:, None] >= j, gap(hi_I, lo_I, h_j[None, :], l_j[None, :]),
-                             float("-inf"))
-                a = tl.sum(q_32 * k_j[None, :] * tl.exp(e), axis=1)
-                A += tl.where(o_t[None, :] == i0 + j, a[:, None], 0.)
-        acc += tl.dot(A.to(dt), b_v, input_precision=PREC)
-        tl.store(o + row_I[:, None] * V + o_v[None, :], (acc * scale).to(o.dtype.element_ty),
-                 mask=m_I[:, None] & m_v[None, :])
+    acc = tl.zeros([BT, BV], dtype=tl.float32)
+    for kb in range(NK):
+        o_k = kb * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_q = tl.load(qg + (t_f[:, None] * H + i_h) * K + o_k[None, :],
+                      mask=m_f[:, None] & m_k[None, :], other=0.)
+        b_h = tl.load(p_h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :],
+                      other=0.)
+        acc += tl.dot(b_q, b_h, input_precision=PREC)
+    b_A = tl.load(A + (s_f[:, None] * H + i_h) * BT + o_t[None, :])
+    b_v = tl.load(v + (t_f[:, None] * H + i_h) * V + o_v[None, :],
+                  mask=m_f[:, None] & m_v[None, :], other=0.)
+    acc += tl.dot(b_A.to(dt), b_v, input_precision=PREC)
+    tl.store(o + (t_f[:, None] * H + i_h) * V + o_v[None, :], (acc * scale).to(o.dtype.element_ty),
+             mask=m_f[:, None] & m_v[None, :])
 
 
 @triton.jit
-def _output_bwd_dv_kernel(q, k, g, dh, do, dv, cu_seqlens, scale, T, N, n_steps,
-                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                          BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                          GATE: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
-    slot, i_hv = tl.program_id(0), tl.program_id(1)
-    i_h, i_vb = i_hv % H, i_hv // H
+def _bwd_dv_kernel(kg, v, A, dh, do, dv, dA, cu_seqlens, scale, T, N, n_steps, H: tl.constexpr,
+                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                   BV: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
+    slot, i_h = tl.program_id(0), tl.program_id(1)
     i_n, c0, eos = slot_chunk(cu_seqlens, slot, N, n_steps, T, BT, IS_VARLEN)
-    dt = q.dtype.element_ty
-    NC: tl.constexpr = BT // BC
+    dt = kg.dtype.element_ty
     NK: tl.constexpr = (K + BK - 1) // BK
+    NV: tl.constexpr = (V + BV - 1) // BV
     o_t = tl.arange(0, BT)
-    o_c = tl.arange(0, BC)
-    o_v = i_vb * BV + tl.arange(0, BV)
-    m_v = o_v < V
     t_f = c0 + o_t
     m_f = t_f < eos
-    row_f = t_f * H + i_h
+    base = slot.to(tl.int64) * BT
+    s_f = base + o_t
     p_dh = dh + (slot.to(tl.int64) * H + i_h) * K * V
-    b_do = tl.load(do + row_f[:, None] * V + o_v[None, :], mask=m_f[:, None] & m_v[None, :],
-                   other=0.)
-    for J in range(NC):
-        j0 = J * BC
-        t_J = c0 + j0 + o_c
-        m_J = t_J < eos
-        row_J = t_J * H + i_h
-        acc = tl.zeros([BC, BV], dtype=tl.float32)
-        At = tl.zeros([BC, BT], dtype=tl.float32)       # At[j, i] = A_ij, j in sub-chunk J
+    p_A = (s_f[:, None] * H + i_h) * BT + o_t[None, :]
+    b_At = tl.trans(tl.load(A + p_A) * scale).to(dt)
+    b_dA = tl.zeros([BT, BT], dtype=tl.float32)
+    for vb in range(NV):
+        o_v = vb * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        m_fv = m_f[:, None] & m_v[None, :]
+        b_do = tl.load(do + (t_f[:, None] * H + i_h) * V + o_v[None, :], mask=m_fv, other=0.)
+        b_v = tl.load(v + (t_f[:, None] * H + i_h) * V + o_v[None, :], mask=m_fv, other=0.)
+        b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
+        acc = tl.dot(b_At, b_do, input_precision=PREC)
         for kb in range(NK):
             o_k = kb * BK + tl.arange(0, BK)
             m_k = o_k < K
-            k_J = tl.load(k + row_J[:, None] * K + o_k[None, :], mask=m_J[:, None] & m_k[None, :],
-                          other=0.)
-            q_f = tl.load(q + row_f[:, None] * K + o_k[None, :], mask=m_f[:, None] & m_k[None, :],
-                          other=0.)
+            k_e = tl.load(kg + (t_f[:, None] * H + i_h) * K + o_k[None, :],
+                          mask=m_f[:, None] & m_k[None, :], other=0.)
             b_dh = tl.load(p_dh + o_k[:, None] * V + o_v[None, :],
-                           mask=(m_k[:, None] & m_v[None, :]), other=0.)
-            g_f = load_gate(g, row_f, o_k, m_f, m_k, K, GATE, BT)
-            hi_f, lo_f = split(tl.cumsum(g_f, axis=0))
-            l_hi, l_lo = split(tl.sum(g_f, axis=0))
-            hi_J, lo_J = _sub_gates(g, g_f, row_J, o_t, o_k, m_J, m_k, j0, K, GATE, BC)
-            k_e = (k_J * tl.exp(gap(l_hi[None, :], l_lo[None, :], hi_J, lo_J))).to(dt)
+                           mask=m_k[:, None] & m_v[None, :], other=0.)
             acc += tl.dot(k_e, b_dh, input_precision=PREC)
-            e_hi, e_lo = pick_row(hi_J, o_c, BC - 1), pick_row(lo_J, o_c, BC - 1)
-            k_d = (k_J * tl.exp(gap(e_hi[None, :], e_lo[None, :], hi_J, lo_J))).to(dt)
-            e_q = tl.where(o_t[:, None] > j0 + BC - 1,
-                           gap(hi_f, lo_f, e_hi[None, :], e_lo[None, :]), float("-inf"))
-            q_d = (q_f * tl.exp(e_q)).to(dt)
-            At += tl.dot(k_d, tl.trans(q_d), input_precision=PREC)
-            k_32 = k_J.to(tl.float32)
-            q_32 = tl.load(q + row_J[:, None] * K + o_k[None, :],
-                           mask=m_J[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            for i in range(BC):
-                q_i = pick_row(q_32, o_c, i)
-                h_i, l_i = pick_row(hi_J, o_c, i), pick_row(lo_J, o_c, i)
-                e = tl.where(o_c[:, None] <= i, gap(h_i[None, :], l_i[None, :], hi_J, lo_J),
-                             float("-inf"))
-                a = tl.sum(k_32 * q_i[None, :] * tl.exp(e), axis=1)
-                At += tl.where(o_t[None, :] == j0 + i, a[:, None], 0.)
-        acc += tl.dot((At * scale).to(dt), b_do, input_precision=PREC)
-        tl.store(dv + row_J[:, None] * V + o_v[None, :], acc.to(dv.dtype.element_ty),
-                 mask=m_J[:, None] & m_v[None, :])
+        tl.store(dv + (t_f[:, None] * H + i_h) * V + o_v[None, :], acc.to(dv.dtype.element_ty),
+                 mask=m_fv)
+    tl.store(dA + p_A, tl.where(o_t[:, None] >= o_t[None, :], b_dA * scale, 0.))
 
 
 @triton.jit
-def _output_bwd_dqk_kernel(q, k, v, g, h, dh, do, dq, dk, dg, cu_seqlens, scale, T, N, n_steps,
-                           dg_stride, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                           BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                           BV: tl.constexpr, GATE: tl.constexpr, STORE_DG: tl.constexpr,
-                           IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
+def _bwd_intra_kernel(q, k, ch, cl, dA, dqi, dki, cu_seqlens, T, N, n_steps, H: tl.constexpr,
+                      K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+                      GATE: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
     slot, i_hk = tl.program_id(0), tl.program_id(1)
     i_h, i_kb = i_hk % H, i_hk // H
     i_n, c0, eos = slot_chunk(cu_seqlens, slot, N, n_steps, T, BT, IS_VARLEN)
     dt = q.dtype.element_ty
     NC: tl.constexpr = BT // BC
-    NV: tl.constexpr = (V + BV - 1) // BV
     o_t = tl.arange(0, BT)
     o_c = tl.arange(0, BC)
     o_k = i_kb * BK + tl.arange(0, BK)
     m_k = o_k < K
     t_f = c0 + o_t
     m_f = t_f < eos
-    row_f = t_f * H + i_h
-    t_last = tl.minimum(c0 + BT, eos) - 1
-    hoff = (slot.to(tl.int64) * H + i_h) * K * V
+    base = slot.to(tl.int64) * BT
+    s_f = base + o_t
     m_fk = m_f[:, None] & m_k[None, :]
-    q_f = tl.load(q + row_f[:, None] * K + o_k[None, :], mask=m_fk, other=0.)
-    k_f = tl.load(k + row_f[:, None] * K + o_k[None, :], mask=m_fk, other=0.)
-    g_f = load_gate(g, row_f, o_k, m_f, m_k, K, GATE, BT)
-    hi_f, lo_f = split(tl.cumsum(g_f, axis=0))
-    l_hi, l_lo = split(tl.sum(g_f, axis=0))
-    ct = tl.zeros([BK], dtype=tl.float32)
-    if STORE_DG:
-        for vb in range(NV):
-            o_v = vb * BV + tl.arange(0, BV)
-            m_kv = m_k[:, None] & (o_v < V)[None, :]
-            b_h = tl.load(h + hoff + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
-            b_dh = tl.load(dh + hoff + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
-            ct += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
-        ct = ct * tl.exp(l_hi + l_lo)
-    pre_r = tl.zeros([BK], dtype=tl.float32)
-    pre_x = tl.zeros([BK], dtype=tl.float32)
+    q_f = tl.load(q + (t_f[:, None] * H + i_h) * K + o_k[None, :], mask=m_fk, other=0.)
+    k_f = tl.load(k + (t_f[:, None] * H + i_h) * K + o_k[None, :], mask=m_fk, other=0.)
+    hi_f, lo_f = load_cum(ch, cl, s_f, i_h, o_k, m_k, H, K, GATE, BT)
     for I in range(NC):
         i0 = I * BC
         t_I = c0 + i0 + o_c
         m_I = t_I < eos
-        row_I = t_I * H + i_h
-        m_Ik = m_I[:, None] & m_k[None, :]
-        q_I = tl.load(q + row_I[:, None] * K + o_k[None, :], mask=m_Ik, other=0.)
-        k_I = tl.load(k + row_I[:, None] * K + o_k[None, :], mask=m_Ik, other=0.)
-        hi_I, lo_I = _sub_gates(g, g_f, row_I, o_t, o_k, m_I, m_k, i0, K, GATE, BC)
-        dA = tl.zeros([BC, BT], dtype=tl.float32)     # dA[i, j], i in sub-chunk I
-        dAt = tl.zeros([BC, BT], dtype=tl.float32)    # dAt[j, i] = dA[i, j], j in I
-        dq_s = tl.zeros([BC, BK], dtype=tl.float32)
-        dk_s = tl.zeros([BC, BK], dtype=tl.float32)
-        for vb in range(NV):
-            o_v = vb * BV + tl.arange(0, BV)
-            m_v = o_v < V
-            m_kv = m_k[:, None] & m_v[None, :]
-            m_Iv = m_I[:, None] & m_v[None, :]
-            m_fv = m_f[:, None] & m_v[None, :]
-            do_I = tl.load(do + row_I[:, None] * V + o_v[None, :], mask=m_Iv, other=0.)
-            v_I = tl.load(v + row_I[:, None] * V + o_v[None, :], mask=m_Iv, other=0.)
-            do_f = tl.load(do + row_f[:, None] * V + o_v[None, :], mask=m_fv, other=0.)
-            v_f = tl.load(v + row_f[:, None] * V + o_v[None, :], mask=m_fv, other=0.)
-            b_h = tl.load(h + hoff + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
-            b_dh = tl.load(dh + hoff + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
-            dA += tl.dot(do_I, tl.trans(v_f), input_precision=PREC)
-            dAt += tl.dot(v_I, tl.trans(do_f), input_precision=PREC)
-            dq_s += tl.dot(do_I, tl.trans(b_h), input_precision=PREC)
-            dk_s += tl.dot(v_I, tl.trans(b_dh), input_precision=PREC)
-        dA *= scale
-        dAt *= scale
-        dq_s = dq_s * (scale * tl.exp(hi_I + lo_I))
-        dk_s = dk_s * tl.exp(gap(l_hi[None, :], l_lo[None, :], hi_I, lo_I))
-        # sub-chunks before I (dq) and after I (dk). The 16-bit operand keeps its largest
-        # entries undecayed (reference: the row just before / just after I) and the rest of
-        # the decay multiplies the fp32 product: fp16 would flush exp(-10) k to subnormals
-        r_hi, r_lo = split(tl.sum(tl.where(o_t[:, None] < i0, g_f, 0.), axis=0))
-        n_hi, n_lo = split(tl.sum(tl.where(o_t[:, None] <= i0 + BC, g_f, 0.), axis=0))
+        s_I = base + i0 + o_c
+        hi_I, lo_I = load_cum(ch, cl, s_I, i_h, o_k, m_k, H, K, GATE, BC)
+        # rows I of dA, and dA's columns I as rows (dAt[c, i] = dA[i, i0 + c])
+        dA_I = tl.load(dA + (s_I[:, None] * H + i_h) * BT + o_t[None, :])
+        dAt_I = tl.load(dA + (s_f[None, :] * H + i_h) * BT + i0 + o_c[:, None])
+        r_hi, r_lo = load_cum_row(ch, cl, base + tl.maximum(i0 - 1, 0), i_h, o_k, m_k, H, K,
+                                  GATE)
+        n_hi, n_lo = load_cum_row(ch, cl, base + tl.minimum(i0 + BC, BT - 1), i_h, o_k, m_k,
+                                  H, K, GATE)
         e_k = tl.where(o_t[:, None] < i0, gap(r_hi[None, :], r_lo[None, :], hi_f, lo_f),
                        float("-inf"))
         k_d = (k_f * tl.exp(e_k)).to(dt)
-        dq_i = tl.dot(tl.where(o_t[None, :] < i0, dA, 0.).to(dt), k_d, input_precision=PREC)
+        dq_i = tl.dot(tl.where(o_t[None, :] < i0, dA_I, 0.).to(dt), k_d, input_precision=PREC)
         dq_i *= tl.exp(gap(hi_I, lo_I, r_hi[None, :], r_lo[None, :]))
         e_q = tl.where(o_t[:, None] > i0 + BC - 1, gap(hi_f, lo_f, n_hi[None, :], n_lo[None, :]),
                        float("-inf"))
         q_d = (q_f * tl.exp(e_q)).to(dt)
-        dk_i = tl.dot(tl.where(o_t[None, :] > i0 + BC - 1, dAt, 0.).to(dt), q_d,
+        dk_i = tl.dot(tl.where(o_t[None, :] > i0 + BC - 1, dAt_I, 0.).to(dt), q_d,
                       input_precision=PREC)
         dk_i *= tl.exp(gap(n_hi[None, :], n_lo[None, :], hi_I, lo_I))
-        # the diagonal sub-block, exact per pair, without the pair i == j
-        q_32 = q_I.to(tl.float32)
-        k_32 = k_I.to(tl.float32)
-        for j in range(BC):
-            h_j, l_j = pick_row(hi_I, o_c, j), pick_row(lo_I, o_c, j)
-            k_j = pick_row(k_32, o_c, j)
-            q_j = pick_row(q_32, o_c, j)
-            a = pick_col(dA, o_t, i0 + j)
-            e = tl.where(o_c[:, None] > j, gap(hi_I, lo_I, h_j[None, :], l_j[None, :]),
-                         float("-inf"))
-            dq_i += a[:, None] * k_j[None, :] * tl.exp(e)
-            a2 = pick_col(dAt, o_t, i0 + j)
-            e2 = tl.where(o_c[:, None] < j, gap(h_j[None, :], l_j[None, :], hi_I, lo_I),
-                          float("-inf"))
-            dk_i += a2[:, None] * q_j[None, :] * tl.exp(e2)
-        d_ii = tl.sum(tl.where(o_t[None, :] == i0 + o_c[:, None], dA, 0.), axis=1)
-        b_dq = dq_s + dq_i + d_ii[:, None] * k_32
-        b_dk = dk_s + dk_i + d_ii[:, None] * q_32
-        tl.store(dq + row_I[:, None] * K + o_k[None, :], b_dq.to(dq.dtype.element_ty), mask=m_Ik)
-        tl.store(dk + row_I[:, None] * K + o_k[None, :], b_dk.to(dk.dtype.element_ty), mask=m_Ik)
+        # the diagonal sub-block at once, [BC (c), BC (j), BK], without the pair c == j:
+        # dq_c += dA[c, j] k_j exp(b_c - b_j) (j < c); dk_c += dA[j, c] q_j exp(b_j - b_c) (j > c)
+        q_I = tl.load(q + (t_I[:, None] * H + i_h) * K + o_k[None, :],
+                      mask=m_I[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        k_I = tl.load(k + (t_I[:, None] * H + i_h) * K + o_k[None, :],
+                      mask=m_I[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        dA_cj = tl.load(dA + (s_I[:, None] * H + i_h) * BT + i0 + o_c[None, :])
+        dA_jc = tl.load(dA + (s_I[None, :] * H + i_h) * BT + i0 + o_c[:, None])
+        e = gap(hi_I[:, None, :], lo_I[:, None, :], hi_I[None, :, :], lo_I[None, :, :])
+        e_lo = tl.where((o_c[:, None] > o_c[None, :])[:, :, None], e, float("-inf"))
+        e_up = tl.where((o_c[:, None] < o_c[None, :])[:, :, None], -e, float("-inf"))
+        dq_i += tl.sum(dA_cj[:, :, None] * k_I[None, :, :] * tl.exp(e_lo), axis=1)
+        dk_i += tl.sum(dA_jc[:, :, None] * q_I[None, :, :] * tl.exp(e_up), axis=1)
+        p_I = (s_I[:, None] * H + i_h) * K + o_k[None, :]
+        tl.store(dqi + p_I, dq_i, mask=m_k[None, :])
+        tl.store(dki + p_I, dk_i, mask=m_k[None, :])
+
+
+@triton.jit
+def _bwd_inter_kernel(q, k, v, ch, cl, h, dh, do, dA, dqi, dki, dq, dk, dg, cu_seqlens, scale, T,
+                      N, n_steps, dg_stride, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr,
+                      STORE_DG: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
+    slot, i_hk = tl.program_id(0), tl.program_id(1)
+    i_h, i_kb = i_hk % H, i_hk // H
+    i_n, c0, eos = slot_chunk(cu_seqlens, slot, N, n_steps, T, BT, IS_VARLEN)
+    NV: tl.constexpr = (V + BV - 1) // BV
+    o_t = tl.arange(0, BT)
+    o_k = i_kb * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    t_f = c0 + o_t
+    m_f = t_f < eos
+    base = slot.to(tl.int64) * BT
+    s_f = base + o_t
+    t_last = tl.minimum(c0 + BT, eos) - 1
+    hoff = (slot.to(tl.int64) * H + i_h) * K * V
+    dq_s = tl.zeros([BT, BK], dtype=tl.float32)
+    dk_s = tl.zeros([BT, BK], dtype=tl.float32)
+    ct = tl.zeros([BK], dtype=tl.float32)
+    for vb in range(NV):
+        o_v = vb * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        m_kv = m_k[:, None] & m_v[None, :]
+        m_fv = m_f[:, None] & m_v[None, :]
+        b_do = tl.load(do + (t_f[:, None] * H + i_h) * V + o_v[None, :], mask=m_fv, other=0.)
+        b_v = tl.load(v + (t_f[:, None] * H + i_h) * V + o_v[None, :], mask=m_fv, other=0.)
+        b_h = tl.load(h + hoff + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
+        b_dh = tl.load(dh + hoff + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.)
+        dq_s += tl.dot(b_do, tl.trans(b_h), input_precision=PREC)
+        dk_s += tl.dot(b_v, tl.trans(b_dh), input_precision=PREC)
         if STORE_DG:
-            x = q_32 * (dq_s + dq_i) - k_32 * dk_i
-            r = tl.where(t_I[:, None] == t_last, 0., k_32 * dk_s)
-            w = (ct[None, :] + pre_r[None, :] - pre_x[None, :]
-                 + (tl.cumsum(r, axis=0) - r) - (tl.cumsum(x, axis=0) - x))
-            if GATE == GATE_SCALAR:
-                tl.store(dg + i_kb * dg_stride + row_I, tl.sum(w, axis=1), mask=m_I)
-            else:
-                tl.store(dg + row_I[:, None] * K + o_k[None, :], w, mask=m_Ik)
-            pre_r += tl.sum(r, axis=0)
-            pre_x += tl.sum(x, axis=0)
+            ct += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
+    hi, lo = load_cum(ch, cl, s_f, i_h, o_k, m_k, H, K, GATE, BT)
+    l_hi, l_lo = load_cum_row(ch, cl, base + BT - 1, i_h, o_k, m_k, H, K, GATE)
+    dq_s = dq_s * (scale * tl.exp(hi + lo))
+    dk_s = dk_s * tl.exp(gap(l_hi[None, :], l_lo[None, :], hi, lo))
+    m_fk = m_f[:, None] & m_k[None, :]
+    p_i = (s_f[:, None] * H + i_h) * K + o_k[None, :]
+    dq_i = tl.load(dqi + p_i, mask=m_k[None, :], other=0.)
+    dk_i = tl.load(dki + p_i, mask=m_k[None, :], other=0.)
+    d_ii = tl.load(dA + (s_f * H + i_h) * BT + o_t)
+    q_32 = tl.load(q + (t_f[:, None] * H + i_h) * K + o_k[None, :], mask=m_fk,
+                   other=0.).to(tl.float32)
+    k_32 = tl.load(k + (t_f[:, None] * H + i_h) * K + o_k[None, :], mask=m_fk,
+                   other=0.).to(tl.float32)
+    b_dq = dq_s + dq_i + d_ii[:, None] * k_32
+    b_dk = dk_s + dk_i + d_ii[:, None] * q_32
+    p_o = (t_f[:, None] * H + i_h) * K + o_k[None, :]
+    tl.store(dq + p_o, b_dq.to(dq.dtype.element_ty), mask=m_fk)
+    tl.store(dk + p_o, b_dk.to(dk.dtype.element_ty), mask=m_fk)
     if STORE_DG:
-        # dg_s = w_s + (sum of x over the whole chunk): add the total now known
-        tl.debug_barrier()
-        for I in range(NC):
-            t_I = c0 + I * BC + o_c
-            m_I = t_I < eos
-            row_I = t_I * H + i_h
-            if GATE == GATE_SCALAR:
-                p = dg + i_kb * dg_stride + row_I
-                tl.store(p, tl.load(p, mask=m_I, other=0.) + tl.sum(pre_x, axis=0), mask=m_I)
-            else:
-                p = dg + row_I[:, None] * K + o_k[None, :]
-                m_Ik = m_I[:, None] & m_k[None, :]
-                tl.store(p, tl.load(p, mask=m_Ik, other=0.) + pre_x[None, :], mask=m_Ik)
+        ct = ct * tl.exp(l_hi + l_lo)
+        x = q_32 * (dq_s + dq_i) - k_32 * dk_i
+        r = tl.where(t_f[:, None] == t_last, 0., k_32 * dk_s)
+        w = (ct[None, :] + (tl.cumsum(r, axis=0) - r) - (tl.cumsum(x, axis=0) - x)
+             + tl.sum(x, axis=0)[None, :])
+        if GATE == GATE_SCALAR:
+            tl.store(dg + i_kb * dg_stride + t_f * H + i_h, tl.sum(w, axis=1), mask=m_f)
+        else:
+            tl.store(dg + p_o, w, mask=m_fk)
 
 
-def _chunk_grid_args(q, cu_seqlens, BT):
+def _grid_args(q, cu_seqlens, BT):
     B, T = q.shape[0], q.shape[1]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     S = n_slots(B, T, N, BT, cu_seqlens is not None)
     return S, dict(T=T, N=N, n_steps=search_steps(N))
 
 
-def output_fwd(q, k, v, g, gate: int, h, scale: float, cu_seqlens, prec: str, alloc):
-    """o [B, T, H, V] in q's dtype from q, k [B, T, H, K], v [B, T, H, V], the gate and h
-    [slots, H, K, V] (state before each chunk, from state_pass_fwd)."""
-    H, K, V = q.shape[2], q.shape[3], v.shape[3]
-    cfg = launch_for("output_fwd", K, V, q.dtype)
-    S, a = _chunk_grid_args(q, cu_seqlens, cfg.BT)
-    o = alloc(v.shape, q.dtype)
+def _cum_args(cum, x):
+    return cum if cum is not None else (x, x)
+
+
+def output_fwd(qg, v, h, A, scale: float, cu_seqlens, prec: str, alloc):
+    """o [B, T, H, V] in qg's dtype from qg = q exp(b) [B, T, H, K] and A [slots * BT, H, BT]
+    fp32 (scores.intra_scores), v [B, T, H, V] and h [slots, H, K, V] (the state before each
+    chunk, from state_pass_fwd)."""
+    H, K, V = qg.shape[2], qg.shape[3], v.shape[3]
+    cfg = launch_for("output_fwd", K, V, qg.dtype)
+    S, a = _grid_args(qg, cu_seqlens, cfg.BT)
+    o = alloc(v.shape, qg.dtype)
     _output_fwd_kernel[(S, H * triton.cdiv(V, cfg.BV))](
-        q, k, v, g if g is not None else q, h, o, cu_seqlens if cu_seqlens is not None else q,
-        scale, a["T"], a["N"], a["n_steps"], H=H, K=K, V=V, BT=cfg.BT, BC=cfg.BC, BK=cfg.BK,
-        BV=cfg.BV, GATE=gate, IS_VARLEN=cu_seqlens is not None, PREC=prec,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        qg, v, h, A, o, cu_seqlens if cu_seqlens is not None else qg, scale, a["T"], a["N"],
+        a["n_steps"], H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK, BV=cfg.BV,
+        IS_VARLEN=cu_seqlens is not None, PREC=prec, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
     return o
 
 
-def output_bwd(q, k, v, g, gate: int, h, dh, do, scale: float, cu_seqlens, need_dg: bool,
-               prec: str, alloc):
-    """(dq, dk, dv in their inputs' dtypes, dg fp32 shaped like g, or None).
-    h / dh [slots, H, K, V]: state before / state gradient after each chunk; in q's dtype."""
+def output_bwd(q, k, v, kg, cum, gate: int, A, h, dh, do, scale: float, cu_seqlens,
+               need_dg: bool, prec: str, alloc):
+    """(dq, dk, dv in their inputs' dtypes, dg fp32 [B, T, H(, K)] or None).
+    kg = k exp(last - b) and cum = the split cumsum (gates.chunk_cumsum), A as in output_fwd;
+    h / dh [slots, H, K, V]: state before / state gradient after each chunk, in q's dtype."""
     B, T, H, K = q.shape
     V = v.shape[3]
-    cfg = launch_for("output_bwd_dv", K, V, q.dtype)
-    S, a = _chunk_grid_args(q, cu_seqlens, cfg.BT)
     cu = cu_seqlens if cu_seqlens is not None else q
-    gg = g if g is not None else q
+    ch, cl = _cum_args(cum, q)
+    varlen = cu_seqlens is not None
+    cfg = launch_for("output_bwd_dv", K, V, q.dtype)
+    S, a = _grid_args(q, cu_seqlens, cfg.BT)
     dv = alloc(v.shape, v.dtype)
-    _output_bwd_dv_kernel[(S, H * triton.cdiv(V, cfg.BV))](
-        q, k, gg, dh, do, dv, cu, scale, a["T"], a["N"], a["n_steps"], H=H, K=K, V=V,
-        BT=cfg.BT, BC=cfg.BC, BK=cfg.BK, BV=cfg.BV, GATE=gate,
-        IS_VARLEN=cu_seqlens is not None, PREC=prec, num_warps=cfg.num_warps,
+    dA = alloc((S * cfg.BT, H, cfg.BT), torch.float32)
+    _bwd_dv_kernel[(S, H)](
+        kg, v, A, dh, do, dv, dA, cu, scale, a["T"], a["N"], a["n_steps"], H=H, K=K, V=V,
+        BT=cfg.BT, BK=cfg.BK, BV=cfg.BV, IS_VARLEN=varlen, PREC=prec,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    cfg = launch_for("output_bwd_intra", K, V, q.dtype)
+    dqi = alloc((S * cfg.BT, H, K), torch.float32)
+    dki = alloc((S * cfg.BT, H, K), torch.float32)
+    _bwd_intra_kernel[(S, H * triton.cdiv(K, cfg.BK))](
+        q, k, ch, cl, dA, dqi, dki, cu, a["T"], a["N"], a["n_steps"], H=H, K=K, BT=cfg.BT,
+        BC=cfg.BC, BK=cfg.BK, GATE=gate, IS_VARLEN=varlen, PREC=prec, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
-    cfg = launch_for("output_bwd_dqk", K, V, q.dtype)
+    cfg = launch_for("output_bwd_inter", K, V, q.dtype)
     NKB = triton.cdiv(K, cfg.BK)
     dq = alloc(q.shape, q.dtype)
     dk = alloc(k.shape, k.dtype)
-    store_dg = need_dg and g is not None
+    store_dg = need_dg and cum is not None
     dg = None
     if store_dg:
         dg = alloc((NKB, B * T * H), torch.float32) if gate == GATE_SCALAR.value else \
-            alloc(g.shape, torch.float32)
-    _output_bwd_dqk_kernel[(S, H * NKB)](
-        q, k, v, gg, h, dh, do, dq, dk, dg if dg is not None else dq, cu, scale, a["T"],
-        a["N"], a["n_steps"], B * T * H, H=H, K=K, V=V, BT=cfg.BT, BC=cfg.BC, BK=cfg.BK,
-        BV=cfg.BV, GATE=gate, STORE_DG=store_dg, IS_VARLEN=cu_seqlens is not None, PREC=prec,
+            alloc(q.shape, torch.float32)
+    _bwd_inter_kernel[(S, H * NKB)](
+        q, k, v, ch, cl, h, dh, do, dA, dqi, dki, dq, dk, dg if dg is not None else dq, cu,
+        scale, a["T"], a["N"], a["n_steps"], B * T * H, H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK,
+        BV=cfg.BV, GATE=gate, STORE_DG=store_dg, IS_VARLEN=varlen, PREC=prec,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if store_dg and gate == GATE_SCALAR.value:
-        dg = dg.sum(0).view(g.shape)
+        dg = dg.sum(0).view(B, T, H)
     return dq, dk, dv, dg

@@ -2,9 +2,11 @@
 
 Per (sequence, head, K block, V block) one program walks the chunks of its sequence in order
 with the state tile [BK, BV] fp32 in registers. With b the in-chunk cumsum of the log-decay
-(gates.py) and `last` its value at the chunk's end:
+(gates.chunk_cumsum, read as stored: (hi, lo) per slot row) and `last` its value at the
+chunk's end:
     forward:  h[slot] = S (the state before the chunk, stored in h's dtype);
               S <- exp(last) * S + sum_j (k_j * exp(last - b_j))^T v_j
+              (k exp(last - b) and exp(last) as stored by gates.chunk_cumsum)
               final state = S after the last chunk (fp32).
     backward: dh[slot] = dS (the gradient of the state after the chunk, in dh's dtype);
               dS <- exp(last) * dS + scale * sum_i (q_i * exp(b_i))^T do_i
@@ -19,13 +21,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .gates import GATE_NONE, gap, load_gate, split
+from .gates import GATE_NONE, load_cum, load_cum_row, load_decay_last
 from .launch import launch_for
 from .varlen import chunk_slot, n_slots, seq_bounds
 
 
 @triton.jit
-def _state_fwd_kernel(k, v, g, h0, h, ht, cu_seqlens, T, H: tl.constexpr, K: tl.constexpr,
+def _state_fwd_kernel(kg, v, el, h0, h, ht, cu_seqlens, T, H: tl.constexpr, K: tl.constexpr,
                       V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       GATE: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
                       IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
@@ -34,7 +36,6 @@ def _state_fwd_kernel(k, v, g, h0, h, ht, cu_seqlens, T, H: tl.constexpr, K: tl.
     i_kb, i_vb = i_kv // NV, i_kv % NV
     i_n, i_h = i_nh // H, i_nh % H
     bos, eos = seq_bounds(cu_seqlens, i_n, T, IS_VARLEN)
-    dt = k.dtype.element_ty
     o_t = tl.arange(0, BT)
     o_k = i_kb * BK + tl.arange(0, BK)
     o_v = i_vb * BV + tl.arange(0, BV)
@@ -50,23 +51,19 @@ def _state_fwd_kernel(k, v, g, h0, h, ht, cu_seqlens, T, H: tl.constexpr, K: tl.
         t = bos + i_c * BT + o_t
         m_t = t < eos
         row = t * H + i_h
-        b_k = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
+        b_k = tl.load(kg + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
                       other=0.)
         b_v = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
                       other=0.)
         if GATE != GATE_NONE:
-            gt = load_gate(g, row, o_k, m_t, m_k, K, GATE, BT)
-            hi, lo = split(tl.cumsum(gt, axis=0))
-            l_hi, l_lo = split(tl.sum(gt, axis=0))
-            b_k = (b_k * tl.exp(gap(l_hi[None, :], l_lo[None, :], hi, lo))).to(dt)
-            state *= tl.exp(l_hi + l_lo)[:, None]
+            state *= load_decay_last(el, slot, i_h, o_k, m_k, H, K, GATE)[:, None]
         state += tl.dot(tl.trans(b_k), b_v, input_precision=PREC)
     if STORE_HT:
         tl.store(ht + i_nh.to(tl.int64) * K * V + p_kv, state, mask=m_kv)
 
 
 @triton.jit
-def _state_bwd_kernel(q, do, g, dht, dh, dh0, cu_seqlens, scale, T, H: tl.constexpr,
+def _state_bwd_kernel(q, do, ch, cl, dht, dh, dh0, cu_seqlens, scale, T, H: tl.constexpr,
                       K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                       BV: tl.constexpr, GATE: tl.constexpr, USE_DHT: tl.constexpr,
                       STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
@@ -99,9 +96,9 @@ def _state_bwd_kernel(q, do, g, dht, dh, dh0, cu_seqlens, scale, T, H: tl.conste
         b_do = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
                        other=0.)
         if GATE != GATE_NONE:
-            gt = load_gate(g, row, o_k, m_t, m_k, K, GATE, BT)
-            hi, lo = split(tl.cumsum(gt, axis=0))
-            l_hi, l_lo = split(tl.sum(gt, axis=0))
+            srow = slot * BT + o_t
+            hi, lo = load_cum(ch, cl, srow, i_h, o_k, m_k, H, K, GATE, BT)
+            l_hi, l_lo = load_cum_row(ch, cl, slot * BT + BT - 1, i_h, o_k, m_k, H, K, GATE)
             b_max = tl.max(hi, axis=0)
             b_q = (b_q * tl.exp((hi - b_max[None, :]) + lo)).to(dt)
             dstate *= tl.exp(l_hi + l_lo)[:, None]
@@ -117,20 +114,22 @@ def _dummy(x, fallback):
     return x if x is not None else fallback
 
 
-def state_pass_fwd(k, v, g, gate: int, initial_state, output_final_state: bool, cu_seqlens,
+def state_pass_fwd(kg, v, el, gate: int, initial_state, output_final_state: bool, cu_seqlens,
                    h_dtype: torch.dtype, prec: str, alloc):
-    """k [B, T, H, K], v [B, T, H, V]; g per `gate` ([B, T, H] or [B, T, H, K] fp32, or None).
+    """kg = k exp(last - b) [B, T, H, K] and el = exp(last) [slots, H(, K)] fp32 from
+    gates.chunk_cumsum (GATE_NONE: k and None), v [B, T, H, V].
     Returns (h [slots, H, K, V] in h_dtype: the state before every chunk,
     final state [N, H, K, V] fp32 or None)."""
-    B, T, H, K = k.shape
+    B, T, H, K = kg.shape
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    cfg = launch_for("state_fwd", K, V, k.dtype)
+    cfg = launch_for("state_fwd", K, V, kg.dtype)
     h = alloc((n_slots(B, T, N, cfg.BT, cu_seqlens is not None), H, K, V), h_dtype)
     ht = alloc((N, H, K, V), torch.float32) if output_final_state else None
     grid = (triton.cdiv(K, cfg.BK) * triton.cdiv(V, cfg.BV), N * H)
     _state_fwd_kernel[grid](
-        k, v, _dummy(g, k), _dummy(initial_state, k), h, _dummy(ht, h), _dummy(cu_seqlens, k),
+        kg, v, _dummy(el, kg), _dummy(initial_state, kg), h, _dummy(ht, h),
+        _dummy(cu_seqlens, kg),
         T, H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK, BV=cfg.BV, GATE=gate,
         USE_H0=initial_state is not None, STORE_HT=ht is not None,
         IS_VARLEN=cu_seqlens is not None, PREC=prec, num_warps=cfg.num_warps,
@@ -138,9 +137,10 @@ def state_pass_fwd(k, v, g, gate: int, initial_state, output_final_state: bool, 
     return h, ht
 
 
-def state_pass_bwd(q, do, g, gate: int, scale: float, dht, cu_seqlens, need_dh0: bool,
+def state_pass_bwd(q, do, cum, gate: int, scale: float, dht, cu_seqlens, need_dh0: bool,
                    h_dtype: torch.dtype, prec: str, alloc):
-    """q [B, T, H, K], do [B, T, H, V], dht [N, H, K, V] fp32 or None.
+    """q [B, T, H, K], do [B, T, H, V], cum: the split in-chunk cumsum (hi, lo) from
+    gates.chunk_cumsum (None for GATE_NONE), dht [N, H, K, V] fp32 or None.
     Returns (dh [slots, H, K, V] in h_dtype: the gradient of the state after every chunk,
     dh0 [N, H, K, V] fp32 or None)."""
     B, T, H, K = q.shape
@@ -151,7 +151,8 @@ def state_pass_bwd(q, do, g, gate: int, scale: float, dht, cu_seqlens, need_dh0:
     dh0 = alloc((N, H, K, V), torch.float32) if need_dh0 else None
     grid = (triton.cdiv(K, cfg.BK) * triton.cdiv(V, cfg.BV), N * H)
     _state_bwd_kernel[grid](
-        q, do, _dummy(g, q), _dummy(dht, q), dh, _dummy(dh0, dh), _dummy(cu_seqlens, q),
+        q, do, *(cum if cum is not None else (q, q)), _dummy(dht, q), dh, _dummy(dh0, dh),
+        _dummy(cu_seqlens, q),
         scale, T, H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK, BV=cfg.BV, GATE=gate,
         USE_DHT=dht is not None, STORE_DH0=dh0 is not None, IS_VARLEN=cu_seqlens is not None,
         PREC=prec, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
