@@ -39,8 +39,9 @@ class Attention(nn.Module):
         compute dtype (the policy's output dtype with a policy), None, cache dict or None);
         the cache is layers/kv_cache.py's, preallocated: max_cache_len (int) is its capacity
         in tokens when this call creates it (default: T + 256 rounded up to a multiple of
-        256); a call past capacity raises ValueError. Padded positions output 0 and are never attended;
-        rotary positions count real tokens; a window counts slots (exact for left padding).
+        256); a call past capacity raises ValueError. Padded positions output 0 and are
+        never attended; rotary positions count real tokens; a window counts slots (exact for
+        left padding).
     """
 
     def __init__(self, hidden_size: int = 2048, num_heads: int = 32,

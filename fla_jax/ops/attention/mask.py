@@ -16,10 +16,11 @@ def allowed_mask(T: int, S: int, causal: bool, window, cu_seqlens=None, key_mask
     """bool [B or 1, T, S], True where query t may attend key s.
 
     Query t sits at position p = t + S - T, or q_offset + t when given (an int, or an int
-    scalar that may be traced: the first query's slot in a preallocated KV cache). causal: s <= p; window (left, right), -1 =
-    unbounded: p - left <= s <= p + right; cu_seqlens [N+1] (T == S, may be traced): s in t's
-    sequence; key_mask bool [B, S] (False = padding): padded keys are skipped except by the
-    query at the same position, so a padded query's row is never empty."""
+    scalar that may be traced: the first query's slot in a preallocated KV cache).
+    causal: s <= p; window (left, right), -1 = unbounded: p - left <= s <= p + right; cu_seqlens
+    [N+1] (T == S, may be traced): s in t's sequence; key_mask bool [B, S] (False = padding):
+    padded keys are skipped except by the query at the same position, so a padded query's row is
+    never empty."""
     pq = jnp.arange(T)[:, None] + ((S - T) if q_offset is None else q_offset)
     pk = jnp.arange(S)[None, :]
     ok = jnp.ones((T, S), bool)
