@@ -7,7 +7,9 @@
 
 The prompt is run once through the model (prefill, chunk mode) with use_cache=True; then each
 new character is one call on one token that updates every layer's recurrent state and
-short-convolution cache (constant memory and time per token, whatever the length). Sampling
+short-convolution cache (constant memory and time per token, whatever the length) and, in a
+hybrid, every Attention layer's KV cache, preallocated for prompt + --max-new-tokens tokens
+(max_cache_len), so the cache keeps its shapes and the jitted JAX step compiles once. Sampling
 (temperature, top-k) is done in numpy with a seeded generator, so both frameworks draw from the
 same stream. At the end the generated sequence is run once more as a whole, and the logits of
 the token-by-token decoding are compared with that full forward: pass within DECODE_TOLERANCE
@@ -76,9 +78,10 @@ class TorchDecoder:
     def _ids(self, ids):
         return self.torch.as_tensor(np.asarray(ids)[None], device=self.device)
 
-    def prefill(self, ids):
+    def prefill(self, ids, max_cache_len):
         with self.torch.no_grad():
-            logits, cache = self.model(self._ids(ids), use_cache=True)
+            logits, cache = self.model(self._ids(ids), use_cache=True,
+                                       max_cache_len=max_cache_len)
         return logits[0, -1].float().cpu().numpy(), cache
 
     def step(self, token, cache):
@@ -105,8 +108,9 @@ class JaxDecoder:
 
         self._step = step
 
-    def prefill(self, ids):
-        logits, cache = self.model(self.jnp.asarray(np.asarray(ids)[None]), use_cache=True)
+    def prefill(self, ids, max_cache_len):
+        logits, cache = self.model(self.jnp.asarray(np.asarray(ids)[None]), use_cache=True,
+                                   max_cache_len=max_cache_len)
         return np.asarray(logits[0, -1], np.float32), cache
 
     def step(self, token, cache):
@@ -123,7 +127,7 @@ def generate(decoder, prompt: str, args):
     if not ids:
         raise SystemExit("--prompt is empty; give at least one character")
     rng = np.random.default_rng(args.seed)
-    logits, cache = decoder.prefill(ids)
+    logits, cache = decoder.prefill(ids, len(ids) + args.max_new_tokens)
     seen = [logits]
     times = []
     for _ in range(args.max_new_tokens):

@@ -89,7 +89,9 @@ def test_padded_prefill_then_decode():
             outs.append(o)
     stepped = torch.cat(outs, 1).numpy()
     assert rel_rms(stepped, full, full) <= TOL
-    assert c["attn_state"][0].shape == (B, T, 2, 8) and c["attn_mask"].shape == (B, T)
+    S = 256 * -(-(P + 256) // 256)      # default capacity: prefill + 256, to a multiple of 256
+    assert c["attn_state"][0].shape == (B, S, 2, 8) and c["attn_mask"].shape == (B, S)
+    assert c["length"] == T
     assert c["offset"].tolist() == m.sum(1).tolist()
 
     graphdef, state = nnx.split(jl)

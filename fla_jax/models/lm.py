@@ -78,12 +78,20 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps, **f)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, **f)
 
-    def __call__(self, x, cache=None, use_cache: bool = False):
+    def __call__(self, x, cache=None, use_cache: bool = False, max_cache_len=None):
         cd = x.dtype
-        o, _, cache = self.attn(self.attn_norm(x), past_key_values=cache, use_cache=use_cache)
+        kv = {} if max_cache_len is None or not _has_kv_cache(self.attn) else \
+            {"max_cache_len": max_cache_len}
+        o, _, cache = self.attn(self.attn_norm(x), past_key_values=cache, use_cache=use_cache,
+                                **kv)
         x = x + o.astype(cd)
         x = x + self.mlp(self.mlp_norm(x), cd)
         return x, cache
+
+
+def _has_kv_cache(attn) -> bool:
+    """The softmax Attention layer (a KV cache with a capacity); linear layers have none."""
+    return isinstance(attn, fla_layers.Attention)
 
 
 def _check_attn_sizes(config: LMConfig, attn) -> None:
@@ -105,11 +113,15 @@ class CausalLM(nnx.Module):
     Args: config (LMConfig); dtype (compute; default: the policy's compute dtype, else None =
         the parameter dtype); param_dtype (storage; default: the policy's params dtype, else
         float32); rngs (nnx.Rngs).
-    __call__(input_ids [B, T] int, cache=None, use_cache=False):
+    __call__(input_ids [B, T] int, cache=None, use_cache=False, max_cache_len=None):
         use_cache=False -> logits [B, T, vocab];
         use_cache=True  -> (logits, cache), cache = a list with one per-layer cache dict
         (fla_jax/layers/cache.py; a pytree, so it passes through jax.jit). A prefill and then
         one token at a time gives the logits of one full forward.
+        max_cache_len: the capacity in tokens of the Attention layers' KV caches
+        (layers/kv_cache.py) when this call creates the cache (prompt + new tokens; default:
+        the prompt + 256, rounded up to a multiple of 256); the cache keeps its shapes from
+        step to step. Linear-attention layers ignore it (their state has a fixed size).
     """
 
     def __init__(self, config: LMConfig, *, dtype=None, param_dtype=None, rngs: nnx.Rngs):
@@ -136,7 +148,8 @@ class CausalLM(nnx.Module):
         return (self.embeddings.weight[...] if self.config.tie_embeddings
                 else self.lm_head.weight[...])
 
-    def __call__(self, input_ids, cache=None, use_cache: bool = False):
+    def __call__(self, input_ids, cache=None, use_cache: bool = False,
+                 max_cache_len=None):
         if not hasattr(input_ids, "shape") or not hasattr(input_ids, "dtype"):
             raise not_an_array("CausalLM", "input_ids", type(input_ids).__name__,
                                "a jax.Array [B, T] of int32 token ids")
@@ -153,7 +166,7 @@ class CausalLM(nnx.Module):
         x = self.embeddings(input_ids, cd)
         new_cache = []
         for i, block in enumerate(self.layers):
-            x, c = block(x, None if cache is None else cache[i], use_cache)
+            x, c = block(x, None if cache is None else cache[i], use_cache, max_cache_len)
             new_cache.append(c)
         x = self.norm(x)
         logits = dense(x, self.head_weight(), None, cd)

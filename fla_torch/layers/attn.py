@@ -11,12 +11,14 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from fla_contract.kv_cache import check_max_cache_len_use
+
 from ..modules import RMSNorm
 from ..modules.precision import compute_dtype, linear, output_dtype, resolve_policy, storage_dtype
 from ..ops.attention import attention
 from ..ops.attention.interface import attention_with_key_mask
 from .inputs import check_layer_call
-from .kv_cache import check_kv_cache, extend, extend_mask, make_kv_cache, read_kv_cache
+from .kv_cache import check_kv_cache, new_kv_cache, write_kv
 from .padding import masked_positions, neutralise, next_offset
 from .projections import split_heads
 from .rotary import apply_rotary, rotary_positions
@@ -35,8 +37,11 @@ class Attention(nn.Module):
     forward(hidden_states [B, T, hidden], attention_mask=None ([B, T] 0/1, 1 = real token),
         past_key_values=None, use_cache=False, cu_seqlens=None) -> (o [B, T, hidden] in the
         compute dtype (the policy's output dtype with a policy), None, cache dict or None);
-        the cache is layers/kv_cache.py's. Padded positions output 0 and are never attended;
-        rotary positions count real tokens; a window counts slots (exact for left padding).
+        the cache is layers/kv_cache.py's, preallocated: max_cache_len (int) is its capacity
+        in tokens when this call creates it (default: T + 256 rounded up to a multiple of
+        256); a call past capacity raises ValueError. Padded positions output 0 and are
+        never attended; rotary positions count real tokens; a window counts slots (exact for
+        left padding).
     """
 
     def __init__(self, hidden_size: int = 2048, num_heads: int = 32,
@@ -74,15 +79,17 @@ class Attention(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None,
                 use_cache: bool = False, output_attentions: bool = False, cu_seqlens=None,
-                **kwargs):
+                max_cache_len=None, **kwargs):
         name = "Attention"
         mask = check_layer_call(self, name, hidden_states, attention_mask, None, cu_seqlens)
         if past_key_values is not None:
             check_kv_cache(self, name, past_key_values, hidden_states.shape[0])
-        k_old, v_old, mask_old, offset = read_kv_cache(past_key_values)
-        if cu_seqlens is not None and (use_cache or k_old is not None):
+        check_max_cache_len_use(name, max_cache_len, use_cache, None if past_key_values is None
+                                else past_key_values["attn_state"][0].shape[1])
+        if cu_seqlens is not None and (use_cache or past_key_values is not None):
             raise ValueError(f"{name}: use_cache / past_key_values with cu_seqlens; the KV "
                              f"cache holds padded rows: decode a batch with attention_mask")
+        offset = 0 if past_key_values is None else past_key_values.get("offset", 0)
         B, T, _ = hidden_states.shape
         cd = compute_dtype(hidden_states, self.policy)
         x = hidden_states.to(cd)
@@ -96,18 +103,23 @@ class Attention(nn.Module):
             pos = (masked_positions(mask, offset) if mask is not None else
                    rotary_positions(B, T, offset, cu_seqlens, device=x.device))
             q, k = apply_rotary(q, pos, self.rope_theta), apply_rotary(k, pos, self.rope_theta)
-        S_old = 0 if k_old is None else k_old.shape[1]
-        k, v = extend(k_old, k), extend(v_old, v)
-        key_mask = extend_mask(mask_old, S_old, mask, B, T, x.device)
-        if key_mask is None:
-            o = attention(q, k, v, causal=True, cu_seqlens=cu_seqlens,
-                          window_size=self.window_size)
+        if past_key_values is None:
+            if mask is None:
+                o = attention(q, k, v, causal=True, cu_seqlens=cu_seqlens,
+                              window_size=self.window_size)
+            else:
+                o = attention_with_key_mask(q, k, v, mask, causal=True,
+                                            window_size=self.window_size)
         else:
-            o = attention_with_key_mask(q, k, v, key_mask, causal=True,
+            kb, vb, mb, L, n = write_kv(name, past_key_values, k, v, mask)
+            o = attention_with_key_mask(q, kb[:, :n], vb[:, :n], mb[:, :n], causal=True,
                                         window_size=self.window_size)
         o = linear(o.reshape(B, T, -1), self.o_proj, cd).to(output_dtype(cd, self.policy))
         if mask is not None:
             o = neutralise(mask, o)
-        cache = (make_kv_cache(k, v, key_mask, next_offset(offset, T, cu_seqlens, mask))
-                 if use_cache else None)
-        return o, None, cache
+        if not use_cache:
+            return o, None, None
+        offset = next_offset(offset, T, cu_seqlens, mask)
+        if past_key_values is None:
+            return o, None, new_kv_cache(name, k, v, mask, offset, T, max_cache_len)
+        return o, None, {"attn_state": (kb, vb), "attn_mask": mb, "length": n, "offset": offset}

@@ -67,12 +67,21 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps, **f)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, **f)
 
-    def forward(self, x: torch.Tensor, cache=None, use_cache: bool = False):
+    def forward(self, x: torch.Tensor, cache=None, use_cache: bool = False,
+                max_cache_len=None):
         cd = x.dtype
-        o, _, cache = self.attn(self.attn_norm(x), past_key_values=cache, use_cache=use_cache)
+        kv = {} if max_cache_len is None or not _has_kv_cache(self.attn) else \
+            {"max_cache_len": max_cache_len}
+        o, _, cache = self.attn(self.attn_norm(x), past_key_values=cache, use_cache=use_cache,
+                                **kv)
         x = x + o.to(cd)
         x = x + self.mlp(self.mlp_norm(x), cd)
         return x, cache
+
+
+def _has_kv_cache(attn) -> bool:
+    """The softmax Attention layer (a KV cache with a capacity); linear layers have none."""
+    return isinstance(attn, fla_layers.Attention)
 
 
 def _check_attn_sizes(config: LMConfig, attn) -> None:
@@ -93,11 +102,15 @@ class CausalLM(nn.Module):
 
     Args: config (LMConfig); device; dtype (parameter storage; default: the policy's params
         dtype, else torch's default dtype).
-    forward(input_ids [B, T] int, cache=None, use_cache=False):
+    forward(input_ids [B, T] int, cache=None, use_cache=False, max_cache_len=None):
         use_cache=False -> logits [B, T, vocab];
         use_cache=True  -> (logits, cache), cache = a list with one per-layer cache dict
         (fla_torch/layers/cache.py). Pass it back with the next tokens to continue: a prefill
         of T tokens and then one token at a time gives the logits of one full forward.
+        max_cache_len: the capacity in tokens of the Attention layers' KV caches
+        (layers/kv_cache.py) when this call creates the cache (prompt + new tokens; default:
+        the prompt + 256, rounded up to a multiple of 256); the cache keeps its shapes from
+        step to step. Linear-attention layers ignore it (their state has a fixed size).
     """
 
     def __init__(self, config: LMConfig, device=None, dtype=None):
@@ -123,7 +136,8 @@ class CausalLM(nn.Module):
     def head_weight(self) -> torch.Tensor:
         return self.embeddings.weight if self.config.tie_embeddings else self.lm_head.weight
 
-    def forward(self, input_ids: torch.Tensor, cache=None, use_cache: bool = False):
+    def forward(self, input_ids: torch.Tensor, cache=None, use_cache: bool = False,
+                max_cache_len=None):
         if not isinstance(input_ids, torch.Tensor):
             raise not_an_array("CausalLM", "input_ids", type(input_ids).__name__,
                                "a torch.Tensor [B, T] of int64 or int32 token ids")
@@ -141,7 +155,7 @@ class CausalLM(nn.Module):
         x = self.embeddings(input_ids).to(cd)
         new_cache = []
         for i, block in enumerate(self.layers):
-            x, c = block(x, None if cache is None else cache[i], use_cache)
+            x, c = block(x, None if cache is None else cache[i], use_cache, max_cache_len)
             new_cache.append(c)
         x = self.norm(x)
         with no_autocast(x):

@@ -58,26 +58,27 @@ def _precision(q):
 
 
 def attention_xla(q, k, v, *, scale: float, causal: bool, window, cu_seqlens=None,
-                  key_mask=None):
+                  key_mask=None, q_offset=None):
     """q: [B, T, HQ, K]; k: [B, S, HKV, K]; v: [B, S, HKV, V] -> o [B, T, HQ, V] in q's dtype."""
     T, S = q.shape[1], k.shape[1]
     if jnp.dtype(q.dtype) == jnp.dtype(jnp.float16) and not on_gpu():
         return attention_reference(q, k, v, scale=scale, causal=causal, window=window,
-                                   cu_seqlens=cu_seqlens, key_mask=key_mask)
+                                   cu_seqlens=cu_seqlens, key_mask=key_mask,
+                                   q_offset=q_offset)
     q, k, v, V = _same_head_size(q, k, v)
     with _precision(q):
         if not needs_mask(T, S, causal, window, cu_seqlens, key_mask):
             o = jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal,
                                              implementation="xla")
         else:
-            ok = allowed_mask(T, S, causal, window, cu_seqlens, key_mask)[:, None]
+            ok = allowed_mask(T, S, causal, window, cu_seqlens, key_mask, q_offset)[:, None]
             o = jax.nn.dot_product_attention(q, k, v, mask=ok, scale=scale,
                                              implementation="xla")
     return o[..., :V].astype(q.dtype)
 
 
 def attention_cudnn(q, k, v, *, scale: float, causal: bool, window, cu_seqlens=None,
-                    key_mask=None, fallback_xla: bool = False):
+                    key_mask=None, fallback_xla: bool = False, q_offset=None):
     """The cuDNN fused kernel; raises ValueError for a call it does not take (cudnn_accepts).
     fallback_xla (impl='auto' only): a call that jax's cuDNN wrapper refuses while tracing
     (its own shape / version checks, beyond cudnn_accepts) runs the XLA path instead."""

@@ -39,7 +39,8 @@ def _auto(q, call: dict) -> str:
     return "xla"
 
 
-def _run(q, k, v, causal, scale, cu_seqlens, window_size, impl, key_mask=None):
+def _run(q, k, v, causal, scale, cu_seqlens, window_size, impl, key_mask=None,
+         q_offset=None):
     op = OPS["attention"]
     window = check_window(op.name, window_size, causal)
     call = {"k": k, "v": v, "causal": causal, "window": window, "cu_seqlens": cu_seqlens,
@@ -47,6 +48,8 @@ def _run(q, k, v, causal, scale, cu_seqlens, window_size, impl, key_mask=None):
     options = {"causal": causal, "window": window}
     if key_mask is not None:
         options["key_mask"] = key_mask
+    if q_offset is not None:
+        options["q_offset"] = q_offset
     call["options"] = options
     return run_op(op, IMPLS, impl, q=q, k=k, v=v, scale=scale, cu_seqlens=cu_seqlens,
                   options=options, allowed=ALLOWED, auto=lambda q: _auto(q, call),
@@ -78,12 +81,15 @@ def attention(q, k, v, causal: bool = True, scale=None, cu_seqlens=None, window_
 
 
 def attention_with_key_mask(q, k, v, key_mask, causal: bool = True, scale=None,
-                            window_size=None, impl: str = "auto"):
+                            window_size=None, impl: str = "auto", q_offset=None):
     """`attention` for the Attention layer's padding: key_mask bool [B, S], False = padded key
     (never attended except by the query at its own position, whose output the layer
-    discards)."""
+    discards). q_offset: None (query t at position t + S - T) or an int (may be a traced int
+    scalar in jax): query t sits at slot q_offset + t -- a preallocated KV cache of S slots
+    whose first query is written at slot q_offset (slots after q_offset + t are never
+    attended under causal)."""
     if np.dtype(key_mask.dtype) != np.bool_ or tuple(key_mask.shape) != (k.shape[0], k.shape[1]):
         raise ValueError(f"attention: key_mask is {np.dtype(key_mask.dtype).name} "
                          f"{list(key_mask.shape)}; expected bool [B, S] = "
                          f"[{k.shape[0]}, {k.shape[1]}]")
-    return _run(q, k, v, causal, scale, None, window_size, impl, key_mask)
+    return _run(q, k, v, causal, scale, None, window_size, impl, key_mask, q_offset)

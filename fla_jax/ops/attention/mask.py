@@ -11,14 +11,17 @@ def needs_mask(T: int, S: int, causal: bool, window, cu_seqlens, key_mask) -> bo
             or (causal and T != S))
 
 
-def allowed_mask(T: int, S: int, causal: bool, window, cu_seqlens=None, key_mask=None):
+def allowed_mask(T: int, S: int, causal: bool, window, cu_seqlens=None, key_mask=None,
+                 q_offset=None):
     """bool [B or 1, T, S], True where query t may attend key s.
 
-    Query t sits at position p = t + S - T. causal: s <= p; window (left, right), -1 =
-    unbounded: p - left <= s <= p + right; cu_seqlens [N+1] (T == S, may be traced): s in t's
-    sequence; key_mask bool [B, S] (False = padding): padded keys are skipped except by the
-    query at the same position, so a padded query's row is never empty."""
-    pq = jnp.arange(T)[:, None] + (S - T)
+    Query t sits at position p = t + S - T, or q_offset + t when given (an int, or an int
+    scalar that may be traced: the first query's slot in a preallocated KV cache).
+    causal: s <= p; window (left, right), -1 = unbounded: p - left <= s <= p + right; cu_seqlens
+    [N+1] (T == S, may be traced): s in t's sequence; key_mask bool [B, S] (False = padding):
+    padded keys are skipped except by the query at the same position, so a padded query's row is
+    never empty."""
+    pq = jnp.arange(T)[:, None] + ((S - T) if q_offset is None else q_offset)
     pk = jnp.arange(S)[None, :]
     ok = jnp.ones((T, S), bool)
     if causal:

@@ -10,7 +10,7 @@ from .mask import allowed_mask
 
 
 def attention_reference(q, k, v, *, scale: float, causal: bool, window, cu_seqlens=None,
-                        key_mask=None):
+                        key_mask=None, q_offset=None):
     """q: [B, T, HQ, K]; k: [B, S, HKV, K]; v: [B, S, HKV, V] -> o [B, T, HQ, V] in q's dtype."""
     B, T, HQ, _ = q.shape
     S, HKV = k.shape[1], k.shape[2]
@@ -21,7 +21,7 @@ def attention_reference(q, k, v, *, scale: float, causal: bool, window, cu_seqle
     vf = jnp.repeat(v.astype(cd), HQ // HKV, axis=2)
     s = jnp.einsum("bthd,bshd->bhts", qf, kf, precision=prec) * scale
     if causal or window is not None or cu_seqlens is not None or key_mask is not None:
-        ok = allowed_mask(T, S, causal, window, cu_seqlens, key_mask)
+        ok = allowed_mask(T, S, causal, window, cu_seqlens, key_mask, q_offset)
         s = jnp.where(ok[:, None], s, -jnp.inf)
     p = jax.nn.softmax(s, axis=-1)
     return jnp.einsum("bhts,bshd->bthd", p, vf, precision=prec).astype(q.dtype)

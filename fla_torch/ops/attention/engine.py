@@ -22,7 +22,7 @@ def _flash_eligible(q, v) -> bool:
 
 
 def attention_sdpa(q, k, v, *, scale: float, causal: bool, window, cu_seqlens=None,
-                   key_mask=None):
+                   key_mask=None, q_offset=None):
     """q: [B, T, HQ, K]; k: [B, S, HKV, K]; v: [B, S, HKV, V] -> o [B, T, HQ, V] in q's dtype."""
     T, HQ = q.shape[1], q.shape[2]
     S, HKV = k.shape[1], k.shape[2]
@@ -36,7 +36,7 @@ def attention_sdpa(q, k, v, *, scale: float, causal: bool, window, cu_seqlens=No
             kt, vt = kt.repeat_interleave(G, dim=1), vt.repeat_interleave(G, dim=1)
         o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale, **kw)
     else:
-        ok = allowed_mask(T, S, causal, window, cu_seqlens, key_mask, q.device)[:, None]
+        ok = allowed_mask(T, S, causal, window, cu_seqlens, key_mask, q.device, q_offset)[:, None]
         if G > 1:
             kt, vt = kt.repeat_interleave(G, dim=1), vt.repeat_interleave(G, dim=1)
         o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=ok, scale=scale)

@@ -57,18 +57,23 @@ def attention(q, k, v, causal: bool = True, scale=None, cu_seqlens=None, window_
 
 
 def attention_with_key_mask(q, k, v, key_mask, causal: bool = True, scale=None, window_size=None,
-                            impl: str = "auto"):
+                            impl: str = "auto", q_offset=None):
     """`attention` for the Attention layer's padding: key_mask bool [B, S], False = padded key
     (never attended except by the query at its own position, whose output the layer
-    discards)."""
+    discards). q_offset: None (query t at position t + S - T) or an int (may be a traced int
+    scalar in jax): query t sits at slot q_offset + t -- a preallocated KV cache of S slots
+    whose first query is written at slot q_offset (slots after q_offset + t are never
+    attended under causal)."""
     op = OPS["attention"]
     window = check_window(op.name, window_size, causal)
     if key_mask.dtype != torch.bool or tuple(key_mask.shape) != (k.shape[0], k.shape[1]):
         raise ValueError(f"attention: key_mask is {key_mask.dtype} {list(key_mask.shape)}; "
                          f"expected bool [B, S] = [{k.shape[0]}, {k.shape[1]}]")
+    options = {"causal": causal, "window": window, "key_mask": key_mask}
+    if q_offset is not None:
+        options["q_offset"] = q_offset
     with no_autocast(q):
-        return run_op(op, IMPLS, impl, q=q, k=k, v=v, scale=scale,
-                      options={"causal": causal, "window": window, "key_mask": key_mask},
+        return run_op(op, IMPLS, impl, q=q, k=k, v=v, scale=scale, options=options,
                       allowed=ALLOWED, auto=_auto,
                       check=lambda dims: check_lengths(op.name, dims, causal))
 

@@ -13,14 +13,16 @@ def needs_mask(T: int, S: int, causal: bool, window, cu_seqlens, key_mask) -> bo
 
 
 def allowed_mask(T: int, S: int, causal: bool, window, cu_seqlens=None, key_mask=None,
-                 device=None) -> torch.Tensor:
+                 device=None, q_offset=None) -> torch.Tensor:
     """bool [B or 1, T, S], True where query t may attend key s.
 
-    Query t sits at position p = t + S - T. causal: s <= p; window (left, right), -1 =
-    unbounded: p - left <= s <= p + right; cu_seqlens [N+1] (T == S): s in t's sequence;
-    key_mask bool [B, S] (False = padding): padded keys are skipped except by the query at the
-    same position, so a padded query's row is never empty (its output is discarded)."""
-    pq = torch.arange(T, device=device)[:, None] + (S - T)
+    Query t sits at position p = t + S - T, or q_offset + t when given (an int, or an int
+    scalar that may be traced: the first query's slot in a preallocated KV cache).
+    causal: s <= p; window (left, right), -1 = unbounded: p - left <= s <= p + right; cu_seqlens
+    [N+1] (T == S): s in t's sequence; key_mask bool [B, S] (False = padding): padded keys are
+    skipped except by the query at the same position, so a padded query's row is never empty
+    (its output is discarded)."""
+    pq = torch.arange(T, device=device)[:, None] + ((S - T) if q_offset is None else q_offset)
     pk = torch.arange(S, device=device)[None, :]
     ok = torch.ones(T, S, dtype=torch.bool, device=device)
     if causal:
