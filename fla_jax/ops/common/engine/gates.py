@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax.numpy as jnp
+from jax.experimental.pallas import triton as plt
 
 from .. import pallas_triton as ptr
 
@@ -48,10 +49,24 @@ def load_gate(ref, gate, start, rows, n_valid, width, n_cols, col0=0):
     return ptr.load_rows(ref, start, rows, n_valid, n_cols, col0).astype(jnp.float32)
 
 
+def split(g):
+    """g -> Cum(hi, lo): hi on the 2^-8 grid (its sums are exact), lo = g - hi."""
+    hi = jnp.floor(g * 256.0 + 0.5) * (1.0 / 256.0)
+    return Cum(hi, g - hi)
+
+
+def load_gate_row(ref, gate, t, ok, width, n_cols, col0=0):
+    """Raw log-decay of token t as a [width] fp32 row (0 unless `ok`), scalar gate broadcast."""
+    if gate == GATE_SCALAR:
+        g = ref[jnp.minimum(t, ref.shape[0] - 1)]       # in bounds even where not ok
+        return jnp.broadcast_to(jnp.where(ok, g, 0.0).astype(jnp.float32), (width,))
+    cols = col0 + jnp.arange(width)
+    return plt.load(ref.at[t, :], mask=(cols < n_cols) & ok, other=0.0).astype(jnp.float32)
+
+
 def cumsum(g):
     """g [rows, width] -> (Cum of the inclusive cumsum over rows, Cum of the column totals)."""
-    hi = jnp.floor(g * 256.0 + 0.5) * (1.0 / 256.0)
-    lo = g - hi
+    hi, lo = split(g)
     return (Cum(jnp.cumsum(hi, axis=0), jnp.cumsum(lo, axis=0)),
             Cum(jnp.sum(hi, axis=0), jnp.sum(lo, axis=0)))
 

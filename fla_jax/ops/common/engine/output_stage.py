@@ -30,7 +30,7 @@ from jax.experimental.pallas import triton as plt
 
 from .. import pallas_triton as ptr
 from . import gates as gt
-from . import specs
+from . import launch as specs
 from . import varlen as vl
 from .launch import SUB, Launch, Problem, call, launch_for, width
 
@@ -61,7 +61,8 @@ def _sub_gates(refs, pb, start, nv, w, n_cols, col0):
         if not _gated(pb):
             out.append((None, None))
             continue
-        g = gt.load_gate(refs["g"], pb.gate, start + I * SUB, SUB, nv - I * SUB, w, n_cols, col0)
+        g = gt.load_gate(refs["g"], pb.gate, start + I * SUB, SUB, specs.rows(pb, nv - I * SUB),
+                         w, specs.cols(n_cols, w), col0)
         loc, tot = gt.cumsum(g)
         out.append((loc, R))
         R = gt.add(R, tot)
@@ -80,6 +81,13 @@ def _k_factor(pb, k, gI, gJ):
     return k * jnp.exp(gt.span(gI[1], gJ[1], gJ[0]))
 
 
+def _next_loc(refs, pb, lj, t, ok, n_cols, col0):
+    """The sub-chunk cumsum carried one row on: lj + g_t (split), the row j of loc without a
+    masked reduction over the tile (hi parts are exact either way; lo parts tiny)."""
+    w = lj.hi.shape[0]
+    return gt.add(lj, gt.split(gt.load_gate_row(refs["g"], pb.gate, t, ok, w, n_cols, col0)))
+
+
 def _diag_scores(refs, pb, rs, nvI, q, gI, n_cols, col0):
     """A_II [SUB, SUB] fp32 of one sub-chunk: sum_c q_ic k_jc exp(loc_ic - loc_jc), j <= i,
     exact per pair (one column per loop step; k's rows read from refs['k'])."""
@@ -88,17 +96,19 @@ def _diag_scores(refs, pb, rs, nvI, q, gI, n_cols, col0):
     qf = q.astype(F32)
     loc = gI[0]
 
-    def body(j, A):
+    def body(j, carry):
+        A, lj = carry
         kj = _row(refs["k"], rs + j, j < nvI, n_cols, col0)
         if loc is None:
             d = (ii >= j).astype(F32)
         else:
-            lj = gt.bcast(gt.row(loc, j))
-            d = jnp.where(ii == j, 1.0, gt.masked_exp(gt.gap(loc, lj), ii > j))
+            lj = _next_loc(refs, pb, lj, rs + j, j < nvI, n_cols, col0)
+            d = jnp.where(ii == j, 1.0, gt.masked_exp(gt.gap(loc, gt.bcast(lj)), ii > j))
         col = jnp.sum(qf * kj[None, :] * d, axis=1)
-        return jnp.where(jj == j, col[:, None], A)
+        return jnp.where(jj == j, col[:, None], A), lj
 
-    return lax.fori_loop(0, SUB, body, jnp.zeros((SUB, SUB), F32))
+    A, _ = lax.fori_loop(0, SUB, body, (jnp.zeros((SUB, SUB), F32), gt.zero_cum(q.shape[1])))
+    return A
 
 
 def _scores(refs, pb, qs, ks, gs, rows, n_cols, col0, dt):
@@ -114,8 +124,14 @@ def _scores(refs, pb, qs, ks, gs, rows, n_cols, col0, dt):
     return A
 
 
-def _load_sub(refs, name, rows, n_cols, col0=0):
-    return [ptr.load_rows(refs[name], rs, SUB, nv, n_cols, col0) for rs, nv in rows]
+def _load_sub(pb, refs, name, rows, n_cols, col0=0):
+    cb = specs.cols(n_cols, refs[name].shape[1])
+    return [ptr.load_rows(refs[name], rs, SUB, specs.rows(pb, nv), cb, col0) for rs, nv in rows]
+
+
+def _store(pb, ref, rs, nv, n_cols, value, col0=0):
+    n_cols = None if n_cols is None or value.ndim == 1 else specs.cols(n_cols, value.shape[1])
+    ptr.store_rows(ref, rs, specs.rows(pb, nv), n_cols, value, col0)
 
 
 def _sub_rows(pb, start, nv):
@@ -127,9 +143,9 @@ def _fwd_kernel(refs, pb, bv):
     c0 = pl.program_id(2) * bv
     start, nv = _chunk(refs, pb)
     rows = _sub_rows(pb, start, nv)
-    qs = _load_sub(refs, "q", rows, pb.K)
-    ks = _load_sub(refs, "k", rows, pb.K)
-    vs = _load_sub(refs, "v", rows, pb.V, c0)
+    qs = _load_sub(pb, refs, "q", rows, pb.K)
+    ks = _load_sub(pb, refs, "k", rows, pb.K)
+    vs = _load_sub(pb, refs, "v", rows, pb.V, c0)
     dt = qs[0].dtype
     gs, _ = _sub_gates(refs, pb, start, nv, pb.Kp, pb.K, 0)
     A = _scores(refs, pb, qs, ks, gs, rows, pb.K, 0, dt)
@@ -140,7 +156,7 @@ def _fwd_kernel(refs, pb, bv):
         o = ptr.matmul(qd, S, (1, 0), pb.precision)
         for J in range(I + 1):
             o = o + ptr.matmul(A[I, J].astype(dt), vs[J], (1, 0), pb.precision)
-        ptr.store_rows(refs["o"], rows[I][0], rows[I][1], pb.V, o * pb.scale, c0)
+        _store(pb, refs["o"], rows[I][0], rows[I][1], pb.V, o * pb.scale, c0)
 
 
 def _parallel_inputs(pb, cu, seq):
@@ -183,9 +199,9 @@ def _dv_kernel(refs, pb, bv):
     c0 = pl.program_id(2) * bv
     start, nv = _chunk(refs, pb)
     rows = _sub_rows(pb, start, nv)
-    qs = _load_sub(refs, "q", rows, pb.K)
-    ks = _load_sub(refs, "k", rows, pb.K)
-    dos = _load_sub(refs, "do", rows, pb.V, c0)
+    qs = _load_sub(pb, refs, "q", rows, pb.K)
+    ks = _load_sub(pb, refs, "k", rows, pb.K)
+    dos = _load_sub(pb, refs, "do", rows, pb.V, c0)
     dt = qs[0].dtype
     gs, tot = _sub_gates(refs, pb, start, nv, pb.Kp, pb.K, 0)
     A = _scores(refs, pb, qs, ks, gs, rows, pb.K, 0, dt)
@@ -198,7 +214,7 @@ def _dv_kernel(refs, pb, bv):
         for I in range(J, nb):
             t = ptr.matmul(A[I, J].astype(dt), dos[I], (0, 0), pb.precision)
             intra = t if intra is None else intra + t
-        ptr.store_rows(refs["dv"], rows[J][0], rows[J][1], pb.V, dv + pb.scale * intra, c0)
+        _store(pb, refs["dv"], rows[J][0], rows[J][1], pb.V, dv + pb.scale * intra, c0)
 
 
 def _diag_grads(refs, pb, rs, nvI, q, gI, dA, n_cols, col0):
@@ -211,21 +227,23 @@ def _diag_grads(refs, pb, rs, nvI, q, gI, dA, n_cols, col0):
     w = q.shape[1]
 
     def body(j, carry):
-        dq, dk = carry
+        dq, dk, lj = carry
         kj = _row(refs["k"], rs + j, j < nvI, n_cols, col0)
         a = jnp.sum(jnp.where(jj == j, dA, 0.0), axis=1)
         if loc is None:
             d = (ii > j).astype(F32)
         else:
-            d = gt.masked_exp(gt.gap(loc, gt.bcast(gt.row(loc, j))), ii > j)
+            lj = _next_loc(refs, pb, lj, rs + j, j < nvI, n_cols, col0)
+            d = gt.masked_exp(gt.gap(loc, gt.bcast(lj)), ii > j)
         wgt = a[:, None] * d
         dq = dq + wgt * kj[None, :]
         dkj = jnp.sum(wgt * qf, axis=0)
         dk = dk + jnp.where(ii == j, dkj[None, :], 0.0)
-        return dq, dk
+        return dq, dk, lj
 
     z = jnp.zeros((SUB, w), F32)
-    return lax.fori_loop(0, SUB, body, (z, z))
+    dq, dk, _ = lax.fori_loop(0, SUB, body, (z, z, gt.zero_cum(w)))
+    return dq, dk
 
 
 def _dqk_kernel(refs, pb, bk):
@@ -233,10 +251,10 @@ def _dqk_kernel(refs, pb, bk):
     start, nv = _chunk(refs, pb)
     rows = _sub_rows(pb, start, nv)
     nb = pb.bt // SUB
-    qs = _load_sub(refs, "q", rows, pb.K, r0)
-    ks = _load_sub(refs, "k", rows, pb.K, r0)
-    vs = _load_sub(refs, "v", rows, pb.V)
-    dos = _load_sub(refs, "do", rows, pb.V)
+    qs = _load_sub(pb, refs, "q", rows, pb.K, r0)
+    ks = _load_sub(pb, refs, "k", rows, pb.K, r0)
+    vs = _load_sub(pb, refs, "v", rows, pb.V)
+    dos = _load_sub(pb, refs, "do", rows, pb.V)
     dt = qs[0].dtype
     gated = _gated(pb)
     gs, tot = _sub_gates(refs, pb, start, nv, bk, pb.K, r0)
@@ -294,25 +312,26 @@ def _dqk_kernel(refs, pb, bk):
             suffix[I] = later
             later = later + y_tot[I]
         before = jnp.zeros_like(rowterm)
+        last = jnp.minimum(nv, pb.bt) - 1      # the chunk's last token: its k.dk_inter is O(1)
     for I in range(nb):
         rs, nvI = rows[I]
         ddiag = jnp.sum(jnp.where(eye, dA[I, I], 0.0), axis=1)[:, None]
         dq = dq_inter[I] + dq_strict[I] + ddiag * ks[I]
         dk = dk_inter[I] + dk_strict[I] + ddiag * qs[I]
-        ptr.store_rows(refs["dq"], rs, nvI, pb.K, dq, r0)
-        ptr.store_rows(refs["dk"], rs, nvI, pb.K, dk, r0)
+        _store(pb, refs["dq"], rs, nvI, pb.K, dq, r0)
+        _store(pb, refs["dk"], rs, nvI, pb.K, dk, r0)
         if not gated:
             continue
         yv = qs[I] * (dq_inter[I] + dq_strict[I]) - ks[I] * dk_strict[I]
-        ki = jnp.where(ii == nvI - 1, 0.0, ks[I] * dk_inter[I])
+        ki = jnp.where(I * SUB + ii == last, 0.0, ks[I] * dk_inter[I])
         suf = suffix[I][None, :] + (jnp.sum(yv, axis=0)[None, :] - jnp.cumsum(yv, axis=0) + yv)
         pre = before[None, :] + (jnp.cumsum(ki, axis=0) - ki)
         before = before + jnp.sum(ki, axis=0)
         dg = suf + pre + rowterm[None, :]
         if pb.gate == gt.GATE_KEY:
-            ptr.store_rows(refs["dg"], rs, nvI, pb.K, dg, r0)
+            _store(pb, refs["dg"], rs, nvI, pb.K, dg, r0)
         else:
-            ptr.store_rows(refs["dg"], rs, nvI, None, jnp.sum(dg, axis=1))
+            _store(pb, refs["dg"], rs, nvI, None, jnp.sum(dg, axis=1))
 
 
 def output_bwd(pb: Problem, q, k, v, g, h, do, dh, cu, seq,
