@@ -157,6 +157,24 @@ def _fwd_kernel(refs, pb, bv):
         for J in range(I + 1):
             o = o + ptr.matmul(A[I, J].astype(dt), vs[J], (1, 0), pb.precision)
         _store(pb, refs["o"], rows[I][0], rows[I][1], pb.V, o * pb.scale, c0)
+    if "A" in refs:
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            for (I, J), a in A.items():
+                _score_block(refs["A"], pb, rows[I], J, a)
+
+
+def _score_block(ref, pb, rows_I, J, value=None):
+    """Sub-block (I, J) [SUB, SUB] of the scores buffer A [T, BT] (rows of sub-chunk I,
+    columns of sub-chunk J): stored when `value` is given, else loaded (0 on masked rows)."""
+    rs, nvI = rows_I
+    view = ref.at[pl.ds(rs, SUB), pl.ds(J * SUB, SUB)]
+    rb = specs.rows(pb, nvI)
+    mask = None if rb is None else jnp.broadcast_to((jnp.arange(SUB) < rb)[:, None], (SUB, SUB))
+    if value is not None:
+        plt.store(view, value.astype(ref.dtype), mask=mask)
+        return None
+    return plt.load(view) if mask is None else plt.load(view, mask=mask, other=0.0)
 
 
 def _parallel_inputs(pb, cu, seq):
@@ -176,10 +194,12 @@ def _grid(pb, nb):
     return (pb.n_slots, pb.H, nb)
 
 
-def output_fwd(pb: Problem, q, k, v, g, h, cu, seq, launch: Launch | None = None):
+def output_fwd(pb: Problem, q, k, v, g, h, cu, seq, save_scores=False,
+               launch: Launch | None = None):
     """o [B, T, H, V] in q's dtype from q, k [B, T, H, K], v [B, T, H, V], g (gate switch),
     h [slots, H, Kp, Vp] (state_pass_fwd), cu / seq (varlen: cu_seqlens int32 [N+1] and
-    varlen.slot_sequences; else None)."""
+    varlen.slot_sequences; else None). save_scores: also return A [B, T, H, BT] in q's dtype
+    (each token's row of its chunk's scores, the lower sub-blocks written) for output_bwd."""
     launch = launch or launch_for("output_fwd", pb.K, pb.V, q.dtype)
     bv = width(pb.Vp, launch.bv)
     par = dict(parallel=True)
@@ -189,9 +209,12 @@ def output_fwd(pb: Problem, q, k, v, g, h, cu, seq, launch: Launch | None = None
     ins += _gate_input(pb, g, pb.Kp, specs.zero) + _parallel_inputs(pb, cu, seq)
     ins.append(("h", h, specs.slot_state(pb.Kp, bv, specs.zero, specs.same)))
     outs = [("o", jax.ShapeDtypeStruct(v.shape, q.dtype), specs.seq_rows(pb, bv, specs.same, **par))]
+    if save_scores:
+        outs.append(("A", jax.ShapeDtypeStruct(q.shape[:3] + (pb.bt,), q.dtype),
+                     specs.seq_rows(pb, pb.bt, specs.zero, **par)))
     r = call(lambda refs: _fwd_kernel(refs, pb, bv), _grid(pb, pl.cdiv(pb.V, bv)), ins, outs,
              launch, "engine_output_fwd")
-    return r["o"]
+    return (r["o"], r["A"]) if save_scores else r["o"]
 
 
 # ----------------------------------------------------------------------------- backward
@@ -199,12 +222,10 @@ def _dv_kernel(refs, pb, bv):
     c0 = pl.program_id(2) * bv
     start, nv = _chunk(refs, pb)
     rows = _sub_rows(pb, start, nv)
-    qs = _load_sub(pb, refs, "q", rows, pb.K)
     ks = _load_sub(pb, refs, "k", rows, pb.K)
     dos = _load_sub(pb, refs, "do", rows, pb.V, c0)
-    dt = qs[0].dtype
+    dt = ks[0].dtype
     gs, tot = _sub_gates(refs, pb, start, nv, pb.Kp, pb.K, 0)
-    A = _scores(refs, pb, qs, ks, gs, rows, pb.K, 0, dt)
     dS = refs["dh"][...].astype(dt)
     nb = pb.bt // SUB
     for J in range(nb):
@@ -212,7 +233,8 @@ def _dv_kernel(refs, pb, bv):
         dv = ptr.matmul(kd, dS, (1, 0), pb.precision)
         intra = None
         for I in range(J, nb):
-            t = ptr.matmul(A[I, J].astype(dt), dos[I], (0, 0), pb.precision)
+            a = _score_block(refs["A"], pb, rows[I], J)
+            t = ptr.matmul(a, dos[I], (0, 0), pb.precision)
             intra = t if intra is None else intra + t
         _store(pb, refs["dv"], rows[J][0], rows[J][1], pb.V, dv + pb.scale * intra, c0)
 
@@ -334,20 +356,21 @@ def _dqk_kernel(refs, pb, bk):
             _store(pb, refs["dg"], rs, nvI, None, jnp.sum(dg, axis=1))
 
 
-def output_bwd(pb: Problem, q, k, v, g, h, do, dh, cu, seq,
+def output_bwd(pb: Problem, q, k, v, g, h, A, do, dh, cu, seq,
                launch_dv: Launch | None = None, launch_dqk: Launch | None = None):
     """Cotangents of output_fwd w.r.t. q, k, v (their dtypes) and the gate (fp32: [B, T, H, K]
-    for GATE_KEY, [B, T, H] for GATE_SCALAR, None for GATE_NONE), from do [B, T, H, V] and
-    dh [slots, H, Kp, Vp] (state_pass_bwd). dv also carries the state path (k dS)."""
+    for GATE_KEY, [B, T, H] for GATE_SCALAR, None for GATE_NONE), from do [B, T, H, V],
+    dh [slots, H, Kp, Vp] (state_pass_bwd) and the forward's scores A (output_fwd with
+    save_scores). dv also carries the state path (k dS)."""
     launch_dv = launch_dv or launch_for("output_dv", pb.K, pb.V, q.dtype)
     launch_dqk = launch_dqk or launch_for("output_dqk", pb.K, pb.V, q.dtype)
     par = dict(parallel=True)
     common = _parallel_inputs(pb, cu, seq)
 
     bv = width(pb.Vp, launch_dv.bv)
-    ins = [("q", q, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
-           ("k", k, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
-           ("do", do, specs.seq_rows(pb, bv, specs.same, **par))]
+    ins = [("k", k, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
+           ("do", do, specs.seq_rows(pb, bv, specs.same, **par)),
+           ("A", A, specs.seq_rows(pb, pb.bt, specs.zero, **par))]
     ins += _gate_input(pb, g, pb.Kp, specs.zero) + common
     ins.append(("dh", dh, specs.slot_state(pb.Kp, bv, specs.zero, specs.same)))
     outs = [("dv", jax.ShapeDtypeStruct(v.shape, v.dtype), specs.seq_rows(pb, bv, specs.same, **par))]
