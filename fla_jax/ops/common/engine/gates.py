@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax.numpy as jnp
-from jax.experimental.pallas import triton as plt
 
 from .. import pallas_triton as ptr
 
@@ -53,15 +52,6 @@ def split(g):
     """g -> Cum(hi, lo): hi on the 2^-8 grid (its sums are exact), lo = g - hi."""
     hi = jnp.floor(g * 256.0 + 0.5) * (1.0 / 256.0)
     return Cum(hi, g - hi)
-
-
-def load_gate_row(ref, gate, t, ok, width, n_cols, col0=0):
-    """Raw log-decay of token t as a [width] fp32 row (0 unless `ok`), scalar gate broadcast."""
-    if gate == GATE_SCALAR:
-        g = ref[jnp.minimum(t, ref.shape[0] - 1)]       # in bounds even where not ok
-        return jnp.broadcast_to(jnp.where(ok, g, 0.0).astype(jnp.float32), (width,))
-    cols = col0 + jnp.arange(width)
-    return plt.load(ref.at[t, :], mask=(cols < n_cols) & ok, other=0.0).astype(jnp.float32)
 
 
 def cumsum(g):

@@ -24,6 +24,7 @@ STATE_TILE_BYTES = 32 * 1024
 # kernel -> Launch, read when an op is traced (benchmarks / tuning runs set it; empty: heuristic)
 OVERRIDES: dict = {}
 SUB = 16           # sub-chunk length of the key-gate intra-chunk scores (tl.dot needs >= 16)
+DIAG_COLS = 32     # key channels per [SUB, SUB, DIAG_COLS] pair tile of the forward's diagonal scores
 
 
 @dataclass(frozen=True)

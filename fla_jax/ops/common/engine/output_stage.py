@@ -15,7 +15,7 @@ k.dk_inter is O(1)); every other term is decayed, so strong gates keep dg's fp32
 The chunk is handled in sub-chunks of SUB = 16 tokens (I, J) with R_I = b before sub-chunk I
 and loc = the cumsum inside it: pairs of different sub-chunks (J < I) factor as
 exp(b_i - b_j) = exp(loc_i) exp(R_I - b_j), both exponents <= 0; pairs inside one sub-chunk are
-exact per pair (a loop over its 16 columns). A scalar gate is the key gate with every channel
+exact per pair ([SUB, SUB, channels] pair tiles). A scalar gate is the key gate with every channel
 equal (its dg is the sum over channels).
 Shapes: q, k [B, T, H, K]; v, do [B, T, H, V]; g per the gate switch (fp32); h, dh
 [slots, H, Kp, Vp]; outputs in the inputs' dtypes, dg fp32.
@@ -32,15 +32,9 @@ from .. import pallas_triton as ptr
 from . import gates as gt
 from . import launch as specs
 from . import varlen as vl
-from .launch import SUB, Launch, Problem, call, launch_for, width
+from .launch import DIAG_COLS, SUB, Launch, Problem, call, launch_for, width
 
 F32 = jnp.float32
-
-
-def _row(ref, t, ok, n_cols, col0):
-    """Row t of a [T, D] ref as [D] fp32; zeros unless `ok`, columns >= n_cols masked."""
-    cols = col0 + jnp.arange(ref.shape[1])
-    return plt.load(ref.at[t, :], mask=(cols < n_cols) & ok, other=0.0).astype(F32)
 
 
 def _chunk(refs, pb):
@@ -81,34 +75,46 @@ def _k_factor(pb, k, gI, gJ):
     return k * jnp.exp(gt.span(gI[1], gJ[1], gJ[0]))
 
 
-def _next_loc(refs, pb, lj, t, ok, n_cols, col0):
-    """The sub-chunk cumsum carried one row on: lj + g_t (split), the row j of loc without a
-    masked reduction over the tile (hi parts are exact either way; lo parts tiny)."""
-    w = lj.hi.shape[0]
-    return gt.add(lj, gt.split(gt.load_gate_row(refs["g"], pb.gate, t, ok, w, n_cols, col0)))
+def _pair_decay(loc, mask):
+    """[SUB, SUB, w] fp32: exp(loc_i - loc_j) per channel where mask [SUB, SUB] (i, j), else
+    0 (masked before exp). loc: the sub-chunk's [SUB, w] Cum; each gap formed part by part."""
+    d = ((loc.hi[:, None, :] - loc.hi[None, :, :]) + (loc.lo[:, None, :] - loc.lo[None, :, :]))
+    return gt.masked_exp(d, mask[:, :, None])
 
 
-def _diag_scores(refs, pb, rs, nvI, q, gI, n_cols, col0):
+def _diag_scores(refs, pb, rs, nvI, n_cols):
     """A_II [SUB, SUB] fp32 of one sub-chunk: sum_c q_ic k_jc exp(loc_ic - loc_jc), j <= i,
-    exact per pair (one column per loop step; k's rows read from refs['k'])."""
-    ii = jnp.arange(SUB)[:, None]
-    jj = jnp.arange(SUB)[None, :]
-    qf = q.astype(F32)
-    loc = gI[0]
+    exact per pair: [SUB, SUB, DIAG_COLS] pair tiles over the key channels, read from the refs
+    a column slice at a time (no per-row loop)."""
+    w = refs["q"].shape[1]
+    kc = min(w, DIAG_COLS)
+    causal = jnp.arange(SUB)[:, None] >= jnp.arange(SUB)[None, :]
+    rb = specs.rows(pb, nvI)
+    cb = None if n_cols % kc == 0 else n_cols
 
-    def body(j, carry):
-        A, lj = carry
-        kj = _row(refs["k"], rs + j, j < nvI, n_cols, col0)
-        if loc is None:
-            d = (ii >= j).astype(F32)
+    def body(c, A):
+        c0 = pl.multiple_of(c * kc, kc)
+        q = _load_cols(refs["q"], rs, rb, cb, c0, kc).astype(F32)
+        k = _load_cols(refs["k"], rs, rb, cb, c0, kc).astype(F32)
+        if not _gated(pb):
+            e = jnp.broadcast_to(causal[:, :, None], (SUB, SUB, kc)).astype(F32)
         else:
-            lj = _next_loc(refs, pb, lj, rs + j, j < nvI, n_cols, col0)
-            d = jnp.where(ii == j, 1.0, gt.masked_exp(gt.gap(loc, gt.bcast(lj)), ii > j))
-        col = jnp.sum(qf * kj[None, :] * d, axis=1)
-        return jnp.where(jj == j, col[:, None], A), lj
+            g = _load_cols(refs["g"], rs, rb, cb, c0, kc, pb.gate)
+            e = _pair_decay(gt.cumsum(g)[0], causal)
+        return A + jnp.sum(q[:, None, :] * k[None, :, :] * e, axis=2)
 
-    A, _ = lax.fori_loop(0, SUB, body, (jnp.zeros((SUB, SUB), F32), gt.zero_cum(q.shape[1])))
-    return A
+    return lax.fori_loop(0, w // kc, body, jnp.zeros((SUB, SUB), F32))
+
+
+def _load_cols(ref, rs, rb, cb, c0, kc, gate=gt.GATE_KEY):
+    """Rows rs .. rs+SUB, columns c0 .. c0+kc of a [T, D] ref ([T]: a scalar gate, broadcast
+    over the columns) as fp32-or-input tile; rows >= rb / columns >= cb read as 0."""
+    if gate == gt.GATE_SCALAR:
+        g = ptr.load_rows(ref, rs, SUB, rb).astype(F32)
+        return jnp.broadcast_to(g[:, None], (SUB, kc))
+    view = ref.at[pl.ds(rs, SUB), pl.ds(c0, kc)]
+    mask = ptr._mask(SUB, rb, kc, cb, c0)
+    return plt.load(view) if mask is None else plt.load(view, mask=mask, other=0.0)
 
 
 def _scores(refs, pb, qs, ks, gs, rows, n_cols, col0, dt):
@@ -120,7 +126,7 @@ def _scores(refs, pb, qs, ks, gs, rows, n_cols, col0, dt):
         for J in range(I):
             kf = _k_factor(pb, ks[J], gs[I], gs[J]).astype(dt)
             A[I, J] = ptr.matmul(qf, kf, (1, 1), pb.precision)
-        A[I, I] = _diag_scores(refs, pb, rows[I][0], rows[I][1], qs[I], gs[I], n_cols, col0)
+        A[I, I] = _diag_scores(refs, pb, rows[I][0], rows[I][1], n_cols)
     return A
 
 
@@ -239,32 +245,17 @@ def _dv_kernel(refs, pb, bv):
         _store(pb, refs["dv"], rows[J][0], rows[J][1], pb.V, dv + pb.scale * intra, c0)
 
 
-def _diag_grads(refs, pb, rs, nvI, q, gI, dA, n_cols, col0):
-    """Strict (i > j) in-sub-chunk parts of dq and dk [SUB, w] fp32:
-    dq_i = sum_{j<i} dA_ij k_j exp(loc_i - loc_j), dk_j = sum_{i>j} dA_ij q_i exp(loc_i - loc_j)."""
-    ii = jnp.arange(SUB)[:, None]
-    jj = jnp.arange(SUB)[None, :]
-    qf = q.astype(F32)
-    loc = gI[0]
-    w = q.shape[1]
-
-    def body(j, carry):
-        dq, dk, lj = carry
-        kj = _row(refs["k"], rs + j, j < nvI, n_cols, col0)
-        a = jnp.sum(jnp.where(jj == j, dA, 0.0), axis=1)
-        if loc is None:
-            d = (ii > j).astype(F32)
-        else:
-            lj = _next_loc(refs, pb, lj, rs + j, j < nvI, n_cols, col0)
-            d = gt.masked_exp(gt.gap(loc, gt.bcast(lj)), ii > j)
-        wgt = a[:, None] * d
-        dq = dq + wgt * kj[None, :]
-        dkj = jnp.sum(wgt * qf, axis=0)
-        dk = dk + jnp.where(ii == j, dkj[None, :], 0.0)
-        return dq, dk, lj
-
-    z = jnp.zeros((SUB, w), F32)
-    dq, dk, _ = lax.fori_loop(0, SUB, body, (z, z, gt.zero_cum(w)))
+def _diag_grads(q, k, loc, dA):
+    """Strict (i > j) in-sub-chunk parts of dq and dk [SUB, w] fp32, exact per pair:
+    dq_i = sum_{j<i} dA_ij k_j exp(loc_i - loc_j), dk_j = sum_{i>j} dA_ij q_i exp(loc_i - loc_j).
+    q, k [SUB, w]; loc the sub-chunk's [SUB, w] Cum (None: no gate); dA [SUB, SUB] fp32."""
+    strict = jnp.arange(SUB)[:, None] > jnp.arange(SUB)[None, :]
+    if loc is None:
+        wgt = jnp.where(strict, dA, 0.0)[:, :, None]
+    else:
+        wgt = dA[:, :, None] * _pair_decay(loc, strict)
+    dq = jnp.sum(wgt * k.astype(F32)[None, :, :], axis=1)
+    dk = jnp.sum(wgt * q.astype(F32)[:, None, :], axis=0)
     return dq, dk
 
 
@@ -297,7 +288,7 @@ def _dqk_kernel(refs, pb, bk):
             y = y * jnp.exp(gt.span(tot, gs[I][1], gs[I][0]))
         dq_inter.append(pb.scale * x)
         dk_inter.append(y)
-        dq, dk = _diag_grads(refs, pb, rows[I][0], rows[I][1], qs[I], gs[I], dA[I, I], pb.K, r0)
+        dq, dk = _diag_grads(qs[I], ks[I], gs[I][0], dA[I, I])
         dq_strict.append(dq)
         dk_strict.append(dk)
     # Cross-sub-chunk pairs J < I. The 16-bit operands are decayed relative to their largest
