@@ -24,7 +24,6 @@ STATE_TILE_BYTES = 32 * 1024
 # kernel -> Launch, read when an op is traced (benchmarks / tuning runs set it; empty: heuristic)
 OVERRIDES: dict = {}
 SUB = 16           # sub-chunk length of the key-gate intra-chunk scores (tl.dot needs >= 16)
-DIAG_COLS = 32     # key channels per [SUB, SUB, DIAG_COLS] pair tile of the forward's diagonal scores
 
 
 @dataclass(frozen=True)
@@ -90,8 +89,11 @@ def launch_for(kernel: str, K: int, V: int, dtype) -> Launch:
 
     if kernel in ("state_fwd", "state_bwd"):
         return Launch(min(Kp, 64), min(Vp, 64), 4, stages)
-    if kernel in ("output_fwd", "output_dv"):
-        # as much of V per program as fits: the intra-chunk scores are formed once per program
+    if kernel == "output_fwd":
+        # all of V per program (the scores are formed once per chunk), key channels in slices
+        # of 32 (a [16, 16, 32] pair tile of the diagonal scores, one slice live at a time)
+        return Launch(min(Kp, 32), Vp, 8, stages)
+    if kernel == "output_dv":
         return Launch(None, fit(Kp, Vp), 8, stages)
     return Launch(min(64, fit(Vp, Kp)), None, 8, stages)
 

@@ -32,7 +32,7 @@ from .. import pallas_triton as ptr
 from . import gates as gt
 from . import launch as specs
 from . import varlen as vl
-from .launch import DIAG_COLS, SUB, Launch, Problem, call, launch_for, width
+from .launch import SUB, Launch, Problem, call, launch_for, width
 
 F32 = jnp.float32
 
@@ -82,28 +82,15 @@ def _pair_decay(loc, mask):
     return gt.masked_exp(d, mask[:, :, None])
 
 
-def _diag_scores(refs, pb, rs, nvI, n_cols):
+def _diag_scores(q, k, loc):
     """A_II [SUB, SUB] fp32 of one sub-chunk: sum_c q_ic k_jc exp(loc_ic - loc_jc), j <= i,
-    exact per pair: [SUB, SUB, DIAG_COLS] pair tiles over the key channels, read from the refs
-    a column slice at a time (no per-row loop)."""
-    w = refs["q"].shape[1]
-    kc = min(w, DIAG_COLS)
+    exact per pair ([SUB, SUB, w] pair tile). q, k [SUB, w]; loc [SUB, w] Cum or None."""
     causal = jnp.arange(SUB)[:, None] >= jnp.arange(SUB)[None, :]
-    rb = specs.rows(pb, nvI)
-    cb = None if n_cols % kc == 0 else n_cols
-
-    def body(c, A):
-        c0 = pl.multiple_of(c * kc, kc)
-        q = _load_cols(refs["q"], rs, rb, cb, c0, kc).astype(F32)
-        k = _load_cols(refs["k"], rs, rb, cb, c0, kc).astype(F32)
-        if not _gated(pb):
-            e = jnp.broadcast_to(causal[:, :, None], (SUB, SUB, kc)).astype(F32)
-        else:
-            g = _load_cols(refs["g"], rs, rb, cb, c0, kc, pb.gate)
-            e = _pair_decay(gt.cumsum(g)[0], causal)
-        return A + jnp.sum(q[:, None, :] * k[None, :, :] * e, axis=2)
-
-    return lax.fori_loop(0, w // kc, body, jnp.zeros((SUB, SUB), F32))
+    if loc is None:
+        e = jnp.broadcast_to(causal[:, :, None], (SUB, SUB, q.shape[1])).astype(F32)
+    else:
+        e = _pair_decay(loc, causal)
+    return jnp.sum(q.astype(F32)[:, None, :] * k.astype(F32)[None, :, :] * e, axis=2)
 
 
 def _load_cols(ref, rs, rb, cb, c0, kc, gate=gt.GATE_KEY):
@@ -115,19 +102,6 @@ def _load_cols(ref, rs, rb, cb, c0, kc, gate=gt.GATE_KEY):
     view = ref.at[pl.ds(rs, SUB), pl.ds(c0, kc)]
     mask = ptr._mask(SUB, rb, kc, cb, c0)
     return plt.load(view) if mask is None else plt.load(view, mask=mask, other=0.0)
-
-
-def _scores(refs, pb, qs, ks, gs, rows, n_cols, col0, dt):
-    """{(I, J): A_IJ [SUB, SUB] fp32} for J <= I (the chunk's causal scores by sub-chunk)."""
-    A = {}
-    nb = pb.bt // SUB
-    for I in range(nb):
-        qf = _q_factor(pb, qs[I], gs[I]).astype(dt)
-        for J in range(I):
-            kf = _k_factor(pb, ks[J], gs[I], gs[J]).astype(dt)
-            A[I, J] = ptr.matmul(qf, kf, (1, 1), pb.precision)
-        A[I, I] = _diag_scores(refs, pb, rows[I][0], rows[I][1], n_cols)
-    return A
 
 
 def _load_sub(pb, refs, name, rows, n_cols, col0=0):
@@ -145,29 +119,63 @@ def _sub_rows(pb, start, nv):
 
 
 # ----------------------------------------------------------------------------- forward
-def _fwd_kernel(refs, pb, bv):
+def _slice_gates(refs, pb, rows, cb, k0, kc):
+    """Key channels k0 .. k0+kc of every sub-chunk I: (loc_I [SUB, kc] Cum, R_I [kc] Cum)."""
+    out, R = [], gt.zero_cum(kc)
+    for rs, nvI in rows:
+        if not _gated(pb):
+            out.append((None, None))
+            continue
+        loc, tot = gt.cumsum(_load_cols(refs["g"], rs, specs.rows(pb, nvI), cb, k0, kc, pb.gate))
+        out.append((loc, R))
+        R = gt.add(R, tot)
+    return out
+
+
+def _fwd_kernel(refs, pb, bk, bv):
+    """One chunk, head and V-block, one sub-chunk row I at a time: a loop over key-channel
+    slices of width bk accumulates its scores A_IJ [SUB, SUB] (J <= I) and (q_I exp(b)) S
+    (the tiles of one slice live at a time); then o_I = scale ((q_I exp(b)) S + sum_J A_IJ v_J)."""
     c0 = pl.program_id(2) * bv
     start, nv = _chunk(refs, pb)
     rows = _sub_rows(pb, start, nv)
-    qs = _load_sub(pb, refs, "q", rows, pb.K)
-    ks = _load_sub(pb, refs, "k", rows, pb.K)
-    vs = _load_sub(pb, refs, "v", rows, pb.V, c0)
-    dt = qs[0].dtype
-    gs, _ = _sub_gates(refs, pb, start, nv, pb.Kp, pb.K, 0)
-    A = _scores(refs, pb, qs, ks, gs, rows, pb.K, 0, dt)
-    S = refs["h"][...].astype(dt)
+    dt = refs["q"].dtype
+    cb = None if pb.K % bk == 0 else pb.K
+
+    def cols(name, J, k0):
+        rs, n = rows[J]
+        return _load_cols(refs[name], rs, specs.rows(pb, n), cb, k0, bk)
+
     for I in range(pb.bt // SUB):
-        qd = qs[I] if gs[I][0] is None else (
-            qs[I] * jnp.exp(gs[I][0].value() + gt.bcast(gs[I][1]).value())).astype(dt)
-        o = ptr.matmul(qd, S, (1, 0), pb.precision)
+        def body(c, carry, I=I):
+            A, O = carry
+            k0 = pl.multiple_of(c * bk, bk)
+            gs = _slice_gates(refs, pb, rows[:I + 1], cb, k0, bk)
+            q = cols("q", I, k0)
+            loc, R = gs[I]
+            S = plt.load(refs["h"].at[pl.ds(k0, bk), :]).astype(dt)
+            qd = q if loc is None else (q * jnp.exp(loc.value() + gt.bcast(R).value())).astype(dt)
+            O = O + ptr.matmul(qd, S, (1, 0), pb.precision)
+            qf = _q_factor(pb, q, gs[I]).astype(dt)
+            A = list(A)
+            for J in range(I):
+                kf = _k_factor(pb, cols("k", J, k0), gs[I], gs[J]).astype(dt)
+                A[J] = A[J] + ptr.matmul(qf, kf, (1, 1), pb.precision)
+            A[I] = A[I] + _diag_scores(q, cols("k", I, k0), loc)
+            return tuple(A), O
+
+        init = (tuple(jnp.zeros((SUB, SUB), F32) for _ in range(I + 1)), jnp.zeros((SUB, bv), F32))
+        A, o = lax.fori_loop(0, pb.Kp // bk, body, init)
         for J in range(I + 1):
-            o = o + ptr.matmul(A[I, J].astype(dt), vs[J], (1, 0), pb.precision)
+            v = ptr.load_rows(refs["v"], rows[J][0], SUB, specs.rows(pb, rows[J][1]),
+                              specs.cols(pb.V, bv), c0)
+            o = o + ptr.matmul(A[J].astype(dt), v, (1, 0), pb.precision)
         _store(pb, refs["o"], rows[I][0], rows[I][1], pb.V, o * pb.scale, c0)
-    if "A" in refs:
-        @pl.when(pl.program_id(2) == 0)
-        def _():
-            for (I, J), a in A.items():
-                _score_block(refs["A"], pb, rows[I], J, a)
+        if "A" in refs:
+            @pl.when(pl.program_id(2) == 0)
+            def _():
+                for J in range(I + 1):
+                    _score_block(refs["A"], pb, rows[I], J, A[J])
 
 
 def _score_block(ref, pb, rows_I, J, value=None):
@@ -207,7 +215,7 @@ def output_fwd(pb: Problem, q, k, v, g, h, cu, seq, save_scores=False,
     varlen.slot_sequences; else None). save_scores: also return A [B, T, H, BT] in q's dtype
     (each token's row of its chunk's scores, the lower sub-blocks written) for output_bwd."""
     launch = launch or launch_for("output_fwd", pb.K, pb.V, q.dtype)
-    bv = width(pb.Vp, launch.bv)
+    bk, bv = width(pb.Kp, launch.bk), width(pb.Vp, launch.bv)
     par = dict(parallel=True)
     ins = [("q", q, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
            ("k", k, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
@@ -218,7 +226,7 @@ def output_fwd(pb: Problem, q, k, v, g, h, cu, seq, save_scores=False,
     if save_scores:
         outs.append(("A", jax.ShapeDtypeStruct(q.shape[:3] + (pb.bt,), q.dtype),
                      specs.seq_rows(pb, pb.bt, specs.zero, **par)))
-    r = call(lambda refs: _fwd_kernel(refs, pb, bv), _grid(pb, pl.cdiv(pb.V, bv)), ins, outs,
+    r = call(lambda refs: _fwd_kernel(refs, pb, bk, bv), _grid(pb, pl.cdiv(pb.V, bv)), ins, outs,
              launch, "engine_output_fwd")
     return (r["o"], r["A"]) if save_scores else r["o"]
 
