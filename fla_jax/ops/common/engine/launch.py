@@ -91,11 +91,13 @@ def launch_for(kernel: str, K: int, V: int, dtype) -> Launch:
         return Launch(min(Kp, 64), min(Vp, 64), 4, stages)
     if kernel == "output_fwd":
         # all of V per program (the scores are formed once per chunk), key channels in slices
-        # of 32 (a [16, 16, 32] pair tile of the diagonal scores, one slice live at a time)
-        return Launch(min(Kp, 32), Vp, 8, stages)
+        # of 32 (a [16, 16, 32] pair tile of the diagonal scores, one slice live at a time);
+        # one stage: two spill (offline sm_90a compile of the bf16 kernel)
+        return Launch(min(Kp, 32), Vp, 8, 1)
     if kernel == "output_dv":
         return Launch(None, fit(Kp, Vp), 8, stages)
-    return Launch(min(64, fit(Vp, Kp)), None, 8, stages)
+    # K-blocks of 32: the fewest spills of the per-sub-chunk dq/dk kernel (offline sm_90a compile)
+    return Launch(min(32, fit(Vp, Kp)), None, 8, stages)
 
 
 def call(kernel, grid, inputs, outputs, launch: Launch, name: str):

@@ -268,86 +268,94 @@ def _diag_grads(q, k, loc, dA):
 
 
 def _dqk_kernel(refs, pb, bk):
+    """One chunk, head and K-block: dq, dk (and dg), one sub-chunk I at a time in reverse
+    order (the suffix sums of dg then run along; the prefix sums of k.dk_inter come from a
+    first pass over the sub-chunks' totals), tiles loaded where used, so few live at once."""
     r0 = pl.program_id(2) * bk
     start, nv = _chunk(refs, pb)
     rows = _sub_rows(pb, start, nv)
     nb = pb.bt // SUB
-    qs = _load_sub(pb, refs, "q", rows, pb.K, r0)
-    ks = _load_sub(pb, refs, "k", rows, pb.K, r0)
-    vs = _load_sub(pb, refs, "v", rows, pb.V)
-    dos = _load_sub(pb, refs, "do", rows, pb.V)
-    dt = qs[0].dtype
+    dt = refs["q"].dtype
     gated = _gated(pb)
     gs, tot = _sub_gates(refs, pb, start, nv, bk, pb.K, r0)
-    S32 = refs["h"][...].astype(F32)
-    dS32 = refs["dh"][...].astype(F32)
-    S, dS = S32.astype(dt), dS32.astype(dt)
+    S, dS = refs["h"][...].astype(dt), refs["dh"][...].astype(dt)
     ii = jnp.arange(SUB)[:, None]
     eye = ii == jnp.arange(SUB)[None, :]
 
-    dA = {(I, J): pb.scale * ptr.matmul(dos[I], vs[J], (1, 1), pb.precision)
-          for I in range(nb) for J in range(I + 1)}
-    dq_inter, dk_inter, dq_strict, dk_strict = [], [], [], []
-    for I in range(nb):
-        x = ptr.matmul(dos[I], S, (1, 1), pb.precision)
-        y = ptr.matmul(vs[I], dS, (1, 1), pb.precision)
-        if gated:
-            x = x * jnp.exp(gs[I][0].value() + gt.bcast(gs[I][1]).value())
-            y = y * jnp.exp(gt.span(tot, gs[I][1], gs[I][0]))
-        dq_inter.append(pb.scale * x)
-        dk_inter.append(y)
-        dq, dk = _diag_grads(qs[I], ks[I], gs[I][0], dA[I, I])
-        dq_strict.append(dq)
-        dk_strict.append(dk)
+    def sub(name, I, n_cols, col0=0):
+        cb = specs.cols(n_cols, refs[name].shape[1])
+        return ptr.load_rows(refs[name], rows[I][0], SUB, specs.rows(pb, rows[I][1]), cb, col0)
+
+    def dA(I, J):
+        return pb.scale * ptr.matmul(sub("do", I, pb.V), sub("v", J, pb.V), (1, 1), pb.precision)
+
+    def dk_inter(J):
+        y = ptr.matmul(sub("v", J, pb.V), dS, (1, 1), pb.precision)
+        return y * jnp.exp(gt.span(tot, gs[J][1], gs[J][0])) if gated else y
+
     # Cross-sub-chunk pairs J < I. The 16-bit operands are decayed relative to their largest
     # row (q: the sub-chunk's first row, k: its last), every exponent <= 0; the per-channel
     # factors exp(loc_I0) and exp(R_I - R_J+1) are applied to the products in fp32 (in fp16 a
     # strongly decayed operand underflows: fp16 dg 2.3e-3 with gates in [-20, -10], 5e-3 tol).
-    for I in range(nb):
-        if gated:
-            first = gt.row(gs[I][0], 0)
-            qf = (qs[I] * jnp.exp(gt.gap(gs[I][0], gt.bcast(first)))).astype(dt)
-            qscale = jnp.exp(first.value())[None, :]
-            qloc = jnp.exp(gs[I][0].value())
-        else:
-            qf, qscale, qloc = qs[I], 1.0, 1.0
-        for J in range(I):
-            dAd = dA[I, J].astype(dt)
-            if gated:
-                nxt = gs[J + 1][1]
-                kf = (ks[J] * jnp.exp(gt.span(nxt, gs[J][1], gs[J][0]))).astype(dt)
-                kscale = jnp.exp(gt.gap(gs[I][1], nxt))[None, :]
-                kdec = jnp.exp(gt.span(gs[I][1], gs[J][1], gs[J][0]))
-            else:
-                kf, kscale, kdec = ks[J], 1.0, 1.0
-            dq_strict[I] = dq_strict[I] + (qloc * kscale) * ptr.matmul(dAd, kf, (1, 0), pb.precision)
-            dk_strict[J] = dk_strict[J] + (kdec * qscale) * ptr.matmul(dAd, qf, (0, 0), pb.precision)
+    def q_side(I, q):
+        """(q_I decayed to its first row (dt), exp(loc of that row) [1, w], exp(loc_I))."""
+        if not gated:
+            return q, 1.0, 1.0
+        first = gt.row(gs[I][0], 0)
+        qf = (q * jnp.exp(gt.gap(gs[I][0], gt.bcast(first)))).astype(dt)
+        return qf, jnp.exp(first.value())[None, :], jnp.exp(gs[I][0].value())
+
+    def k_side(I, J, k):
+        """(k_J decayed to its sub-chunk's end (dt), exp(R_I - R_J+1) [1, w],
+        exp(R_I - b_j) [SUB, w])."""
+        if not gated:
+            return k, 1.0, 1.0
+        nxt = gs[J + 1][1]
+        kf = (k * jnp.exp(gt.span(nxt, gs[J][1], gs[J][0]))).astype(dt)
+        return (kf, jnp.exp(gt.gap(gs[I][1], nxt))[None, :],
+                jnp.exp(gt.span(gs[I][1], gs[J][1], gs[J][0])))
 
     if gated:
-        rowterm = jnp.exp(tot.value()) * jnp.sum(S32 * dS32, axis=1)
-        y_tot = [jnp.sum(qs[I] * (dq_inter[I] + dq_strict[I]) - ks[I] * dk_strict[I], axis=0)
-                 for I in range(nb)]
-        later = jnp.zeros_like(rowterm)
-        suffix = [None] * nb
-        for I in reversed(range(nb)):
-            suffix[I] = later
-            later = later + y_tot[I]
-        before = jnp.zeros_like(rowterm)
+        rowterm = jnp.exp(tot.value()) * jnp.sum(S.astype(F32) * dS.astype(F32), axis=1)
         last = jnp.minimum(nv, pb.bt) - 1      # the chunk's last token: its k.dk_inter is O(1)
-    for I in range(nb):
+
+        def k_dk_inter(J, k, y):
+            return jnp.where(J * SUB + ii == last, 0.0, k * y)
+        before, acc = [], jnp.zeros_like(rowterm)
+        for J in range(nb):
+            before.append(acc)
+            acc = acc + jnp.sum(k_dk_inter(J, sub("k", J, pb.K, r0), dk_inter(J)), axis=0)
+        later = jnp.zeros_like(rowterm)
+    for I in reversed(range(nb)):
         rs, nvI = rows[I]
-        ddiag = jnp.sum(jnp.where(eye, dA[I, I], 0.0), axis=1)[:, None]
-        dq = dq_inter[I] + dq_strict[I] + ddiag * ks[I]
-        dk = dk_inter[I] + dk_strict[I] + ddiag * qs[I]
-        _store(pb, refs["dq"], rs, nvI, pb.K, dq, r0)
-        _store(pb, refs["dk"], rs, nvI, pb.K, dk, r0)
+        q, k = sub("q", I, pb.K, r0), sub("k", I, pb.K, r0)
+        dAII = dA(I, I)
+        x = ptr.matmul(sub("do", I, pb.V), S, (1, 1), pb.precision)
+        if gated:
+            x = x * jnp.exp(gs[I][0].value() + gt.bcast(gs[I][1]).value())
+        dq_inter = pb.scale * x
+        dq_strict, dk_strict = _diag_grads(q, k, gs[I][0], dAII)
+        _, _, qloc = q_side(I, q)
+        for J in range(I):
+            kf, kscale, _ = k_side(I, J, sub("k", J, pb.K, r0))
+            dq_strict = dq_strict + (qloc * kscale) * ptr.matmul(dA(I, J).astype(dt), kf, (1, 0),
+                                                                 pb.precision)
+        for I2 in range(I + 1, nb):
+            qf, qscale, _ = q_side(I2, sub("q", I2, pb.K, r0))
+            _, _, kdec = k_side(I2, I, k)
+            dk_strict = dk_strict + (kdec * qscale) * ptr.matmul(dA(I2, I).astype(dt), qf, (0, 0),
+                                                                 pb.precision)
+        y = dk_inter(I)
+        ddiag = jnp.sum(jnp.where(eye, dAII, 0.0), axis=1)[:, None]
+        _store(pb, refs["dq"], rs, nvI, pb.K, dq_inter + dq_strict + ddiag * k, r0)
+        _store(pb, refs["dk"], rs, nvI, pb.K, y + dk_strict + ddiag * q, r0)
         if not gated:
             continue
-        yv = qs[I] * (dq_inter[I] + dq_strict[I]) - ks[I] * dk_strict[I]
-        ki = jnp.where(I * SUB + ii == last, 0.0, ks[I] * dk_inter[I])
-        suf = suffix[I][None, :] + (jnp.sum(yv, axis=0)[None, :] - jnp.cumsum(yv, axis=0) + yv)
-        pre = before[None, :] + (jnp.cumsum(ki, axis=0) - ki)
-        before = before + jnp.sum(ki, axis=0)
+        yv = q * (dq_inter + dq_strict) - k * dk_strict
+        ki = k_dk_inter(I, k, y)
+        suf = later[None, :] + (jnp.sum(yv, axis=0)[None, :] - jnp.cumsum(yv, axis=0) + yv)
+        later = later + jnp.sum(yv, axis=0)
+        pre = before[I][None, :] + (jnp.cumsum(ki, axis=0) - ki)
         dg = suf + pre + rowterm[None, :]
         if pb.gate == gt.GATE_KEY:
             _store(pb, refs["dg"], rs, nvI, pb.K, dg, r0)
