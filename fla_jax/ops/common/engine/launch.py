@@ -69,9 +69,9 @@ class Launch:
 
 def launch_for(kernel: str, K: int, V: int, dtype) -> Launch:
     """Heuristic launch configuration for `kernel` (one of KERNELS). A program's state tile
-    (an operand of its products, staged in shared memory) is kept <= STATE_TILE_BYTES. The
-    output-stage kernels hold every sub-chunk's tiles of a chunk at once: 8 warps keep them
-    in registers (4 would spill). Untuned: OVERRIDES takes a tuning run's choice."""
+    (an operand of its products, staged in shared memory) is kept <= STATE_TILE_BYTES.
+    The output-stage choices are the fewest register spills of an offline sm_90a compile
+    (K = V = 128; bf16 and fp32), not GPU timings. OVERRIDES takes a tuning run's choice."""
     if kernel not in KERNELS:
         raise ValueError(f"launch_for: kernel={kernel!r}; expected one of {', '.join(KERNELS)}")
     if kernel in OVERRIDES:
@@ -90,13 +90,12 @@ def launch_for(kernel: str, K: int, V: int, dtype) -> Launch:
     if kernel in ("state_fwd", "state_bwd"):
         return Launch(min(Kp, 64), min(Vp, 64), 4, stages)
     if kernel == "output_fwd":
-        # all of V per program (the scores are formed once per chunk), key channels in slices
-        # of 32 (a [16, 16, 32] pair tile of the diagonal scores, one slice live at a time);
-        # one stage: two spill (offline sm_90a compile of the bf16 kernel)
-        return Launch(min(Kp, 32), Vp, 8, 1)
+        # key channels in slices of 16 (one slice's tiles and its [16, 16, 16] diagonal pair
+        # tile live at a time); all of V per program in 16-bit (the scores formed once per
+        # chunk), 64 columns in fp32; one stage
+        return Launch(min(Kp, 16), Vp if size < 4 else min(Vp, 64), 8, 1)
     if kernel == "output_dv":
-        return Launch(None, fit(Kp, Vp), 8, stages)
-    # K-blocks of 32: the fewest spills of the per-sub-chunk dq/dk kernel (offline sm_90a compile)
+        return Launch(None, min(fit(Kp, Vp), 64 if size < 4 else 32), 8, stages)
     return Launch(min(32, fit(Vp, Kp)), None, 8, stages)
 
 

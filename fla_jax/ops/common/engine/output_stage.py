@@ -165,7 +165,7 @@ def _fwd_kernel(refs, pb, bk, bv):
             return tuple(A), O
 
         init = (tuple(jnp.zeros((SUB, SUB), F32) for _ in range(I + 1)), jnp.zeros((SUB, bv), F32))
-        A, o = lax.fori_loop(0, pb.Kp // bk, body, init)
+        A, o = lax.fori_loop(0, pl.cdiv(pb.K, bk), body, init)
         for J in range(I + 1):
             v = ptr.load_rows(refs["v"], rows[J][0], SUB, specs.rows(pb, rows[J][1]),
                               specs.cols(pb.V, bv), c0)
