@@ -51,6 +51,4 @@ def launch_for(kernel: str, K: int, V: int, dtype: torch.dtype,
         BV = min(block(V), 128)
     if kernel in ("output_fwd", "output_bwd_dv", "output_bwd_inter") and (wide or BV > 64):
         warps = 8
-    if kernel in ("scores", "output_bwd_intra"):
-        BK = 16    # the diagonal sub-block is one [BC, BC, BK] product
     return LaunchConfig(BT=64, BC=16, BK=BK, BV=BV, num_warps=warps, num_stages=stages)

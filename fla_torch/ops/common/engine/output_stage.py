@@ -28,6 +28,7 @@ import triton.language as tl
 
 from .gates import GATE_SCALAR, gap, load_cum, load_cum_row
 from .launch import launch_for
+from .scores import _load_row
 from .varlen import n_slots, search_steps, slot_chunk
 
 
@@ -148,19 +149,19 @@ def _bwd_intra_kernel(q, k, ch, cl, dA, dqi, dki, cu_seqlens, T, N, n_steps, H: 
         dk_i = tl.dot(tl.where(o_t[None, :] > i0 + BC - 1, dAt_I, 0.).to(dt), q_d,
                       input_precision=PREC)
         dk_i *= tl.exp(gap(n_hi[None, :], n_lo[None, :], hi_I, lo_I))
-        # the diagonal sub-block at once, [BC (c), BC (j), BK], without the pair c == j:
-        # dq_c += dA[c, j] k_j exp(b_c - b_j) (j < c); dk_c += dA[j, c] q_j exp(b_j - b_c) (j > c)
-        q_I = tl.load(q + (t_I[:, None] * H + i_h) * K + o_k[None, :],
-                      mask=m_I[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        k_I = tl.load(k + (t_I[:, None] * H + i_h) * K + o_k[None, :],
-                      mask=m_I[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        dA_cj = tl.load(dA + (s_I[:, None] * H + i_h) * BT + i0 + o_c[None, :])
-        dA_jc = tl.load(dA + (s_I[None, :] * H + i_h) * BT + i0 + o_c[:, None])
-        e = gap(hi_I[:, None, :], lo_I[:, None, :], hi_I[None, :, :], lo_I[None, :, :])
-        e_lo = tl.where((o_c[:, None] > o_c[None, :])[:, :, None], e, float("-inf"))
-        e_up = tl.where((o_c[:, None] < o_c[None, :])[:, :, None], -e, float("-inf"))
-        dq_i += tl.sum(dA_cj[:, :, None] * k_I[None, :, :] * tl.exp(e_lo), axis=1)
-        dk_i += tl.sum(dA_jc[:, :, None] * q_I[None, :, :] * tl.exp(e_up), axis=1)
+        for j in range(BC):
+            t_j = c0 + i0 + j
+            h_j, l_j = load_cum_row(ch, cl, base + i0 + j, i_h, o_k, m_k, H, K, GATE)
+            k_j = _load_row(k, t_j, i_h, eos, o_k, m_k, H, K)
+            q_j = _load_row(q, t_j, i_h, eos, o_k, m_k, H, K)
+            a = tl.load(dA + (s_I * H + i_h) * BT + i0 + j)
+            e = tl.where(o_c[:, None] > j, gap(hi_I, lo_I, h_j[None, :], l_j[None, :]),
+                         float("-inf"))
+            dq_i += a[:, None] * k_j[None, :] * tl.exp(e)
+            a2 = tl.load(dA + ((base + i0 + j) * H + i_h) * BT + i0 + o_c)
+            e2 = tl.where(o_c[:, None] < j, gap(h_j[None, :], l_j[None, :], hi_I, lo_I),
+                          float("-inf"))
+            dk_i += a2[:, None] * q_j[None, :] * tl.exp(e2)
         p_I = (s_I[:, None] * H + i_h) * K + o_k[None, :]
         tl.store(dqi + p_I, dq_i, mask=m_k[None, :])
         tl.store(dki + p_I, dk_i, mask=m_k[None, :])

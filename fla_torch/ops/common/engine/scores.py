@@ -8,8 +8,7 @@ gate). One program per (chunk slot, head) writes A, fp32, in the slot layout
 after sub-chunk, and qg = q exp(b) [B, T, H, K] in q's dtype (the output stage's operand).
 The columns of earlier sub-chunks factor through I's first row f (q_i exp(b_i - b_f),
 k_j exp(b_f - b_j): every exponent <= 0) into one tensor-core dot; the diagonal sub-block is
-exact per pair (q_i . k_j exp(b_i - b_j) from the split cumsum), formed as one [BC, BC, BK]
-product per K block (no per-row loop: BK is small, launch.py).
+exact per pair (q_i . k_j exp(b_i - b_j) from the split cumsum).
 """
 from __future__ import annotations
 
@@ -20,6 +19,13 @@ import triton.language as tl
 from .gates import gap, load_cum, load_cum_row
 from .launch import launch_for
 from .varlen import n_slots, search_steps, slot_chunk
+
+
+@triton.jit
+def _load_row(x, t, i_h, eos, o_k, m_k, H: tl.constexpr, K: tl.constexpr):
+    """Row [BK] (fp32) of token t of x [B*T, H, K]; 0 at t >= eos."""
+    return tl.load(x + (t * H + i_h) * K + o_k, mask=m_k & (o_k * 0 + t < eos),
+                   other=0.).to(tl.float32)
 
 
 @triton.jit
@@ -68,14 +74,14 @@ def _scores_kernel(q, k, ch, cl, A, qg, cu_seqlens, T, N, n_steps, H: tl.constex
                                float("-inf"))
                 k_d = (k_f * tl.exp(e_k)).to(dt)
                 A_off += tl.dot(q_d, tl.trans(k_d), input_precision=PREC)
-            # the diagonal sub-block at once, [BC, BC, BK]: pair (i, j) exact from the split
-            # cumsum, masked above the diagonal before the exponential
-            k_I = tl.load(k + (t_I[:, None] * H + i_h) * K + o_k[None, :],
-                          mask=m_I[:, None] & m_k[None, :], other=0.)
-            e = gap(hi_I[:, None, :], lo_I[:, None, :], hi_I[None, :, :], lo_I[None, :, :])
-            e = tl.where((o_c[:, None] >= o_c[None, :])[:, :, None], e, float("-inf"))
-            A_dia += tl.sum(q_I.to(tl.float32)[:, None, :] * k_I.to(tl.float32)[None, :, :]
-                            * tl.exp(e), axis=2)
+            q_32 = q_I.to(tl.float32)
+            for j in range(BC):
+                k_j = _load_row(k, c0 + i0 + j, i_h, eos, o_k, m_k, H, K)
+                h_j, l_j = load_cum_row(ch, cl, base + i0 + j, i_h, o_k, m_k, H, K, GATE)
+                e = tl.where(o_c[:, None] >= j, gap(hi_I, lo_I, h_j[None, :], l_j[None, :]),
+                             float("-inf"))
+                a = tl.sum(q_32 * k_j[None, :] * tl.exp(e), axis=1)
+                A_dia += tl.where(o_c[None, :] == j, a[:, None], 0.)
         p_I = A + (s_I[:, None] * H + i_h) * BT
         m_off = (o_t[None, :] < i0) | (o_t[None, :] >= i0 + BC)
         tl.store(p_I + o_t[None, :], A_off, mask=m_off)
