@@ -1,9 +1,8 @@
 """Chunked GLA (per-key-channel log-decay) as Pallas kernels: the chunk engine with GATE_KEY.
 
-    forward:  h, ht = state_pass_fwd(k, v, g, h0);  o, A = output_fwd(q, k, v, g, h)
+    forward:  h, ht = state_pass_fwd(k, v, g, h0);  o = output_fwd(q, k, v, g, h)
     backward: dh, dh0 = state_pass_bwd(q, do, g, dht);
-              dq, dk, dv, dg = output_bwd(q, k, v, g, h, A, do, dh)
-(A: the forward's intra-chunk scores, kept for the backward's dv.)
+              dq, dk, dv, dg = output_bwd(q, k, v, g, h, do, dh)
 `engine_chunk` is the same custom_vjp for any gate of the switch (g [B, T, H, K] for
 GATE_KEY, [B, T, H] for GATE_SCALAR, None for GATE_NONE).
 """
@@ -33,10 +32,10 @@ def _seq(pb, cu):
     return vl.slot_sequences(cu, pb.T, pb.bt) if pb.varlen else None
 
 
-def _forward(pb, q, k, v, g, h0, cu, save_scores=False):
+def _forward(pb, q, k, v, g, h0, cu):
     h, ht = state_pass_fwd(pb, k, v, g, h0, cu)
-    out = output_fwd(pb, q, k, v, g, h, cu, _seq(pb, cu), save_scores=save_scores)
-    return out, ht, h
+    o = output_fwd(pb, q, k, v, g, h, cu, _seq(pb, cu))
+    return o, ht, h
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -48,16 +47,16 @@ def engine_chunk(pb, q, k, v, g, h0, cu):
 
 
 def _fwd(pb, q, k, v, g, h0, cu):
-    (o, A), ht, h = _forward(pb, q, k, v, g, h0, cu, save_scores=True)
-    return (o, ht), (q, k, v, g, h0, cu, h, A)
+    o, ht, h = _forward(pb, q, k, v, g, h0, cu)
+    return (o, ht), (q, k, v, g, h0, cu, h)
 
 
 def _bwd(pb, res, cts):
-    q, k, v, g, h0, cu, h, A = res
+    q, k, v, g, h0, cu, h = res
     do, dht = cts
     do = do.astype(q.dtype)
     dh, dh0 = state_pass_bwd(pb, q, do, g, dht.astype(jnp.float32), cu)
-    dq, dk, dv, dg = output_bwd(pb, q, k, v, g, h, A, do, dh, cu, _seq(pb, cu))
+    dq, dk, dv, dg = output_bwd(pb, q, k, v, g, h, do, dh, cu, _seq(pb, cu))
     return dq, dk, dv, dg, dh0, None
 
 

@@ -32,7 +32,7 @@ from jax.experimental.pallas import triton as plt
 
 from ..common import pallas_triton as ptr
 from ..common.engine import GATE_KEY, Launch, Problem
-from ..common.engine import launch as specs
+from ..common.engine import specs
 from ..common.engine import varlen as vl
 from ..common.engine.launch import call
 

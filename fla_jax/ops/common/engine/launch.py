@@ -5,8 +5,6 @@ precision, chunk length). `Launch`: one kernel's tile sizes and Triton parameter
 `launch_for(kernel, K, V, dtype)`: the heuristic, sized so that every kernel fits the H100's
 shared memory (~227 KiB per block) in every dtype (fp32 tiles: one pipeline stage).
 `call(...)`: one pallas_call with named inputs / outputs (refs reach the kernel as a dict).
-BlockSpecs of the kernels (seq_rows, gate_rows, state, chunk_states, slot_state, ...) and the
-masks the shapes need (rows, cols).
 """
 from __future__ import annotations
 
@@ -17,7 +15,6 @@ from jax.experimental import pallas as pl
 
 from .. import pallas_triton as ptr
 from . import varlen as vl
-from .gates import GATE_KEY
 
 KERNELS = ("state_fwd", "state_bwd", "output_fwd", "output_dv", "output_dqk")
 STATE_TILE_BYTES = 32 * 1024
@@ -69,9 +66,7 @@ class Launch:
 
 def launch_for(kernel: str, K: int, V: int, dtype) -> Launch:
     """Heuristic launch configuration for `kernel` (one of KERNELS). A program's state tile
-    (an operand of its products, staged in shared memory) is kept <= STATE_TILE_BYTES.
-    The output-stage choices are the fewest register spills of an offline sm_90a compile
-    (K = V = 128; bf16 and fp32), not GPU timings. OVERRIDES takes a tuning run's choice."""
+    (an operand of its products, staged in shared memory) is kept <= STATE_TILE_BYTES."""
     if kernel not in KERNELS:
         raise ValueError(f"launch_for: kernel={kernel!r}; expected one of {', '.join(KERNELS)}")
     if kernel in OVERRIDES:
@@ -89,14 +84,10 @@ def launch_for(kernel: str, K: int, V: int, dtype) -> Launch:
 
     if kernel in ("state_fwd", "state_bwd"):
         return Launch(min(Kp, 64), min(Vp, 64), 4, stages)
-    if kernel == "output_fwd":
-        # key channels in slices of 16 (one slice's tiles and its [16, 16, 16] diagonal pair
-        # tile live at a time); all of V per program in 16-bit (the scores formed once per
-        # chunk), 64 columns in fp32; one stage
-        return Launch(min(Kp, 16), Vp if size < 4 else min(Vp, 64), 8, 1)
-    if kernel == "output_dv":
-        return Launch(None, min(fit(Kp, Vp), 64 if size < 4 else 32), 8, stages)
-    return Launch(min(32, fit(Vp, Kp)), None, 8, stages)
+    if kernel in ("output_fwd", "output_dv"):
+        # as much of V per program as fits: the intra-chunk scores are formed once per program
+        return Launch(None, fit(Kp, Vp), 4, stages)
+    return Launch(min(64, fit(Vp, Kp)), None, 4, stages)
 
 
 def call(kernel, grid, inputs, outputs, launch: Launch, name: str):
@@ -120,76 +111,3 @@ def call(kernel, grid, inputs, outputs, launch: Launch, name: str):
 
 def width(size_p, block):
     return size_p if block is None else min(size_p, block)
-
-
-# ----------------------------------------------------------------------------- BlockSpecs
-# Activations [B, T, H, D] are read in place: a block is the whole time axis of one (batch
-# row, head) and `width` columns; kernels load chunks of rows. Sequential kernels run on grid
-# (N, H, NK * NV) (program j -> K-block j // NV, V-block j % NV); chunk-parallel kernels on
-# grid (slots, H, NB) (one K- or V-block per program).
-
-
-def seq_rows(pb, width, col_block, parallel=False):
-    """[B, T, H, D] activation (or key gate)."""
-    if parallel:
-        batch = vl.batch_of_slot(pb.varlen, pb.T, pb.bt)
-    else:
-        batch = (lambda n: 0) if pb.varlen else (lambda n: n)
-    return pl.BlockSpec((None, pb.T, None, width),
-                        lambda s, h, j: (batch(s), 0, h, col_block(j)))
-
-
-def gate_rows(pb, width, col_block, parallel=False):
-    """g: [B, T, H, K] (key gate, `width` columns) or [B, T, H] (scalar gate)."""
-    if pb.gate == GATE_KEY:
-        return seq_rows(pb, width, col_block, parallel)
-    if parallel:
-        batch = vl.batch_of_slot(pb.varlen, pb.T, pb.bt)
-    else:
-        batch = (lambda n: 0) if pb.varlen else (lambda n: n)
-    return pl.BlockSpec((None, pb.T, None), lambda s, h, j: (batch(s), 0, h))
-
-
-def state(rows, cols, row_block, col_block):
-    """[N, H, K, V] fp32 state (initial / final / its cotangent), one tile per program."""
-    return pl.BlockSpec((None, None, rows, cols), lambda n, h, j: (n, h, row_block(j), col_block(j)))
-
-
-def chunk_states(pb, rows, cols, row_block, col_block):
-    """[slots, H, Kp, Vp] per-chunk states: every slot of one head and tile (sequential
-    kernels index the slot)."""
-    return pl.BlockSpec((pb.n_slots, None, rows, cols),
-                        lambda n, h, j: (0, h, row_block(j), col_block(j)))
-
-
-def slot_state(rows, cols, row_block, col_block):
-    """[slots, H, Kp, Vp] per-chunk states: the program's own slot (chunk-parallel kernels)."""
-    return pl.BlockSpec((None, None, rows, cols),
-                        lambda s, h, j: (s, h, row_block(j), col_block(j)))
-
-
-def full(x):
-    return pl.BlockSpec(x.shape, lambda s, h, j: (0,) * x.ndim)
-
-
-def zero(j):
-    return 0
-
-
-def same(j):
-    return j
-
-
-def split(nb):
-    """(K-block, V-block) of program j on a grid of NK * nb programs."""
-    return (lambda j: j // nb), (lambda j: j % nb)
-
-
-def rows(pb, n_valid):
-    """Row bound for a chunk's loads / stores: None (no mask) when every chunk is full."""
-    return None if (not pb.varlen and pb.T % pb.bt == 0) else n_valid
-
-
-def cols(size, width):
-    """Column bound: None (no mask) when blocks of `width` tile `size` exactly."""
-    return None if size % width == 0 else size

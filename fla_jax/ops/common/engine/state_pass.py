@@ -21,7 +21,7 @@ from jax.experimental import pallas as pl
 
 from .. import pallas_triton as ptr
 from . import gates as gt
-from . import launch as specs
+from . import specs
 from . import varlen as vl
 from .launch import Launch, Problem, call, launch_for, width
 
@@ -60,11 +60,10 @@ def _fwd_kernel(refs, pb, bk, bv, nvb):
     def body(c, S):
         start, nv = bos + c * bt, L - c * bt
         refs["h"][slot0 + c, :, :] = S.astype(refs["h"].dtype)
-        rb = specs.rows(pb, nv)
-        k = ptr.load_rows(refs["k"], start, bt, rb, specs.cols(pb.K, bk), r0)
-        v = ptr.load_rows(refs["v"], start, bt, rb, specs.cols(pb.V, bv), c0)
+        k = ptr.load_rows(refs["k"], start, bt, nv, pb.K, r0)
+        v = ptr.load_rows(refs["v"], start, bt, nv, pb.V, c0)
         if pb.gate != gt.GATE_NONE:
-            g = gt.load_gate(refs["g"], pb.gate, start, bt, rb, bk, specs.cols(pb.K, bk), r0)
+            g = gt.load_gate(refs["g"], pb.gate, start, bt, nv, bk, pb.K, r0)
             cum, tot = gt.cumsum(g)
             k = (k * jnp.exp(gt.gap(gt.Cum(tot.hi[None, :], tot.lo[None, :]), cum))).astype(v.dtype)
             S = S * jnp.exp(tot.value())[:, None]
@@ -103,12 +102,11 @@ def _bwd_kernel(refs, pb, bk, bv, nvb):
         c = nt - 1 - i
         start, nv = bos + c * bt, L - c * bt
         refs["dh"][slot0 + c, :, :] = dS.astype(refs["dh"].dtype)
-        rb = specs.rows(pb, nv)
-        q = ptr.load_rows(refs["q"], start, bt, rb, specs.cols(pb.K, bk), r0)
-        do = ptr.load_rows(refs["do"], start, bt, rb, specs.cols(pb.V, bv), c0)
+        q = ptr.load_rows(refs["q"], start, bt, nv, pb.K, r0)
+        do = ptr.load_rows(refs["do"], start, bt, nv, pb.V, c0)
         if pb.gate == gt.GATE_NONE:
             return dS + pb.scale * ptr.matmul(q, do, (0, 0), pb.precision)
-        g = gt.load_gate(refs["g"], pb.gate, start, bt, rb, bk, specs.cols(pb.K, bk), r0)
+        g = gt.load_gate(refs["g"], pb.gate, start, bt, nv, bk, pb.K, r0)
         cum, tot = gt.cumsum(g)
         first = gt.row(cum, 0)
         qd = (q * jnp.exp(gt.gap(cum, gt.Cum(first.hi[None, :], first.lo[None, :])))).astype(q.dtype)

@@ -11,6 +11,7 @@ searchsorted, traced-safe) and find (bos, length, c) from cu_seqlens inside the 
 from __future__ import annotations
 
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 
 
 def n_chunks(T, bt):
@@ -68,3 +69,5 @@ def batch_of_slot(varlen, T, bt):
     return lambda s: s // nt
 
 
+def cdiv(a, b):
+    return pl.cdiv(a, b)
