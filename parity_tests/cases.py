@@ -169,7 +169,22 @@ GPU_CASES = (
     Case("gpu_attn_window", B=1, T=2048, H=4, HV=4, K=128, V=128, window=256, families=_ATTN),
 )
 
-CASES = {c.name: c for c in CPU_CASES + GPU_CASES}
+# Kernel-only GLA cases of parity_tests/test_triton_gla.py (head sizes 16..256, varlen with
+# empty / sub-chunk sequences, gates to -20 over several chunks); not part of the CLI's sets.
+GLA_KERNEL_CASES = (
+    Case("tgla_varlen_short", B=1, T=150, cu_seqlens=(0, 5, 20, 20, 83, 150), strength=1.0,
+         families=("gla",)),
+    Case("tgla_k100", B=1, T=80, H=1, HV=1, K=100, V=100, strength=1.0, families=("gla",)),
+    Case("tgla_k256", B=1, T=70, H=1, HV=1, K=256, V=256, cu_seqlens=(0, 64, 70),
+         strength=1.0, families=("gla",)),
+    Case("tgla_k16_v256", B=1, T=40, H=1, HV=1, K=16, V=256, h0=False, strength=1.0,
+         families=("gla",)),
+    Case("tgla_k256_v48", B=1, T=40, H=1, HV=1, K=256, V=48, strength=1.0, families=("gla",)),
+    Case("tgla_strong_long", B=1, T=200, H=1, HV=1, cu_seqlens=(0, 130, 200), strength=20.0,
+         floor=0.5, families=("gla",)),
+)
+
+CASES = {c.name: c for c in CPU_CASES + GPU_CASES + GLA_KERNEL_CASES}
 
 
 def seed_of(*parts) -> int:

@@ -7,7 +7,8 @@ import pytest
 CASES = [("chunk_simple_gla", "bf16", True), ("fused_recurrent_simple_gla", "fp16", True),
          ("chunk_simple_gla", "fp32", True), ("fused_recurrent_simple_gla", "fp32", False),
          ("chunk_gated_delta_rule", "bf16", True), ("chunk_gated_delta_rule", "fp32", False),
-         ("fused_recurrent_delta_rule", "fp16", True), ("chunk_gla", "bf16", False)]
+         ("fused_recurrent_delta_rule", "fp16", True), ("chunk_gla", "bf16", True),
+         ("chunk_gla", "fp32", False), ("fused_recurrent_gla", "bf16", False)]
 
 
 @pytest.mark.parametrize("op,dtype,kernel", CASES)

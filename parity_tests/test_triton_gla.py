@@ -22,29 +22,12 @@ import torch  # noqa: E402
 import triton  # noqa: E402,F401  (the suite needs every framework: no silent skip)
 
 from parity_tests import triton_interpret_patch  # noqa: E402
-from parity_tests.cases import CASES, TOLERANCE, Case, rel_rms  # noqa: E402
+from parity_tests.cases import TOLERANCE, rel_rms  # noqa: E402
 from parity_tests.harness import check  # noqa: E402
 
 triton_interpret_patch.apply()
 
 DEVICE = "cuda" if os.environ.get("PARITY_DEVICE", "cpu") == "cuda" else "cpu"
-_GLA = ("gla",)
-
-# Cases of this file (names prefixed so they never collide with cases.py's own).
-GLA_CASES = (
-    Case("tgla_varlen_short", B=1, T=150, cu_seqlens=(0, 5, 20, 20, 83, 150), strength=1.0,
-         families=_GLA),
-    Case("tgla_k100", B=1, T=80, H=1, HV=1, K=100, V=100, strength=1.0, families=_GLA),
-    Case("tgla_k256", B=1, T=70, H=1, HV=1, K=256, V=256, cu_seqlens=(0, 64, 70),
-         strength=1.0, families=_GLA),
-    Case("tgla_k16_v256", B=1, T=40, H=1, HV=1, K=16, V=256, h0=False, strength=1.0,
-         families=_GLA),
-    Case("tgla_k256_v48", B=1, T=40, H=1, HV=1, K=256, V=48, strength=1.0, families=_GLA),
-    Case("tgla_strong_long", B=1, T=200, H=1, HV=1, cu_seqlens=(0, 130, 200), strength=20.0,
-         floor=0.5, families=_GLA),
-)
-for _c in GLA_CASES:
-    CASES.setdefault(_c.name, _c)
 
 # (op, case, dtype): the cases above plus cases.py cases in dtypes test_ops.py's kernel subset
 # does not run (t63_kv_weak: no h0, K=32 != V=48, gates of 0.01; uniform_strong: every gate in
