@@ -119,7 +119,7 @@ ENGINE_CASES = (
 def test_engine_scalar_gate_is_simple_gla(case, dtype):
     """The engine with GATE_SCALAR (g [B, T, H]) / GATE_NONE, wired like chunk_gla_pallas,
     against the float64 chunk_simple_gla oracle: o, final state and every gradient."""
-    from fla_jax.ops.gla import pallas_chunk as pc
+    from fla_jax.ops.common import engine as en
 
     spec = OPS["chunk_simple_gla"]
     raw = make_inputs(spec, case, seed_of("pallas_engine", case.name))
@@ -128,7 +128,7 @@ def test_engine_scalar_gate_is_simple_gla(case, dtype):
     ref = torch_runner.run(spec, case, "reference", "fp64", x)
     dt = jax_runner.DTYPES[dtype]
     names = ["q", "k", "v"] + (["g"] if "g" in x else []) + ["h0"]
-    gate = pc.GATE_SCALAR if "g" in x else pc.GATE_NONE
+    gate = en.GATE_SCALAR if "g" in x else en.GATE_NONE
     cu = None if case.cu_seqlens is None else jnp.asarray(case.cu_seqlens, jnp.int32)
     K = case.K
 
@@ -137,8 +137,8 @@ def test_engine_scalar_gate_is_simple_gla(case, dtype):
         def f(*a):
             named = dict(zip(names, a))
             g = named.get("g")
-            pb = pc.make_problem(named["q"], named["v"], g, named["h0"], cu, K ** -0.5, gate)
-            return pc.engine_chunk(pb, named["q"], named["k"], named["v"], g, named["h0"], cu)
+            pb = en.make_problem(named["q"], named["v"], g, named["h0"], cu, K ** -0.5, gate)
+            return en.engine_chunk(pb, named["q"], named["k"], named["v"], g, named["h0"], cu)
         (o, ht), vjp = jax.vjp(f, *args)
         return o, ht, vjp((jnp.asarray(x["do"], jnp.float32).astype(dt),
                            jnp.asarray(x["dht"], jnp.float32)))

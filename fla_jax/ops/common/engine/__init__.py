@@ -6,11 +6,14 @@ shares, with a gate switch (gates.GATE_NONE / GATE_SCALAR / GATE_KEY).
     launch.Problem, launch.Launch, launch.launch_for   static problem, launch configuration
     varlen                                       the one varlen slot scheme (no host sync)
     gates                                        gate switch, split cumsums, accurate gaps
+    pipeline.engine_chunk, pipeline.make_problem the stages in order as one custom_vjp
 """
 from .gates import GATE_KEY, GATE_NONE, GATE_SCALAR
 from .launch import Launch, Problem, launch_for
 from .output_stage import output_bwd, output_fwd
 from .state_pass import state_pass_bwd, state_pass_fwd
+from .pipeline import engine_chunk, make_problem
 
 __all__ = ["GATE_NONE", "GATE_SCALAR", "GATE_KEY", "Launch", "Problem", "launch_for",
-           "state_pass_fwd", "state_pass_bwd", "output_fwd", "output_bwd"]
+           "state_pass_fwd", "state_pass_bwd", "output_fwd", "output_bwd", "engine_chunk",
+           "make_problem"]

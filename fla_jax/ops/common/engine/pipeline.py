@@ -1,0 +1,65 @@
+"""The engine's stages in order, forward and backward, for a gated chunked recurrence (Pallas):
+the mirror of fla_torch/ops/common/engine/pipeline.py.
+
+    forward:  h, ht = state_pass_fwd(k, v, g, h0);  o = output_fwd(q, k, v, g, h)
+    backward: dh, dh0 = state_pass_bwd(q, do, g, dht);
+              dq, dk, dv, dg = output_bwd(q, k, v, g, h, do, dh)
+`engine_chunk` is one custom_vjp for every gate of the switch (g [B, T, H, K] for GATE_KEY,
+[B, T, H] for GATE_SCALAR, None for GATE_NONE); `make_problem` builds its static Problem.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from .. import pallas_triton as ptr
+from . import varlen as vl
+from .launch import Problem
+from .output_stage import output_bwd, output_fwd
+from .state_pass import state_pass_bwd, state_pass_fwd
+
+
+def make_problem(q, v, g, initial_state, cu_seqlens, scale, gate, bt=64):
+    """Problem for q [B, T, H, K], v [B, T, H, V] and the gate switch `gate`."""
+    B, T, H, K = q.shape
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return Problem(B=B, T=T, H=H, K=K, V=v.shape[-1], N=N, scale=float(scale),
+                   varlen=cu_seqlens is not None, gate=gate, has_h0=initial_state is not None,
+                   precision=ptr.dot_precision(), bt=bt, state_dtype=jnp.dtype(q.dtype).name)
+
+
+def _seq(pb, cu):
+    return vl.slot_sequences(cu, pb.T, pb.bt) if pb.varlen else None
+
+
+def _forward(pb, q, k, v, g, h0, cu):
+    h, ht = state_pass_fwd(pb, k, v, g, h0, cu)
+    o = output_fwd(pb, q, k, v, g, h, cu, _seq(pb, cu))
+    return o, ht, h
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def engine_chunk(pb, q, k, v, g, h0, cu):
+    """(o [B, T, H, V] in q's dtype, final state [N, H, K, V] fp32); differentiable w.r.t.
+    q, k, v, g, h0 through the engine's backward kernels."""
+    o, ht, _ = _forward(pb, q, k, v, g, h0, cu)
+    return o, ht
+
+
+def _fwd(pb, q, k, v, g, h0, cu):
+    o, ht, h = _forward(pb, q, k, v, g, h0, cu)
+    return (o, ht), (q, k, v, g, h0, cu, h)
+
+
+def _bwd(pb, res, cts):
+    q, k, v, g, h0, cu, h = res
+    do, dht = cts
+    do = do.astype(q.dtype)
+    dh, dh0 = state_pass_bwd(pb, q, do, g, dht.astype(jnp.float32), cu)
+    dq, dk, dv, dg = output_bwd(pb, q, k, v, g, h, do, dh, cu, _seq(pb, cu))
+    return dq, dk, dv, dg, dh0, None
+
+
+engine_chunk.defvjp(_fwd, _bwd)
