@@ -6,8 +6,8 @@
   active; 16-bit operands ignore it. Triton's "ieee" (CUDA-core FMA) is never used: on Hopper it
   is ~15x slower and spills registers (measured 366 ms vs 1.2 ms for a bf16 backward).
 - `block(size, cap)`: a power-of-two tile >= 16 covering `size` (masked beyond it).
-- In-kernel helpers (`seq_bounds`, `chunk_log_decay`, `causal_decay`, `suffix_sum`,
-  `prefix_sum_excl`).
+- In-kernel helpers `chunk_log_decay`, `causal_decay`, `suffix_sum`, `prefix_sum_excl`
+  (sequence bounds and chunk slots: engine/varlen.py).
 - dg of a scalar gate in the recurrent kernels: dG_t = q_t.dq_t - k_t.dk_t per token, reverse
   cumsum per sequence by the shared `common/triton_gate_grad.sequence_reverse_cumsum`.
 """
@@ -37,18 +37,6 @@ def fp32_dot_precision() -> str:
 def block(size: int, cap: int = 256) -> int:
     """Smallest power of two >= max(size, 16), at most `cap` (callers tile beyond it)."""
     return min(max(16, triton.next_power_of_2(size)), cap)
-
-
-@triton.jit
-def seq_bounds(cu_seqlens, i_n, T, IS_VARLEN: tl.constexpr):
-    """First and one-past-last token (int64, into the flattened B*T axis) of sequence i_n."""
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    else:
-        bos = i_n.to(tl.int64) * T
-        eos = bos + T
-    return bos, eos
 
 
 @triton.jit

@@ -30,22 +30,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.triton_scalar_gate import (block, causal_decay, chunk_log_decay, dot_precision,
-                                         seq_bounds)
+from ..common.engine.varlen import chunk_slot, seq_bounds
+from ..common.triton_scalar_gate import block, causal_decay, chunk_log_decay, dot_precision
 
 BT = 64
 MAX_HEAD_DIM = 256
-
-
-@triton.jit
-def _chunk_slot(i_n, bos, i_c, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """Row of chunk i_c of sequence i_n in a per-chunk buffer. Varlen: bos // BT + i_n + i_c,
-    distinct for all chunks of all sequences and < cdiv(T, BT) + N (no host sync needed)."""
-    if IS_VARLEN:
-        slot = bos // BT + i_n + i_c
-    else:
-        slot = i_n.to(tl.int64) * tl.cdiv(T, BT) + i_c
-    return slot
 
 
 @triton.jit
@@ -82,7 +71,7 @@ def _fwd_kernel(q, k, v, g, g_gamma, h0, o, ht, h, cu_seqlens, scale, T,
         m_tk = m_t[:, None] & m_k[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
         if STORE_H:
-            slot = _chunk_slot(i_n, bos, i_c, T, BT, IS_VARLEN)
+            slot = chunk_slot(i_n, bos, i_c, T, BT, IS_VARLEN)
             tl.store(h + (slot * H + i_h) * K * V + p_kv, state.to(h.dtype.element_ty),
                      mask=m_state)
         b_q = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
@@ -224,7 +213,7 @@ def _bwd_dk(q, k, v, g, gamma, dht, h, do, dk, dh0, dgp, i_kb, i_n, i_nh, i_h, b
             b_qw = b_q
             q_scale = 1.0
         if STORE_DG:
-            slot = _chunk_slot(i_n, bos, i_c, T, BT, IS_VARLEN)
+            slot = chunk_slot(i_n, bos, i_c, T, BT, IS_VARLEN)
             b_h = tl.load(h + (slot * H + i_h) * K * V + p_kv, mask=m_state, other=0.)
             b_k = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
             r = tl.sum(b_dk * b_k.to(tl.float32), axis=1)
@@ -377,7 +366,7 @@ def _check(q: torch.Tensor, v: torch.Tensor) -> None:
 
 
 def _n_slots(B: int, T: int, N: int, varlen: bool) -> int:
-    """Rows of a per-chunk buffer (see _chunk_slot)."""
+    """Rows of a per-chunk buffer (see engine/varlen.chunk_slot)."""
     return triton.cdiv(T, BT) + N if varlen else B * triton.cdiv(T, BT)
 
 

@@ -27,7 +27,8 @@ import triton
 import triton.language as tl
 
 from ..common.triton_gate_grad import sequence_reverse_cumsum
-from ..common.triton_scalar_gate import block, seq_bounds
+from ..common.engine.varlen import seq_bounds
+from ..common.triton_scalar_gate import block
 from ..common.triton_seq_layout import seq_offsets
 
 MAX_HEAD_DIM = 256
