@@ -11,24 +11,11 @@ from __future__ import annotations
 import torch
 
 from ..common.engine import GATE_KEY, chunk_backward, chunk_forward
+from ..common.kernel_alloc import alloc_on, contiguous as _contig
 from ..common.triton_scalar_gate import dot_precision
 
 MAX_HEAD_DIM = 256
-# NaN-fill outputs and buffers first when True, or always off the GPU (interpreter tests).
-POISON_OUTPUTS = False
 _GATE = GATE_KEY.value
-
-
-def _alloc_on(device):
-    def alloc(shape, dtype):
-        if POISON_OUTPUTS or device.type != "cuda":
-            return torch.full(shape, float("nan"), dtype=dtype, device=device)
-        return torch.empty(shape, dtype=dtype, device=device)
-    return alloc
-
-
-def _contig(x):
-    return None if x is None else x.contiguous()
 
 
 class _ChunkGLA(torch.autograd.Function):
@@ -37,7 +24,7 @@ class _ChunkGLA(torch.autograd.Function):
     def forward(ctx, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens):
         prec = dot_precision(q.dtype)
         o, ht, saved = chunk_forward(q, k, v, g, _GATE, scale, initial_state, output_final_state,
-                                     cu_seqlens, prec, _alloc_on(q.device))
+                                     cu_seqlens, prec, alloc_on(q.device))
         ctx.save_for_backward(q, k, v, cu_seqlens, *saved)
         ctx.scale, ctx.prec, ctx.has_h0 = scale, prec, initial_state is not None
         return o, ht
@@ -47,7 +34,7 @@ class _ChunkGLA(torch.autograd.Function):
         q, k, v, cu_seqlens, *saved = ctx.saved_tensors
         dq, dk, dv, dg, dh0 = chunk_backward(
             q, k, v, saved, do.contiguous(), _contig(dht), _GATE, ctx.scale, cu_seqlens,
-            ctx.has_h0, ctx.needs_input_grad[3], ctx.prec, _alloc_on(q.device))
+            ctx.has_h0, ctx.needs_input_grad[3], ctx.prec, alloc_on(q.device))
         return dq, dk, dv, dg, None, dh0, None, None
 
 

@@ -24,12 +24,11 @@ import triton.language as tl
 
 from ..common.engine.launch import block
 from ..common.engine.varlen import seq_bounds
+from ..common.kernel_alloc import alloc as _alloc
 from ..common.triton_gate_grad import sequence_reverse_cumsum
 from ..common.triton_seq_layout import seq_offsets
 
 MAX_HEAD_DIM = 256
-# NaN-fill outputs before the kernels run (always off the GPU; see triton_chunk.POISON_OUTPUTS)
-POISON_OUTPUTS = False
 
 
 @triton.jit
@@ -150,12 +149,6 @@ def _rec_bwd_kernel(q, k, v, g, dht, do, dkp, dvp, dh0, kdk, cu_seqlens, scale, 
         dstate *= tl.exp(b_g)[:, None]
     if STORE_DH0:
         tl.store(dh0 + p_kv, dstate, mask=m_kv)
-
-
-def _alloc(shape, dtype, device) -> torch.Tensor:
-    if POISON_OUTPUTS or device.type != "cuda":
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def recurrent_fwd(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens):

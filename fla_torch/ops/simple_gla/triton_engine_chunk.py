@@ -11,7 +11,7 @@ import torch
 
 from ..common.engine import GATE_NONE, GATE_SCALAR, chunk_backward, chunk_forward
 from ..common.triton_scalar_gate import dot_precision
-from ..gla.triton_chunk import _alloc_on, _contig
+from ..common.kernel_alloc import alloc_on, contiguous as _contig
 
 
 class _EngineSimpleGLA(torch.autograd.Function):
@@ -20,7 +20,7 @@ class _EngineSimpleGLA(torch.autograd.Function):
     def forward(ctx, q, k, v, g, gate, scale, initial_state, output_final_state, cu_seqlens):
         prec = dot_precision(q.dtype)
         o, ht, saved = chunk_forward(q, k, v, g, gate, scale, initial_state, output_final_state,
-                                     cu_seqlens, prec, _alloc_on(q.device))
+                                     cu_seqlens, prec, alloc_on(q.device))
         ctx.save_for_backward(q, k, v, cu_seqlens, *saved)
         ctx.gate, ctx.scale, ctx.prec = gate, scale, prec
         ctx.has_h0, ctx.has_g = initial_state is not None, g is not None
@@ -31,7 +31,7 @@ class _EngineSimpleGLA(torch.autograd.Function):
         q, k, v, cu_seqlens, *saved = ctx.saved_tensors
         dq, dk, dv, dg, dh0 = chunk_backward(
             q, k, v, saved, do.contiguous(), _contig(dht), ctx.gate, ctx.scale, cu_seqlens,
-            ctx.has_h0, ctx.has_g and ctx.needs_input_grad[3], ctx.prec, _alloc_on(q.device))
+            ctx.has_h0, ctx.has_g and ctx.needs_input_grad[3], ctx.prec, alloc_on(q.device))
         return dq, dk, dv, dg, None, None, dh0, None, None
 
 

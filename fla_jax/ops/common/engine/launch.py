@@ -18,8 +18,6 @@ from . import varlen as vl
 
 KERNELS = ("state_fwd", "state_bwd", "output_fwd", "output_dv", "output_dqk")
 STATE_TILE_BYTES = 32 * 1024
-# kernel -> Launch, read when an op is traced (benchmarks / tuning runs set it; empty: heuristic)
-OVERRIDES: dict = {}
 SUB = 16           # sub-chunk length of the key-gate intra-chunk scores (tl.dot needs >= 16)
 
 
@@ -69,8 +67,6 @@ def launch_for(kernel: str, K: int, V: int, dtype) -> Launch:
     (an operand of its products, staged in shared memory) is kept <= STATE_TILE_BYTES."""
     if kernel not in KERNELS:
         raise ValueError(f"launch_for: kernel={kernel!r}; expected one of {', '.join(KERNELS)}")
-    if kernel in OVERRIDES:
-        return OVERRIDES[kernel]
     Kp, Vp = ptr.padded(K), ptr.padded(V)
     size = jnp.dtype(dtype).itemsize
     stages = 1 if size == 4 else 2
