@@ -19,7 +19,8 @@ GATE_K = "gate_k"           # per-key-channel log-decay [B, T, HV, K]
 BETA = "beta"               # write strength per token and value head [B, T, HV]
 GAMMA = "gamma"             # fixed log-decay per value head [HV] (not differentiated)
 STATE = "state"             # recurrent state [N, HV, K, V], float32 (float64 with fp64 q)
-ROLES = (ACTIVATION, GATE, GATE_K, BETA, GAMMA, STATE)
+VECTOR_K = "vector_k"       # per-key vector of a low-rank transition [B, T, HV, K] (RWKV-7 a, b)
+ROLES = (ACTIVATION, GATE, GATE_K, BETA, GAMMA, STATE, VECTOR_K)
 
 # Dtype rules.
 SHARED = "shared"           # the one activation dtype of q, k, v
@@ -27,12 +28,14 @@ GATE_DTYPE = "gate_dtype"   # any float dtype, converted to float32 (float64 wit
 STATE_DTYPE = "state_dtype"  # exactly float32 (float64 with fp64 q)
 
 _ROLE_DTYPE = {ACTIVATION: SHARED, GATE: GATE_DTYPE, GATE_K: GATE_DTYPE, BETA: GATE_DTYPE,
-               GAMMA: GATE_DTYPE, STATE: STATE_DTYPE}
+               GAMMA: GATE_DTYPE, STATE: STATE_DTYPE, VECTOR_K: GATE_DTYPE}
 _ROLE_WHAT = {GATE: "a [B, T, HV] log-decay tensor", GATE_K: "a [B, T, HV, K] log-decay tensor",
               BETA: "a [B, T, HV] tensor of write strengths",
-              GAMMA: "a [HV] fixed log-decay per head", STATE: "a [N, HV, K, V] float32 state"}
+              GAMMA: "a [HV] fixed log-decay per head", STATE: "a [N, HV, K, V] float32 state",
+              VECTOR_K: "a [B, T, HV, K] per-key vector"}
 _ROLE_FLOAT_WORDS = {GATE: "gates/log-decays", GATE_K: "gates/log-decays",
-                     GAMMA: "gates/log-decays", BETA: "beta values"}
+                     GAMMA: "gates/log-decays", BETA: "beta values",
+                     VECTOR_K: "low-rank transition vectors (a, b)"}
 
 
 @dataclass(frozen=True)
@@ -146,7 +149,17 @@ OPS = {spec.name: spec for spec in (
     + _family("gla", arg("g", GATE_K, "B T HV K"))
     + _family("delta_rule", arg("beta", BETA, "B T HV"), grouped_heads=True, l2norm=True)
     + _family("gated_delta_rule", arg("g", GATE, "B T HV"), arg("beta", BETA, "B T HV"),
-              grouped_heads=True, l2norm=True))}
+              grouped_heads=True, l2norm=True)
+    # Kimi Delta Attention: the gated delta rule with a per-key-channel decay.
+    # S_t = (I - beta_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T
+    + _family("kda", arg("g", GATE_K, "B T HV K"), arg("beta", BETA, "B T HV"),
+              grouped_heads=True, l2norm=True)
+    # RWKV-7 (FLA's DPLR convention, r in place of q, scale defaults to 1.0):
+    # S_t = (diag(exp(w_t)) + b_t a_t^T) S_{t-1} + k_t v_t^T ; o_t = scale * r_t S_t
+    + [OpSpec(f"{variant}_rwkv7", "rwkv7", variant,
+              (arg("r", ACTIVATION, "B T H K"), arg("w", GATE_K, "B T HV K"), _K, _V,
+               arg("a", VECTOR_K, "B T HV K"), arg("b", VECTOR_K, "B T HV K"), _H0))
+       for variant in ("chunk", "fused_recurrent")])}
 
 
 # Softmax attention: no state, no gates; returns o only. variant 'attention'.

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fla_contract.op_spec import ACTIVATION, BETA, GAMMA, GATE, GATE_K, OPS, STATE, OpSpec
+from fla_contract.op_spec import (ACTIVATION, BETA, GAMMA, GATE, GATE_K, OPS, STATE, VECTOR_K,
+                                  OpSpec)
 
 DTYPES = ("bf16", "fp16", "fp32")
-TENSORS = ("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0")
+TENSORS = ("o", "ht", "dq", "dr", "dk", "dv", "dg", "dw", "dbeta", "da", "db", "dh0")
 
 # RMS(a - b) / RMS(ref), per dtype and tensor kind: an implementation against the float64
 # oracle. fp32 is held to fp32 rounding; bf16/fp16 to a few output-rounding units.
@@ -27,6 +28,10 @@ TOLERANCE = {
     "bf16": {"o": 1e-2, "ht": 1e-2, "dq": 1.5e-2, "dk": 1.5e-2, "dv": 1.5e-2, "dg": 2.5e-2,
              "dbeta": 2.5e-2, "dh0": 1.5e-2},
 }
+# RWKV-7's names for the same kinds: r is the query, w the per-key log-decay, a and b
+# enter the transition like beta does.
+for _t in TOLERANCE.values():
+    _t.update(dr=_t["dq"], dw=_t["dg"], da=_t["dbeta"], db=_t["dbeta"])
 CROSS_FACTOR = 2.0
 
 # Whole layers (parity_tests/test_layers.py): projections, convs, norms and the op, each
@@ -203,6 +208,9 @@ def make_inputs(spec: OpSpec, case: Case, seed: int) -> dict:
     for a in spec.args:
         if _present(a, case):
             x[a.key] = _draw(spec, a, case, rng, tuple(sizes[s] for s in a.shape))
+    if "a" in x and "b" in x and spec.arg("a").role == VECTOR_K:
+        # RWKV-7's layer: a = -kk, b = kk * sigmoid(.) with kk a unit key per head
+        x["b"] = -x["a"] * rng.uniform(0.0, 1.0, x["a"].shape)
     x["do"] = rng.standard_normal((case.B, case.T, case.HV, case.V))
     if spec.has_state:
         x["dht"] = 0.5 * rng.standard_normal((N, case.HV, case.K, case.V))
@@ -243,6 +251,9 @@ def _draw(spec: OpSpec, a, case: Case, rng, shape: tuple) -> np.ndarray:
         return beta
     if a.role == STATE:
         return 0.5 * rng.standard_normal(shape)
+    if a.role == VECTOR_K:    # -kk, a unit vector per token and head (b is drawn from it)
+        x = rng.standard_normal(shape)
+        return -x / np.linalg.norm(x, axis=-1, keepdims=True)
     raise ValueError(f"{spec.name}: no input rule for role {a.role!r} of {a.name}")
 
 
