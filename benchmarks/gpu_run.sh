@@ -25,7 +25,9 @@ if [ "$MODE" = parity ]; then
     chunk_gated_delta_rule:gpu_strong_edges,gpu_t16k fused_recurrent_delta_rule:$G1
     fused_recurrent_delta_rule:$G2 fused_recurrent_gated_delta_rule:$G1
     fused_recurrent_gated_delta_rule:$G2 chunk_gla:$G1 chunk_gla:$G2 fused_recurrent_gla:$G1
-    fused_recurrent_gla:$G2 attention"}
+    fused_recurrent_gla:$G2 attention chunk_kda:$G1 chunk_kda:$G2 fused_recurrent_kda:$G1
+    fused_recurrent_kda:$G2 chunk_rwkv7:$G1 chunk_rwkv7:$G2 fused_recurrent_rwkv7:$G1
+    fused_recurrent_rwkv7:$G2 chunk_gsa fused_recurrent_gsa"}
   i=0
   for job in $JOBS; do
     op=${job%%:*}; cases=""; [ "$op" != "$job" ] && cases=${job#*:}
@@ -59,6 +61,14 @@ for step in ${STEPS:-1 2 3 4 5 6 10}; do
     8) b 8 --ops gla --dtypes bf16 --shapes B4T4096 --paths fla triton pallas torch-chunked jax-chunked ;;
     9) b 9 --ops gla --dtypes fp16 fp32 --shapes B4T4096 --paths triton pallas ;;
     10) b 10 --ops attention --dtypes bf16 ;;   # ours vs SDPA flash / jax cuDNN (issue 13)
+    # issues 12 and 14: the new families against FLA and jax-linear-attention, same call
+    11) b 11 --ops kda rwkv7 gsa --dtypes bf16 --shapes B4T4096 B4T4096K64 GSA_H4M64 \
+          --paths fla jla triton pallas ;;
+    12) b 12 --ops kda rwkv7 gsa --dtypes fp16 fp32 --shapes B4T4096 B4T4096K64 GSA_H4M64 \
+          --paths triton pallas ;;
+    # issue 11: jax-linear-attention's Mosaic GPU kernels for the existing families
+    13) b 13 --ops simple_gla gla delta_rule gated_delta_rule --dtypes bf16 --shapes B4T4096 \
+          --paths jla pallas ;;
   esac
 done
 python3 benchmarks/merge.py $BJ/*.json > "$OUT/bench.md"

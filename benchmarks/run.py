@@ -1,5 +1,7 @@
 """GPU benchmark: fwd and fwd+bwd of our Pallas and Triton kernels, the plain 'chunked' paths,
-FLA (fla-core, when importable) and torch SDPA, in one run; ratios against FLA from the same run.
+FLA (fla-core, when importable), jax-linear-attention's Mosaic GPU kernels (path 'jla', when
+importable: jax 0.11.2 + equinox, Hopper, bf16/fp16) and torch SDPA, in one run; ratios against
+FLA and against jla from the same run.
 
     PYTHONPATH=. python benchmarks/run.py [--ops simple_gla gated_delta_rule] [--json out.json]
     PYTHONPATH=. python benchmarks/run.py --dry-run [--ops gla]    # CPU check of the calls
@@ -20,7 +22,25 @@ import time
 
 SHAPES = {"B4T4096": dict(B=4, T=4096, H=16, HV=16, K=128, V=128),
           "B1T32768": dict(B=1, T=32768, H=16, HV=16, K=128, V=128),
-          "GQA_H8HV16": dict(B=4, T=4096, H=8, HV=16, K=128, V=128)}
+          "GQA_H8HV16": dict(B=4, T=4096, H=8, HV=16, K=128, V=128),
+          "B4T4096K64": dict(B=4, T=4096, H=16, HV=16, K=64, V=64),        # RWKV-7's head size
+          "GSA_H4M64": dict(B=4, T=4096, H=4, HV=4, K=64, V=64, M=64)}     # GSA (issue 14)
+
+# jax-linear-attention's name of each family (jla.ops.linear_attention(kind, ...)).
+JLA_KINDS = {"simple_gla": "simple_gla", "gla": "gla", "delta_rule": "deltanet",
+             "gated_delta_rule": "gated_deltanet", "kda": "kda", "rwkv7": "rwkv7"}
+
+
+def applies(shape: str, op: str) -> bool:
+    """Which shapes each family is timed at: GQA for the grouped-head delta family, K=64 for
+    RWKV-7 only (its head size; it has no K=128 row), the GSA shape for GSA only."""
+    if op == "gsa" or shape == "GSA_H4M64":
+        return op == "gsa" and shape == "GSA_H4M64"
+    if shape == "GQA_H8HV16":
+        return op in ("gated_delta_rule", "kda")
+    if op == "rwkv7":
+        return shape == "B4T4096K64"
+    return shape != "B4T4096K64"
 
 
 def _spec(op):
@@ -34,7 +54,7 @@ def make_numpy(op, s, seed=0):
     in -[0.01, 0.2] and beta in [0.05, 0.95]."""
     import numpy as np
 
-    from fla_contract.op_spec import BETA, GATE, GATE_K
+    from fla_contract.op_spec import BETA, GATE, GATE_K, VECTOR_K
     spec = _spec(op)
     rng = np.random.default_rng(seed)
     sizes = dict(s, N=s["B"])
@@ -48,6 +68,10 @@ def make_numpy(op, s, seed=0):
             x[a.name] = -rng.uniform(0.01, 0.2, shape).astype(np.float32)
         elif a.role == BETA:
             x[a.name] = rng.uniform(0.05, 0.95, shape).astype(np.float32)
+        elif a.role == VECTOR_K:   # RWKV-7: a = -kk, b = kk * u (kk a unit vector)
+            kk = rng.standard_normal(shape).astype(np.float32)
+            kk /= np.linalg.norm(kk, axis=-1, keepdims=True)
+            x["a"], x["b"] = -kk, kk * rng.uniform(0, 1, shape).astype(np.float32)
     return x
 
 
@@ -70,9 +94,10 @@ def torch_case(op, x, dtype, impl, fla=False, device="cuda"):
     leaves = [t[n].to(dt).requires_grad_() for n in acts]
     extra = {n: t[n].requires_grad_() for n in names}
     do = t["do"].to(dt)
-    if fla:   # FLA's module and function names match ours
+    if fla:   # FLA's module, function and argument names match ours
         fn = getattr(importlib.import_module(f"fla.ops.{op}"), f"chunk_{op}")
-        call = lambda: fn(*leaves, **extra)[0]  # noqa: E731
+        named = dict(zip(acts, leaves))
+        call = lambda: fn(**named, **extra)[0]  # noqa: E731
     else:
         import fla_torch.ops as ops
         fn = getattr(ops, f"chunk_{op}")
@@ -113,6 +138,29 @@ def jax_case(op, x, dtype, impl):
     def f(*args):
         named = dict(zip(acts + names, args))
         return fn(*(named[n] for n in acts), **{n: named[n] for n in names}, impl=impl)[0]
+    args = [a[n].astype(dt) for n in acts] + [a[n] for n in names]
+    do = a["do"].astype(dt)
+    fwd = jax.jit(f)
+    fwdbwd = jax.jit(lambda *p: jax.vjp(f, *p)[1](do))
+    return (lambda: fwd(*args)), (lambda: fwdbwd(*args))
+
+
+def jla_case(op, x, dtype):
+    """jax-linear-attention's Mosaic GPU kernel of the family: jla.ops.linear_attention(kind,
+    q, k, v, <gates by name>, impl="mosaic_gpu"); RWKV-7's r goes in as q."""
+    import jax
+    import jax.numpy as jnp
+    from jla.ops import linear_attention
+    dt = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}[dtype]
+    a = {n: jnp.asarray(v) for n, v in x.items()}
+    acts, names = _split(op, x)
+    kind = JLA_KINDS[op]
+
+    def f(*args):
+        named = dict(zip(acts + names, args))
+        q, k, v = (named[n] for n in acts)
+        return linear_attention(kind, q, k, v, impl="mosaic_gpu",
+                                **{n: named[n] for n in names})[0]
     args = [a[n].astype(dt) for n in acts] + [a[n] for n in names]
     do = a["do"].astype(dt)
     fwd = jax.jit(f)
@@ -181,8 +229,8 @@ def main(argv=None):
                                            "softmax attention, benchmarks/attention.py)")
     p.add_argument("--dtypes", nargs="+", default=["bf16", "fp16", "fp32"])
     p.add_argument("--shapes", nargs="+", default=list(SHAPES))
-    p.add_argument("--paths", nargs="+", default=["fla", "triton", "pallas", "torch-chunked",
-                                                   "jax-chunked", "sdpa"])
+    p.add_argument("--paths", nargs="+", default=["fla", "jla", "triton", "pallas",
+                                                   "torch-chunked", "jax-chunked", "sdpa"])
     p.add_argument("--json", default=None)
     p.add_argument("--dry-run", action="store_true",
                    help="no GPU, no timing: run each op's chunked paths once on CPU, tiny shape")
@@ -207,6 +255,12 @@ def main(argv=None):
             pass
     except ImportError:
         env["fla"] = None
+    try:
+        import jla  # noqa: F401
+        from importlib.metadata import version
+        env["jla"] = version("jax-linear-attention")
+    except Exception:
+        env["jla"] = None
     print(json.dumps(env))
     if "attention" in args.ops:
         from attention import ATTN_SHAPES, run as run_attention
@@ -214,7 +268,7 @@ def main(argv=None):
     for shape in args.shapes:
         s = SHAPES[shape]
         for op in [o for o in args.ops if o != "attention"]:
-            if shape.startswith("GQA") and op != "gated_delta_rule":
+            if not applies(shape, op):
                 continue
             x = make_numpy(op, s)
             for dtype in args.dtypes:
@@ -222,6 +276,8 @@ def main(argv=None):
                     if path == "sdpa" and (op != "simple_gla" or shape.startswith("GQA")):
                         continue
                     if path == "fla" and env["fla"] is None:
+                        continue
+                    if path == "jla" and (env["jla"] is None or op not in JLA_KINDS):
                         continue
                     try:
                         if path in ("fla", "triton", "torch-chunked", "sdpa"):
@@ -232,6 +288,10 @@ def main(argv=None):
                                 fwd, fb, params = torch_case(op, x, dtype, impl, fla=path == "fla")
                             f_ms, f_first = time_torch(fwd, params)
                             b_ms, b_first = time_torch(fb, params)
+                        elif path == "jla":
+                            fwd, fb = jla_case(op, x, dtype)
+                            f_ms, f_first = time_jax(fwd)
+                            b_ms, b_first = time_jax(fb)
                         else:
                             impl = "pallas" if path == "pallas" else "chunked"
                             fwd, fb = jax_case(op, x, dtype, impl)
@@ -257,19 +317,29 @@ def main(argv=None):
 
 
 def print_table(rows):
-    base = {(r["shape"], r["op"], r["dtype"]): r for r in rows
-            if r["path"] == "fla" and "error" not in r}
-    print(f"\n| shape | op | dtype | path | fwd ms | fwd+bwd ms | fwd vs FLA | fwd+bwd vs FLA | first call s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    """One markdown row per (shape, op, dtype, path), with ratios against FLA and against
+    jax-linear-attention measured in the same run ('-' where that peer has no row)."""
+    def base(path):
+        return {(r["shape"], r["op"], r["dtype"]): r for r in rows
+                if r["path"] == path and "error" not in r}
+    peers = {"FLA": base("fla"), "jla": base("jla")}
+    head = "| shape | op | dtype | path | fwd ms | fwd+bwd ms |"
+    for name in peers:
+        head += f" fwd vs {name} | fwd+bwd vs {name} |"
+    print("\n" + head + " first call s |")
+    print("|---" * (head.count("|") - 1 + 1) + "|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['shape']} | {r['op']} | {r['dtype']} | {r['path']} | failed: {r['error']} |||||")
+            print(f"| {r['shape']} | {r['op']} | {r['dtype']} | {r['path']} | failed: "
+                  f"{r['error']} |" + "|" * 6)
             continue
-        b = base.get((r["shape"], r["op"], r["dtype"]))
-        rf = f"{r['fwd_ms'] / b['fwd_ms']:.2f}x" if b else "-"
-        rb = f"{r['fwdbwd_ms'] / b['fwdbwd_ms']:.2f}x" if b else "-"
-        print(f"| {r['shape']} | {r['op']} | {r['dtype']} | {r['path']} | {r['fwd_ms']:.3f} | "
-              f"{r['fwdbwd_ms']:.3f} | {rf} | {rb} | {r['first_s']:.1f} |")
+        line = (f"| {r['shape']} | {r['op']} | {r['dtype']} | {r['path']} | {r['fwd_ms']:.3f} | "
+                f"{r['fwdbwd_ms']:.3f} |")
+        for b in peers.values():
+            p = b.get((r["shape"], r["op"], r["dtype"]))
+            line += (f" {r['fwd_ms'] / p['fwd_ms']:.2f}x | {r['fwdbwd_ms'] / p['fwdbwd_ms']:.2f}x |"
+                     if p else " - | - |")
+        print(line + f" {r['first_s']:.1f} |")
 
 
 if __name__ == "__main__":
