@@ -13,7 +13,8 @@ Backward, dA = scale * do v^T (causal, stored once per chunk like A):
 The intra-chunk sums of dq / dk run per sub-chunk of BC rows: the other sub-chunks through the
 row just before / after it (the 16-bit operand keeps its largest entries undecayed, the rest of
 the decay multiplies the fp32 product: fp16 would flush exp(-10) k to subnormals), the diagonal
-sub-block exact per pair, the pair i == j left out (it is added as dA_ii k_i / dA_ii q_i).
+sub-block through its first row when the decay across it is under scores.SPAN (one fp32-accurate
+dot each), else exact per pair; the pair i == j left out (it is added as dA_ii k_i / dA_ii q_i).
 dg per token s and channel, per chunk (nothing carried from chunk to chunk, no O(1) term formed
 and cancelled):
     dg_s = exp(last) <S, dS>_row + sum_{j < s} r_j + sum_{i >= s} x_i,
@@ -28,7 +29,7 @@ import triton.language as tl
 
 from .gates import GATE_SCALAR, gap, load_cum, load_cum_row
 from .launch import launch_for
-from .scores import _load_row
+from .scores import SPAN, _load_row
 from .varlen import n_slots, search_steps, slot_chunk
 
 
@@ -149,19 +150,33 @@ def _bwd_intra_kernel(q, k, ch, cl, dA, dqi, dki, cu_seqlens, T, N, n_steps, H: 
         dk_i = tl.dot(tl.where(o_t[None, :] > i0 + BC - 1, dAt_I, 0.).to(dt), q_d,
                       input_precision=PREC)
         dk_i *= tl.exp(gap(n_hi[None, :], n_lo[None, :], hi_I, lo_I))
-        for j in range(BC):
-            t_j = c0 + i0 + j
-            h_j, l_j = load_cum_row(ch, cl, base + i0 + j, i_h, o_k, m_k, H, K, GATE)
-            k_j = _load_row(k, t_j, i_h, eos, o_k, m_k, H, K)
-            q_j = _load_row(q, t_j, i_h, eos, o_k, m_k, H, K)
-            a = tl.load(dA + (s_I * H + i_h) * BT + i0 + j)
-            e = tl.where(o_c[:, None] > j, gap(hi_I, lo_I, h_j[None, :], l_j[None, :]),
-                         float("-inf"))
-            dq_i += a[:, None] * k_j[None, :] * tl.exp(e)
-            a2 = tl.load(dA + ((base + i0 + j) * H + i_h) * BT + i0 + o_c)
-            e2 = tl.where(o_c[:, None] < j, gap(h_j[None, :], l_j[None, :], hi_I, lo_I),
-                          float("-inf"))
-            dk_i += a2[:, None] * q_j[None, :] * tl.exp(e2)
+        d_hi, d_lo = load_cum_row(ch, cl, base + i0, i_h, o_k, m_k, H, K, GATE)
+        e_f = gap(hi_I, lo_I, d_hi[None, :], d_lo[None, :])     # <= 0
+        if tl.max(-e_f) < SPAN:
+            # the diagonal sub-block through its first row f (scores.py: SPAN)
+            m_Ik = m_I[:, None] & m_k[None, :]
+            p_Ik = (t_I[:, None] * H + i_h) * K + o_k[None, :]
+            k_I = tl.load(k + p_Ik, mask=m_Ik, other=0.).to(tl.float32)
+            q_I = tl.load(q + p_Ik, mask=m_Ik, other=0.).to(tl.float32)
+            dA_d = tl.load(dA + (s_I[:, None] * H + i_h) * BT + i0 + o_c[None, :])
+            dA_d = tl.where(o_c[:, None] > o_c[None, :], dA_d, 0.)
+            ef = tl.exp(e_f)
+            dq_i += ef * tl.dot(dA_d, k_I / ef, input_precision="tf32x3")
+            dk_i += tl.dot(tl.trans(dA_d), q_I * ef, input_precision="tf32x3") / ef
+        else:
+            for j in range(BC):
+                t_j = c0 + i0 + j
+                h_j, l_j = load_cum_row(ch, cl, base + i0 + j, i_h, o_k, m_k, H, K, GATE)
+                k_j = _load_row(k, t_j, i_h, eos, o_k, m_k, H, K)
+                q_j = _load_row(q, t_j, i_h, eos, o_k, m_k, H, K)
+                a = tl.load(dA + (s_I * H + i_h) * BT + i0 + j)
+                e = tl.where(o_c[:, None] > j, gap(hi_I, lo_I, h_j[None, :], l_j[None, :]),
+                             float("-inf"))
+                dq_i += a[:, None] * k_j[None, :] * tl.exp(e)
+                a2 = tl.load(dA + ((base + i0 + j) * H + i_h) * BT + i0 + o_c)
+                e2 = tl.where(o_c[:, None] < j, gap(h_j[None, :], l_j[None, :], hi_I, lo_I),
+                              float("-inf"))
+                dk_i += a2[:, None] * q_j[None, :] * tl.exp(e2)
         p_I = (s_I[:, None] * H + i_h) * K + o_k[None, :]
         tl.store(dqi + p_I, dq_i, mask=m_k[None, :])
         tl.store(dki + p_I, dk_i, mask=m_k[None, :])

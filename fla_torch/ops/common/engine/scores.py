@@ -7,8 +7,12 @@ gate). One program per (chunk slot, head) writes A, fp32, in the slot layout
 [slots * BT, H, BT] (row = slot * BT + i, column = j within the chunk), sub-chunk I of BC rows
 after sub-chunk, and qg = q exp(b) [B, T, H, K] in q's dtype (the output stage's operand).
 The columns of earlier sub-chunks factor through I's first row f (q_i exp(b_i - b_f),
-k_j exp(b_f - b_j): every exponent <= 0) into one tensor-core dot; the diagonal sub-block is
-exact per pair (q_i . k_j exp(b_i - b_j) from the split cumsum).
+k_j exp(b_f - b_j): every exponent <= 0) into one tensor-core dot. The diagonal sub-block
+factors through its own first row f too when the decay across it stays under SPAN (every
+channel's b_f - b_last < SPAN: the factors exp(b_f - b_j) <= e^SPAN and exp(b_i - b_f) >=
+e^-SPAN are exact fp32 numbers, so an fp32-accurate (3xTF32) dot of them gives each pair
+q_i . k_j exp(b_i - b_j) to fp32 accuracy); beyond it (strong gates), exact per pair from the
+split cumsum.
 """
 from __future__ import annotations
 
@@ -19,6 +23,11 @@ import triton.language as tl
 from .gates import gap, load_cum, load_cum_row
 from .launch import launch_for
 from .varlen import n_slots, search_steps, slot_chunk
+
+
+# Largest decay (in nats) across one BC-row sub-chunk for which the diagonal sub-block of the
+# scores (and of their backward) is one fp32 dot through the sub-chunk's first row.
+SPAN = tl.constexpr(40.0)
 
 
 @triton.jit
@@ -75,13 +84,22 @@ def _scores_kernel(q, k, ch, cl, A, qg, cu_seqlens, T, N, n_steps, H: tl.constex
                 k_d = (k_f * tl.exp(e_k)).to(dt)
                 A_off += tl.dot(q_d, tl.trans(k_d), input_precision=PREC)
             q_32 = q_I.to(tl.float32)
-            for j in range(BC):
-                k_j = _load_row(k, c0 + i0 + j, i_h, eos, o_k, m_k, H, K)
-                h_j, l_j = load_cum_row(ch, cl, base + i0 + j, i_h, o_k, m_k, H, K, GATE)
-                e = tl.where(o_c[:, None] >= j, gap(hi_I, lo_I, h_j[None, :], l_j[None, :]),
-                             float("-inf"))
-                a = tl.sum(q_32 * k_j[None, :] * tl.exp(e), axis=1)
-                A_dia += tl.where(o_c[None, :] == j, a[:, None], 0.)
+            d_hi, d_lo = load_cum_row(ch, cl, base + i0, i_h, o_k, m_k, H, K, GATE)
+            e_f = gap(hi_I, lo_I, d_hi[None, :], d_lo[None, :])     # <= 0
+            if tl.max(-e_f) < SPAN:
+                k_I = tl.load(k + (t_I[:, None] * H + i_h) * K + o_k[None, :],
+                              mask=m_I[:, None] & m_k[None, :], other=0.).to(tl.float32)
+                a = tl.dot(q_32 * tl.exp(e_f), tl.trans(k_I * tl.exp(-e_f)),
+                           input_precision="tf32x3")
+                A_dia += tl.where(o_c[:, None] >= o_c[None, :], a, 0.)
+            else:
+                for j in range(BC):
+                    k_j = _load_row(k, c0 + i0 + j, i_h, eos, o_k, m_k, H, K)
+                    h_j, l_j = load_cum_row(ch, cl, base + i0 + j, i_h, o_k, m_k, H, K, GATE)
+                    e = tl.where(o_c[:, None] >= j, gap(hi_I, lo_I, h_j[None, :], l_j[None, :]),
+                                 float("-inf"))
+                    a = tl.sum(q_32 * k_j[None, :] * tl.exp(e), axis=1)
+                    A_dia += tl.where(o_c[None, :] == j, a[:, None], 0.)
         p_I = A + (s_I[:, None] * H + i_h) * BT
         m_off = (o_t[None, :] < i0) | (o_t[None, :] >= i0 + BC)
         tl.store(p_I + o_t[None, :], A_off, mask=m_off)
