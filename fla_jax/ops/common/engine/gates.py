@@ -23,6 +23,13 @@ GATE_NONE, GATE_SCALAR, GATE_KEY = 0, 1, 2
 GATES = (GATE_NONE, GATE_SCALAR, GATE_KEY)
 
 
+# Largest decay (nats) across one SUB-row sub-chunk for which a diagonal sub-block of the
+# intra-chunk scores (and of their backward) is formed as one fp32-accurate dot through the
+# sub-chunk's start: its factors exp(+-loc) stay within e^20 and are exact fp32 numbers, and
+# each pair's exponent error stays ~20 * 6e-8. Stronger decays take the per-pair path.
+SPAN = 20.0
+
+
 class Cum(NamedTuple):
     """A cumulative log-decay, split: value = hi + lo (fp32 arrays of one shape)."""
     hi: object

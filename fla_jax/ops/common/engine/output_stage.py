@@ -14,8 +14,9 @@ never formed), and the prefix sum over j < t never reaches the chunk's last toke
 k.dk_inter is O(1)); every other term is decayed, so strong gates keep dg's fp32 accuracy.
 The chunk is handled in sub-chunks of SUB = 16 tokens (I, J) with R_I = b before sub-chunk I
 and loc = the cumsum inside it: pairs of different sub-chunks (J < I) factor as
-exp(b_i - b_j) = exp(loc_i) exp(R_I - b_j), both exponents <= 0; pairs inside one sub-chunk are
-exact per pair (a loop over its 16 columns). A scalar gate is the key gate with every channel
+exp(b_i - b_j) = exp(loc_i) exp(R_I - b_j), both exponents <= 0; pairs inside one sub-chunk
+factor through the sub-chunk's start too when its decay stays under SPAN nats (one fp32-accurate
+dot), else exact per pair (a loop over its 16 columns). A scalar gate is the key gate with every channel
 equal (its dg is the sum over channels).
 Shapes: q, k [B, T, H, K]; v, do [B, T, H, V]; g per the gate switch (fp32); h, dh
 [slots, H, Kp, Vp]; outputs in the inputs' dtypes, dg fp32.
@@ -80,25 +81,39 @@ def _k_factor(pb, k, gI, gJ):
     return k * jnp.exp(gt.span(gI[1], gJ[1], gJ[0]))
 
 
-def _diag_scores(refs, pb, rs, nvI, q, gI, n_cols, col0):
-    """A_II [SUB, SUB] fp32 of one sub-chunk: sum_c q_ic k_jc exp(loc_ic - loc_jc), j <= i,
-    exact per pair (one column per loop step; k's rows read from refs['k'])."""
+def _diag_fits(loc) -> object:
+    """True (traced) when the decay across the sub-chunk stays under SPAN: its diagonal block
+    then factors through the sub-chunk's start, exp(loc_i - loc_j) = exp(loc_i) exp(-loc_j),
+    with both factors exact fp32 numbers (one fp32-accurate dot instead of 16 column steps)."""
+    return jnp.max(-loc.value()) < gt.SPAN
+
+
+def _diag_scores(refs, pb, rs, nvI, q, k, gI, n_cols, col0):
+    """A_II [SUB, SUB] fp32 of one sub-chunk: sum_c q_ic k_jc exp(loc_ic - loc_jc), j <= i:
+    one fp32-accurate dot through the sub-chunk's start when _diag_fits, else exact per pair
+    (one column per loop step; k's rows read from refs['k'])."""
     ii = jnp.arange(SUB)[:, None]
     jj = jnp.arange(SUB)[None, :]
     qf = q.astype(F32)
     loc = gI[0]
+    hi = lax.Precision.HIGHEST
+    if loc is None:
+        return jnp.where(ii >= jj, ptr.matmul(qf, k.astype(F32), (1, 1), hi), 0.0)
 
     def body(j, A):
         kj = _row(refs["k"], rs + j, j < nvI, n_cols, col0)
-        if loc is None:
-            d = (ii >= j).astype(F32)
-        else:
-            lj = gt.bcast(gt.row(loc, j))
-            d = jnp.where(ii == j, 1.0, gt.masked_exp(gt.gap(loc, lj), ii > j))
+        lj = gt.bcast(gt.row(loc, j))
+        d = jnp.where(ii == j, 1.0, gt.masked_exp(gt.gap(loc, lj), ii > j))
         col = jnp.sum(qf * kj[None, :] * d, axis=1)
         return jnp.where(jj == j, col[:, None], A)
 
-    return lax.fori_loop(0, SUB, body, jnp.zeros((SUB, SUB), F32))
+    def fast(_):
+        lv = loc.value()
+        a = ptr.matmul(qf * jnp.exp(lv), k.astype(F32) * jnp.exp(-lv), (1, 1), hi)
+        return jnp.where(ii >= jj, a, 0.0)
+
+    return lax.cond(_diag_fits(loc), fast,
+                    lambda _: lax.fori_loop(0, SUB, body, jnp.zeros((SUB, SUB), F32)), 0)
 
 
 def _scores(refs, pb, qs, ks, gs, rows, n_cols, col0, dt):
@@ -110,7 +125,8 @@ def _scores(refs, pb, qs, ks, gs, rows, n_cols, col0, dt):
         for J in range(I):
             kf = _k_factor(pb, ks[J], gs[I], gs[J]).astype(dt)
             A[I, J] = ptr.matmul(qf, kf, (1, 1), pb.precision)
-        A[I, I] = _diag_scores(refs, pb, rows[I][0], rows[I][1], qs[I], gs[I], n_cols, col0)
+        A[I, I] = _diag_scores(refs, pb, rows[I][0], rows[I][1], qs[I], ks[I], gs[I], n_cols,
+                               col0)
     return A
 
 
@@ -201,31 +217,39 @@ def _dv_kernel(refs, pb, bv):
         ptr.store_rows(refs["dv"], rows[J][0], rows[J][1], pb.V, dv + pb.scale * intra, c0)
 
 
-def _diag_grads(refs, pb, rs, nvI, q, gI, dA, n_cols, col0):
+def _diag_grads(refs, pb, rs, nvI, q, k, gI, dA, n_cols, col0):
     """Strict (i > j) in-sub-chunk parts of dq and dk [SUB, w] fp32:
-    dq_i = sum_{j<i} dA_ij k_j exp(loc_i - loc_j), dk_j = sum_{i>j} dA_ij q_i exp(loc_i - loc_j)."""
+    dq_i = sum_{j<i} dA_ij k_j exp(loc_i - loc_j), dk_j = sum_{i>j} dA_ij q_i exp(loc_i - loc_j);
+    two fp32-accurate dots through the sub-chunk's start when _diag_fits, else per pair."""
     ii = jnp.arange(SUB)[:, None]
     jj = jnp.arange(SUB)[None, :]
     qf = q.astype(F32)
     loc = gI[0]
     w = q.shape[1]
+    hi = lax.Precision.HIGHEST
+    strict = jnp.where(ii > jj, dA, 0.0)
+    if loc is None:
+        return (ptr.matmul(strict, k.astype(F32), (1, 0), hi),
+                ptr.matmul(strict, qf, (0, 0), hi))
 
     def body(j, carry):
         dq, dk = carry
         kj = _row(refs["k"], rs + j, j < nvI, n_cols, col0)
         a = jnp.sum(jnp.where(jj == j, dA, 0.0), axis=1)
-        if loc is None:
-            d = (ii > j).astype(F32)
-        else:
-            d = gt.masked_exp(gt.gap(loc, gt.bcast(gt.row(loc, j))), ii > j)
+        d = gt.masked_exp(gt.gap(loc, gt.bcast(gt.row(loc, j))), ii > j)
         wgt = a[:, None] * d
         dq = dq + wgt * kj[None, :]
         dkj = jnp.sum(wgt * qf, axis=0)
         dk = dk + jnp.where(ii == j, dkj[None, :], 0.0)
         return dq, dk
 
+    def fast(_):
+        e = jnp.exp(loc.value())
+        return (e * ptr.matmul(strict, k.astype(F32) / e, (1, 0), hi),
+                ptr.matmul(strict, qf * e, (0, 0), hi) / e)
+
     z = jnp.zeros((SUB, w), F32)
-    return lax.fori_loop(0, SUB, body, (z, z))
+    return lax.cond(_diag_fits(loc), fast, lambda _: lax.fori_loop(0, SUB, body, (z, z)), 0)
 
 
 def _dqk_kernel(refs, pb, bk):
@@ -257,7 +281,8 @@ def _dqk_kernel(refs, pb, bk):
             y = y * jnp.exp(gt.span(tot, gs[I][1], gs[I][0]))
         dq_inter.append(pb.scale * x)
         dk_inter.append(y)
-        dq, dk = _diag_grads(refs, pb, rows[I][0], rows[I][1], qs[I], gs[I], dA[I, I], pb.K, r0)
+        dq, dk = _diag_grads(refs, pb, rows[I][0], rows[I][1], qs[I], ks[I], gs[I], dA[I, I],
+                             pb.K, r0)
         dq_strict.append(dq)
         dk_strict.append(dk)
     for I in range(nb):

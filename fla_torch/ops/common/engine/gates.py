@@ -26,6 +26,12 @@ GATE_NONE = tl.constexpr(0)
 GATE_SCALAR = tl.constexpr(1)
 GATE_KEY = tl.constexpr(2)
 
+# Largest decay (nats) across one 16-row sub-chunk for which a diagonal sub-block of the
+# intra-chunk scores (and of their backward) is formed as one fp32-accurate dot through the
+# sub-chunk's first row: its factors exp(+-gap) stay within e^20 and are exact fp32 numbers,
+# and each pair's exponent error stays ~20 * 6e-8. Stronger decays take the per-pair path.
+SPAN = tl.constexpr(20.0)
+
 
 def gate_code(g, per_key: bool) -> int:
     """Host side: the GATE constexpr for a gate tensor (None -> none)."""

@@ -13,7 +13,7 @@ Backward, dA = scale * do v^T (causal, stored once per chunk like A):
 The intra-chunk sums of dq / dk run per sub-chunk of BC rows: the other sub-chunks through the
 row just before / after it (the 16-bit operand keeps its largest entries undecayed, the rest of
 the decay multiplies the fp32 product: fp16 would flush exp(-10) k to subnormals), the diagonal
-sub-block through its first row when the decay across it is under scores.SPAN (one fp32-accurate
+sub-block through its first row when the decay across it is under gates.SPAN (one fp32-accurate
 dot each), else exact per pair; the pair i == j left out (it is added as dA_ii k_i / dA_ii q_i).
 dg per token s and channel, per chunk (nothing carried from chunk to chunk, no O(1) term formed
 and cancelled):
@@ -27,9 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .gates import GATE_SCALAR, gap, load_cum, load_cum_row
+from .gates import GATE_SCALAR, SPAN, gap, load_cum, load_cum_row
 from .launch import launch_for
-from .scores import SPAN, _load_row
+from .scores import _load_row
 from .varlen import n_slots, search_steps, slot_chunk
 
 
@@ -153,7 +153,7 @@ def _bwd_intra_kernel(q, k, ch, cl, dA, dqi, dki, cu_seqlens, T, N, n_steps, H: 
         d_hi, d_lo = load_cum_row(ch, cl, base + i0, i_h, o_k, m_k, H, K, GATE)
         e_f = gap(hi_I, lo_I, d_hi[None, :], d_lo[None, :])     # <= 0
         if tl.max(-e_f) < SPAN:
-            # the diagonal sub-block through its first row f (scores.py: SPAN)
+            # the diagonal sub-block through its first row f (gates.SPAN)
             m_Ik = m_I[:, None] & m_k[None, :]
             p_Ik = (t_I[:, None] * H + i_h) * K + o_k[None, :]
             k_I = tl.load(k + p_Ik, mask=m_Ik, other=0.).to(tl.float32)

@@ -8,7 +8,7 @@ gate). One program per (chunk slot, head) writes A, fp32, in the slot layout
 after sub-chunk, and qg = q exp(b) [B, T, H, K] in q's dtype (the output stage's operand).
 The columns of earlier sub-chunks factor through I's first row f (q_i exp(b_i - b_f),
 k_j exp(b_f - b_j): every exponent <= 0) into one tensor-core dot. The diagonal sub-block
-factors through its own first row f too when the decay across it stays under SPAN (every
+factors through its own first row f too when the decay across it stays under gates.SPAN (every
 channel's b_f - b_last < SPAN: the factors exp(b_f - b_j) <= e^SPAN and exp(b_i - b_f) >=
 e^-SPAN are exact fp32 numbers, so an fp32-accurate (3xTF32) dot of them gives each pair
 q_i . k_j exp(b_i - b_j) to fp32 accuracy); beyond it (strong gates), exact per pair from the
@@ -20,14 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .gates import gap, load_cum, load_cum_row
+from .gates import SPAN, gap, load_cum, load_cum_row
 from .launch import launch_for
 from .varlen import n_slots, search_steps, slot_chunk
-
-
-# Largest decay (in nats) across one BC-row sub-chunk for which the diagonal sub-block of the
-# scores (and of their backward) is one fp32 dot through the sub-chunk's first row.
-SPAN = tl.constexpr(40.0)
 
 
 @triton.jit
