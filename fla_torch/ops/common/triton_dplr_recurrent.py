@@ -19,10 +19,12 @@ segment in reverse with G = dL/dS_t (G_t = G from t+1 + scale q_t^T do_t), havin
 together, so every gradient is a direct product (no running sums that cancel):
     dv_t = G^T c;  x_t = G^T b;  da_t = S_{t-1} x_t;  dw_t = d * rowsum(S_{t-1} o G)
     RWKV-7: dk_t = G v_t, db_t = G (S_{t-1}^T a_t)
-    KDA:    y_t = G u_t (dk = beta y + S' x, dbeta = k . y), S'x, dg_t = rowsum(S' o (G + k x^T))
+    KDA:    y_t = G u_t;  dk_t = beta y_t + S' x_t;  dbeta_t = k_t . y_t;
+            dg_t = rowsum(S' o (G + k x^T))
     G_{t-1} = diag(d) G + a x^T  (KDA: diag(d) (G + k x^T));  dh0 = G_0.
-The K-vector gradients are partial sums over value blocks, stored per block (fp32) and summed
-on the host: parts [NV, 5, B*T*HV, K] = (dq, dk | y, db | -, da | S'x, dw | dg).
+The gradients that sum over V are partial sums over value blocks, stored per block (fp32) and
+summed on the host: parts [NV, NPART, B*T*HV, K] = RWKV-7 (dq, dk, db, da, dw), KDA (dq, dk, dg),
+and KDA's dbeta [NV, B*T*HV].
 """
 from __future__ import annotations
 
@@ -34,7 +36,6 @@ from .engine.varlen import chunk_slot, n_slots, seq_bounds
 from .kernel_alloc import alloc
 
 SEGMENT = 64          # tokens between checkpoints (and the backward's recompute length)
-NPART = 5
 
 
 @triton.jit
@@ -110,11 +111,12 @@ def _fwd_kernel(q, k, v, w, a, b, beta, h0, o, ht, ckpt, cu_seqlens, scale, T,
 
 
 @triton.jit
-def _bwd_kernel(q, k, v, w, a, b, beta, ckpt, do, dht, dh0, dv, part, scratch, cu_seqlens,
-                scale, T, TT, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+def _bwd_kernel(q, k, v, w, a, b, beta, ckpt, do, dht, dh0, dv, part, dbeta, scratch,
+                cu_seqlens, scale, T, TT, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                 V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
                 KDA: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
                 IS_VARLEN: tl.constexpr):
+    NPART: tl.constexpr = 3 if KDA else 5
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     NV = tl.num_programs(0)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -165,11 +167,12 @@ def _bwd_kernel(q, k, v, w, a, b, beta, ckpt, do, dht, dh0, dv, part, scratch, c
                 Sp = Sp * b_d[:, None]                                  # S'
                 b_u = b_v - tl.sum(Sp * b_k[:, None], axis=0)
                 b_x = -b_beta * tl.sum(G * b_k[:, None], axis=0)
-                tl.store(p_part + (TT + row) * K, tl.sum(G * b_u[None, :], axis=1), mask=m_k)
-                tl.store(p_part + (3 * TT + row) * K, tl.sum(Sp * b_x[None, :], axis=1),
-                         mask=m_k)
+                b_y = tl.sum(G * b_u[None, :], axis=1)
+                tl.store(dbeta + i_v * TT + row, tl.sum(b_y * b_k, axis=0))
+                tl.store(p_part + (TT + row) * K,
+                         b_beta * b_y + tl.sum(Sp * b_x[None, :], axis=1), mask=m_k)
                 G += b_k[:, None] * b_x[None, :]
-                tl.store(p_part + (4 * TT + row) * K, tl.sum(Sp * G, axis=1), mask=m_k)
+                tl.store(p_part + (2 * TT + row) * K, tl.sum(Sp * G, axis=1), mask=m_k)
                 G = G * b_d[:, None]
             else:
                 b_sa = tl.sum(Sp * b_a[:, None], axis=0)
@@ -226,24 +229,24 @@ def dplr_forward(kda, q, k, v, w, a, b, beta, h0, scale, output_final_state, cu_
 
 
 def dplr_backward(kda, q, k, v, w, a, b, beta, h0, ckpt, scale, cu_seqlens, do, dht):
-    """Returns (parts [5, B, T, HV, K] fp32 summed over value blocks, dv [B, T, HV, V] in v's
-    dtype, dh0 [N, HV, K, V] fp32 or None). parts: (dq, dk | y, db | unused, da | S'x,
-    dw | dg), see the module docstring."""
+    """Returns (parts [NPART, B, T, HV, K] fp32 summed over value blocks: RWKV-7 (dq, dk, db,
+    da, dw), KDA (dq, dk, dg) per value head; KDA's dbeta [B, T, HV] fp32 (else None);
+    dv [B, T, HV, V] in v's dtype; dh0 [N, HV, K, V] fp32 or None)."""
     B, T, H, HV, K, V, N = _layout(q, v, cu_seqlens)
     BK, BV, NV = _blocks(K, V)
     dev = q.device
     TT = B * T * HV
-    part = alloc((NV, NPART, B, T, HV, K), torch.float32, dev)
-    if kda:
-        part[:, 2].zero_()
+    part = alloc((NV, 3 if kda else 5, B, T, HV, K), torch.float32, dev)
+    dbeta = alloc((NV, B, T, HV), torch.float32, dev) if kda else None
     dv = alloc((B, T, HV, V), v.dtype, dev)
     dh0 = alloc((N, HV, K, V), torch.float32, dev) if h0 is not None else None
     scratch = torch.empty((N * HV * NV, SEGMENT, BK, BV), dtype=torch.float32, device=dev)
     _bwd_kernel[(NV, N * HV)](
         q, k, v, w, a if a is not None else w, b if b is not None else w,
         beta if beta is not None else w, ckpt, do, dht if dht is not None else w,
-        dh0 if dh0 is not None else dv, dv, part, scratch,
+        dh0 if dh0 is not None else dv, dv, part, dbeta if dbeta is not None else part,
+        scratch,
         cu_seqlens if cu_seqlens is not None else w, scale, T, TT,
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=SEGMENT, KDA=kda, USE_DHT=dht is not None,
         STORE_DH0=dh0 is not None, IS_VARLEN=cu_seqlens is not None, num_warps=4)
-    return part.sum(0), dv, dh0
+    return part.sum(0), (dbeta.sum(0) if kda else None), dv, dh0

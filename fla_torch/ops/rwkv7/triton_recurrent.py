@@ -16,8 +16,7 @@ from ..common.triton_dplr_recurrent import dplr_backward, dplr_forward
 class _RecurrentRWKV7(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, r, k, v, w, a, b, h0, scale, output_final_state, cu_seqlens):
-        keep = any(ctx.needs_input_grad[:7])
+    def forward(ctx, r, k, v, w, a, b, h0, scale, output_final_state, cu_seqlens, keep):
         o, ht, ckpt = dplr_forward(False, r, k, v, w, a, b, None, h0, scale,
                                    output_final_state, cu_seqlens, keep, r.dtype)
         ctx.save_for_backward(r, k, v, w, a, b, h0, ckpt, cu_seqlens)
@@ -27,10 +26,10 @@ class _RecurrentRWKV7(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         r, k, v, w, a, b, h0, ckpt, cu_seqlens = ctx.saved_tensors
-        parts, dv, dh0 = dplr_backward(False, r, k, v, w, a, b, None, h0, ckpt, ctx.scale,
+        parts, _, dv, dh0 = dplr_backward(False, r, k, v, w, a, b, None, h0, ckpt, ctx.scale,
                                        cu_seqlens, do.contiguous(), contiguous(dht))
         dr, dk, db, da, dw = parts.unbind(0)
-        return (dr.to(r.dtype), dk.to(k.dtype), dv, dw, da, db, dh0, None, None, None)
+        return (dr.to(r.dtype), dk.to(k.dtype), dv, dw, da, db, dh0, None, None, None, None)
 
 
 def fused_recurrent_rwkv7_triton(r, k, v, *, w, a, b, scale=1.0, initial_state=None,
@@ -40,6 +39,8 @@ def fused_recurrent_rwkv7_triton(r, k, v, *, w, a, b, scale=1.0, initial_state=N
     None; cu_seqlens [N+1] int or None (B == 1). Returns (o [B, T, H, V] in r's dtype,
     final_state [N, H, K, V] fp32 or None). K, V <= 256. Gradients: dr, dk, dv in their
     inputs' dtypes; dw, da, db, dh0 fp32."""
+    keep = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (r, k, v, w, a, b, initial_state))
     return _RecurrentRWKV7.apply(contiguous(r), contiguous(k), contiguous(v), contiguous(w),
                                  contiguous(a), contiguous(b), contiguous(initial_state),
-                                 float(scale), bool(output_final_state), cu_seqlens)
+                                 float(scale), bool(output_final_state), cu_seqlens, keep)
