@@ -49,20 +49,18 @@ def _vec(ptr, o, m):
 @triton.jit
 def _token(k, w, a, b, beta, t, i_h, i_hv, o_k, m_k, H: tl.constexpr, HV: tl.constexpr,
            K: tl.constexpr, KDA: tl.constexpr):
-    """(k_t, d_t, a_t, b_t, c_t, beta_t) of token t (fp32; KDA: a, b unused, c = beta k)."""
+    """(k_t, d_t, a_t, b_t, c_t) of token t (fp32; KDA: a, b unused, c = beta k)."""
     b_k = _vec(k + (t * H + i_h) * K, o_k, m_k)
     b_d = tl.exp(_vec(w + (t * HV + i_hv) * K, o_k, m_k))
     if KDA:
-        b_beta = tl.load(beta + t * HV + i_hv).to(tl.float32)
         b_a = b_k
         b_b = b_k
-        b_c = b_beta * b_k
+        b_c = tl.load(beta + t * HV + i_hv).to(tl.float32) * b_k
     else:
-        b_beta = 0.
         b_a = _vec(a + (t * HV + i_hv) * K, o_k, m_k)
         b_b = _vec(b + (t * HV + i_hv) * K, o_k, m_k)
         b_c = b_k
-    return b_k, b_d, b_a, b_b, b_c, b_beta
+    return b_k, b_d, b_a, b_b, b_c
 
 
 @triton.jit
@@ -102,8 +100,8 @@ def _fwd_kernel(q, k, v, w, a, b, beta, h0, o, ht, ckpt, cu_seqlens, scale, T,
             slot = chunk_slot(i_n, bos, seg, T, BT, IS_VARLEN)
             tl.store(ckpt + (slot * HV + i_hv) * K * V + o_kv, S, mask=m_kv)
         for t in range(t0, tl.minimum(t0 + BT, eos)):
-            b_k, b_d, b_a, b_b, b_c, b_beta = _token(k, w, a, b, beta, t, i_h, i_hv, o_k, m_k,
-                                                     H, HV, K, KDA)
+            b_k, b_d, b_a, b_b, b_c = _token(k, w, a, b, beta, t, i_h, i_hv, o_k, m_k,
+                                             H, HV, K, KDA)
             b_v = _vec(v + (t * HV + i_hv) * V, o_v, m_v)
             S = _advance(S, b_k, b_d, b_a, b_b, b_c, b_v, KDA)
             b_q = _vec(q + (t * H + i_h) * K, o_k, m_k)
@@ -117,9 +115,8 @@ def _fwd_kernel(q, k, v, w, a, b, beta, h0, o, ht, ckpt, cu_seqlens, scale, T,
 def _bwd_kernel(q, k, v, w, a, b, beta, ckpt, do, dht, dh0, dv, part, dbeta, scratch,
                 cu_seqlens, scale, T, TT, n_heads, H: tl.constexpr, HV: tl.constexpr,
                 K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                BT: tl.constexpr,
-                KDA: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                IS_VARLEN: tl.constexpr):
+                BT: tl.constexpr, KDA: tl.constexpr, USE_DHT: tl.constexpr,
+                STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr):
     NPART: tl.constexpr = 3 if KDA else 5
     # a grid-stride loop over (value block, sequence x head) items, so that the scratch is
     # one [BT, BK, BV] per launched program, however many sequences there are
@@ -152,8 +149,8 @@ def _bwd_kernel(q, k, v, w, a, b, beta, ckpt, do, dht, dh0, dv, part, dbeta, scr
             # recompute the segment: scratch[j] = S before token t0 + j; dq on the way
             for t in range(t0, t1):
                 tl.store(p_scr + (t - t0) * BK * BV, S)
-                b_k, b_d, b_a, b_b, b_c, b_beta = _token(k, w, a, b, beta, t, i_h, i_hv, o_k,
-                                                         m_k, H, HV, K, KDA)
+                b_k, b_d, b_a, b_b, b_c = _token(k, w, a, b, beta, t, i_h, i_hv, o_k,
+                                                 m_k, H, HV, K, KDA)
                 b_v = _vec(v + (t * HV + i_hv) * V, o_v, m_v)
                 S = _advance(S, b_k, b_d, b_a, b_b, b_c, b_v, KDA)
                 b_do = _vec(do + (t * HV + i_hv) * V, o_v, m_v)
@@ -164,8 +161,8 @@ def _bwd_kernel(q, k, v, w, a, b, beta, ckpt, do, dht, dh0, dv, part, dbeta, scr
                 t = t1 - 1 - i_t
                 row = t * HV + i_hv
                 Sp = tl.load(p_scr + (t - t0) * BK * BV)
-                b_k, b_d, b_a, b_b, b_c, b_beta = _token(k, w, a, b, beta, t, i_h, i_hv, o_k,
-                                                         m_k, H, HV, K, KDA)
+                b_k, b_d, b_a, b_b, b_c = _token(k, w, a, b, beta, t, i_h, i_hv, o_k,
+                                                 m_k, H, HV, K, KDA)
                 b_v = _vec(v + row * V, o_v, m_v)
                 b_q = _vec(q + (t * H + i_h) * K, o_k, m_k)
                 b_do = _vec(do + row * V, o_v, m_v)
@@ -175,7 +172,8 @@ def _bwd_kernel(q, k, v, w, a, b, beta, ckpt, do, dht, dh0, dv, part, dbeta, scr
                 if KDA:
                     Sp = Sp * b_d[:, None]                                  # S'
                     b_u = b_v - tl.sum(Sp * b_k[:, None], axis=0)
-                    b_x = -b_beta * tl.sum(G * b_k[:, None], axis=0)
+                    b_beta = tl.load(beta + row).to(tl.float32)
+                    b_x = -b_dv                                 # -beta G^T k
                     b_y = tl.sum(G * b_u[None, :], axis=1)
                     tl.store(dbeta + i_v * TT + row, tl.sum(b_y * b_k, axis=0))
                     tl.store(p_part + (TT + row) * K,
