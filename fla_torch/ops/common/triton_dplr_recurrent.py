@@ -260,8 +260,9 @@ def dplr_backward(kda, q, k, v, w, a, b, beta, h0, ckpt, scale, cu_seqlens, do, 
         q, k, v, w, a if a is not None else w, b if b is not None else w,
         beta if beta is not None else w, ckpt, do, dht if dht is not None else w,
         dh0 if dh0 is not None else dv, dv, part, dbeta if dbeta is not None else part,
-        scratch,
-        cu_seqlens if cu_seqlens is not None else w, scale, T, TT, N * HV,
+        scratch, cu_seqlens if cu_seqlens is not None else w, scale, T, TT, N * HV,
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BT=SEGMENT, KDA=kda, USE_DHT=dht is not None,
         STORE_DH0=dh0 is not None, IS_VARLEN=cu_seqlens is not None, num_warps=4)
+    if NV == 1:
+        return part[0], (dbeta[0] if kda else None), dv, dh0
     return part.sum(0), (dbeta.sum(0) if kda else None), dv, dh0
