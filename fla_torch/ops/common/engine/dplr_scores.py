@@ -292,6 +292,7 @@ class DplrScores(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, r, k, a, b, w):
+        r, k, a, b, w = (x.contiguous() for x in (r, k, a, b, w))
         S, H, BT, K = r.shape
         dev = r.device
         mats = [alloc((S, H, BT, BT), torch.float32, dev) for _ in range(4)]

@@ -123,6 +123,7 @@ class DplrStatePass(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, u, w, bout, kout, v, tot, h0, first, count, output_final_state):
+        u, w, bout, kout, v, tot = (x.contiguous() for x in (u, w, bout, kout, v, tot))
         S, H, BT, V = u.shape
         K = w.shape[-1]
         N = first.shape[0]
