@@ -1,6 +1,6 @@
 """Chunk-parallel Kimi Delta Attention in plain jnp (jit-able, autodiff, fp64-capable).
 
-KDA is the DPLR recurrence of fla_jax.ops.common.chunk_dplr with
+KDA is the DPLR recurrence of fla_jax.ops.common.dplr_chunked with
     w = g,  k -> beta k (the write key),  b = -beta k,  a = exp(g) k,  r = q:
 S_t = diag(exp(g_t)) S + (-beta_t k_t)(k_t^T diag(exp(g_t)) S) + beta_t k_t v_t^T.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ..common.chunk_dplr import dplr_chunks
+from ..common.dplr_chunked import dplr_chunks
 from ..common.compute_operands import prepare_qkv
 
 CHUNK_SIZE = 32

@@ -1,13 +1,13 @@
 """Chunk-parallel RWKV-7 in plain jnp (jit-able, differentiable by autodiff, fp64-capable).
 
-The DPLR chunk algorithm is fla_jax.ops.common.chunk_dplr (shared with KDA): per chunk the
+The DPLR chunk algorithm is fla_jax.ops.common.dplr_chunked (shared with KDA): per chunk the
 low-rank corrections u_t = a_t^T S_{t-1} come from one unit-lower-triangular solve, and only
 the [K, V] state passes from chunk to chunk. Every exponent is <= 0 (per-key log-decays
 down to -20 per token stay finite).
 """
 from __future__ import annotations
 
-from ..common.chunk_dplr import dplr_chunks
+from ..common.dplr_chunked import dplr_chunks
 from ..common.compute_operands import compute_dtype
 
 CHUNK_SIZE = 32
