@@ -235,7 +235,9 @@ def _backward(r, k, a, b, w, cts, prec):
     # dw_s = sum_{t >= s} (P_t - Q_t) + sum_{j < s} c_end_j + dtot exp(L)
     pq, c_end = res["pq"], res["c_end"]
     suffix = jnp.flip(jnp.cumsum(jnp.flip(pq, 2), axis=2), 2)
-    prefix = jnp.cumsum(c_end, axis=2) - c_end
+    # strict prefix as a shifted cumsum (cumsum - c_end would add and subtract the O(1)
+    # term of the chunk's last row)
+    prefix = jnp.pad(jnp.cumsum(c_end[:, :, :-1], axis=2), ((0, 0), (0, 0), (1, 0), (0, 0)))
     dw = suffix + prefix + res["g_tot"][:, :, None, :]
     return res["dr"], res["dk"], res["da"], res["db"], dw
 
