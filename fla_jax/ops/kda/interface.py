@@ -16,6 +16,7 @@ from ..common.prepare import run_op
 _BASE = {"reference": "fla_jax.ops.kda.reference:kda_reference"}
 CHUNK_IMPLS = dict(_BASE)
 RECURRENT_IMPLS = dict(_BASE)
+RECURRENT_IMPLS["pallas"] = "fla_jax.ops.kda.pallas_recurrent:fused_recurrent_kda_pallas"
 
 
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
