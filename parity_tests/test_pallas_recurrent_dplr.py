@@ -8,7 +8,8 @@ Varlen with an empty sequence, a short one and ones spanning two checkpoint chun
 tokens); per-channel gates down to -20 in fp32 / bf16 / fp16; K != V without an initial
 state; K = V = 256 (value blocks of 16) on a few tokens; output_final_state=False (KDA's
 grouped heads + l2norm and gates all in [-20, -10] are test_ops kernel rows). Interpreted
-Pallas outputs start NaN-filled, so an unwritten element fails. With a GPU backend the same cases run the compiled kernels.
+Pallas outputs start NaN-filled, so an unwritten element fails. With a GPU backend the same
+cases run the compiled kernels.
 """
 from __future__ import annotations
 
