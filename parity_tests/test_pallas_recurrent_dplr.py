@@ -96,3 +96,13 @@ def test_no_final_state(op):
     errs = {t: rel_rms(np.asarray(got[t], np.float64), ref[t], ref[t]) for t in got}
     bad = {t: e for t, e in errs.items() if not e <= tolerance("fp32", t)}
     assert not bad, f"{op} output_final_state=False: over tolerance {bad}; all {errs}"
+
+
+@pytest.mark.parametrize("op", ["fused_recurrent_kda", "fused_recurrent_rwkv7"])
+def test_backward_programs_stride(op, monkeypatch):
+    """Fewer backward programs than (sequence, head, value block) items (8 items over 3
+    programs, unevenly): each program walks several items and reuses its workspace row."""
+    from fla_jax.ops.common import pallas_dplr_recurrent
+
+    monkeypatch.setattr(pallas_dplr_recurrent, "MAX_BWD_PROGRAMS", 3)
+    _check(op, CASES[0], "fp32")

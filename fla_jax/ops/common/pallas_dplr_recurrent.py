@@ -13,7 +13,9 @@ Backward (the transition is not invertible): chunks in reverse; each restarts fr
 checkpoint, walks its tokens forward storing S_{t-1} in a per-program workspace
 ([CHUNK, Kp, BV] fp32 in global memory), then walks them in reverse with dS (the gradient
 w.r.t. S_t), so every gradient, the decay's included, is formed from the exact S_{t-1} and
-dS of its own token: nothing is accumulated along the sequence and cancels.
+dS of its own token: nothing is accumulated along the sequence and cancels. At most
+MAX_BWD_PROGRAMS backward programs stride over the (sequence, head, value block) items, so
+the workspace does not grow with the number of sequences.
 Gradients per head-dim row are partials over value blocks (and, for grouped heads, per value
 head); the wrapper sums them and applies the l2norm backward.
 Layout: [B, T, H, D] viewed as [B*T, H, D]; head sizes zero-padded to powers of two.
@@ -35,6 +37,8 @@ from .pallas_delta_layout import (group_sum, l2norm_bwd, l2norm_fwd, next_pow2, 
 
 F32 = jnp.float32
 CHUNK = 64          # tokens between two state checkpoints (and workspace depth)
+MAX_BWD_PROGRAMS = 512   # backward programs (grid-stride over items), so the workspace
+                         # (<= 1 MiB each: Kp * BV <= 4096) stays <= 512 MiB for any N
 
 QK, KROW, SCALAR = "qk", "krow", "scalar"   # input roles besides v
 
@@ -111,10 +115,24 @@ def _fwd_kernel(*refs, fam, names, scale, G, Kp, BV, l2norm, save_ckpt):
     R["ht"][n, hv, :, vs] = S
 
 
-def _bwd_kernel(*refs, fam, names, scale, G, Kp, BV, NV, HV, l2norm, interpret):
+def _bwd_kernel(*refs, fam, names, scale, G, Kp, BV, NV, HV, NI, l2norm, interpret):
     R = dict(zip(names, refs))
-    n, hv, iv, h, vs, bos, eos = _ids(R, G, BV)
-    p = (n * HV + hv) * NV + iv
+    p, P = pl.program_id(0), pl.num_programs(0)
+
+    def item(j, carry):
+        idx = p + j * P                       # item = (sequence n, value head hv, block iv)
+        iv, n, hv = idx % NV, idx // (NV * HV), (idx // NV) % HV
+        _bwd_item(R, fam, p, n, hv, iv, scale=scale, G=G, Kp=Kp, BV=BV, l2norm=l2norm,
+                  interpret=interpret)
+        return carry
+
+    lax.fori_loop(0, (NI - p + P - 1) // P, item, 0)
+
+
+def _bwd_item(R, fam, p, n, hv, iv, *, scale, G, Kp, BV, l2norm, interpret):
+    """One sequence, value head and value block; workspace row p is this program's."""
+    h, vs = hv // G, pl.ds(iv * BV, BV)
+    bos, eos = R["cu"][n], R["cu"][n + 1]
     slot0 = bos // CHUNK + n
     nc = (eos - bos + CHUNK - 1) // CHUNK
 
@@ -197,11 +215,13 @@ def _backward(fam, xs, v, h0, cu, ckpt, do, dht, *, scale, l2norm):
     outs["dv"] = jax.ShapeDtypeStruct((BT, HV, Vp), F32)
     if h0 is not None:
         outs["dh0"] = jax.ShapeDtypeStruct(h0.shape, F32)
-    outs["ws"] = jax.ShapeDtypeStruct((N * HV * NV, CHUNK, Kp, BV), F32)
+    NI = N * HV * NV
+    P = min(NI, MAX_BWD_PROGRAMS)
+    outs["ws"] = jax.ShapeDtypeStruct((P, CHUNK, Kp, BV), F32)
     kernel = functools.partial(_bwd_kernel, fam=fam, names=tuple(ins) + tuple(outs),
-                               scale=scale, G=HV // H, Kp=Kp, BV=BV, NV=NV, HV=HV,
+                               scale=scale, G=HV // H, Kp=Kp, BV=BV, NV=NV, HV=HV, NI=NI,
                                l2norm=l2norm, interpret=interpret)
-    r = pl.pallas_call(kernel, out_shape=list(outs.values()), grid=(N, HV, NV),
+    r = pl.pallas_call(kernel, out_shape=list(outs.values()), grid=(P,),
                        interpret=interpret, name=f"fused_recurrent_{fam.name}_bwd",
                        compiler_params=None if interpret else triton_params(4))(*ins.values())
     r = dict(zip(outs, r))
