@@ -24,13 +24,13 @@ from .cases import OPS, Case, make_inputs, op_kwargs, rel_rms, seed_of, toleranc
 BOTH = ("kda", "rwkv7")
 CASES = (
     Case("dplr_varlen_empty_short", B=1, T=150, cu_seqlens=(0, 0, 5, 70, 150), strength=1.0,
-         families=BOTH, dtypes=("fp32", "bf16")),
+         families=BOTH, dtypes=("fp32",)),
     Case("dplr_strong", B=1, T=100, cu_seqlens=(0, 30, 100), strength=20.0, families=BOTH,
          dtypes=("fp32", "bf16", "fp16")),
     Case("dplr_no_h0_k48_v32", B=2, T=40, K=48, V=32, h0=False, families=BOTH,
-         dtypes=("fp32", "fp16")),
+         dtypes=("fp32",)),
     Case("dplr_kv256", B=1, T=12, H=1, HV=1, K=256, V=256, families=BOTH,
-         dtypes=("fp32", "bf16")),
+         dtypes=("fp32",)),
 )
 
 
