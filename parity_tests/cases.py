@@ -189,7 +189,20 @@ GLA_KERNEL_CASES = (
          floor=0.5, families=("gla",)),
 )
 
-CASES = {c.name: c for c in CPU_CASES + GPU_CASES + GLA_KERNEL_CASES}
+# Kernel-only DPLR cases (KDA, RWKV-7) of parity_tests/test_triton_recurrent_dplr.py: varlen
+# with an empty and a short sequence and one crossing a state checkpoint (64 tokens), no h0
+# with K != V, per-channel gates in [-20, -1], K = V = 256.
+_DPLR = ("kda", "rwkv7")
+DPLR_KERNEL_CASES = (
+    Case("dplr_varlen_kv", B=1, T=100, H=1, HV=1, K=16, V=48, cu_seqlens=(0, 5, 20, 20, 100),
+         h0=False, strength=1.0, families=_DPLR),
+    Case("dplr_strong", B=1, T=100, H=1, HV=1, cu_seqlens=(0, 75, 100), strength=20.0,
+         floor=0.05, families=_DPLR),
+    Case("dplr_k256", B=1, T=8, H=1, HV=1, K=256, V=256, cu_seqlens=(0, 3, 8), strength=1.0,
+         families=_DPLR),
+)
+
+CASES = {c.name: c for c in CPU_CASES + GPU_CASES + GLA_KERNEL_CASES + DPLR_KERNEL_CASES}
 
 
 def seed_of(*parts) -> int:

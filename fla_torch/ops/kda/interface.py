@@ -17,6 +17,7 @@ _BASE = {"reference": "fla_torch.ops.kda.reference:kda_reference",
          "chunked": "fla_torch.ops.kda.chunked:kda_chunked"}
 CHUNK_IMPLS = dict(_BASE)
 RECURRENT_IMPLS = dict(_BASE)
+RECURRENT_IMPLS["triton"] = "fla_torch.ops.kda.triton_recurrent:fused_recurrent_kda_triton"
 
 
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,

@@ -16,6 +16,7 @@ _BASE = {"reference": "fla_torch.ops.rwkv7.reference:rwkv7_reference",
          "chunked": "fla_torch.ops.rwkv7.chunked:rwkv7_chunked"}
 CHUNK_IMPLS = dict(_BASE)
 RECURRENT_IMPLS = dict(_BASE)
+RECURRENT_IMPLS["triton"] = "fla_torch.ops.rwkv7.triton_recurrent:fused_recurrent_rwkv7_triton"
 
 
 def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state=False,
