@@ -19,7 +19,11 @@ from fla_jax.ops.common.dispatch import compiled_for_gpu
 OPS = {f"{kind}_{family}": (f"fla_jax.ops.{family}.interface", registry)
        for family in ("simple_gla", "gla", "delta_rule", "gated_delta_rule")
        for kind, registry in (("chunk", "CHUNK_IMPLS"), ("fused_recurrent", "RECURRENT_IMPLS"))}
+<<<<<<< HEAD
 OPS.update({f"chunk_{family}": (f"fla_jax.ops.{family}.interface", "CHUNK_IMPLS")
+=======
+OPS.update({f"fused_recurrent_{family}": (f"fla_jax.ops.{family}.interface", "RECURRENT_IMPLS")
+>>>>>>> wt-rec-jax
             for family in ("kda", "rwkv7")})
 DT = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 
@@ -40,16 +44,14 @@ def test_lowers_for_gpu(op, dtype, varlen):
     S = jax.ShapeDtypeStruct
     x = {"q": S((B, T, H, K), dt), "k": S((B, T, H, K), dt), "v": S((B, T, H, V), dt),
          "h0": S((N, H, K, V), f32)}
-    if op.endswith("_gla") and "simple" not in op:
+    if op.endswith("_gla") and "simple" not in op or op.endswith("_kda"):
         x["g"] = S((B, T, H, K), f32)
+    elif op.endswith("_rwkv7"):
+        x.update({n: S((B, T, H, K), f32) for n in ("w", "a", "b")})
     elif "simple_gla" in op or "gated" in op:
         x["g"] = S((B, T, H), f32)
-    if "delta" in op:
+    if "delta" in op or op.endswith("_kda"):
         x["beta"] = S((B, T, H), f32)
-    if op.endswith("_kda"):
-        x["g"], x["beta"] = S((B, T, H, K), f32), S((B, T, H), f32)
-    if op.endswith("_rwkv7"):
-        x["w"], x["a"], x["b"] = (S((B, T, H, K), f32) for _ in range(3))
     cu = jnp.asarray([0, 50, 120, 200], jnp.int32) if varlen else None
     fn = _fn(op)
 

@@ -18,6 +18,7 @@ _BASE = {"reference": "fla_jax.ops.kda.reference:kda_reference",
 CHUNK_IMPLS = dict(_BASE)
 CHUNK_IMPLS["pallas"] = "fla_jax.ops.kda.pallas_chunk:chunk_kda_pallas"
 RECURRENT_IMPLS = dict(_BASE)
+RECURRENT_IMPLS["pallas"] = "fla_jax.ops.kda.pallas_recurrent:fused_recurrent_kda_pallas"
 
 
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,

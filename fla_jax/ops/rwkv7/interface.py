@@ -16,6 +16,7 @@ _BASE = {"reference": "fla_jax.ops.rwkv7.reference:rwkv7_reference",
 CHUNK_IMPLS = dict(_BASE)
 CHUNK_IMPLS["pallas"] = "fla_jax.ops.rwkv7.pallas_chunk:chunk_rwkv7_pallas"
 RECURRENT_IMPLS = dict(_BASE)
+RECURRENT_IMPLS["pallas"] = "fla_jax.ops.rwkv7.pallas_recurrent:fused_recurrent_rwkv7_pallas"
 
 
 def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state=False,
