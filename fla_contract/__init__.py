@@ -15,5 +15,6 @@ from .validate import (Dims, TensorInfo, check_cu_seqlens_values, check_head_dim
 __all__ = [
     "ACTIVATION_DTYPES", "KERNEL_DTYPES", "canonical_dtype", "is_float_name", "pretty",
     "PolicySpec", "Dims", "TensorInfo", "validate_op", "check_cu_seqlens_values",
-    "check_head_dims", "check_scale", "missing_arg_error", "state_parts", "OPS", "OpSpec", "ArgSpec",
+    "check_head_dims", "check_scale", "missing_arg_error", "state_parts", "OPS", "OpSpec",
+    "ArgSpec",
 ]

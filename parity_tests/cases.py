@@ -198,7 +198,19 @@ GLA_KERNEL_CASES = (
          floor=0.5, families=("gla",)),
 )
 
-CASES = {c.name: c for c in CPU_CASES + GPU_CASES + GLA_KERNEL_CASES}
+# Kernel-only GSA cases of parity_tests/test_gsa_kernels.py (small: interpreted kernels of both
+# frameworks): varlen with an empty sequence and no initial state, GQA with M != K != V and a
+# non-power-of-two M, no g (FLA's additive gate from the slot logits), slot gates of -20.
+GSA_KERNEL_CASES = (
+    Case("tgsa_varlen_gqa", B=1, T=70, H=1, HV=2, K=16, V=32, M=24, cu_seqlens=(0, 5, 5, 70),
+         h0=False, strength=1.0, families=("gsa",)),
+    Case("tgsa_no_gate", B=1, T=40, H=1, HV=1, K=16, V=16, M=16, gate_mode="none",
+         strength=0.0, families=("gsa",)),
+    Case("tgsa_strong", B=1, T=80, H=1, HV=1, K=16, V=16, M=16, cu_seqlens=(0, 70, 80),
+         strength=20.0, floor=0.5, families=("gsa",)),
+)
+
+CASES = {c.name: c for c in CPU_CASES + GPU_CASES + GLA_KERNEL_CASES + GSA_KERNEL_CASES}
 
 
 def seed_of(*parts) -> int:
@@ -207,7 +219,8 @@ def seed_of(*parts) -> int:
 
 def make_inputs(spec: OpSpec, case: Case, seed: int) -> dict:
     """float64 numpy inputs and cotangents for one op and case, keyed by ArgSpec.key
-    ('q', 'g', 'h0', ...), then 'do' and one 'd' + ArgSpec.final_key per state part ('dht'). Each tensor is drawn by its role, in the
+    ('q', 'g', 'h0', ...), then 'do' and one 'd' + ArgSpec.final_key per state part ('dht').
+    Each tensor is drawn by its role, in the
     spec's argument order, from one generator."""
     rng = np.random.default_rng(seed)
     N = len(case.cu_seqlens) - 1 if case.cu_seqlens else case.B

@@ -19,7 +19,8 @@ from ..common.prepare import run_op
 _BASE = {"reference": "fla_torch.ops.gsa.reference:gsa_reference",
          "chunked": "fla_torch.ops.gsa.chunked:gsa_chunked"}
 CHUNK_IMPLS = dict(_BASE, triton="fla_torch.ops.gsa.triton_chunk:chunk_gsa_triton")
-RECURRENT_IMPLS = dict(_BASE)
+RECURRENT_IMPLS = dict(
+    _BASE, triton="fla_torch.ops.gsa.triton_recurrent:fused_recurrent_gsa_triton")
 
 
 def _run(op, registry, impl, q, k, v, s, g, scale, initial_state, output_final_state,
@@ -42,7 +43,7 @@ def chunk_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_final_s
             dtype, used in fp32. scale: float, default K ** -0.5.
             initial_state: None or (hk0 [N, H, K, M], hv0 [N, H, M, V]) fp32 (either part may
             be None: zeros). cu_seqlens: [N+1] int, needs B == 1.
-        impl: 'auto' | 'reference' | 'chunked' | 'triton' (chunk only).
+        impl: 'auto' | 'reference' | 'chunked' | 'triton'.
     Returns:
         o: [B, T, HQ, V] in q's dtype; final_state: (hk [N, H, K, M], hv [N, H, M, V]) fp32,
         or None unless output_final_state.
