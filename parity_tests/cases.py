@@ -220,8 +220,7 @@ def seed_of(*parts) -> int:
 def make_inputs(spec: OpSpec, case: Case, seed: int) -> dict:
     """float64 numpy inputs and cotangents for one op and case, keyed by ArgSpec.key
     ('q', 'g', 'h0', ...), then 'do' and one 'd' + ArgSpec.final_key per state part ('dht').
-    Each tensor is drawn by its role, in the
-    spec's argument order, from one generator."""
+    Each tensor is drawn by its role, in the spec's argument order, from one generator."""
     rng = np.random.default_rng(seed)
     N = len(case.cu_seqlens) - 1 if case.cu_seqlens else case.B
     sizes = dict(B=case.B, T=case.T, H=case.H, HV=case.HV, K=case.K, V=case.V, N=N,

@@ -37,13 +37,17 @@ def test_chunk_gsa_kernels(case, dtype):
     assert rows and not bad, "\n".join(bad)
 
 
-def test_pallas_gsa_lowers_for_gpu():
+@pytest.mark.parametrize("variant", ["chunk", "recurrent"])
+def test_pallas_gsa_lowers_for_gpu(variant):
     """Forward and backward of the Pallas GSA kernels lower for cuda (varlen, bf16, GQA)."""
     import jax
     import jax.numpy as jnp
 
     from fla_jax.ops.common.dispatch import compiled_for_gpu
     from fla_jax.ops.gsa.pallas_chunk import chunk_gsa_pallas
+    from fla_jax.ops.gsa.pallas_recurrent import fused_recurrent_gsa_pallas
+
+    fn = chunk_gsa_pallas if variant == "chunk" else fused_recurrent_gsa_pallas
 
     B, T, HQ, H, K, V, M = 1, 200, 4, 2, 64, 64, 64
     S, bf, f32 = jax.ShapeDtypeStruct, jnp.bfloat16, jnp.float32
@@ -53,7 +57,7 @@ def test_pallas_gsa_lowers_for_gpu():
     cu = jnp.asarray([0, 50, 120, 200], jnp.int32)
 
     def loss(x):
-        o, (hk, hv) = chunk_gsa_pallas(x["q"], x["k"], x["v"], x["s"], g=x["g"],
+        o, (hk, hv) = fn(x["q"], x["k"], x["v"], x["s"], g=x["g"],
                                        scale=K ** -0.5, initial_state=(x["hk0"], x["hv0"]),
                                        output_final_state=True, cu_seqlens=cu)
         return jnp.sum(o.astype(f32)) + jnp.sum(hk) + jnp.sum(hv)
