@@ -57,9 +57,9 @@ def test_pallas_gsa_lowers_for_gpu(variant):
     cu = jnp.asarray([0, 50, 120, 200], jnp.int32)
 
     def loss(x):
-        o, (hk, hv) = fn(x["q"], x["k"], x["v"], x["s"], g=x["g"],
-                                       scale=K ** -0.5, initial_state=(x["hk0"], x["hv0"]),
-                                       output_final_state=True, cu_seqlens=cu)
+        o, (hk, hv) = fn(x["q"], x["k"], x["v"], x["s"], g=x["g"], scale=K ** -0.5,
+                         initial_state=(x["hk0"], x["hv0"]), output_final_state=True,
+                         cu_seqlens=cu)
         return jnp.sum(o.astype(f32)) + jnp.sum(hk) + jnp.sum(hv)
 
     with compiled_for_gpu():
