@@ -89,3 +89,34 @@ def test_decode_cache_matches_full_forward(cfg):
         o, _, cache = layer(x[:, t:t + 1], past_key_values=cache, use_cache=True)
         outs.append(o)
     assert torch.allclose(torch.cat(outs, 1), full, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["plain", "gqa_slots12", "relu_conv"])
+def test_flax_layer_matches_torch_and_decodes(cfg):
+    """The torch layer's weights (fla_torch.interop -> fla_jax.interop, strict) give the Flax
+    layer the torch layer's outputs; the Flax decode cache equals its full forward."""
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from fla_jax.interop import from_state_dict
+    from fla_jax.layers import GatedSlotAttention as FlaxGSA
+    from fla_torch.interop import to_numpy
+
+    torch.manual_seed(2)
+    layer = GatedSlotAttention(layer_idx=0, **cfg)
+    for p in layer.parameters():
+        p.data.normal_(0, 0.2)
+    flax_layer = FlaxGSA(layer_idx=0, **cfg, rngs=nnx.Rngs(0))
+    from_state_dict(flax_layer, to_numpy(layer), strict=True)
+    x = torch.randn(2, 70, 64)
+    want = layer(x)[0].detach().numpy()
+    xj = jnp.asarray(x.numpy())
+    got = np.asarray(flax_layer(xj)[0])
+    assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()
+    o, _, cache = flax_layer(xj[:, :66], use_cache=True)
+    outs = [np.asarray(o)]
+    for t in range(66, 70):
+        o, _, cache = flax_layer(xj[:, t:t + 1], past_key_values=cache, use_cache=True)
+        outs.append(np.asarray(o))
+    assert np.abs(np.concatenate(outs, 1) - got).max() < 1e-4 * np.abs(got).max()
