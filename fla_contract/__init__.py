@@ -10,10 +10,11 @@ from .names import (ACTIVATION_DTYPES, KERNEL_DTYPES, canonical_dtype, is_float_
 from .op_spec import OPS, ArgSpec, OpSpec
 from .policy import PolicySpec
 from .validate import (Dims, TensorInfo, check_cu_seqlens_values, check_head_dims,
-                       check_scale, missing_arg_error, validate_op)
+                       check_scale, missing_arg_error, state_parts, validate_op)
 
 __all__ = [
     "ACTIVATION_DTYPES", "KERNEL_DTYPES", "canonical_dtype", "is_float_name", "pretty",
     "PolicySpec", "Dims", "TensorInfo", "validate_op", "check_cu_seqlens_values",
-    "check_head_dims", "check_scale", "missing_arg_error", "OPS", "OpSpec", "ArgSpec",
+    "check_head_dims", "check_scale", "missing_arg_error", "state_parts", "OPS", "OpSpec",
+    "ArgSpec",
 ]

@@ -5,8 +5,8 @@ implementations.
 
 Shapes are written with dimension symbols, bound from the arguments in order:
 B batch, T time, H q/k heads, HV value heads, K key size, V value size, N sequences
-(len(cu_seqlens) - 1, or B). Softmax attention: HQ query heads, HKV key/value heads, S key
-length.
+(len(cu_seqlens) - 1, or B). Softmax attention and GSA: HQ query heads, HKV key/value heads;
+attention: S key length; GSA: M memory slots.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ BETA = "beta"               # write strength per token and value head [B, T, HV]
 GAMMA = "gamma"             # fixed log-decay per value head [HV] (not differentiated)
 STATE = "state"             # recurrent state [N, HV, K, V], float32 (float64 with fp64 q)
 VECTOR_K = "vector_k"       # per-key vector of a low-rank transition [B, T, HV, K] (RWKV-7 a, b)
-ROLES = (ACTIVATION, GATE, GATE_K, BETA, GAMMA, STATE, VECTOR_K)
+GATE_SLOT = "gate_slot"     # per-slot log-decay [B, T, HKV, M] (GSA's forget gate)
+ROLES = (ACTIVATION, GATE, GATE_K, BETA, GAMMA, STATE, VECTOR_K, GATE_SLOT)
 
 # Dtype rules.
 SHARED = "shared"           # the one activation dtype of q, k, v
@@ -28,12 +29,15 @@ GATE_DTYPE = "gate_dtype"   # any float dtype, converted to float32 (float64 wit
 STATE_DTYPE = "state_dtype"  # exactly float32 (float64 with fp64 q)
 
 _ROLE_DTYPE = {ACTIVATION: SHARED, GATE: GATE_DTYPE, GATE_K: GATE_DTYPE, BETA: GATE_DTYPE,
-               GAMMA: GATE_DTYPE, STATE: STATE_DTYPE, VECTOR_K: GATE_DTYPE}
+               GAMMA: GATE_DTYPE, STATE: STATE_DTYPE, VECTOR_K: GATE_DTYPE,
+               GATE_SLOT: GATE_DTYPE}
 _ROLE_WHAT = {GATE: "a [B, T, HV] log-decay tensor", GATE_K: "a [B, T, HV, K] log-decay tensor",
               BETA: "a [B, T, HV] tensor of write strengths",
               GAMMA: "a [HV] fixed log-decay per head", STATE: "a [N, HV, K, V] float32 state",
-              VECTOR_K: "a [B, T, HV, K] per-key vector"}
+              VECTOR_K: "a [B, T, HV, K] per-key vector",
+              GATE_SLOT: "a [B, T, HKV, M] per-slot log-decay tensor"}
 _ROLE_FLOAT_WORDS = {GATE: "gates/log-decays", GATE_K: "gates/log-decays",
+                     GATE_SLOT: "gates/log-decays",
                      GAMMA: "gates/log-decays", BETA: "beta values",
                      VECTOR_K: "low-rank transition vectors (a, b)"}
 
@@ -44,7 +48,8 @@ class ArgSpec:
 
     name: the public keyword ("q", "g", "initial_state"); short: its key in the parity inputs
     and, prefixed with "d", its gradient's ("h0" -> "dh0"); shape: dimension symbols;
-    dtype: SHARED | GATE_DTYPE | STATE_DTYPE.
+    dtype: SHARED | GATE_DTYPE | STATE_DTYPE; label: how errors name it when the public
+    argument is a part of another ("initial_state[0]" for a tuple state), else the name.
     """
 
     name: str
@@ -53,6 +58,7 @@ class ArgSpec:
     dtype: str
     required: bool = True
     short: str = ""
+    label: str = ""
 
     @property
     def key(self) -> str:
@@ -61,6 +67,11 @@ class ArgSpec:
     @property
     def differentiable(self) -> bool:
         return self.role != GAMMA
+
+    @property
+    def final_key(self) -> str:
+        """A state's key in the parity outputs: 'h0' -> 'ht' (its cotangent 'dht')."""
+        return self.key[:-1] + "t" if self.key.endswith("0") else self.key + "t"
 
     @property
     def layout(self) -> str:
@@ -76,9 +87,10 @@ class ArgSpec:
         return _ROLE_FLOAT_WORDS.get(self.role, f"{self.name} values")
 
 
-def arg(name: str, role: str, shape: str, *, required: bool = True, short: str = "") -> ArgSpec:
+def arg(name: str, role: str, shape: str, *, required: bool = True, short: str = "",
+        label: str = "") -> ArgSpec:
     """ArgSpec with the dtype rule of its role; shape as "B T H K"."""
-    return ArgSpec(name, role, tuple(shape.split()), _ROLE_DTYPE[role], required, short)
+    return ArgSpec(name, role, tuple(shape.split()), _ROLE_DTYPE[role], required, short, label)
 
 
 @dataclass(frozen=True)
@@ -88,7 +100,9 @@ class OpSpec:
     grouped_heads: v may have HV heads with HV % H == 0 (value head hv reads q/k head
     hv // (HV // H)); otherwise HV == H. l2norm: takes use_qk_l2norm_in_kernel.
     grouped_query: q has HQ heads over HKV key/value heads, HQ % HKV == 0 (query head h reads
-    k/v head h // (HQ // HKV)): softmax attention's GQA.
+    k/v head h // (HQ // HKV)): softmax attention's and GSA's GQA.
+    state_tuple: the op's STATE arguments, in order, are the parts of ONE public keyword
+    `initial_state` (a tuple), and its final state is a tuple in the same order (GSA).
     """
 
     name: str
@@ -99,6 +113,7 @@ class OpSpec:
     l2norm: bool = False
     grouped_query: bool = False
     options: tuple = ()          # the op's own non-tensor keywords (attention: causal, ...)
+    state_tuple: bool = False
 
     def arg(self, name: str) -> ArgSpec:
         for a in self.args:
@@ -113,10 +128,19 @@ class OpSpec:
     def activations(self) -> tuple:
         return self.of_role(ACTIVATION)
 
+    def label(self, name: str) -> str:
+        """How errors name argument `name` (its ArgSpec label, else the name itself)."""
+        a = next((a for a in self.args if a.name == name), None)
+        return (a.label or a.name) if a is not None else name
+
+    @property
+    def states(self) -> tuple:
+        return self.of_role(STATE)
+
     @property
     def gate_optional(self) -> bool:
         """True when the op runs without any decay (simple GLA: g and g_gamma both optional)."""
-        gates = self.of_role(GATE, GATE_K, GAMMA)
+        gates = self.of_role(GATE, GATE_K, GAMMA, GATE_SLOT)
         return bool(gates) and not any(a.required for a in gates)
 
     @property
@@ -159,6 +183,19 @@ OPS = {spec.name: spec for spec in (
     + [OpSpec(f"{variant}_rwkv7", "rwkv7", variant,
               (arg("r", ACTIVATION, "B T H K"), arg("w", GATE_K, "B T HV K"), _K, _V,
                arg("a", VECTOR_K, "B T HV K"), arg("b", VECTOR_K, "B T HV K"), _H0))
+       for variant in ("chunk", "fused_recurrent")]
+    # Gated Slot Attention (FLA's gsa): two gated passes over M slots with a softmax between
+    # them; s [B, T, HKV, M] is an activation (the slots' write weights; FLA's layer feeds
+    # s = 1 - exp(g)); g the per-slot log-decay (None: FLA's additive gate from s's running
+    # logsumexp). hk_t = hk_{t-1} diag(exp(g_t)) + k_t^T s_t ; ok_t = scale q_t hk_t ;
+    # hv_t = diag(exp(g_t)) hv_{t-1} + s_t^T v_t ; o_t = softmax(ok_t) hv_t.
+    + [OpSpec(f"{variant}_gsa", "gsa", variant,
+              (arg("q", ACTIVATION, "B T HQ K"), arg("k", ACTIVATION, "B T HKV K"),
+               arg("v", ACTIVATION, "B T HKV V"), arg("s", ACTIVATION, "B T HKV M"),
+               arg("g", GATE_SLOT, "B T HKV M", required=False),
+               arg("hk0", STATE, "N HKV K M", required=False, label="initial_state[0]"),
+               arg("hv0", STATE, "N HKV M V", required=False, label="initial_state[1]")),
+              grouped_query=True, state_tuple=True)
        for variant in ("chunk", "fused_recurrent")])}
 
 

@@ -231,6 +231,22 @@ def validate_op(spec: OpSpec, impl: str, allowed: Sequence[str],
         raise ValueError(f"{e}{hint}") from None
 
 
+def state_parts(spec: OpSpec, initial_state) -> dict:
+    """An op with OpSpec.state_tuple: its public initial_state (None, or a tuple/list with one
+    entry per state part, each an array or None) -> {part name: entry}."""
+    parts = spec.of_role(STATE)
+    if initial_state is None:
+        return dict.fromkeys(a.name for a in parts)
+    if not isinstance(initial_state, (tuple, list)) or len(initial_state) != len(parts):
+        given = (f"a {type(initial_state).__name__} of {len(initial_state)} entries"
+                 if isinstance(initial_state, (tuple, list)) else
+                 f"a {type(initial_state).__name__}")
+        layouts = ", ".join(f"{a.name} {a.layout}" for a in parts)
+        raise TypeError(f"{spec.name}: initial_state is {given}; expected None or a tuple "
+                        f"({layouts}) of float32 states")
+    return {a.name: t for a, t in zip(parts, initial_state)}
+
+
 def check_cu_seqlens_values(op: str, values, T: int) -> None:
     """Value checks on a concrete cu_seqlens (a sequence of ints)."""
     vals = [int(x) for x in values]

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fla_contract.op_spec import (ACTIVATION, BETA, GAMMA, GATE, GATE_K, OPS, STATE, VECTOR_K,
-                                  OpSpec)
+from fla_contract.op_spec import (ACTIVATION, BETA, GAMMA, GATE, GATE_K, GATE_SLOT, OPS, STATE,
+                                  VECTOR_K, OpSpec)
 
 DTYPES = ("bf16", "fp16", "fp32")
-TENSORS = ("o", "ht", "dq", "dr", "dk", "dv", "dg", "dw", "dbeta", "da", "db", "dh0")
+TENSORS = ("o", "ht", "hkt", "hvt", "dq", "dr", "dk", "dv", "ds", "dg", "dw", "dbeta", "da", "db",
+           "dh0", "dhk0", "dhv0")
 
 # RMS(a - b) / RMS(ref), per dtype and tensor kind: an implementation against the float64
 # oracle. fp32 is held to fp32 rounding; bf16/fp16 to a few output-rounding units.
@@ -32,6 +33,10 @@ TOLERANCE = {
 # enter the transition like beta does.
 for _t in TOLERANCE.values():
     _t.update(dr=_t["dq"], dw=_t["dg"], da=_t["dbeta"], db=_t["dbeta"])
+# GSA's: s (the slots' write weights) is an activation like v, and its state is the pair
+# (hk, hv) of the same kind as h.
+for _t in TOLERANCE.values():
+    _t.update(hkt=_t["ht"], hvt=_t["ht"], ds=_t["dv"], dhk0=_t["dh0"], dhv0=_t["dh0"])
 CROSS_FACTOR = 2.0
 
 # Whole layers (parity_tests/test_layers.py): projections, convs, norms and the op, each
@@ -88,6 +93,7 @@ class Case:
     HV: int = 2
     K: int = 32
     V: int = 32
+    M: int = 32                  # gsa: memory slots
     cu_seqlens: tuple | None = None
     strength: float = 1.0        # per-token log-decay magnitude
     floor: float = 0.05          # g drawn in -strength * [floor, 1]
@@ -130,11 +136,14 @@ CPU_CASES = (
          families=_ALL, dtypes=_FEATURE),
     Case("gamma", B=1, T=100, gate_mode="gamma", families=("simple_gla",), dtypes=_FEATURE),
     Case("both_gates", B=1, T=100, gate_mode="both", families=("simple_gla",), dtypes=("fp32",)),
-    Case("no_gate", B=1, T=100, gate_mode="none", strength=0.0, families=("simple_gla",),
+    Case("no_gate", B=1, T=100, gate_mode="none", strength=0.0, families=("simple_gla", "gsa"),
          dtypes=_FEATURE),
     Case("gqa_l2_beta2", B=1, T=100, H=2, HV=4, l2norm=True, beta_max=2.0, families=_DELTA,
          dtypes=_FEATURE),
     Case("beta_edges", B=1, T=100, strength=3.0, beta_edges=True, families=_DELTA,
+         dtypes=_FEATURE),
+    # GSA: 4 query heads over 2 key/value heads, M slots != K != V
+    Case("gsa_gqa", B=1, T=100, H=2, HV=4, K=32, V=48, M=24, families=("gsa",),
          dtypes=_FEATURE),
 )
 
@@ -202,7 +211,20 @@ DPLR_KERNEL_CASES = (
          families=_DPLR),
 )
 
-CASES = {c.name: c for c in CPU_CASES + GPU_CASES + GLA_KERNEL_CASES + DPLR_KERNEL_CASES}
+# Kernel-only GSA cases of parity_tests/test_gsa_kernels.py (small: interpreted kernels of both
+# frameworks): varlen with an empty sequence and no initial state, GQA with M != K != V and a
+# non-power-of-two M, no g (FLA's additive gate from the slot logits), slot gates of -20.
+GSA_KERNEL_CASES = (
+    Case("tgsa_varlen_gqa", B=1, T=70, H=1, HV=2, K=16, V=32, M=24, cu_seqlens=(0, 5, 5, 70),
+         h0=False, strength=1.0, families=("gsa",)),
+    Case("tgsa_no_gate", B=1, T=40, H=1, HV=1, K=16, V=16, M=16, gate_mode="none",
+         strength=0.0, families=("gsa",)),
+    Case("tgsa_strong", B=1, T=80, H=1, HV=1, K=16, V=16, M=16, cu_seqlens=(0, 70, 80),
+         strength=20.0, floor=0.5, families=("gsa",)),
+)
+
+CASES = {c.name: c for c in (CPU_CASES + GPU_CASES + GLA_KERNEL_CASES + DPLR_KERNEL_CASES
+                              + GSA_KERNEL_CASES)}
 
 
 def seed_of(*parts) -> int:
@@ -211,12 +233,12 @@ def seed_of(*parts) -> int:
 
 def make_inputs(spec: OpSpec, case: Case, seed: int) -> dict:
     """float64 numpy inputs and cotangents for one op and case, keyed by ArgSpec.key
-    ('q', 'g', 'h0', ...), then 'do' and 'dht'. Each tensor is drawn by its role, in the
-    spec's argument order, from one generator."""
+    ('q', 'g', 'h0', ...), then 'do' and one 'd' + ArgSpec.final_key per state part ('dht').
+    Each tensor is drawn by its role, in the spec's argument order, from one generator."""
     rng = np.random.default_rng(seed)
     N = len(case.cu_seqlens) - 1 if case.cu_seqlens else case.B
     sizes = dict(B=case.B, T=case.T, H=case.H, HV=case.HV, K=case.K, V=case.V, N=N,
-                 HQ=case.HV, HKV=case.H, S=case.T)
+                 HQ=case.HV, HKV=case.H, S=case.T, M=case.M)
     x = {}
     for a in spec.args:
         if _present(a, case):
@@ -225,8 +247,8 @@ def make_inputs(spec: OpSpec, case: Case, seed: int) -> dict:
         # RWKV-7's layer: a = -kk, b = kk * sigmoid(.) with kk a unit key per head
         x["b"] = -x["a"] * rng.uniform(0.0, 1.0, x["a"].shape)
     x["do"] = rng.standard_normal((case.B, case.T, case.HV, case.V))
-    if spec.has_state:
-        x["dht"] = 0.5 * rng.standard_normal((N, case.HV, case.K, case.V))
+    for a in spec.of_role(STATE):   # one cotangent per final state part ('dht', 'dhkt', ...)
+        x["d" + a.final_key] = 0.5 * rng.standard_normal(tuple(sizes[s] for s in a.shape))
     return x
 
 
@@ -237,7 +259,7 @@ def _present(a, case: Case) -> bool:
         return case.h0
     if a.required:
         return True
-    if a.role in (GATE, GATE_K):
+    if a.role in (GATE, GATE_K, GATE_SLOT):
         return case.gate_mode in ("g", "both")
     if a.role == GAMMA:
         return case.gate_mode in ("gamma", "both")
@@ -252,7 +274,7 @@ def _draw(spec: OpSpec, a, case: Case, rng, shape: tuple) -> np.ndarray:
                 return x / np.linalg.norm(x, axis=-1, keepdims=True)   # delta rule: |k| = 1
             return x / np.sqrt(shape[-1])
         return x
-    if a.role in (GATE, GATE_K):
+    if a.role in (GATE, GATE_K, GATE_SLOT):
         return -case.strength * rng.uniform(case.floor, 1.0, shape)
     if a.role == GAMMA:
         return -np.log2(1 + 2.0 ** -np.linspace(3, 8, shape[0])) * max(case.strength, 0.1)

@@ -37,6 +37,10 @@ def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = 
 
     def forward(cu_seqlens, *args):
         kw = dict(static, **const, **{a.name: t for a, t in zip(diff, args)})
+        if spec.state_tuple:   # the state parts travel as one initial_state tuple (GSA)
+            parts = tuple(kw.pop(a.name, None) for a in spec.states)
+            if any(p is not None for p in parts):
+                kw["initial_state"] = parts
         if cu_seqlens is not None:
             kw["cu_seqlens"] = cu_seqlens
         return fn(**kw, impl=impl)
@@ -47,17 +51,22 @@ def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = 
             o, vjp = jax.vjp(lambda *a: forward(cu_seqlens, *a), *args)
             return o, None, vjp(do.astype(o.dtype))
         (o, ht), vjp = jax.vjp(lambda *a: forward(cu_seqlens, *a), *args)
-        return o, ht, vjp((do.astype(o.dtype), dht.astype(ht.dtype)))
+        dht = jax.tree_util.tree_map(lambda c, h: c.astype(h.dtype), dht, ht)
+        return o, ht, vjp((do.astype(o.dtype), dht))
 
     do = jnp.asarray(np.asarray(x["do"], np.float32)).astype(dt)
-    dht = jnp.asarray(x["dht"], jnp.float32) if "dht" in x else None
+    keys = [a.final_key for a in spec.states]
+    dht = [jnp.asarray(x["d" + n], jnp.float32) for n in keys if "d" + n in x]
+    dht = (tuple(dht) if spec.state_tuple else dht[0]) if dht else None
     o, ht, grads = fwd_bwd(cu, do, dht, *primals)
     if o.dtype != dt:
         raise AssertionError(f"{spec.name}(impl={impl}): o has dtype {o.dtype}; expected {dt}")
-    if ht is not None and ht.dtype != jnp.float32:
-        raise AssertionError(f"{spec.name}(impl={impl}): final state has dtype {ht.dtype}; "
-                             f"expected float32")
-    out = {"o": o, "ht": ht} if ht is not None else {"o": o}
+    finals = {} if ht is None else dict(zip(keys, ht if spec.state_tuple else (ht,)))
+    for n, t in finals.items():
+        if t.dtype != jnp.float32:
+            raise AssertionError(f"{spec.name}(impl={impl}): final state {n} has dtype "
+                                 f"{t.dtype}; expected float32")
+    out = {"o": o, **finals}
     for a, p, gr in zip(diff, primals, grads):
         key = "d" + a.key
         if gr.dtype != p.dtype:

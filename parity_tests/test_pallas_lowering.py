@@ -19,12 +19,9 @@ from fla_jax.ops.common.dispatch import compiled_for_gpu
 OPS = {f"{kind}_{family}": (f"fla_jax.ops.{family}.interface", registry)
        for family in ("simple_gla", "gla", "delta_rule", "gated_delta_rule")
        for kind, registry in (("chunk", "CHUNK_IMPLS"), ("fused_recurrent", "RECURRENT_IMPLS"))}
-<<<<<<< HEAD
-OPS.update({f"chunk_{family}": (f"fla_jax.ops.{family}.interface", "CHUNK_IMPLS")
-=======
-OPS.update({f"fused_recurrent_{family}": (f"fla_jax.ops.{family}.interface", "RECURRENT_IMPLS")
->>>>>>> wt-rec-jax
-            for family in ("kda", "rwkv7")})
+OPS.update({f"{kind}_{family}": (f"fla_jax.ops.{family}.interface", registry)
+            for family in ("kda", "rwkv7")
+            for kind, registry in (("chunk", "CHUNK_IMPLS"), ("fused_recurrent", "RECURRENT_IMPLS"))})
 DT = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 
 

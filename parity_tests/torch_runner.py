@@ -64,6 +64,10 @@ def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = 
                 args[a.name] = leaves["d" + a.key] = leaf(x[a.key], d)
             else:
                 args[a.name] = torch.tensor(x[a.key], dtype=d, device=device)
+    if spec.state_tuple:   # the state parts travel as one initial_state tuple (GSA)
+        parts = tuple(args.pop(a.name, None) for a in spec.states)
+        if any(p is not None for p in parts):
+            args["initial_state"] = parts
     kw = op_kwargs(spec, case)
     if case.cu_seqlens is not None:
         kw["cu_seqlens"] = torch.tensor(case.cu_seqlens, dtype=torch.int32, device=device)
@@ -73,12 +77,13 @@ def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = 
     with poisoned_allocations() if kernel else contextlib.nullcontext():
         res = fn(**args, **kw, impl=impl)
         o, ht = res if spec.has_state else (res, None)   # softmax attention returns o only
-        outs = [o] + ([ht] if ht is not None else [])
+        finals = {} if ht is None else dict(zip(
+            (a.final_key for a in spec.states), ht if spec.state_tuple else (ht,)))
+        outs = [o] + list(finals.values())
         cots = [torch.tensor(x["do"], dtype=o.dtype, device=device)]
-        if ht is not None:
-            cots.append(torch.tensor(x["dht"], dtype=ht.dtype, device=device))
+        cots += [torch.tensor(x["d" + n], dtype=t.dtype, device=device) for n, t in finals.items()]
         grads = torch.autograd.grad(outs, list(leaves.values()), cots, allow_unused=True)
-    out = {"o": o, "ht": ht} if ht is not None else {"o": o}
+    out = {"o": o, **finals}
     for name, gr in zip(leaves, grads):
         if gr is None:
             raise AssertionError(f"{spec.name}(impl={impl}): no gradient reached {name[1:]}")
@@ -88,7 +93,8 @@ def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = 
         out[name] = gr
     if o.dtype != dt:
         raise AssertionError(f"{spec.name}(impl={impl}): o has dtype {o.dtype}; expected {dt}")
-    if ht is not None and ht.dtype != gdt:
-        raise AssertionError(f"{spec.name}(impl={impl}): final state has dtype {ht.dtype}; "
-                             f"expected {gdt}")
+    for n, t in finals.items():
+        if t.dtype != gdt:
+            raise AssertionError(f"{spec.name}(impl={impl}): final state {n} has dtype {t.dtype}; "
+                                 f"expected {gdt}")
     return {n: t.detach().to(torch.float64).cpu().numpy() for n, t in out.items()}

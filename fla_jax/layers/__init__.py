@@ -14,8 +14,9 @@ from .attn import Attention
 from .delta_net import DeltaNet
 from .gated_deltanet import GatedDeltaNet
 from .gla import GatedLinearAttention
+from .gsa import GatedSlotAttention
 from .linear_attention import LinearAttention
 from .multiscale_retention import MultiScaleRetention
 
 __all__ = ["LinearAttention", "MultiScaleRetention", "GatedLinearAttention", "DeltaNet",
-           "GatedDeltaNet", "Attention"]
+           "GatedDeltaNet", "GatedSlotAttention", "Attention"]

@@ -4,6 +4,7 @@ through jax.jit).
 A layer called with `use_cache=True` returns, as the third item of its output, a dict:
 
     'recurrent_state': [B, HV, K, V] float32 -- the linear-attention state after the last token
+                       (GatedSlotAttention: the tuple (hk [B, H, K, M], hv [B, H, M, V]))
     'conv_state':      (q, k, v) ShortConvolution caches, each [B, D, W] in the compute dtype
                        (the last W projected inputs, newest last), or None without short convs
     'offset':          int (or an int32 scalar under jit) -- tokens consumed so far; an int
@@ -36,10 +37,11 @@ def read_cache(layer_name: str, cache, use_short_conv: bool):
                           False)
     conv = tuple(conv) if use_short_conv else (None, None, None)
     state = cache["recurrent_state"]
-    if state is not None and np.dtype(state.dtype) != np.dtype(np.float32):
-        raise TypeError(f"{layer_name}: past_key_values['recurrent_state'] has dtype "
-                        f"{np.dtype(state.dtype).name}; expected float32 (recurrent states are "
-                        f"float32)")
+    for part in (state if isinstance(state, tuple) else (state,)):   # GSA: (hk, hv)
+        if part is not None and np.dtype(part.dtype) != np.dtype(np.float32):
+            raise TypeError(f"{layer_name}: past_key_values['recurrent_state'] has dtype "
+                            f"{np.dtype(part.dtype).name}; expected float32 (recurrent states "
+                            f"are float32)")
     return state, conv, cache.get("offset", 0)
 
 

@@ -3,6 +3,7 @@
 A layer called with `use_cache=True` returns, as the third item of its output, a dict:
 
     'recurrent_state': [B, HV, K, V] float32 -- the linear-attention state after the last token
+                       (GatedSlotAttention: the tuple (hk [B, H, K, M], hv [B, H, M, V]))
     'conv_state':      (q, k, v) ShortConvolution caches, each [B, D, W] in the compute dtype
                        (the last W projected inputs, newest last), or None without short convs
     'offset':          int -- number of tokens consumed so far (positions, e.g. for rotary);
@@ -36,9 +37,11 @@ def read_cache(layer_name: str, cache, use_short_conv: bool):
                           False)
     conv = tuple(conv) if use_short_conv else (None, None, None)
     state = cache["recurrent_state"]
-    if state is not None and state.dtype != torch.float32:
-        raise TypeError(f"{layer_name}: past_key_values['recurrent_state'] has dtype "
-                        f"{state.dtype}; expected torch.float32 (recurrent states are float32)")
+    for part in (state if isinstance(state, tuple) else (state,)):   # GSA: (hk, hv)
+        if part is not None and part.dtype != torch.float32:
+            raise TypeError(f"{layer_name}: past_key_values['recurrent_state'] has dtype "
+                            f"{part.dtype}; expected torch.float32 (recurrent states are "
+                            f"float32)")
     return state, conv, cache.get("offset", 0)
 
 

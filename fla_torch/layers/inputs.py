@@ -44,7 +44,15 @@ def check_cache(layer, name: str, cache, B: int, cu_seqlens=None) -> None:
     K, V = layer.head_k_dim, layer.head_v_dim
     entries = []
     state = cache["recurrent_state"]
-    if state is not None:
+    if state is not None and hasattr(layer, "state_layouts"):   # a tuple state (GSA's (hk, hv))
+        layouts = layer.state_layouts(N)
+        if not isinstance(state, tuple) or len(state) != len(layouts):
+            raise TypeError(f"{name}: past_key_values['recurrent_state'] is "
+                            f"{type(state).__name__}; expected a tuple of {len(layouts)} states "
+                            f"({', '.join(lay for _, lay in layouts)})")
+        entries += [(f"past_key_values['recurrent_state'][{i}]", tuple(part.shape), shape, lay)
+                    for i, (part, (shape, lay)) in enumerate(zip(state, layouts))]
+    elif state is not None:
         entries.append(("past_key_values['recurrent_state']", tuple(state.shape), (N, HV, K, V),
                         "[N, HV, K, V]"))
     if use_conv:

@@ -19,7 +19,8 @@ def run_op(spec: OpSpec, registry: dict, impl: str, *, scale=None,
            use_qk_l2norm_in_kernel: bool = False, options=None, allowed=None, auto=None,
            check=None, **tensors):
     """tensors: the op's tensor arguments by public name (q, k, v, g, beta, g_gamma,
-    initial_state; None where not given). Returns (o [B, T, HV, V] in q's dtype,
+    initial_state; an op with OpSpec.state_tuple gives each part of its initial_state tuple
+    by the part's name, e.g. hk0, hv0; None where not given). Returns (o [B, T, HV, V] in q's dtype,
     final_state [N, HV, K, V] fp32 or None); an op without a state (not spec.has_state) returns o.
     options: extra keywords for the implementation (checked by the op); allowed: {impl: q/k/v
     dtypes} for implementation names beyond dispatch.ALLOWED_DTYPES; auto: the op's own
@@ -29,7 +30,7 @@ def run_op(spec: OpSpec, registry: dict, impl: str, *, scale=None,
     q = tensors.get(spec.activations[0].name)
     name = resolve_impl(op, impl, registry, q, auto)
     dims = validate_op(spec, name, dict(ALLOWED_DTYPES, **(allowed or {}))[name],
-                       {n: dtypes.info(n, t, op) for n, t in tensors.items()},
+                       {n: dtypes.info(spec.label(n), t, op) for n, t in tensors.items()},
                        dtypes.info("cu_seqlens", cu_seqlens, op))
     if cu_seqlens is not None:
         check_cu_seqlens_values(op, cu_seqlens.detach().cpu().tolist(), dims.T)
@@ -38,7 +39,8 @@ def run_op(spec: OpSpec, registry: dict, impl: str, *, scale=None,
     scale = dims.K ** -0.5 if scale is None else check_scale(op, scale)
     for arg, t in tensors.items():
         if t is not None and t.device != q.device:
-            raise ValueError(f"{op}: {arg} is on {t.device}; expected q's device {q.device}")
+            raise ValueError(f"{op}: {spec.label(arg)} is on {t.device}; expected q's device "
+                             f"{q.device}")
     if use_qk_l2norm_in_kernel and not spec.l2norm:
         raise TypeError(f"{op}: use_qk_l2norm_in_kernel=True; this op has no such option")
 
@@ -58,6 +60,9 @@ def run_op(spec: OpSpec, registry: dict, impl: str, *, scale=None,
     if spec.l2norm:
         family["use_qk_l2norm_in_kernel"] = bool(use_qk_l2norm_in_kernel)
     states = {a.name: tensors.get(a.name) for a in spec.of_role(STATE)}
+    if spec.state_tuple:   # the parts of one public initial_state tuple (GSA's (hk0, hv0))
+        parts = tuple(states.values())
+        states = {"initial_state": None if all(p is None for p in parts) else parts}
     fn = load_impl(registry, name)
     o, final_state = fn(*(tensors[a.name] for a in spec.activations), **family, scale=scale,
                         **states, output_final_state=bool(output_final_state),
