@@ -54,17 +54,17 @@ def make_numpy(op, s, seed=0):
     in -[0.01, 0.2] and beta in [0.05, 0.95]."""
     import numpy as np
 
-    from fla_contract.op_spec import BETA, GATE, GATE_K, VECTOR_K
+    from fla_contract.op_spec import BETA, GATE, GATE_K, GATE_SLOT, VECTOR_K
     spec = _spec(op)
     rng = np.random.default_rng(seed)
-    sizes = dict(s, N=s["B"])
+    sizes = dict(s, N=s["B"], HQ=s["HV"], HKV=s["H"])
     x = {a.name: rng.standard_normal(tuple(sizes[d] for d in a.shape), np.float32)
          for a in spec.activations}
     x["do"] = rng.standard_normal(tuple(sizes[d] for d in spec.arg("v").shape), np.float32)
     x["k"] /= np.linalg.norm(x["k"], axis=-1, keepdims=True)
     for a in spec.args:
         shape = tuple(sizes[d] for d in a.shape)
-        if a.role in (GATE, GATE_K):
+        if a.role in (GATE, GATE_K, GATE_SLOT):
             x[a.name] = -rng.uniform(0.01, 0.2, shape).astype(np.float32)
         elif a.role == BETA:
             x[a.name] = rng.uniform(0.05, 0.95, shape).astype(np.float32)
@@ -101,7 +101,8 @@ def torch_case(op, x, dtype, impl, fla=False, device="cuda"):
     else:
         import fla_torch.ops as ops
         fn = getattr(ops, f"chunk_{op}")
-        call = lambda: fn(*leaves, **extra, impl=impl)[0]  # noqa: E731
+        named = dict(zip(acts, leaves))
+        call = lambda: fn(**named, **extra, impl=impl)[0]  # noqa: E731
     params = leaves + list(extra.values())
 
     def fwd():
@@ -137,7 +138,7 @@ def jax_case(op, x, dtype, impl):
 
     def f(*args):
         named = dict(zip(acts + names, args))
-        return fn(*(named[n] for n in acts), **{n: named[n] for n in names}, impl=impl)[0]
+        return fn(**named, impl=impl)[0]
     args = [a[n].astype(dt) for n in acts] + [a[n] for n in names]
     do = a["do"].astype(dt)
     fwd = jax.jit(f)
@@ -209,7 +210,7 @@ def dry_run(ops, dtypes):
         from attention import dry_run as attention_dry_run
         attention_dry_run(dtypes)
     for op in [o for o in ops if o != "attention"]:
-        s = dict(B=1, T=40, H=1 if _spec(op).grouped_heads else 2, HV=2, K=16, V=16)
+        s = dict(B=1, T=40, H=1 if _spec(op).grouped_heads else 2, HV=2, K=16, V=16, M=16)
         x = make_numpy(op, s)
         for dtype in dtypes:
             fwd, fb, _ = torch_case(op, x, dtype, "chunked", device="cpu")
