@@ -15,8 +15,9 @@ k.dk_inter is O(1)); every other term is decayed, so strong gates keep dg's fp32
 The chunk is handled in sub-chunks of SUB = 16 tokens (I, J) with R_I = b before sub-chunk I
 and loc = the cumsum inside it: pairs of different sub-chunks (J < I) factor as
 exp(b_i - b_j) = exp(loc_i) exp(R_I - b_j), both exponents <= 0; pairs inside one sub-chunk
-factor through the sub-chunk's start too when its decay stays under SPAN nats (one fp32-accurate
-dot), else exact per pair (a loop over its 16 columns). A scalar gate is the key gate with every channel
+are exact per pair in the scores (a loop over its 16 columns); in dq / dk they factor through
+the sub-chunk's start when its decay stays under gates.SPAN nats (one fp32-accurate dot),
+else per pair. A scalar gate is the key gate with every channel
 equal (its dg is the sum over channels).
 Shapes: q, k [B, T, H, K]; v, do [B, T, H, V]; g per the gate switch (fp32); h, dh
 [slots, H, Kp, Vp]; outputs in the inputs' dtypes, dg fp32.
@@ -89,16 +90,17 @@ def _diag_fits(loc) -> object:
 
 
 def _diag_scores(refs, pb, rs, nvI, q, k, gI, n_cols, col0):
-    """A_II [SUB, SUB] fp32 of one sub-chunk: sum_c q_ic k_jc exp(loc_ic - loc_jc), j <= i:
-    one fp32-accurate dot through the sub-chunk's start when _diag_fits, else exact per pair
-    (one column per loop step; k's rows read from refs['k'])."""
+    """A_II [SUB, SUB] fp32 of one sub-chunk: sum_c q_ic k_jc exp(loc_ic - loc_jc), j <= i,
+    exact per pair (one column per loop step; k's rows read from refs['k']). Measured on an
+    H100 (GLA bf16 B=4 T=4096 H=16 K=V=128): this loop beats the _diag_fits dot here (forward
+    2.69 ms against 3.91 ms through lax.cond), unlike in _diag_grads."""
     ii = jnp.arange(SUB)[:, None]
     jj = jnp.arange(SUB)[None, :]
     qf = q.astype(F32)
     loc = gI[0]
-    hi = lax.Precision.HIGHEST
     if loc is None:
-        return jnp.where(ii >= jj, ptr.matmul(qf, k.astype(F32), (1, 1), hi), 0.0)
+        return jnp.where(ii >= jj, ptr.matmul(qf, k.astype(F32), (1, 1), lax.Precision.HIGHEST),
+                         0.0)
 
     def body(j, A):
         kj = _row(refs["k"], rs + j, j < nvI, n_cols, col0)
@@ -107,13 +109,7 @@ def _diag_scores(refs, pb, rs, nvI, q, k, gI, n_cols, col0):
         col = jnp.sum(qf * kj[None, :] * d, axis=1)
         return jnp.where(jj == j, col[:, None], A)
 
-    def fast(_):
-        lv = loc.value()
-        a = ptr.matmul(qf * jnp.exp(lv), k.astype(F32) * jnp.exp(-lv), (1, 1), hi)
-        return jnp.where(ii >= jj, a, 0.0)
-
-    return lax.cond(_diag_fits(loc), fast,
-                    lambda _: lax.fori_loop(0, SUB, body, jnp.zeros((SUB, SUB), F32)), 0)
+    return lax.fori_loop(0, SUB, body, jnp.zeros((SUB, SUB), F32))
 
 
 def _scores(refs, pb, qs, ks, gs, rows, n_cols, col0, dt):
