@@ -13,7 +13,8 @@ from fla_contract import OPS
 
 from ..common.prepare import run_op
 
-_BASE = {"reference": "fla_jax.ops.kda.reference:kda_reference"}
+_BASE = {"reference": "fla_jax.ops.kda.reference:kda_reference",
+         "chunked": "fla_jax.ops.kda.chunked:kda_chunked"}
 CHUNK_IMPLS = dict(_BASE)
 RECURRENT_IMPLS = dict(_BASE)
 

@@ -11,7 +11,8 @@ from fla_contract import OPS
 
 from ..common.prepare import run_op
 
-_BASE = {"reference": "fla_jax.ops.rwkv7.reference:rwkv7_reference"}
+_BASE = {"reference": "fla_jax.ops.rwkv7.reference:rwkv7_reference",
+         "chunked": "fla_jax.ops.rwkv7.chunked:rwkv7_chunked"}
 CHUNK_IMPLS = dict(_BASE)
 RECURRENT_IMPLS = dict(_BASE)
 
