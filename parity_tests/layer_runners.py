@@ -55,16 +55,18 @@ LAYER_CASES = (
     LayerCase("rwkv7", "RWKV7Attention",
               dict(hidden_size=HIDDEN, head_dim=8, layer_idx=0, value_dim=48,
                    decay_low_rank_dim=8, gate_low_rank_dim=16, a_low_rank_dim=8,
-                   v_low_rank_dim=8), perturb=0.3),
+                   v_low_rank_dim=8), perturb=0.3, T=48),
     LayerCase("rwkv7_vfirst", "RWKV7Attention",
               dict(hidden_size=HIDDEN, head_dim=16, layer_idx=1, num_hidden_layers=3,
                    fuse_norm=True, decay_low_rank_dim=8, gate_low_rank_dim=8,
-                   a_low_rank_dim=8, v_low_rank_dim=8), perturb=0.2, v_first=True),
+                   a_low_rank_dim=8, v_low_rank_dim=8), perturb=0.2, v_first=True, T=48),
     LayerCase("kda", "KimiDeltaAttention",
-              dict(hidden_size=HIDDEN, head_dim=8, num_heads=2, num_v_heads=4, expand_v=1.5)),
+              dict(hidden_size=HIDDEN, head_dim=8, num_heads=2, num_v_heads=4, expand_v=1.5),
+              T=48),
     LayerCase("kda_bound", "KimiDeltaAttention",
               dict(hidden_size=HIDDEN, head_dim=8, num_heads=4, safe_gate=True,
-                   lower_bound=-3.0, allow_neg_eigval=True, conv_bias=True), perturb=0.1),
+                   lower_bound=-3.0, allow_neg_eigval=True, conv_bias=True), perturb=0.1,
+              T=48),
 )
 CASES_BY_NAME = {c.name: c for c in LAYER_CASES}
 

@@ -138,8 +138,8 @@ def test_jax_fp32_params_half_activations(name, how, jax_spy):
         o = nnx.merge(graphdef, params, rest)(xj, **call_kw)[0]
         return jnp.sum(o.astype(jnp.float32) * jnp.asarray(dy, jnp.float32)), o
 
-    (_, o), (dparams, dx, dv) = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(
-        params, xj, vj)
+    (_, o), (dparams, dx, dv) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2),
+                                                           has_aux=True))(params, xj, vj)
     assert o.dtype == half and dx.dtype == xj.dtype
     assert bool(jnp.isfinite(o.astype(jnp.float32)).all())
     assert bool(jnp.isfinite(dx.astype(jnp.float32)).all())

@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 from fla_contract.layer_inputs import check_cache_shapes
+from fla_contract.names import pretty
 from fla_contract.rwkv7_init import rwkv7_init_values
 
 from .. import ops
@@ -165,8 +166,9 @@ class RWKV7Attention(nnx.Module):
             raise ValueError(f"{NAME}: v_first has shape {list(v_first.shape)}; expected "
                              f"[B, T, value_dim] = [{B}, {T}, {self.value_dim}]")
         if np.dtype(v_first.dtype) != np.dtype(cd):
-            raise TypeError(f"{NAME}: v_first has dtype {dtype_name(v_first.dtype)}; expected "
-                            f"the compute dtype {dtype_name(cd)} (layer 0 returns it so)")
+            raise TypeError(f"{NAME}: v_first has dtype {pretty(dtype_name(v_first.dtype))}; "
+                            f"expected the compute dtype {pretty(dtype_name(cd))} (layer 0 "
+                            f"returns it so)")
 
     def __call__(self, hidden_states, attention_mask=None, past_key_values=None,
                  use_cache: bool = False, v_first=None, cu_seqlens=None, **kwargs):

@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fla_contract.layer_inputs import check_cache_shapes
+from fla_contract.names import pretty
 from fla_contract.rwkv7_init import rwkv7_init_values
 
 from .. import ops
@@ -175,8 +176,9 @@ class RWKV7Attention(nn.Module):
             raise ValueError(f"{NAME}: v_first has shape {list(v_first.shape)}; expected "
                              f"[B, T, value_dim] = [{B}, {T}, {self.value_dim}]")
         if v_first.dtype != cd:
-            raise TypeError(f"{NAME}: v_first has dtype {dtype_name(v_first.dtype)}; expected "
-                            f"the compute dtype {dtype_name(cd)} (layer 0 returns it so)")
+            raise TypeError(f"{NAME}: v_first has dtype {pretty(dtype_name(v_first.dtype))}; "
+                            f"expected the compute dtype {pretty(dtype_name(cd))} (layer 0 "
+                            f"returns it so)")
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None,
                 use_cache: bool = False, output_attentions: bool = False, v_first=None,
