@@ -1,0 +1,91 @@
+"""The DPLR chunk pipeline (Triton stages + torch ops), forward and backward by autograd.
+
+    S_t = (diag(exp(w_t)) + b_t a_t^T) S_{t-1} + k_t v_t^T,   o_t = scale * r_t S_t
+(RWKV-7; KDA is a = exp(g) k, b = -beta k, write key beta k.) The chunk form is the one of
+common/dplr_chunked.py with chunks of BT = 64:
+ 1. slot layout: every input to fp32 [S, H, BT, D], one slot per chunk (engine/varlen.py's
+    slots: no host synchronisation for cu_seqlens), pad rows zero;
+ 2. dplr_scores.DplrScores: the per-key-decay scores A_ab, A_ak, A_rb, A_rk and the decayed
+    vectors r_in, a_in, b_out, k_out, tot (Triton, fp64 gate cumsum, exact pairs);
+ 3. the WY terms [u | w] = (I - A_ab)^-1 [A_ak v | a_in] (batched triangular solve, fp32);
+ 4. dplr_state.DplrStatePass: U = u + w S_in and the states S_in per chunk (Triton);
+ 5. o = scale (r_in S_in + A_rb U + A_rk v), back to the token layout in r's dtype.
+fp32 matmuls of steps 3 and 5 run fp32-accurately (torch's default; inside allow_tf32() the
+caller's setting applies).
+"""
+from __future__ import annotations
+
+import torch
+
+from .varlen import n_slots
+
+BT = 64
+
+
+def slot_rows(B: int, T: int, cu_seqlens, device):
+    """(row [B*T] int64: the slot-layout row of every token, first [N], count [N] int32,
+    slots S). Computed on the device (no host synchronisation)."""
+    if cu_seqlens is None:
+        NT = -(-T // BT)
+        tok = torch.arange(T, device=device)
+        row = (torch.arange(B, device=device)[:, None] * (NT * BT) + tok[None, :]).reshape(-1)
+        first = torch.arange(B, device=device, dtype=torch.int32) * NT
+        count = torch.full((B,), NT, dtype=torch.int32, device=device)
+        return row, first, count, B * NT
+    cu = cu_seqlens.to(device=device, dtype=torch.int64)
+    N = cu.shape[0] - 1
+    tok = torch.arange(T, device=device)
+    n = torch.searchsorted(cu, tok, right=True) - 1
+    bos = cu[n]
+    row = (bos // BT + n) * BT + (tok - bos)
+    seq = torch.arange(N, device=device)
+    first = (cu[:-1] // BT + seq).to(torch.int32)
+    count = ((cu[1:] - cu[:-1] + BT - 1) // BT).to(torch.int32)
+    return row, first, count, n_slots(1, T, N, BT, True)
+
+
+def to_slots(x, row, S, varlen: bool):
+    """[B, T, H, D] -> fp32 [S, H, BT, D] (pad rows zero; differentiable)."""
+    B, T, H, D = x.shape
+    if not varlen:
+        NT = S // B
+        x = torch.nn.functional.pad(x.float(), (0, 0, 0, 0, 0, NT * BT - T))
+        return x.view(B, NT, BT, H, D).transpose(2, 3).reshape(S, H, BT, D).contiguous()
+    flat = x.reshape(B * T, H, D).float()
+    z = torch.zeros((S * BT, H, D), dtype=torch.float32, device=x.device)
+    return z.index_copy(0, row, flat).view(S, BT, H, D).transpose(1, 2).contiguous()
+
+
+def from_slots(y, row, B, T, varlen: bool):
+    """[S, H, BT, D] -> [B, T, H, D] (differentiable)."""
+    S, H, _, D = y.shape
+    if not varlen:
+        return y.view(B, S // B, H, BT, D).transpose(2, 3).reshape(B, -1, H, D)[:, :T]
+    return y.transpose(1, 2).reshape(S * BT, H, D).index_select(0, row).view(B, T, H, D)
+
+
+def dplr_chunk(r, k, v, w, a, b, scale, initial_state, output_final_state, cu_seqlens):
+    """r, k: [B, T, H, K] and v [B, T, H, V] in one dtype; w, a, b [B, T, H, K] fp32;
+    initial_state [N, H, K, V] fp32 or None. Returns (o [B, T, H, V] in r's dtype,
+    final state [N, H, K, V] fp32 or None)."""
+    from .dplr_scores import DplrScores
+    from .dplr_state import DplrStatePass
+
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    row, first, count, S = slot_rows(B, T, cu_seqlens, r.device)
+    varlen = cu_seqlens is not None
+    rs, ks, vs, ws, as_, bs = (to_slots(x, row, S, varlen) for x in (r, k, v, w, a, b))
+    A_ab, A_ak, A_rb, A_rk, r_in, a_in, b_out, k_out, tot = DplrScores.apply(rs, ks, as_, bs,
+                                                                             ws)
+    eye = torch.eye(BT, dtype=torch.float32, device=r.device)
+    rhs = torch.cat([A_ak @ vs, a_in], dim=-1)
+    X = torch.linalg.solve_triangular(eye - A_ab, rhs, upper=False, unitriangular=True)
+    u, wy = X[..., :V].contiguous(), X[..., V:].contiguous()
+    h0 = None if initial_state is None else initial_state.float().contiguous()
+    res = DplrStatePass.apply(u, wy, b_out, k_out, vs, tot, h0, first, count,
+                              bool(output_final_state))
+    U, S_in = res[0], res[1]
+    ht = res[2] if output_final_state else None
+    o = scale * (r_in @ S_in + A_rb @ U + A_rk @ vs)
+    return from_slots(o, row, B, T, varlen).to(r.dtype), ht

@@ -1,0 +1,327 @@
+"""Per-key-decay scores of a DPLR chunk (Triton), forward and backward (autograd.Function).
+
+Inputs in the slot layout [S, H, BT, K] fp32 (dplr.py): r, k, a, b and the log-decay w
+(pad rows zero). Per chunk, with G_i = w_1 + ... + w_i (fp64 cumsum inside the chunk, per key),
+Gx_i = G_{i-1} and L = G at the chunk's last row:
+    A_ab[i, j] = sum_c a_ic b_jc exp(Gx_ic - G_jc)    (j < i)     A_ak likewise with k_j
+    A_rb[i, j] = sum_c r_ic b_jc exp(G_ic - G_jc)      (j <= i)    A_rk likewise with k_j
+    r_in = r exp(G), a_in = a exp(Gx), b_out = b exp(L - G), k_out = k exp(L - G),
+    tot = exp(L)                                                          [S, H, K]
+A_ab is computed as its row-shifted form A_ab[m + 1, j] = sum_c a_{m+1,c} b_jc exp(G_m - G_j)
+(j <= m), so all four matrices pair one row vector x in {r, a shifted up} with one column
+vector y in {b, k} through exp(G_i - G_j), j <= i.
+
+Sub-chunks of BC rows: the pairs of earlier sub-chunks factor through a reference row between
+them (x_i exp(G_i - G_f), y_j exp(G_f - G_j): every exponent <= 0) into tensor-core dots
+(fp32 operands, fp32-accurate); the diagonal sub-block is exact per pair ([BC, BC, BK]
+products). Every exponent is a difference of fp64 cumsums taken before the cast to fp32 and
+masked to -inf outside the causal part before exp: no overflow at gates of -20.
+
+Backward: the gradients of r, k, a, b by the same pairs, and dw per chunk without carrying
+anything across chunks: each pair (i, j), i > j, gives its coefficient c = dA_ij x_i y_j exp(.)
+to every w_s with j < s <= i, gathered as P_i (row side) and M_j (column side),
+dw_s = sum_{t >= s} (P_t - M_t); the pairs i == j depend on no gate and are left out, so no
+O(1) term is formed and cancelled under strong gates. The boundary terms go the same way
+(prefix / suffix sums as dots with triangular 0/1 matrices).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..kernel_alloc import alloc
+from ..triton_scalar_gate import block, fp32_dot_precision
+
+
+@triton.jit
+def _ld(x, base, rows, m_r, o_k, m_k, K: tl.constexpr, BT: tl.constexpr):
+    """Tile [len(rows), BK] of x [S, H, BT, K] (program row base `base`), masked."""
+    return tl.load(x + (base * BT + rows)[:, None] * K + o_k[None, :],
+                   mask=m_r[:, None] & m_k[None, :], other=0.)
+
+
+@triton.jit
+def _ld_cg(x, base, rows, m_r, o_k, m_k, K: tl.constexpr, BT: tl.constexpr):
+    """_ld of data this program stored before a barrier (read from L2, past the SM's L1)."""
+    return tl.load(x + (base * BT + rows)[:, None] * K + o_k[None, :],
+                   mask=m_r[:, None] & m_k[None, :], other=0., cache_modifier=".cg")
+
+
+@triton.jit
+def _st(x, val, base, rows, m_r, o_k, m_k, K: tl.constexpr, BT: tl.constexpr):
+    tl.store(x + (base * BT + rows)[:, None] * K + o_k[None, :], val,
+             mask=m_r[:, None] & m_k[None, :])
+
+
+@triton.jit
+def _ex(d):
+    """exp of an fp64 exponent (<= 0) in fp32."""
+    return tl.exp(d.to(tl.float32))
+
+
+@triton.jit
+def _cumsum_pass(w, gbuf, base, o_t, o_k, m_k, K: tl.constexpr, BT: tl.constexpr):
+    """fp64 in-chunk cumsum G [BT, BK] of w (stored to gbuf) and its last row L [BK]."""
+    m_t = o_t < BT
+    x = _ld(w, base, o_t, m_t, o_k, m_k, K, BT).to(tl.float64)
+    G = tl.cumsum(x, axis=0)
+    _st(gbuf, G, base, o_t, m_t, o_k, m_k, K, BT)
+    return G, tl.sum(x, axis=0)
+
+
+@triton.jit
+def _fwd_kernel(r, k, a, b, w, gbuf, Aab, Aak, Arb, Ark, rin, ain, bout, kout, tot,
+                H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                BK: tl.constexpr, PREC: tl.constexpr):
+    i_s, i_h = tl.program_id(0), tl.program_id(1)
+    base = i_s.to(tl.int64) * H + i_h
+    o_t = tl.arange(0, BT)
+    o_c = tl.arange(0, BC)
+    m_t = o_t < BT
+    NK: tl.constexpr = (K + BK - 1) // BK
+    for kb in range(NK):
+        o_k = kb * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        G, L = _cumsum_pass(w, gbuf, base, o_t, o_k, m_k, K, BT)
+        x = _ld(w, base, o_t, m_t, o_k, m_k, K, BT).to(tl.float64)
+        e_end = _ex(L[None, :] - G)
+        _st(rin, _ld(r, base, o_t, m_t, o_k, m_k, K, BT) * _ex(G), base, o_t, m_t, o_k, m_k,
+            K, BT)
+        _st(ain, _ld(a, base, o_t, m_t, o_k, m_k, K, BT) * _ex(G - x), base, o_t, m_t, o_k,
+            m_k, K, BT)
+        _st(bout, _ld(b, base, o_t, m_t, o_k, m_k, K, BT) * e_end, base, o_t, m_t, o_k, m_k,
+            K, BT)
+        _st(kout, _ld(k, base, o_t, m_t, o_k, m_k, K, BT) * e_end, base, o_t, m_t, o_k, m_k,
+            K, BT)
+        tl.store(tot + base * K + o_k, _ex(L), mask=m_k)
+    tl.debug_barrier()
+    # row 0 of A_ab, A_ak (no j < 0)
+    zrow = tl.zeros([BT], dtype=tl.float32)
+    tl.store(Aab + base * BT * BT + o_t, zrow)
+    tl.store(Aak + base * BT * BT + o_t, zrow)
+    tri = o_c[:, None] >= o_c[None, :]
+    for I in tl.static_range(BT // BC):
+        i0 = I * BC
+        rows = i0 + o_c
+        m_r = rows < BT
+        m_a = rows + 1 < BT
+        o_rb = tl.zeros([BC, BT], dtype=tl.float32)
+        o_rk = tl.zeros([BC, BT], dtype=tl.float32)
+        o_ab = tl.zeros([BC, BT], dtype=tl.float32)
+        o_ak = tl.zeros([BC, BT], dtype=tl.float32)
+        d_rb = tl.zeros([BC, BC], dtype=tl.float32)
+        d_rk = tl.zeros([BC, BC], dtype=tl.float32)
+        d_ab = tl.zeros([BC, BC], dtype=tl.float32)
+        d_ak = tl.zeros([BC, BC], dtype=tl.float32)
+        for kb in range(NK):
+            o_k = kb * BK + tl.arange(0, BK)
+            m_k = o_k < K
+            x_r = _ld(r, base, rows, m_r, o_k, m_k, K, BT)
+            x_a = _ld(a, base, rows + 1, m_a, o_k, m_k, K, BT)
+            y_b = _ld(b, base, rows, m_r, o_k, m_k, K, BT)
+            y_k = _ld(k, base, rows, m_r, o_k, m_k, K, BT)
+            G_I = _ld_cg(gbuf, base, rows, m_r, o_k, m_k, K, BT)
+            if I > 0:
+                G_f = tl.load(gbuf + (base * BT + i0) * K + o_k, mask=m_k, other=0.,
+                              cache_modifier=".cg")
+                G_a = _ld_cg(gbuf, base, o_t, m_t, o_k, m_k, K, BT)
+                e_c = _ex(tl.where(o_t[:, None] < i0, G_f[None, :] - G_a, float("-inf")))
+                c_b = _ld(b, base, o_t, m_t, o_k, m_k, K, BT) * e_c
+                c_k = _ld(k, base, o_t, m_t, o_k, m_k, K, BT) * e_c
+                e_r = _ex(G_I - G_f[None, :])
+                r_d = x_r * e_r
+                a_d = x_a * e_r
+                o_rb += tl.dot(r_d, tl.trans(c_b), input_precision=PREC)
+                o_rk += tl.dot(r_d, tl.trans(c_k), input_precision=PREC)
+                o_ab += tl.dot(a_d, tl.trans(c_b), input_precision=PREC)
+                o_ak += tl.dot(a_d, tl.trans(c_k), input_precision=PREC)
+            E = _ex(tl.where(tri[:, :, None], G_I[:, None, :] - G_I[None, :, :], float("-inf")))
+            xr3 = x_r[:, None, :] * E
+            xa3 = x_a[:, None, :] * E
+            d_rb += tl.sum(xr3 * y_b[None, :, :], axis=2)
+            d_rk += tl.sum(xr3 * y_k[None, :, :], axis=2)
+            d_ab += tl.sum(xa3 * y_b[None, :, :], axis=2)
+            d_ak += tl.sum(xa3 * y_k[None, :, :], axis=2)
+        off = (o_t[None, :] < i0) | (o_t[None, :] >= i0 + BC)
+        p_r = (base * BT + rows)[:, None] * BT
+        tl.store(Arb + p_r + o_t[None, :], o_rb, mask=m_r[:, None] & off)
+        tl.store(Ark + p_r + o_t[None, :], o_rk, mask=m_r[:, None] & off)
+        tl.store(Arb + p_r + i0 + o_c[None, :], d_rb, mask=m_r[:, None])
+        tl.store(Ark + p_r + i0 + o_c[None, :], d_rk, mask=m_r[:, None])
+        p_a = p_r + BT          # the shifted rows m + 1
+        tl.store(Aab + p_a + o_t[None, :], o_ab, mask=m_a[:, None] & off)
+        tl.store(Aak + p_a + o_t[None, :], o_ak, mask=m_a[:, None] & off)
+        tl.store(Aab + p_a + i0 + o_c[None, :], d_ab, mask=m_a[:, None])
+        tl.store(Aak + p_a + i0 + o_c[None, :], d_ak, mask=m_a[:, None])
+
+
+@triton.jit
+def _ldA(A, base, rows, m_r, cols, m_c, BT: tl.constexpr):
+    return tl.load(A + (base * BT + rows)[:, None] * BT + cols[None, :],
+                   mask=m_r[:, None] & m_c[None, :], other=0.)
+
+
+@triton.jit
+def _diag(x, o_c):
+    """Diagonal [BC] of a [BC, BC] tile."""
+    return tl.sum(tl.where(o_c[:, None] == o_c[None, :], x, 0.), axis=1)
+
+
+@triton.jit
+def _bwd_kernel(r, k, a, b, w, gbuf, dAab, dAak, dArb, dArk, drin, dain, dbout, dkout, dtot,
+                dr, dk, da, db, dw, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    i_s, i_h = tl.program_id(0), tl.program_id(1)
+    base = i_s.to(tl.int64) * H + i_h
+    o_t = tl.arange(0, BT)
+    o_c = tl.arange(0, BC)
+    m_t = o_t < BT
+    NK: tl.constexpr = (K + BK - 1) // BK
+    strict = o_c[:, None] > o_c[None, :]
+    up_incl = tl.where(o_t[None, :] >= o_t[:, None], 1., 0.)     # [s, t]: t >= s
+    lo_strict = tl.where(o_t[None, :] < o_t[:, None], 1., 0.)    # [s, t]: t < s
+    for kb in range(NK):
+        o_k = kb * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        G, L = _cumsum_pass(w, gbuf, base, o_t, o_k, m_k, K, BT)
+        # row 0 of da: a_0 enters a_in only, with exp(0)
+        tl.store(da + (base * BT) * K + o_k, tl.load(dain + (base * BT) * K + o_k, mask=m_k,
+                                                      other=0.), mask=m_k)
+        tl.debug_barrier()
+        for I in tl.static_range(BT // BC):
+            i0 = I * BC
+            rows = i0 + o_c
+            m_r = rows < BT
+            m_a = rows + 1 < BT
+            cols = i0 + o_c
+            x_r = _ld(r, base, rows, m_r, o_k, m_k, K, BT)
+            x_a = _ld(a, base, rows + 1, m_a, o_k, m_k, K, BT)
+            y_b = _ld(b, base, rows, m_r, o_k, m_k, K, BT)
+            y_k = _ld(k, base, rows, m_r, o_k, m_k, K, BT)
+            G_I = _ld_cg(gbuf, base, rows, m_r, o_k, m_k, K, BT)
+            # pairs with earlier sub-chunks: the rows of I (reference f = its first row)
+            g_r = tl.zeros([BC, BK], dtype=tl.float32)
+            g_a = tl.zeros([BC, BK], dtype=tl.float32)
+            if I > 0:
+                G_f = tl.load(gbuf + (base * BT + i0) * K + o_k, mask=m_k, other=0.,
+                              cache_modifier=".cg")
+                G_a = _ld_cg(gbuf, base, o_t, m_t, o_k, m_k, K, BT)
+                e_c = _ex(tl.where(o_t[:, None] < i0, G_f[None, :] - G_a, float("-inf")))
+                c_b = _ld(b, base, o_t, m_t, o_k, m_k, K, BT) * e_c
+                c_k = _ld(k, base, o_t, m_t, o_k, m_k, K, BT) * e_c
+                e_r = _ex(G_I - G_f[None, :])
+                g_r = e_r * (tl.dot(_ldA(dArb, base, rows, m_r, o_t, m_t, BT), c_b,
+                                    input_precision=PREC)
+                             + tl.dot(_ldA(dArk, base, rows, m_r, o_t, m_t, BT), c_k,
+                                      input_precision=PREC))
+                g_a = e_r * (tl.dot(_ldA(dAab, base, rows + 1, m_a, o_t, m_t, BT), c_b,
+                                    input_precision=PREC)
+                             + tl.dot(_ldA(dAak, base, rows + 1, m_a, o_t, m_t, BT), c_k,
+                                      input_precision=PREC))
+            # pairs with later sub-chunks: the columns of I (reference l = its last row)
+            g_b = tl.zeros([BC, BK], dtype=tl.float32)
+            g_k = tl.zeros([BC, BK], dtype=tl.float32)
+            if I < BT // BC - 1:
+                G_l = tl.load(gbuf + (base * BT + i0 + BC - 1) * K + o_k, mask=m_k,
+                              other=0., cache_modifier=".cg")
+                G_a = _ld_cg(gbuf, base, o_t, m_t, o_k, m_k, K, BT)
+                e_w = _ex(tl.where(o_t[:, None] >= i0 + BC, G_a - G_l[None, :],
+                                   float("-inf")))
+                w_r = _ld(r, base, o_t, m_t, o_k, m_k, K, BT) * e_w
+                w_a = _ld(a, base, o_t + 1, o_t + 1 < BT, o_k, m_k, K, BT) * e_w
+                e_l = _ex(G_l[None, :] - G_I)
+                tA_rb = _ldA(dArb, base, o_t, m_t, cols, m_r, BT)           # [BT, BC]
+                tA_rk = _ldA(dArk, base, o_t, m_t, cols, m_r, BT)
+                tA_ab = _ldA(dAab, base, o_t + 1, o_t + 1 < BT, cols, m_r, BT)
+                tA_ak = _ldA(dAak, base, o_t + 1, o_t + 1 < BT, cols, m_r, BT)
+                g_b = e_l * (tl.dot(tl.trans(tA_rb), w_r, input_precision=PREC)
+                             + tl.dot(tl.trans(tA_ab), w_a, input_precision=PREC))
+                g_k = e_l * (tl.dot(tl.trans(tA_rk), w_r, input_precision=PREC)
+                             + tl.dot(tl.trans(tA_ak), w_a, input_precision=PREC))
+            # the diagonal sub-block: exact pairs, i > j here, i == j added below
+            q_rb = _ldA(dArb, base, rows, m_r, cols, m_r, BT)
+            q_rk = _ldA(dArk, base, rows, m_r, cols, m_r, BT)
+            q_ab = _ldA(dAab, base, rows + 1, m_a, cols, m_r, BT)
+            q_ak = _ldA(dAak, base, rows + 1, m_a, cols, m_r, BT)
+            E = _ex(tl.where(strict[:, :, None], G_I[:, None, :] - G_I[None, :, :],
+                             float("-inf")))
+            yb3 = y_b[None, :, :] * E
+            yk3 = y_k[None, :, :] * E
+            g_r += tl.sum(q_rb[:, :, None] * yb3 + q_rk[:, :, None] * yk3, axis=1)
+            g_a += tl.sum(q_ab[:, :, None] * yb3 + q_ak[:, :, None] * yk3, axis=1)
+            xr3 = x_r[:, None, :] * E
+            xa3 = x_a[:, None, :] * E
+            g_b += tl.sum(q_rb[:, :, None] * xr3 + q_ab[:, :, None] * xa3, axis=0)
+            g_k += tl.sum(q_rk[:, :, None] * xr3 + q_ak[:, :, None] * xa3, axis=0)
+            # boundary terms (pairs with the chunk's start)
+            e_s = _ex(G_I)
+            b_r = _ld(drin, base, rows, m_r, o_k, m_k, K, BT) * e_s
+            b_a = _ld(dain, base, rows + 1, m_a, o_k, m_k, K, BT) * e_s
+            P = x_r * (g_r + b_r) + x_a * (g_a + b_a)
+            M = y_b * g_b + y_k * g_k
+            _st(dw, P - M, base, rows, m_r, o_k, m_k, K, BT)      # scratch, summed below
+            # the pairs i == j (no gate) and the chunk-end terms
+            s_rb = _diag(q_rb, o_c)[:, None]
+            s_rk = _diag(q_rk, o_c)[:, None]
+            s_ab = _diag(q_ab, o_c)[:, None]
+            s_ak = _diag(q_ak, o_c)[:, None]
+            e_e = _ex(L[None, :] - G_I)
+            _st(dr, g_r + b_r + s_rb * y_b + s_rk * y_k, base, rows, m_r, o_k, m_k, K, BT)
+            _st(da, g_a + b_a + s_ab * y_b + s_ak * y_k, base, rows + 1, m_a, o_k, m_k, K, BT)
+            _st(db, g_b + s_rb * x_r + s_ab * x_a
+                + _ld(dbout, base, rows, m_r, o_k, m_k, K, BT) * e_e,
+                base, rows, m_r, o_k, m_k, K, BT)
+            _st(dk, g_k + s_rk * x_r + s_ak * x_a
+                + _ld(dkout, base, rows, m_r, o_k, m_k, K, BT) * e_e,
+                base, rows, m_r, o_k, m_k, K, BT)
+        tl.debug_barrier()
+        e_end = _ex(L[None, :] - G)
+        c_end = (_ld(b, base, o_t, m_t, o_k, m_k, K, BT)
+                 * _ld(dbout, base, o_t, m_t, o_k, m_k, K, BT)
+                 + _ld(k, base, o_t, m_t, o_k, m_k, K, BT)
+                 * _ld(dkout, base, o_t, m_t, o_k, m_k, K, BT)) * e_end
+        PM = _ld_cg(dw, base, o_t, m_t, o_k, m_k, K, BT)
+        g_tot = tl.load(dtot + base * K + o_k, mask=m_k, other=0.) * _ex(L)
+        b_dw = (tl.dot(up_incl, PM, input_precision=PREC)
+                + tl.dot(lo_strict, c_end, input_precision=PREC) + g_tot[None, :])
+        tl.debug_barrier()
+        _st(dw, b_dw, base, o_t, m_t, o_k, m_k, K, BT)
+
+
+BC = 16
+
+
+def _bk(K):
+    return min(block(K), 32)
+
+
+class DplrScores(torch.autograd.Function):
+    """(r, k, a, b, w) [S, H, BT, K] fp32 -> (A_ab, A_ak, A_rb, A_rk [S, H, BT, BT],
+    r_in, a_in, b_out, k_out [S, H, BT, K], tot [S, H, K]), all fp32."""
+
+    @staticmethod
+    def forward(ctx, r, k, a, b, w):
+        r, k, a, b, w = (x.contiguous() for x in (r, k, a, b, w))
+        S, H, BT, K = r.shape
+        dev = r.device
+        mats = [alloc((S, H, BT, BT), torch.float32, dev) for _ in range(4)]
+        vecs = [alloc((S, H, BT, K), torch.float32, dev) for _ in range(4)]
+        tot = alloc((S, H, K), torch.float32, dev)
+        gbuf = alloc((S, H, BT, K), torch.float64, dev)
+        _fwd_kernel[(S, H)](r, k, a, b, w, gbuf, *mats, *vecs, tot, H=H, K=K, BT=BT, BC=BC,
+                            BK=_bk(K), PREC=fp32_dot_precision(), num_warps=8, num_stages=1)
+        ctx.save_for_backward(r, k, a, b, w)
+        return (*mats, *vecs, tot)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        r, k, a, b, w = ctx.saved_tensors
+        S, H, BT, K = r.shape
+        dev = r.device
+        grads = [g.contiguous() for g in grads]
+        outs = [alloc((S, H, BT, K), torch.float32, dev) for _ in range(5)]
+        gbuf = alloc((S, H, BT, K), torch.float64, dev)
+        _bwd_kernel[(S, H)](r, k, a, b, w, gbuf, *grads, *outs, H=H, K=K, BT=BT, BC=BC,
+                            BK=_bk(K), PREC=fp32_dot_precision(), num_warps=8, num_stages=1)
+        return tuple(outs)
