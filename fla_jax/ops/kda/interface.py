@@ -16,6 +16,7 @@ from ..common.prepare import run_op
 _BASE = {"reference": "fla_jax.ops.kda.reference:kda_reference",
          "chunked": "fla_jax.ops.kda.chunked:kda_chunked"}
 CHUNK_IMPLS = dict(_BASE)
+CHUNK_IMPLS["pallas"] = "fla_jax.ops.kda.pallas_chunk:chunk_kda_pallas"
 RECURRENT_IMPLS = dict(_BASE)
 
 

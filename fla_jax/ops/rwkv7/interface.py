@@ -14,6 +14,7 @@ from ..common.prepare import run_op
 _BASE = {"reference": "fla_jax.ops.rwkv7.reference:rwkv7_reference",
          "chunked": "fla_jax.ops.rwkv7.chunked:rwkv7_chunked"}
 CHUNK_IMPLS = dict(_BASE)
+CHUNK_IMPLS["pallas"] = "fla_jax.ops.rwkv7.pallas_chunk:chunk_rwkv7_pallas"
 RECURRENT_IMPLS = dict(_BASE)
 
 

@@ -1,0 +1,108 @@
+"""The DPLR chunk pipeline (Pallas stages + jnp glue), forward and backward: the mirror of
+fla_torch/ops/common/engine/dplr.py.
+
+    S_t = (diag(exp(w_t)) + b_t a_t^T) S_{t-1} + k_t v_t^T,   o_t = scale * r_t S_t
+(RWKV-7; KDA is a = exp(g) k, b = -beta k, write key beta k.) The chunk form is the one of
+common/dplr_chunked.py with chunks of BT = 64:
+ 1. slot layout: every input to fp32 [S, H, BT, D] (D padded to a power of two >= 16), one
+    slot per chunk (the engine's varlen slots: no host synchronisation for cu_seqlens), pad
+    rows zero;
+ 2. dplr_scores.dplr_scores: the per-key-decay scores A_ab, A_ak, A_rb, A_rk and the decayed
+    vectors r_in, a_in, b_out, k_out, tot (Pallas, split-cumsum gates, exact pairs);
+ 3. the WY terms [u | w] = (I - A_ab)^-1 [A_ak v | a_in] (batched unit-lower inverse, fp32);
+ 4. dplr_state.dplr_state: U = u + w S_in and the states S_in per chunk (Pallas);
+ 5. o = scale (r_in S_in + A_rb U + A_rk v), back to the token layout in r's dtype.
+Stages 2 and 4 are custom_vjp functions with Pallas backward kernels; autodiff carries the
+gradients through the jnp glue (1, 3, 5). fp32 matmuls of the glue run fp32-accurately
+(inside allow_tf32() the caller's setting applies).
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from .. import pallas_triton as ptr
+from ..compute_operands import einsum
+from ..token_recurrence import token_sequence_ids
+from ..unit_lower_inverse import unit_lower_inverse
+from .dplr_scores import dplr_scores
+from .dplr_state import dplr_state
+from .varlen import n_chunks, n_slots
+
+BT = 64
+F32 = jnp.float32
+
+
+def slot_rows(B: int, T: int, cu_seqlens):
+    """(row [B*T] int32: the slot-layout row of every token, first [N], count [N] int32,
+    slots S). Traced-safe (no host synchronisation)."""
+    NT = n_chunks(T, BT)
+    if cu_seqlens is None:
+        tok = jnp.arange(T, dtype=jnp.int32)
+        row = (jnp.arange(B, dtype=jnp.int32)[:, None] * (NT * BT) + tok[None, :]).reshape(-1)
+        first = jnp.arange(B, dtype=jnp.int32) * NT
+        count = jnp.full((B,), NT, jnp.int32)
+        return row, first, count, B * NT
+    cu = jnp.asarray(cu_seqlens).astype(jnp.int32)
+    N = cu.shape[0] - 1
+    n, _ = token_sequence_ids(cu, T)
+    bos = cu[n]
+    row = (bos // BT + n) * BT + (jnp.arange(T, dtype=jnp.int32) - bos)
+    first = cu[:-1] // BT + jnp.arange(N, dtype=jnp.int32)
+    count = (cu[1:] - cu[:-1] + BT - 1) // BT
+    return row, first, count, n_slots(T, BT, N, True)
+
+
+def to_slots(x, row, S, Dp):
+    """[B, T, H, D] -> fp32 [S, H, BT, Dp] (pad rows and columns zero; differentiable)."""
+    B, T, H, D = x.shape
+    flat = x.reshape(B * T, H, D).astype(F32)
+    if Dp != D:
+        flat = jnp.pad(flat, ((0, 0), (0, 0), (0, Dp - D)))
+    z = jnp.zeros((S * BT, H, Dp), F32).at[row].set(flat)
+    return jnp.transpose(z.reshape(S, BT, H, Dp), (0, 2, 1, 3))
+
+
+def from_slots(y, row, B, T, D):
+    """[S, H, BT, Dp] -> [B, T, H, D] (differentiable)."""
+    S, H, _, Dp = y.shape
+    flat = jnp.transpose(y, (0, 2, 1, 3)).reshape(S * BT, H, Dp)
+    return flat[row][..., :D].reshape(B, T, H, D)
+
+
+def _shift_up(x):
+    """x[:, :, m] <- x[:, :, m + 1] within each chunk (last row zero)."""
+    return jnp.pad(x[:, :, 1:], ((0, 0), (0, 0), (0, 1), (0, 0)))
+
+
+def _shift_down(x):
+    """x[:, :, i] <- x[:, :, i - 1] within each chunk (row 0 zero)."""
+    return jnp.pad(x[:, :, :-1], ((0, 0), (0, 0), (1, 0), (0, 0)))
+
+
+def dplr_chunk(r, k, v, w, a, b, scale, initial_state, output_final_state, cu_seqlens):
+    """r, k: [B, T, H, K] and v [B, T, H, V] (any float dtype, used in fp32); w, a, b
+    [B, T, H, K] fp32; initial_state [N, H, K, V] fp32 or None; cu_seqlens None or int
+    [N+1] (B == 1, may be traced). Returns (o [B, T, H, V] fp32, final state
+    [N, H, K, V] fp32 or None); differentiable w.r.t. every float input."""
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    Kp, Vp = ptr.padded(K), ptr.padded(V)
+    prec = ptr.dot_precision()
+    row, first, count, S = slot_rows(B, T, cu_seqlens)
+    rs, ks, ws, as_, bs = (to_slots(x, row, S, Kp) for x in (r, k, w, a, b))
+    vs = to_slots(v, row, S, Vp)
+    M_rb, M_rk, M_ab, M_ak, r_in, as_in, b_out, k_out, tot = dplr_scores(
+        rs, ks, _shift_up(as_), bs, ws, prec)
+    A_ab, A_ak = _shift_down(M_ab), _shift_down(M_ak)
+    a_in = jnp.concatenate([as_[:, :, :1], as_in[:, :, :-1]], axis=2)
+    t_inv = unit_lower_inverse(-A_ab)                                   # (I - A_ab)^-1
+    u = einsum("shij,shjv->shiv", t_inv, einsum("shij,shjv->shiv", A_ak, vs))
+    wy = einsum("shij,shjk->shik", t_inv, a_in)
+    h0 = initial_state
+    if h0 is not None and (Kp != K or Vp != V):
+        h0 = jnp.pad(h0.astype(F32), ((0, 0), (0, 0), (0, Kp - K), (0, Vp - V)))
+    U, S_in, ht = dplr_state(u, wy, b_out, k_out, vs, tot, h0, first, count, prec)
+    o = scale * (einsum("shck,shkv->shcv", r_in, S_in) + einsum("shij,shjv->shiv", M_rb, U)
+                 + einsum("shij,shjv->shiv", M_rk, vs))
+    o = from_slots(o, row, B, T, V)
+    return o, (ht[:, :, :K, :V] if output_final_state else None)

@@ -1,0 +1,261 @@
+"""Per-key-decay scores of a DPLR chunk (Pallas, Triton lowering), forward and backward
+(jax.custom_vjp): the mirror of fla_torch/ops/common/engine/dplr_scores.py.
+
+Inputs in the slot layout [S, H, BT, K] fp32 (dplr.py): row vectors x in {r, a_s} and column
+vectors y in {b, k}, the log-decay w (pad rows zero); a_s is a shifted up by one row
+(a_s[m] = a[m + 1]), so that every matrix pairs x_i and y_j through exp(G_i - G_j), j <= i,
+with G_i = w_1 + ... + w_i the in-chunk cumsum per key:
+    M_xy[i, j] = sum_c x_ic y_jc exp(G_ic - G_jc)   (j <= i; the pair i == j is gate-free)
+    x_in = x exp(G),  y_out = y exp(L - G),  tot = exp(L)        (L: G at the chunk's end)
+(dplr.py turns M_ab, M_ak of a_s into the strictly lower A_ab, A_ak of a.)
+
+Gates: split cumsums (engine/gates.py: hi on a 2^-8 grid, exact, + a small lo), so every gap
+keeps fp32 accuracy when the cumsum reaches -1000s. Sub-chunks of SUB = 16 rows: pairs with
+earlier rows factor through R_I (G before sub-chunk I) as (x_i exp(G_i - R_I))
+(y_j exp(R_I - G_j)), both exponents <= 0, into fp32-accurate dots; pairs inside a sub-chunk
+are exact per pair ([SUB, SUB, BK] products). Masked before exp: no overflow at -20 per token.
+
+Backward: dx, dy by the same pairs, and dw without carrying anything across chunks: a pair
+(i, j), i > j, gives c = dM_ij x_i y_j exp(G_i - G_j) to every w_s with j < s <= i, gathered as
+P_i (row side) and Q_j (column side): dw_s = sum_{t >= s} (P_t - Q_t); the pairs i == j
+depend on no gate and are left out (no O(1) term formed and cancelled under strong gates);
+the chunk-end terms y_out reach w_s for s > j only (a strict prefix sum), tot every w_s.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+from .. import pallas_triton as ptr
+from . import gates as gt
+from .launch import SUB
+
+F32 = jnp.float32
+XS = ("r", "a")           # row vectors (a: shifted up by one row)
+YS = ("b", "k")           # column vectors
+PAIRS = tuple((x, y) for x in XS for y in YS)      # rb, rk, ab, ak
+
+
+def _bk(Kp):
+    return min(Kp, 32)
+
+
+def _cum3(c: gt.Cum, axis: int) -> gt.Cum:
+    return gt.Cum(jnp.expand_dims(c.hi, axis), jnp.expand_dims(c.lo, axis))
+
+
+def _chunk_gates(refs, cols, BT, BK):
+    """Full-chunk Cum of G [BT, BK] and the chunk total L [BK] (Cum)."""
+    w = refs["w"][:, cols]
+    return gt.cumsum(w)
+
+
+def _sub_gates(refs, i0, cols):
+    """loc (Cum [SUB, BK]: cumsum from the sub-chunk's start) and its total (Cum [BK])."""
+    return gt.cumsum(refs["w"][pl.ds(i0, SUB), cols])
+
+
+def _before(G: gt.Cum, i0):
+    """R_I = G at row i0 - 1 (zero for i0 = 0) as a [BK] Cum."""
+    if i0 == 0:
+        z = jnp.zeros(G.hi.shape[1:], F32)
+        return gt.Cum(z, z)
+    return gt.row(G, i0 - 1)
+
+
+def _pair_exp(loc: gt.Cum, strict: bool):
+    """[SUB, SUB, BK]: exp(loc_i - loc_j) for j < i (also 1 at j == i unless strict), else 0."""
+    ii = lax.broadcasted_iota(jnp.int32, (SUB, SUB, 1), 0)
+    jj = lax.broadcasted_iota(jnp.int32, (SUB, SUB, 1), 1)
+    e = gt.masked_exp(gt.gap(_cum3(loc, 1), _cum3(loc, 0)), ii > jj)
+    return e if strict else e + (ii == jj).astype(F32)
+
+
+# ------------------------------------------------------------------------------ forward
+def _fwd_kernel(refs, BT, Kp, prec):
+    BK = _bk(Kp)
+    nk, nb = Kp // BK, BT // SUB
+    rows = lax.broadcasted_iota(jnp.int32, (BT, 1), 0)
+    for kb in range(nk):
+        cols = pl.ds(kb * BK, BK)
+        G, L = _chunk_gates(refs, cols, BT, BK)
+        eG = jnp.exp(G.value())
+        for x in XS:
+            refs[f"{x}_in"][:, cols] = refs[x][:, cols] * eG
+        e_end = jnp.exp(gt.gap(gt.bcast(L), G))
+        for y in YS:
+            refs[f"{y}_out"][:, cols] = refs[y][:, cols] * e_end
+        refs["tot"][cols] = jnp.exp(L.value())
+    for I in range(nb):
+        i0 = I * SUB
+        acc = {p: jnp.zeros((SUB, BT), F32) for p in PAIRS}
+        dia = {p: jnp.zeros((SUB, SUB), F32) for p in PAIRS}
+        for kb in range(nk):
+            cols = pl.ds(kb * BK, BK)
+            xs = {x: refs[x][pl.ds(i0, SUB), cols] for x in XS}
+            ys = {y: refs[y][pl.ds(i0, SUB), cols] for y in YS}
+            loc, _ = _sub_gates(refs, i0, cols)
+            if I > 0:
+                G, _ = _chunk_gates(refs, cols, BT, BK)
+                R = _before(G, i0)
+                e_c = gt.masked_exp(gt.gap(gt.bcast(R), G), rows < i0)       # [BT, BK]
+                e_r = jnp.exp(loc.value())                                    # [SUB, BK]
+                cy = {y: refs[y][:, cols] * e_c for y in YS}
+                for x, y in PAIRS:
+                    acc[x, y] = acc[x, y] + ptr.matmul(xs[x] * e_r, cy[y], (1, 1), prec)
+            E = _pair_exp(loc, strict=False)
+            for x, y in PAIRS:
+                dia[x, y] = dia[x, y] + jnp.sum(xs[x][:, None, :] * ys[y][None, :, :] * E,
+                                                axis=2)
+        cidx = lax.broadcasted_iota(jnp.int32, (SUB, BT), 1)
+        for x, y in PAIRS:
+            ref = refs[f"M_{x}{y}"]
+            plt.store(ref.at[pl.ds(i0, SUB), :], jnp.where(cidx < i0, acc[x, y], 0.0),
+                      mask=(cidx < i0) | (cidx >= i0 + SUB))
+            ref[pl.ds(i0, SUB), pl.ds(i0, SUB)] = dia[x, y]
+
+
+def _slot_spec(S, H, BT, D):
+    return pl.BlockSpec((None, None, BT, D), lambda s, h: (s, h, 0, 0))
+
+
+def _vec_spec(D):
+    return pl.BlockSpec((None, None, D), lambda s, h: (s, h, 0))
+
+
+def _call(kernel, ins, outs, grid, name, num_warps=4):
+    names = [n for n, _, _ in ins] + [n for n, _, _ in outs]
+
+    def body(*refs):
+        kernel(dict(zip(names, refs)))
+
+    res = pl.pallas_call(body, grid=grid, in_specs=[s for _, _, s in ins],
+                         out_specs=[s for _, _, s in outs],
+                         out_shape=[a for _, a, _ in outs],
+                         compiler_params=ptr.compiler_params(num_warps, 1),
+                         interpret=ptr.interpret(), name=name)(*[a for _, a, _ in ins])
+    return dict(zip([n for n, _, _ in outs], res))
+
+
+def _forward(r, k, a, b, w, prec):
+    S, H, BT, Kp = r.shape
+    vec = lambda: jax.ShapeDtypeStruct((S, H, BT, Kp), F32)     # noqa: E731
+    mat = lambda: jax.ShapeDtypeStruct((S, H, BT, BT), F32)     # noqa: E731
+    ins = [(n, x, _slot_spec(S, H, BT, Kp)) for n, x in
+           (("r", r), ("k", k), ("a", a), ("b", b), ("w", w))]
+    outs = [(f"M_{x}{y}", mat(), _slot_spec(S, H, BT, BT)) for x, y in PAIRS]
+    outs += [(f"{x}_in", vec(), _slot_spec(S, H, BT, Kp)) for x in XS]
+    outs += [(f"{y}_out", vec(), _slot_spec(S, H, BT, Kp)) for y in YS]
+    outs += [("tot", jax.ShapeDtypeStruct((S, H, Kp), F32), _vec_spec(Kp))]
+    res = _call(lambda refs: _fwd_kernel(refs, BT, Kp, prec), ins, outs, (S, H),
+                "dplr_scores_fwd")
+    return tuple(res[n] for n, _, _ in outs)
+
+
+# ----------------------------------------------------------------------------- backward
+def _bwd_kernel(refs, BT, Kp, prec):
+    BK = _bk(Kp)
+    nk, nb = Kp // BK, BT // SUB
+    rows = lax.broadcasted_iota(jnp.int32, (BT, 1), 0)
+    eye = (lax.broadcasted_iota(jnp.int32, (SUB, SUB), 0)
+           == lax.broadcasted_iota(jnp.int32, (SUB, SUB), 1))
+    for kb in range(nk):
+        cols = pl.ds(kb * BK, BK)
+        G, L = _chunk_gates(refs, cols, BT, BK)
+        refs["g_tot"][cols] = refs["d_tot"][cols] * jnp.exp(L.value())
+        for I in range(nb):
+            i0 = I * SUB
+            sub = pl.ds(i0, SUB)
+            xs = {x: refs[x][sub, cols] for x in XS}
+            ys = {y: refs[y][sub, cols] for y in YS}
+            loc, tot_I = _sub_gates(refs, i0, cols)
+            R = _before(G, i0)
+            q = {p: refs[f"dM_{p[0]}{p[1]}"][sub, sub] for p in PAIRS}       # [SUB, SUB]
+            gx = {x: jnp.zeros((SUB, BK), F32) for x in XS}
+            gy = {y: jnp.zeros((SUB, BK), F32) for y in YS}
+            if I > 0:        # pairs with earlier rows: the rows of I
+                e_c = gt.masked_exp(gt.gap(gt.bcast(R), G), rows < i0)
+                e_r = jnp.exp(loc.value())
+                cy = {y: refs[y][:, cols] * e_c for y in YS}
+                for x in XS:
+                    s = sum(ptr.matmul(refs[f"dM_{x}{y}"][sub, :], cy[y], (1, 0), prec)
+                            for y in YS)
+                    gx[x] = e_r * s
+            if I < nb - 1:   # pairs with later rows: the columns of I (reference: its last row)
+                Gl = gt.row(G, i0 + SUB - 1)
+                e_w = gt.masked_exp(gt.gap(G, gt.bcast(Gl)), rows >= i0 + SUB)
+                e_l = jnp.exp(gt.gap(gt.bcast(tot_I), loc))                 # [SUB, BK]
+                wx = {x: refs[x][:, cols] * e_w for x in XS}
+                for y in YS:
+                    s = sum(ptr.matmul(refs[f"dM_{x}{y}"][:, sub], wx[x], (0, 0), prec)
+                            for x in XS)
+                    gy[y] = e_l * s
+            E = _pair_exp(loc, strict=True)                                  # [i, j, c]
+            for x, y in PAIRS:
+                qe = q[x, y][:, :, None] * E
+                gx[x] = gx[x] + jnp.sum(qe * ys[y][None, :, :], axis=1)
+                gy[y] = gy[y] + jnp.sum(qe * xs[x][:, None, :], axis=0)
+            eG = jnp.exp(gt.add(gt.bcast(R), loc).value())
+            bx = {x: refs[f"d{x}_in"][sub, cols] * eG for x in XS}
+            P = sum(xs[x] * (gx[x] + bx[x]) for x in XS)
+            Q = sum(ys[y] * gy[y] for y in YS)
+            refs["pq"][sub, cols] = P - Q
+            e_e = jnp.exp(gt.span(L, R, loc))                                # exp(L - G)
+            by = {y: refs[f"d{y}_out"][sub, cols] * e_e for y in YS}
+            refs["c_end"][sub, cols] = sum(ys[y] * by[y] for y in YS)
+            dg = {p: jnp.sum(jnp.where(eye, q[p], 0.0), axis=1)[:, None] for p in PAIRS}
+            for x in XS:
+                refs[f"d{x}"][sub, cols] = gx[x] + bx[x] + sum(dg[x, y] * ys[y] for y in YS)
+            for y in YS:
+                refs[f"d{y}"][sub, cols] = gy[y] + by[y] + sum(dg[x, y] * xs[x] for x in XS)
+
+
+def _backward(r, k, a, b, w, cts, prec):
+    S, H, BT, Kp = r.shape
+    dM = dict(zip(PAIRS, cts[:4]))
+    d_in = dict(zip(XS, cts[4:6]))
+    d_out = dict(zip(YS, cts[6:8]))
+    d_tot = cts[8]
+    vspec = _slot_spec(S, H, BT, Kp)
+    ins = [(n, x, vspec) for n, x in (("r", r), ("k", k), ("a", a), ("b", b), ("w", w))]
+    ins += [(f"dM_{x}{y}", dM[x, y], _slot_spec(S, H, BT, BT)) for x, y in PAIRS]
+    ins += [(f"d{x}_in", d_in[x], vspec) for x in XS]
+    ins += [(f"d{y}_out", d_out[y], vspec) for y in YS]
+    ins += [("d_tot", d_tot, _vec_spec(Kp))]
+    vec = jax.ShapeDtypeStruct((S, H, BT, Kp), F32)
+    outs = [(n, vec, vspec) for n in ("dr", "dk", "da", "db", "pq", "c_end")]
+    outs += [("g_tot", jax.ShapeDtypeStruct((S, H, Kp), F32), _vec_spec(Kp))]
+    res = _call(lambda refs: _bwd_kernel(refs, BT, Kp, prec), ins, outs, (S, H),
+                "dplr_scores_bwd")
+    # dw_s = sum_{t >= s} (P_t - Q_t) + sum_{j < s} c_end_j + dtot exp(L)
+    pq, c_end = res["pq"], res["c_end"]
+    suffix = jnp.flip(jnp.cumsum(jnp.flip(pq, 2), axis=2), 2)
+    prefix = jnp.cumsum(c_end, axis=2) - c_end
+    dw = suffix + prefix + res["g_tot"][:, :, None, :]
+    return res["dr"], res["dk"], res["da"], res["db"], dw
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def dplr_scores(r, k, a, b, w, prec):
+    """(r, k, a_s, b, w) [S, H, BT, Kp] fp32 (a_s: a shifted up one row) ->
+    (M_rb, M_rk, M_ab, M_ak [S, H, BT, BT], r_in, a_in, b_out, k_out [S, H, BT, Kp],
+    tot [S, H, Kp]), all fp32 (see the module docstring). prec: the fp32 dot precision."""
+    return _forward(r, k, a, b, w, prec)
+
+
+def _fwd(r, k, a, b, w, prec):
+    return _forward(r, k, a, b, w, prec), (r, k, a, b, w)
+
+
+def _bwd(prec, res, cts):
+    r, k, a, b, w = res
+    cts = tuple(x.astype(F32) for x in cts)
+    return _backward(r, k, a, b, w, cts, prec)
+
+
+dplr_scores.defvjp(_fwd, _bwd)
