@@ -12,6 +12,7 @@ Inputs at padded positions are random, never zeros, so a leak shows.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -204,7 +205,7 @@ def test_fused_recurrent_mode_left_padded(name, fw):
     """A layer built with mode='fused_recurrent' (same seed, same weights) on the left-padded
     batch == the chunk-mode layer on each sequence alone."""
     case = CASES[name]
-    case = LayerCase(case.name, case.cls, {**case.kwargs, "mode": "fused_recurrent"})
+    case = dataclasses.replace(case, kwargs={**case.kwargs, "mode": "fused_recurrent"})
     tl = make_torch_layer(case)
     x, mask = padded_batch("left")
     if fw == "torch":

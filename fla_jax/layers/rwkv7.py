@@ -200,7 +200,8 @@ class RWKV7Attention(nnx.Module):
         g = self.g_lora(mixed["g"].astype(cd), cd)
         kf = k.astype(f32)
         kk = split_heads(kf * self.k_k[...].astype(f32), self.head_dim)
-        kk = kk / jnp.maximum(jnp.sqrt(jnp.sum(kk * kk, axis=-1, keepdims=True)), 1e-12)
+        # F.normalize (x / max(|x|, 1e-12)), with a gradient at x = 0 (padded tokens)
+        kk = kk * jax.lax.rsqrt(jnp.maximum(jnp.sum(kk * kk, axis=-1, keepdims=True), 1e-24))
         k = (kf * (1 + (a - 1) * self.k_a[...].astype(f32))).astype(cd)
         if self.layer_idx == 0:
             v_first = v
