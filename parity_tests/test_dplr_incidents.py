@@ -9,7 +9,8 @@ reach it in float32.
 Incident 3 (RWKV-7's decay computed in bf16 under autocast): the log-decay w handed to the op
 equals a float64 recomputation from the layer's parameters and the input it saw within 1e-6
 relative, under autocast(bf16) and under a bf16 policy (torch policy='bf16', Flax
-dtype=bfloat16); a bf16 computation is off by ~1e-3. KDA's g and beta likewise.
+dtype=bfloat16 with fp32 or bf16 param_dtype); a bf16 computation is off by ~1e-3. KDA's g
+and beta likewise.
 A spy wrapped around each public op records what the layer hands it.
 """
 from __future__ import annotations
@@ -213,11 +214,16 @@ def test_torch_decay_fp32(name, how, torch_spy):
     _check_decays(name, torch_spy, tinterop.to_numpy(layer), x_seen, case.kwargs, torch.float32)
 
 
+@pytest.mark.parametrize("how", ["dtype", "policy"])
 @pytest.mark.parametrize("name", NAMES)
-def test_jax_decay_fp32_bf16_dtype(name, jax_spy):
+def test_jax_decay_fp32_bf16_dtype(name, how, jax_spy):
+    """dtype=bfloat16 on fp32 parameters; 'policy': bf16 parameters too (param_dtype)."""
+    from fla_jax.interop import to_state_dict
     case = _case(name)
     sd = tinterop.to_numpy(make_torch_layer(case))
-    layer = make_jax_layer(case, sd, dtype=jnp.bfloat16)
+    extra = {"param_dtype": jnp.bfloat16} if how == "policy" else {}
+    layer = make_jax_layer(case, sd, dtype=jnp.bfloat16, **extra)
+    sd = to_state_dict(layer)           # the values the layer holds (bf16-rounded: policy)
     x, _ = draw(case)
     vf = _v_first(case, layer, None)
     kw = {} if vf is None else {"v_first": jnp.asarray(vf, jnp.bfloat16)}
