@@ -44,7 +44,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--attn", default="gated_deltanet",
                    choices=["linear_attention", "retention", "gla", "delta_net",
-                            "gated_deltanet", "attention", "hybrid"],
+                            "gated_deltanet", "kda", "rwkv7", "attention", "hybrid"],
                    help="'hybrid': gated_deltanet blocks with softmax Attention in blocks "
                         "3, 7, 11, ... (3:1, as Qwen3-Next), or in the last block when "
                         "num_layers < 4")

@@ -22,6 +22,8 @@ ATTN_CLASSES = {
     "gla": "GatedLinearAttention",
     "delta_net": "DeltaNet",
     "gated_deltanet": "GatedDeltaNet",
+    "kda": "KimiDeltaAttention",
+    "rwkv7": "RWKV7Attention",
     "attention": "Attention",
 }
 SOFTMAX_ATTN = "Attention"
@@ -32,8 +34,10 @@ class LMConfig:
     """Configuration of `CausalLM` (same fields in fla_torch and fla_jax).
 
     vocab_size, hidden_size (D), num_layers: the usual.
-    attn: 'linear_attention' | 'retention' | 'gla' | 'delta_net' | 'gated_deltanet' |
-        'attention' (softmax attention in every block).
+    attn: 'linear_attention' | 'retention' | 'gla' | 'delta_net' | 'gated_deltanet' | 'kda' |
+        'rwkv7' | 'attention' (softmax attention in every block). 'rwkv7' needs num_heads *
+        head_dim == hidden_size (RWKV-7's keys span the hidden size) and block 0 an RWKV-7
+        block (it makes the v_first that later blocks mix in).
     attn_layers: indices of the blocks that are softmax `Attention` layers (a hybrid; the
         others use `attn`), e.g. [3] or [1, 3]; default none.
     softmax_attn_kwargs: extra constructor arguments for the Attention blocks (num_kv_heads,
@@ -87,6 +91,14 @@ class LMConfig:
         if self.hidden_size % self.num_heads and (self.attn_layers or self.attn == "attention"):
             raise ValueError(f"LMConfig: hidden_size={self.hidden_size} is not divisible by "
                              f"num_heads={self.num_heads} (the Attention blocks' head size)")
+        if self.attn == "rwkv7":
+            if self.num_heads * self.head_dim != self.hidden_size:
+                raise ValueError(f"LMConfig: attn='rwkv7' with num_heads * head_dim = "
+                                 f"{self.num_heads * self.head_dim}; expected hidden_size = "
+                                 f"{self.hidden_size} (RWKV-7's key dimension is hidden_size)")
+            if 0 in self.attn_layers:
+                raise ValueError("LMConfig: attn='rwkv7' with block 0 in attn_layers; expected "
+                                 "block 0 to be RWKV-7 (its layer_idx=0 layer makes v_first)")
         if self.mlp_ratio <= 0:
             raise ValueError(f"LMConfig: mlp_ratio={self.mlp_ratio}; expected > 0")
         v = self.head_dim * self.expand_v
@@ -121,7 +133,7 @@ class LMConfig:
     def attn_kwargs_for(self, layer_idx: int) -> dict:
         """Constructor arguments of the attention layer of block `layer_idx` (both frameworks;
         dtype/policy arguments are added by the model). GatedDeltaNet takes head_dim/expand_v
-        directly; the other layers size their heads from hidden_size * expand_k / num_heads,
+        directly (RWKV7Attention: head_dim and value_dim); the other layers size their heads from hidden_size * expand_k / num_heads,
         so expand_k and expand_v are derived from head_dim and head_v_dim."""
         H, K, V, D = self.num_heads, self.head_dim, self.head_v_dim, self.hidden_size
         if self.layer_class(layer_idx) == SOFTMAX_ATTN:
@@ -131,8 +143,11 @@ class LMConfig:
             return kw
         kw = {"hidden_size": D, "num_heads": H, "mode": self.attn_mode,
               "layer_idx": layer_idx, "norm_eps": self.norm_eps}
-        if self.attn == "gated_deltanet":
+        if self.attn in ("gated_deltanet", "kda"):
             kw.update(head_dim=K, expand_v=self.expand_v)
+        elif self.attn == "rwkv7":
+            del kw["num_heads"]
+            kw.update(head_dim=K, value_dim=H * V, num_hidden_layers=self.num_layers)
         else:
             kw.update(expand_k=H * K / D, expand_v=H * V / D)
         kw.update(self.attn_kwargs)

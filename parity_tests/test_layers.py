@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from .cases import CROSS_FACTOR, LAYER_TOLERANCE, rel_rms
-from .layer_runners import (CASES_BY_NAME, LAYER_CASES, draw, make_jax_layer, make_torch_layer,
-                            run_jax, run_torch)
+from .layer_runners import (CASES_BY_NAME, LAYER_CASES, draw, draw_v_first, make_jax_layer,
+                            make_torch_layer, run_jax, run_torch)
 
 import torch  # noqa: E402  (the suite needs every framework: no silent skip)
 import jax  # noqa: E402  (the suite needs every framework: no silent skip)
@@ -26,7 +26,8 @@ from flax import nnx  # noqa: E402
 from fla_jax import interop as jinterop  # noqa: E402
 from fla_torch import interop as tinterop  # noqa: E402
 
-BASE = ("gdn", "deltanet", "gla", "retention", "linear_attn", "attn")   # one per layer class
+BASE = ("gdn", "deltanet", "gla", "retention", "linear_attn", "attn", "rwkv7",
+        "kda")   # one per layer class
 PARITY = ([(c, d) for c in BASE for d in ("fp32", "bf16", "fp16")]
           + [(c.name, d) for c in LAYER_CASES if c.name not in BASE for d in ("fp32", "bf16")])
 
@@ -50,20 +51,23 @@ def test_layer_parity(name, dtype):
     case, tl, sd = _layers(name)
     jl = make_jax_layer(case, sd)
     x, dy = draw(case)
-    ref = run_torch(copy.deepcopy(tl).double(), _round(x, dtype), _round(dy, dtype), "fp64")
-    rt = run_torch(tl, x, dy, dtype)
-    rj = run_jax(jl, x, dy, dtype)
+    vf = draw_v_first(case, getattr(tl, "value_dim", 0))
+    vf_ref = None if vf is None else _round(vf, dtype)
+    ref = run_torch(copy.deepcopy(tl).double(), _round(x, dtype), _round(dy, dtype), "fp64",
+                    v_first=vf_ref)
+    rt = run_torch(tl, x, dy, dtype, v_first=vf)
+    rj = run_jax(jl, x, dy, dtype, v_first=vf)
 
     torch_dt = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16"}
     jax_dt = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
     assert rt["o_dtype"] == rt["dx_dtype"] == torch_dt[dtype]
     assert rj["o_dtype"] == rj["dx_dtype"] == jax_dt[dtype]
-    keys = sorted(k for k in ref if k == "o" or k == "dx" or k.startswith("d:"))
+    keys = sorted(k for k in ref if k in ("o", "dx", "v_first", "dv_first") or k.startswith("d:"))
     assert set(keys) <= set(rt) and set(keys) <= set(rj), "gradient names differ"
     assert len([k for k in keys if k.startswith("d:")]) == len(sd) - _tied(case)
     failures = []
     for k in keys:
-        tol = LAYER_TOLERANCE[dtype]["o" if k == "o" else "grad"]
+        tol = LAYER_TOLERANCE[dtype]["o" if k in ("o", "v_first") else "grad"]
         errs = {"torch": rel_rms(rt[k], ref[k], ref[k]), "jax": rel_rms(rj[k], ref[k], ref[k]),
                 "jax-torch": rel_rms(rj[k], rt[k], ref[k])}
         for who, err in errs.items():
@@ -85,31 +89,39 @@ def _tied(case) -> int:
 SPLITS = (7, 66, 1, 1, 1, 1, 1)     # prefill 7 (chunk), 66 more (chunk, from the cache), 5 singles
 
 
-def _decode_torch(tl, x):
+def _decode_torch(tl, x, vf=None):
+    """vf: RWKV-7's v_first [B, T, value_dim] (sliced with the tokens), or None."""
     with torch.no_grad():
         xt = torch.tensor(x, dtype=torch.float32)
-        full, _, cache_full = tl(xt, use_cache=True)
+        vt = None if vf is None else torch.tensor(vf, dtype=torch.float32)
+        kw = lambda a, b: {} if vt is None else {"v_first": vt[:, a:b]}
+        full, _, cache_full = tl(xt, use_cache=True, **kw(0, None))[:3]
         outs, cache, t = [], None, 0
         for n in SPLITS:
-            o, _, cache = tl(xt[:, t:t + n], past_key_values=cache, use_cache=True)
+            o, _, cache = tl(xt[:, t:t + n], past_key_values=cache, use_cache=True,
+                             **kw(t, t + n))[:3]
             outs.append(o)
             t += n
     return full.numpy(), torch.cat(outs, 1).numpy(), cache_full, cache
 
 
-def _decode_jax(jl, x):
+def _decode_jax(jl, x, vf=None):
     graphdef, state = nnx.split(jl)
 
     @jax.jit
-    def step(state, xs, cache):
-        o, _, new_cache = nnx.merge(graphdef, state)(xs, past_key_values=cache, use_cache=True)
+    def step(state, xs, cache, vs):
+        kw = {} if vs is None else {"v_first": vs}
+        o, _, new_cache = nnx.merge(graphdef, state)(xs, past_key_values=cache, use_cache=True,
+                                                    **kw)[:3]
         return o, new_cache
 
     xj = jnp.asarray(x, jnp.float32)
-    full, cache_full = step(state, xj, None)
+    vj = None if vf is None else jnp.asarray(vf, jnp.float32)
+    sl = lambda a, b: None if vj is None else vj[:, a:b]
+    full, cache_full = step(state, xj, None, vj)
     outs, cache, t = [], None, 0
     for n in SPLITS:
-        o, cache = step(state, xj[:, t:t + n], cache)
+        o, cache = step(state, xj[:, t:t + n], cache, sl(t, t + n))
         outs.append(o)
         t += n
     return np.asarray(full), np.asarray(jnp.concatenate(outs, 1)), cache_full, cache
@@ -126,6 +138,8 @@ def _np_state(cache):
             out[f"conv{i}"] = np.asarray(c, np.float64)
     if "k_sum" in cache:
         out["k_sum"] = np.asarray(cache["k_sum"], np.float64)
+    if cache.get("shift_state") is not None:       # RWKV-7's token shift
+        out["shift_state"] = np.asarray(cache["shift_state"], np.float64)
     return out
 
 
@@ -138,9 +152,11 @@ def test_decode_equals_full_forward(name):
     (fp32), and the two frameworks' final caches agree."""
     case, tl, sd = _layers(name)
     x = np.random.default_rng(2).standard_normal((case.B, sum(SPLITS), tl.hidden_size))
+    vf = (np.random.default_rng(4).standard_normal((case.B, sum(SPLITS), tl.value_dim))
+          if case.v_first else None)
     jl = make_jax_layer(case, sd)
     tol = LAYER_TOLERANCE["fp32"]["o"]
-    results = {"torch": _decode_torch(tl, x), "jax": _decode_jax(jl, x)}
+    results = {"torch": _decode_torch(tl, x, vf), "jax": _decode_jax(jl, x, vf)}
     for fw, (full, stepped, cache_full, cache) in results.items():
         err = rel_rms(stepped, full, full)
         assert err <= tol, f"{fw} decode vs full forward: {err:.3e} > {tol:.1e}"
@@ -284,6 +300,34 @@ FLA_STATE_DICTS = {
         dict(hidden_size=64, num_heads=4, num_kv_heads=2, qk_norm=True),
         {"q_proj.weight": [64, 64], "k_proj.weight": [32, 64], "v_proj.weight": [32, 64],
          "o_proj.weight": [64, 64], "q_norm.weight": [16], "k_norm.weight": [16]}),
+    "RWKV7Attention": (
+        dict(hidden_size=64, head_dim=16, layer_idx=0),
+        {**{f"x_{c}": [1, 1, 64] for c in "rwkvag"}, "k_k": [64], "k_a": [64], "r_k": [4, 16],
+         "r_proj.weight": [64, 64], "k_proj.weight": [64, 64], "v_proj.weight": [64, 64],
+         "o_proj.weight": [64, 64], "w_lora.lora.0.weight": [32, 64],
+         "w_lora.lora.2.weight": [64, 32], "w_lora.lora.2.bias": [64],
+         "a_lora.lora.0.weight": [32, 64], "a_lora.lora.2.weight": [64, 32],
+         "a_lora.lora.2.bias": [64], "g_lora.lora.0.weight": [32, 64],
+         "g_lora.lora.2.weight": [64, 32], "g_norm.weight": [64], "g_norm.bias": [64]}),
+    "RWKV7Attention-vlora-noaffine": (
+        dict(hidden_size=64, head_dim=None, num_heads=4, elementwise_affine=False,
+             fuse_norm=True),
+        {**{f"x_{c}": [1, 1, 64] for c in "rwkvag"}, "k_k": [64], "k_a": [64], "r_k": [4, 16],
+         "r_proj.weight": [64, 64], "k_proj.weight": [64, 64], "v_proj.weight": [64, 64],
+         "o_proj.weight": [64, 64], "w_lora.lora.0.weight": [32, 64],
+         "w_lora.lora.2.weight": [64, 32], "w_lora.lora.2.bias": [64],
+         "v_lora.lora.0.weight": [32, 64], "v_lora.lora.2.weight": [64, 32],
+         "v_lora.lora.2.bias": [64], "a_lora.lora.0.weight": [32, 64],
+         "a_lora.lora.2.weight": [64, 32], "a_lora.lora.2.bias": [64],
+         "g_lora.lora.0.weight": [32, 64], "g_lora.lora.2.weight": [64, 32]}),
+    "KimiDeltaAttention": (
+        dict(hidden_size=64, head_dim=16, num_heads=2, num_v_heads=4, expand_v=2),
+        {"A_log": [4], "dt_bias": [64], "q_proj.weight": [32, 64], "k_proj.weight": [32, 64],
+         "v_proj.weight": [128, 64], "q_conv1d.weight": [32, 1, 4],
+         "k_conv1d.weight": [32, 1, 4], "v_conv1d.weight": [128, 1, 4],
+         "f_proj.0.weight": [32, 64], "f_proj.1.weight": [64, 32], "b_proj.weight": [4, 64],
+         "g_proj.0.weight": [32, 64], "g_proj.1.weight": [128, 32], "g_proj.1.bias": [128],
+         "o_norm.weight": [32], "o_proj.weight": [64, 128]}),
     "Attention-bias-window": (
         dict(hidden_size=64, num_heads=4, qkv_bias=True, window_size=4),
         {"q_proj.weight": [64, 64], "q_proj.bias": [64], "k_proj.weight": [64, 64],
@@ -308,9 +352,14 @@ def test_fla_state_dict_loads_strict(key):
     jl = getattr(jlayers, cls)(**kwargs, rngs=nnx.Rngs(0))
     jinterop.from_state_dict(jl, tinterop.to_numpy(fla_sd))
     x = np.random.default_rng(0).standard_normal((1, 9, kwargs["hidden_size"]))
+    vf = {}
+    if cls == "RWKV7Attention" and kwargs.get("layer_idx") != 0:
+        vf = {"v_first": np.random.default_rng(1).standard_normal((1, 9, layer.value_dim))}
     with torch.no_grad():
-        ot = layer(torch.tensor(x, dtype=torch.float32))[0].numpy()
-    oj = np.asarray(jl(jnp.asarray(x, jnp.float32))[0])
+        ot = layer(torch.tensor(x, dtype=torch.float32),
+                   **{k: torch.tensor(v, dtype=torch.float32) for k, v in vf.items()})[0].numpy()
+    oj = np.asarray(jl(jnp.asarray(x, jnp.float32),
+                       **{k: jnp.asarray(v, jnp.float32) for k, v in vf.items()})[0])
     assert rel_rms(oj, ot, ot) <= LAYER_TOLERANCE["fp32"]["o"] * CROSS_FACTOR
 
 
@@ -353,7 +402,7 @@ CU = (0, 5, 5, 40, 47)      # includes an empty sequence
 # Attention: packed calls run (test_attention_layer.py) but return no per-sequence KV cache
 @pytest.mark.parametrize("name", [c.name for c in LAYER_CASES
                                   if not c.kwargs.get("do_feature_map_norm")
-                                  and c.cls != "Attention"])
+                                  and c.cls != "Attention" and not c.v_first])
 def test_packed_sequences(name):
     """cu_seqlens (B == 1): packed == each sequence alone; the returned cache (one row per
     sequence, per-sequence offsets) continues every sequence with one decoding step; fla_jax
@@ -366,8 +415,8 @@ def test_packed_sequences(name):
     tol = LAYER_TOLERANCE["fp32"]["o"]
     f32 = functools.partial(torch.tensor, dtype=torch.float32)
     with torch.no_grad():
-        packed, _, cache = tl(f32(x), cu_seqlens=torch.tensor(CU), use_cache=True)
-        step, _, _ = tl(f32(xn), past_key_values=cache, use_cache=True)
+        packed, _, cache = tl(f32(x), cu_seqlens=torch.tensor(CU), use_cache=True)[:3]
+        step = tl(f32(xn), past_key_values=cache, use_cache=True)[0]
         alone, cont = [], []
         for n, (a, b) in enumerate(zip(CU[:-1], CU[1:])):
             if b > a:
@@ -383,7 +432,7 @@ def test_packed_sequences(name):
     @jax.jit
     def run(state, x, cu_seqlens, cache):
         o, _, c = nnx.merge(graphdef, state)(x, past_key_values=cache, use_cache=True,
-                                            cu_seqlens=cu_seqlens)
+                                            cu_seqlens=cu_seqlens)[:3]
         return o, c
 
     pj, cj = run(state, jnp.asarray(x, jnp.float32), jnp.asarray(CU, jnp.int32), None)

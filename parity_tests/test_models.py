@@ -27,7 +27,7 @@ from fla_jax.models import train as jax_train  # noqa: E402
 from fla_torch.models import train as torch_train  # noqa: E402
 
 ATTNS = ("linear_attention", "retention", "gla", "delta_net", "gated_deltanet", "attention",
-         "hybrid")
+         "hybrid", "kda", "rwkv7")
 # 'hybrid': Gated DeltaNet block 0, softmax Attention block 1 (LMConfig.attn_layers)
 HYBRID = {"attn": "gated_deltanet", "attn_layers": [1]}
 VOCAB = 23
@@ -55,6 +55,8 @@ def make_pair(attn: str, policy=None, seed: int = 0, **overrides):
     with torch.no_grad():   # norm weights off 1.0 so they matter
         for name, p in t_model.named_parameters():
             if name.endswith("norm.weight"):
+                p.add_(0.1 * torch.randn_like(p))
+            if attn == "rwkv7" and ".attn." in name:   # zero-initialised (o_proj, lora.0, ...)
                 p.add_(0.1 * torch.randn_like(p))
     state = torch_interop.to_numpy(t_model)
     j_model = jm.CausalLM(jm.LMConfig(**kw), rngs=nnx.Rngs(seed))
@@ -148,7 +150,7 @@ def test_lm_forward_parity_bf16(attn):
 
 
 @pytest.mark.parametrize("tie,attn", [(True, "gated_deltanet"), (False, "gated_deltanet"),
-                                      (True, "hybrid")])
+                                      (True, "hybrid"), (True, "rwkv7")])
 def test_lm_round_trip_lossless(tie, attn, tmp_path):
     t_model, j_model, state = make_pair(attn, tie_embeddings=tie, seed=5)
     keys = set(t_model.state_dict())

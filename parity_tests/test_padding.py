@@ -12,6 +12,7 @@ Inputs at padded positions are random, never zeros, so a leak shows.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -40,6 +41,11 @@ CASES = {c.name: c for c in (
               dict(hidden_size=HIDDEN, num_heads=2, num_kv_heads=1, use_short_conv=True)),
     LayerCase("linear_attn", "LinearAttention",
               dict(hidden_size=HIDDEN, num_heads=2, feature_map="elu", do_feature_map_norm=True)),
+    LayerCase("rwkv7", "RWKV7Attention",
+              dict(hidden_size=HIDDEN, head_dim=8, layer_idx=0, decay_low_rank_dim=8,
+                   gate_low_rank_dim=8, a_low_rank_dim=8), perturb=0.3),
+    LayerCase("kda", "KimiDeltaAttention",
+              dict(hidden_size=HIDDEN, head_dim=8, num_heads=2, num_v_heads=4)),
 )}
 NAMES = tuple(CASES)
 FRAMEWORKS = ("torch", "jax")
@@ -80,7 +86,7 @@ def _layers(name: str):
     @jax.jit
     def jax_fwd(state, x, mask, cache):
         o, _, c = nnx.merge(graphdef, state)(x, attention_mask=mask, past_key_values=cache,
-                                              use_cache=True)
+                                              use_cache=True)[:3]
         return o, c
 
     return tl, (lambda x, mask, cache: jax_fwd(state, x, mask, cache))
@@ -93,7 +99,7 @@ def run(fw: str, name: str, x, mask=None, cache=None):
         with torch.no_grad():
             o, _, c = tl(torch.tensor(x, dtype=torch.float32),
                          attention_mask=None if mask is None else torch.tensor(mask),
-                         past_key_values=cache, use_cache=True)
+                         past_key_values=cache, use_cache=True)[:3]
         return o.double().numpy(), c
     o, c = jax_fwd(jnp.asarray(x, jnp.float32), None if mask is None else jnp.asarray(mask),
                    cache)
@@ -107,6 +113,8 @@ def cache_np(cache, rows=None) -> dict:
         out[f"conv_state[{i}]"] = np.asarray(c, np.float64)
     if "k_sum" in cache:
         out["k_sum"] = np.asarray(cache["k_sum"], np.float64)
+    if cache.get("shift_state") is not None:       # RWKV-7's token shift
+        out["shift_state"] = np.asarray(cache["shift_state"], np.float64)
     out["offset"] = np.broadcast_to(np.asarray(cache["offset"], np.int64),
                                     out["recurrent_state"].shape[:1]).copy()
     if rows is not None:
@@ -191,22 +199,23 @@ def test_decode_after_left_padded_prefill(name, fw):
 
 
 @pytest.mark.parametrize("fw", FRAMEWORKS)
-@pytest.mark.parametrize("name", ("gdn", "deltanet", "gla", "retention", "linear_attn"))
+@pytest.mark.parametrize("name", ("gdn", "deltanet", "gla", "retention", "linear_attn", "rwkv7",
+                                  "kda"))
 def test_fused_recurrent_mode_left_padded(name, fw):
     """A layer built with mode='fused_recurrent' (same seed, same weights) on the left-padded
     batch == the chunk-mode layer on each sequence alone."""
     case = CASES[name]
-    case = LayerCase(case.name, case.cls, {**case.kwargs, "mode": "fused_recurrent"})
+    case = dataclasses.replace(case, kwargs={**case.kwargs, "mode": "fused_recurrent"})
     tl = make_torch_layer(case)
     x, mask = padded_batch("left")
     if fw == "torch":
         with torch.no_grad():
             o, _, c = tl(torch.tensor(x, dtype=torch.float32), attention_mask=torch.tensor(mask),
-                         use_cache=True)
+                         use_cache=True)[:3]
         o = o.double().numpy()
     else:
         jl = make_jax_layer(case, tinterop.to_numpy(tl))
-        o, _, c = nnx.jit(lambda m, x, mask: m(x, attention_mask=mask, use_cache=True))(
+        o, _, c = nnx.jit(lambda m, x, mask: m(x, attention_mask=mask, use_cache=True)[:3])(
             jl, jnp.asarray(x, jnp.float32), jnp.asarray(mask))
         o = np.asarray(o, np.float64)
     for b, n in enumerate(LENGTHS):
@@ -221,7 +230,7 @@ def _grads_torch(name, x, mask, dy):
     tl, _ = _layers(name)
     tl.zero_grad(set_to_none=True)
     xt = torch.tensor(x, dtype=torch.float32, requires_grad=True)
-    o, _, _ = tl(xt, attention_mask=torch.tensor(mask))
+    o = tl(xt, attention_mask=torch.tensor(mask))[0]
     o.backward(torch.tensor(dy, dtype=torch.float32))
     out = {"o": o.detach().double().numpy(), "dx": xt.grad.double().numpy()}
     out.update({"d:" + k: p.grad.double().numpy() for k, p in tl.named_parameters()})
@@ -237,7 +246,7 @@ def _grads_jax(name, x, mask, dy):
     @jax.jit
     def grads(params, x, mask):
         def loss(params, x):
-            o, _, _ = nnx.merge(graphdef, params, rest)(x, attention_mask=mask)
+            o = nnx.merge(graphdef, params, rest)(x, attention_mask=mask)[0]
             return jnp.sum(o * jnp.asarray(dy, jnp.float32)), o
         return jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, x)
 

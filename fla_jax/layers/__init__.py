@@ -3,7 +3,8 @@ constructor arguments and parameter names; parameters named and shaped exactly a
 fla_torch.layers, so fla_jax.interop maps a torch state_dict onto them one to one).
 
 Every layer: __call__(hidden_states [B, T, hidden], attention_mask=None, past_key_values=None,
-use_cache=False) -> (o [B, T, hidden], None, cache dict or None); the cache dict is described in
+use_cache=False) -> (o [B, T, hidden], None, cache dict or None) (RWKV7Attention also takes
+and returns v_first, FLA's 4-tuple); the cache dict is described in
 fla_jax/layers/cache.py (Attention's KV cache: layers/kv_cache.py) and is the same in
 fla_torch.layers. Constructors take FLA's arguments plus Flax's `dtype` (compute; None = the
 input's dtype), `param_dtype` (storage) and `rngs`.
@@ -15,8 +16,11 @@ from .delta_net import DeltaNet
 from .gated_deltanet import GatedDeltaNet
 from .gla import GatedLinearAttention
 from .gsa import GatedSlotAttention
+from .kda import KimiDeltaAttention
 from .linear_attention import LinearAttention
 from .multiscale_retention import MultiScaleRetention
+from .rwkv7 import RWKV7Attention
 
 __all__ = ["LinearAttention", "MultiScaleRetention", "GatedLinearAttention", "DeltaNet",
-           "GatedDeltaNet", "GatedSlotAttention", "Attention"]
+           "GatedDeltaNet", "GatedSlotAttention", "KimiDeltaAttention", "RWKV7Attention",
+           "Attention"]

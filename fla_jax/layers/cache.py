@@ -11,6 +11,8 @@ A layer called with `use_cache=True` returns, as the third item of its output, a
                        array [N] (tokens per sequence) after a packed (cu_seqlens) call
                        or [B] (real tokens per row) after a call with attention_mask
     'k_sum':           [B, H, K] float32 -- LinearAttention with do_feature_map_norm only
+    'shift_state':     [B, hidden] -- RWKV7Attention only: the last token's input (token
+                       shift), in the compute dtype; its conv_state is None
 
 Pass it back as `past_key_values=` to continue: a prefill followed by token-by-token decoding
 equals one forward over the whole sequence. A model keeps one such dict per layer.

@@ -78,15 +78,21 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps, **f)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, **f)
 
-    def __call__(self, x, cache=None, use_cache: bool = False, max_cache_len=None):
+    def __call__(self, x, cache=None, use_cache: bool = False, max_cache_len=None,
+                 v_first=None):
+        """-> (x, cache, v_first): v_first is RWKV-7's value of block 0, passed along."""
         cd = x.dtype
         kv = {} if max_cache_len is None or not _has_kv_cache(self.attn) else \
             {"max_cache_len": max_cache_len}
-        o, _, cache = self.attn(self.attn_norm(x), past_key_values=cache, use_cache=use_cache,
-                                **kv)
+        if isinstance(self.attn, fla_layers.RWKV7Attention):
+            kv["v_first"] = v_first
+        out = self.attn(self.attn_norm(x), past_key_values=cache, use_cache=use_cache, **kv)
+        o, cache = out[0], out[2]
+        if len(out) == 4:
+            v_first = out[3]
         x = x + o.astype(cd)
         x = x + self.mlp(self.mlp_norm(x), cd)
-        return x, cache
+        return x, cache, v_first
 
 
 def _has_kv_cache(attn) -> bool:
@@ -98,7 +104,7 @@ def _check_attn_sizes(config: LMConfig, attn) -> None:
     """The derived expand_k / expand_v must give exactly num_heads x head_dim (head_v_dim)."""
     want = (config.num_heads * config.head_dim, config.num_heads * config.head_v_dim)
     got = (getattr(attn, "key_dim", want[0]), getattr(attn, "value_dim", want[1]))
-    if config.attn == "gated_deltanet":
+    if config.attn in ("gated_deltanet", "kda"):
         want = (want[0], getattr(attn, "num_v_heads", config.num_heads) * config.head_v_dim)
     if "expand_k" not in config.attn_kwargs and "expand_v" not in config.attn_kwargs \
             and tuple(got) != tuple(want):
@@ -164,9 +170,10 @@ class CausalLM(nnx.Module):
                              f"({len(self.layers)})")
         cd = self.compute_dtype()
         x = self.embeddings(input_ids, cd)
-        new_cache = []
+        new_cache, v_first = [], None
         for i, block in enumerate(self.layers):
-            x, c = block(x, None if cache is None else cache[i], use_cache, max_cache_len)
+            x, c, v_first = block(x, None if cache is None else cache[i], use_cache,
+                                  max_cache_len, v_first)
             new_cache.append(c)
         x = self.norm(x)
         logits = dense(x, self.head_weight(), None, cd)

@@ -2,7 +2,8 @@
 arguments and parameter names).
 
 Every layer: forward(hidden_states [B, T, hidden], attention_mask=None, past_key_values=None,
-use_cache=False) -> (o [B, T, hidden], None, cache dict or None). The cache dict is described in
+use_cache=False) -> (o [B, T, hidden], None, cache dict or None); RWKV7Attention also takes and returns
+v_first (FLA's 4-tuple). The cache dict is described in
 fla_torch/layers/cache.py (Attention's KV cache: layers/kv_cache.py) and is the same in
 fla_jax.layers.
 attention_mask: None or [B, T] of 0/1 (1 = real token; left, right or inner padding);
@@ -13,8 +14,11 @@ from .delta_net import DeltaNet
 from .gated_deltanet import GatedDeltaNet
 from .gla import GatedLinearAttention
 from .gsa import GatedSlotAttention
+from .kda import KimiDeltaAttention
 from .linear_attention import LinearAttention
 from .multiscale_retention import MultiScaleRetention
+from .rwkv7 import RWKV7Attention
 
 __all__ = ["LinearAttention", "MultiScaleRetention", "GatedLinearAttention", "DeltaNet",
-           "GatedDeltaNet", "GatedSlotAttention", "Attention"]
+           "GatedDeltaNet", "GatedSlotAttention", "KimiDeltaAttention", "RWKV7Attention",
+           "Attention"]
