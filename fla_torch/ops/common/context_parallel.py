@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
+import warnings
+
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
@@ -158,7 +160,9 @@ def chunk_context_parallel(family, op, group, q, k, v, *, scale=None, initial_st
     through = p["cont"] and p["e_c"] == T
     a_map = a if through else torch.zeros_like(a)
     b_map = final[p["n_tail"]:p["n_tail"] + 1] if varlen else final
-    parts = dist_nn.all_gather(torch.cat([a_map, b_map], dim=-1).contiguous(), group=group)
+    with warnings.catch_warnings():   # torch >= 2.12 calls these deprecated; still autograd-aware
+        warnings.simplefilter("ignore", FutureWarning)
+        parts = dist_nn.all_gather(torch.cat([a_map, b_map], dim=-1).contiguous(), group=group)
 
     carry = torch.zeros(rows, HV, K, V, dtype=gd, device=q.device)
     for j in range(rank):
@@ -166,6 +170,9 @@ def chunk_context_parallel(family, op, group, q, k, v, *, scale=None, initial_st
     if p["cont"]:
         corr = torch.einsum("bthk,bhkv->bthv", qt.to(gd), carry)
         o = (o.to(gd) + corr).to(q.dtype)
+    # Every rank's output depends on every gathered part (with a zero weight where unused),
+    # so every rank runs the all-gather's backward, a collective that all ranks must enter.
+    o = o + (0.0 * torch.stack(parts).sum()).to(o.dtype)
     if not output_final_state:
         return o, None
     if p["cont"]:
@@ -177,4 +184,6 @@ def chunk_context_parallel(family, op, group, q, k, v, *, scale=None, initial_st
         else:
             final = final + tail
     own = torch.tensor(p["own"], dtype=gd, device=q.device)[:, None, None, None]
-    return o, dist_nn.all_reduce(final * own, group=group)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return o, dist_nn.all_reduce(final * own, group=group)
