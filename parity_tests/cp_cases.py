@@ -31,6 +31,13 @@ def runs():
     return [(c, OPS[f"chunk_{f}"], d) for c in CP_CASES for f in CP_FAMILIES for d in CP_DTYPES]
 
 
+def world_runs(full: int, extra: int):
+    """(world, case, spec, dtype): every run split over `full` devices / ranks, and the
+    varlen case in fp32 over `extra` as well."""
+    out = [(full, *r) for r in runs()]
+    return out + [(extra, *r) for r in runs() if r[0].name == "cp_varlen" and r[2] == "fp32"]
+
+
 def run_id(case, spec, dtype) -> str:
     return f"{spec.name}-{case.name}-{dtype}"
 
