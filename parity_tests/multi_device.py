@@ -29,7 +29,7 @@ def run_module_in_child(path: str, devices: int = 4, timeout: int = 300) -> str:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                         "-p", "no:xdist", path], cwd=root, env=env,
                        capture_output=True, text=True, timeout=timeout)
     out = r.stdout + r.stderr
