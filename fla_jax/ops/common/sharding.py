@@ -16,6 +16,8 @@ Which mesh axes, in this order:
    of q gives the batch axes, dimension 2 the head axes;
 3. else no wrap (one device, or a jit with Auto axes and no declaration: XLA then runs the
    kernel on gathered inputs -- right, not sharded).
+Inside a shard_map that is manual over those axes already (context parallelism, a user's own
+shard_map) the call runs as is.
 
 Layouts come from the op's OpSpec shape symbols: B (and N without cu_seqlens) over the batch
 axes; H, HV, HQ, HKV over the head axes; T, K, V, S whole. With cu_seqlens (B == 1) only the
@@ -125,6 +127,9 @@ def shard_kernel(spec, fn, q, cu_seqlens, output_final_state: bool, kernel: bool
     ks = find_sharding(q)
     if ks is None or not (kernel or ks.explicit):
         return fn
+    manual = set(getattr(jax.sharding.get_abstract_mesh(), "manual_axes", ()))
+    if manual & set(ks.batch + ks.heads):     # inside a shard_map over these axes already
+        return fn
     varlen = cu_seqlens is not None
     if varlen:
         ks = KernelSharding(ks.mesh, (), ks.heads)
@@ -149,6 +154,8 @@ def shard_kernel(spec, fn, q, cu_seqlens, output_final_state: bool, kernel: bool
                     _check_divisible(spec.name, name, symbol, size, ks, ks.heads)
         in_specs = ({n: _partition(shapes[n], ks, varlen) for n in arrays},
                     None if cu is None else PartitionSpec())
+        if ks.explicit:     # typed inputs must already carry the specs shard_map asks for
+            arrays = {n: jax.reshard(x, in_specs[0][n]) for n, x in arrays.items()}
         o_spec = _partition(out_symbols, ks, varlen)
         with_state = state is not None and output_final_state
         out_specs = (o_spec, _partition(state.shape, ks, varlen)) if with_state else o_spec
