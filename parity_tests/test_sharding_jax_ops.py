@@ -1,5 +1,5 @@
 """fla_jax ops on batch/head-sharded inputs (4 virtual CPU devices, a (data, model) = (2, 2)
-mesh): the reference-free default path (impl='auto' = chunked on CPU) and softmax attention
+mesh): the default path (impl='auto' = chunked on CPU) and softmax attention
 under jax.jit with sharded inputs give the unsharded results (outputs, final states, every
 gradient, fp32 within 1e-5), and XLA partitions them without gathering: the compiled program
 holds no all-gather / all-to-all / collective-permute, only the loss's all-reduce. Pallas
