@@ -56,6 +56,26 @@ class _WholeGradient(torch.autograd.Function):
         return grad, None
 
 
+class _AllGather(torch.autograd.Function):
+    """all_gather over the group; backward: each part's gradient summed over the group
+    (all_reduce of the stacked parts), the own part kept. torch.distributed.nn's all_gather
+    backward fails under gloo on a group that is not ranks 0..n-1 of the world (its gloo
+    all-to-all path passes group ranks as global ranks), as a cp group of dp x cp has."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x, group=group)
+        return tuple(parts)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        stacked = torch.stack([g.contiguous() for g in grads])
+        dist.all_reduce(stacked, group=ctx.group)
+        return stacked[dist.get_rank(ctx.group)], None
+
+
 def _plan(cu, rank, world, B, T):
     """Host-side boundaries of the local slice. cu: list of global offsets or None."""
     s, e = rank * T, (rank + 1) * T
@@ -162,7 +182,7 @@ def chunk_context_parallel(family, op, group, q, k, v, *, scale=None, initial_st
     b_map = final[p["n_tail"]:p["n_tail"] + 1] if varlen else final
     with warnings.catch_warnings():   # torch >= 2.12 calls these deprecated; still autograd-aware
         warnings.simplefilter("ignore", FutureWarning)
-        parts = dist_nn.all_gather(torch.cat([a_map, b_map], dim=-1).contiguous(), group=group)
+        parts = _AllGather.apply(torch.cat([a_map, b_map], dim=-1).contiguous(), group)
 
     carry = torch.zeros(rows, HV, K, V, dtype=gd, device=q.device)
     for j in range(rank):
