@@ -32,12 +32,23 @@ def runs():
             if d == "fp32" or c.cu_seqlens is not None]
 
 
-def world_runs(full: int, extra: int):
-    """(world, case, spec, dtype): every run split over `full` devices / ranks, and the
-    varlen case in fp32 of one diagonal-decay and one delta-rule op over `extra`."""
-    out = [(full, *r) for r in runs()]
+def world_runs(full: int, extra=None, batch_families=CP_FAMILIES):
+    """(world, case, spec, dtype): the runs split over `full` devices / ranks (the batch case
+    for `batch_families` only), and the varlen case in fp32 of one diagonal-decay and one
+    delta-rule op over `extra` (None: none)."""
+    out = [(full, *r) for r in runs()
+           if r[0].cu_seqlens is not None or r[1].family in batch_families]
+    if extra is None:
+        return out
     return out + [(extra, *r) for r in runs() if r[0].cu_seqlens is not None
                   and r[2] == "fp32" and r[1].family in ("gla", "gated_delta_rule")]
+
+
+def jax_runs():
+    """JAX (4 virtual devices): the varlen case (four ops, fp32 + bf16) and the batch case
+    (fp32) of one diagonal-decay and one delta-rule op, for the CPU budget of one test file;
+    the torch test covers the batch case of all four, on 2 and 4 ranks."""
+    return world_runs(4, None, ("simple_gla", "gated_delta_rule"))
 
 
 def run_id(case, spec, dtype) -> str:

@@ -1,7 +1,8 @@
 """Run the JAX context-parallel cases on 4 virtual CPU devices and save the results.
 
 `python -m parity_tests.cp_jax_worker OUT_DIR` (test_context_parallel_jax.py runs it in a
-subprocess: the device count must be set before jax initialises its backend). Each run:
+subprocess: the device count must be set before jax initialises its backend). The runs:
+cp_cases.jax_runs(). Each run:
 the op inside `jax.shard_map` over a mesh axis "cp" (q, k, v, g, beta split along T;
 cu_seqlens, g_gamma, initial_state replicated), `cp_mesh_axis="cp"`, forward and vjp under
 jax.jit; saves o, ht and every gradient (global) as OUT_DIR/<run id>-w<world>.npz.
@@ -34,11 +35,6 @@ def round_to(dtype, a):
     """float64 values of a stored in dtype (via fp32, as the harness does)."""
     return np.asarray(jnp.asarray(np.asarray(a, np.float32)).astype(DTYPES[dtype]),
                       np.float64)
-
-
-def world_runs():
-    """4 devices: every run; 2 devices: the varlen case in fp32."""
-    return cp_cases.world_runs(DEVICES, 2)
 
 
 def cp_run(spec, case, dtype, x, world) -> dict:
@@ -92,7 +88,7 @@ def cp_run(spec, case, dtype, x, world) -> dict:
 
 
 def main(out_dir):
-    for world, case, spec, dtype in world_runs():
+    for world, case, spec, dtype in cp_cases.jax_runs():
         x = cp_cases.inputs(spec, case, dtype, round_to)
         res = cp_run(spec, case, dtype, x, world)
         np.savez(os.path.join(out_dir, f"{cp_cases.run_id(case, spec, dtype)}-w{world}.npz"),

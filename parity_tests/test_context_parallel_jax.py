@@ -1,5 +1,5 @@
-"""fla_jax context parallelism (cp_mesh_axis= inside jax.shard_map) on 4 and 2 virtual CPU
-devices must reproduce the single-device op (outputs, final states, every gradient incl.
+"""fla_jax context parallelism (cp_mesh_axis= inside jax.shard_map) on 4 virtual CPU devices
+must reproduce the single-device op (outputs, final states, every gradient incl.
 dh0) for the four chunk ops, batch and varlen (sequences crossing device boundaries), fp32
 and bf16 (parity_tests/cp_cases.py). The sharded runs happen in a subprocess
 (parity_tests/cp_jax_worker.py): the virtual device count must be set before jax starts,
@@ -16,8 +16,6 @@ import pytest
 
 from . import cp_cases
 
-WORLDS = (4, 2)   # every run on 4 devices; the varlen case in fp32 on 2 as well
-
 
 @pytest.fixture(scope="module")
 def cp_results():
@@ -32,7 +30,7 @@ def cp_results():
 
 
 def _params():
-    for world, case, spec, dtype in cp_cases.world_runs(*WORLDS):
+    for world, case, spec, dtype in cp_cases.jax_runs():
         yield pytest.param(world, case, spec, dtype,
                            id=f"w{world}-{cp_cases.run_id(case, spec, dtype)}")
 
