@@ -17,8 +17,7 @@ import pytest
 from . import cp_cases
 
 
-@pytest.fixture(scope="module")
-def cp_results():
+def _run_worker() -> str:
     d = tempfile.mkdtemp(prefix="cp_jax_")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -29,23 +28,21 @@ def cp_results():
     return d
 
 
-def _params():
-    for world, case, spec, dtype in cp_cases.jax_runs():
-        yield pytest.param(world, case, spec, dtype,
-                           id=f"w{world}-{cp_cases.run_id(case, spec, dtype)}")
-
-
-@pytest.mark.parametrize("world,case,spec,dtype", list(_params()))
-def test_cp_equals_single_device(cp_results, world, case, spec, dtype):
+def test_cp_equals_single_device():
+    """Every run in one test, so that the worker runs once even under xdist."""
     from . import jax_runner, torch_runner
 
-    x = cp_cases.inputs(spec, case, dtype, torch_runner.round_to)
-    cp = dict(np.load(os.path.join(cp_results, f"{cp_cases.run_id(case, spec, dtype)}"
-                                                f"-w{world}.npz")))
-    single = jax_runner.run(spec, case, "chunked", dtype, x)
-    oracle = torch_runner.run(spec, case, "chunked", "fp64", x)
-    rows = cp_cases.compare(cp, single, oracle, dtype)
-    assert not cp_cases.failures(rows), cp_cases.failures(rows)
+    d = _run_worker()
+    bad = []
+    for world, case, spec, dtype in cp_cases.jax_runs():
+        x = cp_cases.inputs(spec, case, dtype, torch_runner.round_to)
+        rid = cp_cases.run_id(case, spec, dtype)
+        cp = dict(np.load(os.path.join(d, f"{rid}-w{world}.npz")))
+        single = jax_runner.run(spec, case, "chunked", dtype, x)
+        oracle = torch_runner.run(spec, case, "chunked", "fp64", x)
+        bad += [f"w{world} {rid} {f}" for f in
+                cp_cases.failures(cp_cases.compare(cp, single, oracle, dtype))]
+    assert not bad, "\n".join(bad)
 
 
 def test_cp_mesh_axis_outside_shard_map():

@@ -72,8 +72,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def cp_results():
+def _spawn_all() -> dict:
     """{world: directory of per-rank npz files}; one spawn per world size."""
     import torch.multiprocessing as mp
 
@@ -85,23 +84,21 @@ def cp_results():
     return dirs
 
 
-def _params():
+def test_cp_equals_single_device():
+    """Every run in one test, so that the processes are spawned once even under xdist."""
+    dirs = _spawn_all()
+    bad = []
     for world, case, spec, dtype in cp_cases.world_runs(*WORLDS):
-        yield pytest.param(world, case, spec, dtype,
-                           id=f"w{world}-{cp_cases.run_id(case, spec, dtype)}")
-
-
-@pytest.mark.parametrize("world,case,spec,dtype", list(_params()))
-def test_cp_equals_single_device(cp_results, world, case, spec, dtype):
-    x = cp_cases.inputs(spec, case, dtype, torch_runner.round_to)
-    rid = cp_cases.run_id(case, spec, dtype)
-    parts = [dict(np.load(os.path.join(cp_results[world], f"{rid}-{r}.npz")))
-             for r in range(world)]
-    cp = cp_cases.assemble(spec, parts)
-    single = torch_runner.run(spec, case, "chunked", dtype, x)
-    oracle = torch_runner.run(spec, case, "chunked", "fp64", x)
-    rows = cp_cases.compare(cp, single, oracle, dtype)
-    assert not cp_cases.failures(rows), cp_cases.failures(rows)
+        x = cp_cases.inputs(spec, case, dtype, torch_runner.round_to)
+        rid = cp_cases.run_id(case, spec, dtype)
+        parts = [dict(np.load(os.path.join(dirs[world], f"{rid}-{r}.npz")))
+                 for r in range(world)]
+        cp = cp_cases.assemble(spec, parts)
+        single = torch_runner.run(spec, case, "chunked", dtype, x)
+        oracle = torch_runner.run(spec, case, "chunked", "fp64", x)
+        bad += [f"w{world} {rid} {f}" for f in
+                cp_cases.failures(cp_cases.compare(cp, single, oracle, dtype))]
+    assert not bad, "\n".join(bad)
 
 
 def test_cp_group_errors():
