@@ -7,6 +7,7 @@ from flax import nnx
 
 from fla_contract.kv_cache import check_max_cache_len_use
 
+from . import context_parallel
 from ..modules import Linear, RMSNorm
 from ..modules.precision import canonical, compute_dtype
 from ..ops.attention import attention
@@ -82,6 +83,7 @@ class Attention(nnx.Module):
         offset = 0 if past_key_values is None else past_key_values.get("offset", 0)
         B, T, _ = hidden_states.shape
         cd = compute_dtype(hidden_states, self.dtype)
+        context_parallel.refuse("Attention", "softmax attention")
         x = hidden_states.astype(cd)
         D = self.head_dim
         q = split_heads(self.q_proj(x, cd), D)

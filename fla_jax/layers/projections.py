@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import ops
+from . import context_parallel
 
 MODES = ("chunk", "fused_recurrent")
 MODE_ALIASES = {"fused_chunk": "chunk", "parallel": "chunk"}
@@ -26,9 +27,10 @@ def effective_mode(mode: str, past_key_values, T: int) -> str:
 
 
 def call_op(family: str, mode: str, q, k, v, **kwargs):
-    """ops.chunk_<family> or ops.fused_recurrent_<family> with impl='auto'."""
+    """ops.chunk_<family> or ops.fused_recurrent_<family> with impl='auto' (inside
+    layers.context_parallel: with the context's cp argument)."""
     fn = getattr(ops, f"{mode}_{family}")
-    return fn(q, k, v, impl="auto", **kwargs)
+    return fn(q, k, v, impl="auto", **kwargs, **context_parallel.op_kwargs(family, mode))
 
 
 def project_qkv(layer, x, cd, conv_cache, use_cache: bool, qk_silu_without_conv: bool = False,
@@ -39,6 +41,7 @@ def project_qkv(layer, x, cd, conv_cache, use_cache: bool, qk_silu_without_conv:
     k = layer.k_proj(x, cd)
     v = layer.v_proj(x, cd)
     if layer.use_short_conv:
+        context_parallel.refuse(type(layer).__name__, "use_short_conv=True")
         cq, ck, cv = conv_cache
         if mask is not None:    # padding: each row's real tokens only (layers/padding.py)
             from .padding import masked_short_conv

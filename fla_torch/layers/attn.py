@@ -13,6 +13,7 @@ import torch.nn as nn
 
 from fla_contract.kv_cache import check_max_cache_len_use
 
+from . import context_parallel
 from ..modules import RMSNorm
 from ..modules.precision import compute_dtype, linear, output_dtype, resolve_policy, storage_dtype
 from ..ops.attention import attention
@@ -92,6 +93,7 @@ class Attention(nn.Module):
         offset = 0 if past_key_values is None else past_key_values.get("offset", 0)
         B, T, _ = hidden_states.shape
         cd = compute_dtype(hidden_states, self.policy)
+        context_parallel.refuse("Attention", "softmax attention")
         x = hidden_states.to(cd)
         D = self.head_dim
         q = split_heads(linear(x, self.q_proj, cd), D)

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
+from . import context_parallel
 from ..modules.precision import linear, no_autocast
 
 MODES = ("chunk", "fused_recurrent")
@@ -27,9 +28,10 @@ def effective_mode(mode: str, past_key_values, T: int) -> str:
 
 
 def call_op(family: str, mode: str, q, k, v, **kwargs):
-    """ops.chunk_<family> or ops.fused_recurrent_<family> with impl='auto'."""
+    """ops.chunk_<family> or ops.fused_recurrent_<family> with impl='auto' (inside
+    layers.context_parallel: with the context's cp argument)."""
     fn = getattr(ops, f"{mode}_{family}")
-    return fn(q, k, v, impl="auto", **kwargs)
+    return fn(q, k, v, impl="auto", **kwargs, **context_parallel.op_kwargs(family, mode))
 
 
 def project_qkv(layer, x: torch.Tensor, cd: torch.dtype, conv_cache, use_cache: bool,
@@ -44,6 +46,7 @@ def project_qkv(layer, x: torch.Tensor, cd: torch.dtype, conv_cache, use_cache: 
     k = linear(x, layer.k_proj, cd)
     v = linear(x, layer.v_proj, cd)
     if layer.use_short_conv:
+        context_parallel.refuse(type(layer).__name__, "use_short_conv=True")
         cq, ck, cv = conv_cache
         if mask is not None:    # padding: each row's real tokens only (layers/padding.py)
             from .padding import masked_short_conv

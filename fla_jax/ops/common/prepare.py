@@ -16,6 +16,7 @@ from fla_contract.op_spec import ACTIVATION, GATE_DTYPE, STATE
 
 from ... import dtypes
 from .dispatch import ALLOWED_DTYPES, KERNEL_IMPL, load_impl, resolve_impl
+from .sharding import shard_kernel
 
 
 def concrete_values(x):
@@ -24,6 +25,14 @@ def concrete_values(x):
         return np.asarray(x)
     except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
         return None
+
+
+def impl_fn(spec: OpSpec, registry: dict, name: str, q, cu_seqlens, output_final_state):
+    """The implementation `name`, wrapped for batch/head-sharded inputs where XLA cannot
+    partition it by itself (sharding.shard_kernel: a Pallas call; any impl under Explicit
+    mesh axes)."""
+    return shard_kernel(spec, load_impl(registry, name), q, cu_seqlens, output_final_state,
+                        kernel=name == KERNEL_IMPL)
 
 
 def run_op(spec: OpSpec, registry: dict, impl: str, *, scale=None,
@@ -57,7 +66,7 @@ def run_op(spec: OpSpec, registry: dict, impl: str, *, scale=None,
     if check is not None:
         check(dims)
     if not spec.has_state:
-        fn = load_impl(registry, name)
+        fn = impl_fn(spec, registry, name, q, cu_seqlens, False)
         return fn(*(tensors[a.name] for a in spec.activations), scale=scale,
                   cu_seqlens=cu_seqlens, **(options or {}))
 
@@ -73,7 +82,7 @@ def run_op(spec: OpSpec, registry: dict, impl: str, *, scale=None,
     if spec.state_tuple:   # the parts of one public initial_state tuple (GSA's (hk0, hv0))
         parts = tuple(states.values())
         states = {"initial_state": None if all(p is None for p in parts) else parts}
-    fn = load_impl(registry, name)
+    fn = impl_fn(spec, registry, name, q, cu_seqlens, bool(output_final_state))
     o, final_state = fn(*(tensors[a.name] for a in spec.activations), **family, scale=scale,
                         **states, output_final_state=bool(output_final_state),
                         cu_seqlens=cu_seqlens)

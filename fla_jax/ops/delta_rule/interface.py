@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from fla_contract import OPS
 
+from ..common import context_parallel
 from ..common.prepare import run_op
 
 _BASE = {"reference": "fla_jax.ops.delta_rule.reference:delta_rule_reference",
@@ -21,7 +22,8 @@ RECURRENT_IMPLS["pallas"] = "fla_jax.ops.delta_rule.pallas_recurrent:fused_recur
 
 
 def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
-                     cu_seqlens=None, use_qk_l2norm_in_kernel=False, impl="auto"):
+                     cu_seqlens=None, use_qk_l2norm_in_kernel=False, impl="auto",
+                     cp_mesh_axis=None):
     """Chunk-parallel delta rule (FLA's signature).
 
     Args:
@@ -31,10 +33,20 @@ def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final
             initial_state: [N, HV, K, V] fp32. cu_seqlens: [N+1] int, needs B == 1.
             use_qk_l2norm_in_kernel: L2-normalise q and k over K inside the op.
         impl: 'auto' | 'reference' | 'chunked' | 'pallas'.
+        cp_mesh_axis: context parallelism (the sequence split along T): the name of a mesh
+            axis of the enclosing shard_map;
+            see fla_jax/ops/common/context_parallel.py (cu_seqlens, initial_state and
+            final_state are then global).
     Returns:
         o: [B, T, HV, V] in q's dtype; final_state: [N, HV, K, V] fp32, or None unless
         output_final_state.
     """
+    if cp_mesh_axis is not None:
+        return context_parallel.chunk_context_parallel(
+            "delta_rule", chunk_delta_rule, cp_mesh_axis, q, k, v, beta=beta,
+            scale=scale, initial_state=initial_state,
+            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, impl=impl)
     return run_op(OPS["chunk_delta_rule"], CHUNK_IMPLS, impl, q=q, k=k, v=v,
                   beta=beta, initial_state=initial_state, scale=scale,
                   output_final_state=output_final_state, cu_seqlens=cu_seqlens,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from fla_contract import OPS
 
+from ..common import context_parallel
 from ..common.prepare import run_op
 
 _BASE = {"reference": "fla_jax.ops.gla.reference:gla_reference",
@@ -17,7 +18,7 @@ RECURRENT_IMPLS = dict(_BASE, pallas="fla_jax.ops.gla.pallas_recurrent:fused_rec
 
 
 def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
-              cu_seqlens=None, impl="auto"):
+              cu_seqlens=None, impl="auto", cp_mesh_axis=None):
     """Chunk-parallel gated linear attention (FLA's signature).
 
     Args:
@@ -26,10 +27,19 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
             scale: float, default K ** -0.5. initial_state: [N, H, K, V] fp32.
             cu_seqlens: [N+1] int, needs B == 1.
         impl: 'auto' | 'reference' | 'chunked' | 'pallas'.
+        cp_mesh_axis: context parallelism (the sequence split along T): the name of a mesh
+            axis of the enclosing shard_map;
+            see fla_jax/ops/common/context_parallel.py (cu_seqlens, initial_state and
+            final_state are then global).
     Returns:
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] fp32, or None unless
         output_final_state.
     """
+    if cp_mesh_axis is not None:
+        return context_parallel.chunk_context_parallel(
+            "gla", chunk_gla, cp_mesh_axis, q, k, v, g=g, scale=scale,
+            initial_state=initial_state, output_final_state=output_final_state,
+            cu_seqlens=cu_seqlens, impl=impl)
     return run_op(OPS["chunk_gla"], CHUNK_IMPLS, impl, q=q, k=k, v=v,
                   g=g, scale=scale, initial_state=initial_state,
                   output_final_state=output_final_state, cu_seqlens=cu_seqlens)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from fla_contract import OPS
 
+from ..common import context_parallel
 from ..common.prepare import run_op
 
 _BASE = {"reference": "fla_torch.ops.gated_delta_rule.reference:gated_delta_rule_reference",
@@ -21,7 +22,7 @@ RECURRENT_IMPLS["triton"] = "fla_torch.ops.gated_delta_rule.triton_recurrent:fus
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                            output_final_state=False, cu_seqlens=None,
-                           use_qk_l2norm_in_kernel=False, impl="auto"):
+                           use_qk_l2norm_in_kernel=False, impl="auto", cp_group=None):
     """Chunk-parallel gated delta rule (FLA's signature).
 
     Args:
@@ -31,10 +32,20 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
             initial_state: [N, HV, K, V] fp32. cu_seqlens: [N+1] int, needs B == 1.
             use_qk_l2norm_in_kernel: bool.
         impl: 'auto' | 'reference' | 'chunked' | 'triton'.
+        cp_group: context parallelism (the sequence split along T): a torch.distributed
+            ProcessGroup;
+            see fla_torch/ops/common/context_parallel.py (cu_seqlens, initial_state and
+            final_state are then global).
     Returns:
         o: [B, T, HV, V] in q's dtype; final_state: [N, HV, K, V] fp32, or None unless
         output_final_state.
     """
+    if cp_group is not None:
+        return context_parallel.chunk_context_parallel(
+            "gated_delta_rule", chunk_gated_delta_rule, cp_group, q, k, v, g=g,
+            beta=beta, scale=scale, initial_state=initial_state,
+            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, impl=impl)
     return run_op(OPS["chunk_gated_delta_rule"], CHUNK_IMPLS, impl, q=q, k=k, v=v,
                   g=g, beta=beta, initial_state=initial_state, scale=scale,
                   output_final_state=output_final_state, cu_seqlens=cu_seqlens,

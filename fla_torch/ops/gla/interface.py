@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from fla_contract import OPS
 
+from ..common import context_parallel
 from ..common.prepare import run_op
 
 _BASE = {"reference": "fla_torch.ops.gla.reference:gla_reference",
@@ -18,7 +19,7 @@ RECURRENT_IMPLS = dict(_BASE,
 
 
 def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
-              cu_seqlens=None, impl="auto"):
+              cu_seqlens=None, impl="auto", cp_group=None):
     """Chunk-parallel GLA (FLA's signature).
 
     Args:
@@ -27,10 +28,19 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
             scale: float, default K ** -0.5. initial_state: [N, H, K, V] fp32.
             cu_seqlens: [N+1] int, needs B == 1.
         impl: 'auto' | 'reference' | 'chunked' | 'triton'.
+        cp_group: context parallelism (the sequence split along T): a torch.distributed
+            ProcessGroup;
+            see fla_torch/ops/common/context_parallel.py (cu_seqlens, initial_state and
+            final_state are then global).
     Returns:
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] fp32, or None unless
         output_final_state.
     """
+    if cp_group is not None:
+        return context_parallel.chunk_context_parallel(
+            "gla", chunk_gla, cp_group, q, k, v, g=g, scale=scale,
+            initial_state=initial_state, output_final_state=output_final_state,
+            cu_seqlens=cu_seqlens, impl=impl)
     return run_op(OPS["chunk_gla"], CHUNK_IMPLS, impl, q=q, k=k, v=v,
                   g=g, scale=scale, initial_state=initial_state,
                   output_final_state=output_final_state, cu_seqlens=cu_seqlens)

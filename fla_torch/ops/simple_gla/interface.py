@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from fla_contract import OPS
 
+from ..common import context_parallel
 from ..common.prepare import run_op
 
 _BASE = {"reference": "fla_torch.ops.simple_gla.reference:simple_gla_reference",
@@ -19,7 +20,7 @@ RECURRENT_IMPLS = dict(
 
 
 def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
-                     output_final_state=False, cu_seqlens=None, impl="auto"):
+                     output_final_state=False, cu_seqlens=None, impl="auto", cp_group=None):
     """Chunk-parallel simple GLA (FLA's signature).
 
     Args:
@@ -28,10 +29,19 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=No
             g_gamma: [H] fixed log-decay. scale: float, default K ** -0.5.
             initial_state: [N, H, K, V] fp32. cu_seqlens: [N+1] int, needs B == 1.
         impl: 'auto' | 'reference' | 'chunked' | 'triton'.
+        cp_group: context parallelism (the sequence split along T): a torch.distributed
+            ProcessGroup;
+            see fla_torch/ops/common/context_parallel.py (cu_seqlens, initial_state and
+            final_state are then global).
     Returns:
         o: [B, T, H, V] in q's dtype; final_state: [N, H, K, V] fp32, or None unless
         output_final_state.
     """
+    if cp_group is not None:
+        return context_parallel.chunk_context_parallel(
+            "simple_gla", chunk_simple_gla, cp_group, q, k, v, g=g, g_gamma=g_gamma,
+            scale=scale, initial_state=initial_state,
+            output_final_state=output_final_state, cu_seqlens=cu_seqlens, impl=impl)
     return run_op(OPS["chunk_simple_gla"], CHUNK_IMPLS, impl, q=q, k=k, v=v, g=g,
                   g_gamma=g_gamma, initial_state=initial_state, scale=scale,
                   output_final_state=output_final_state, cu_seqlens=cu_seqlens)

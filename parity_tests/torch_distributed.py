@@ -1,0 +1,111 @@
+"""fla_torch under torch.distributed on CPU (gloo): the gradients of DDP and of FSDP2
+(torch.distributed.fsdp.fully_shard) over `world` processes equal one process's gradients on
+the whole batch. Each rank builds the same seeded module twice: one copy wrapped (DDP or
+fully_shard on every block / sub-module, then the root), fed the rank's rows of the batch; one
+plain copy fed the whole batch (the single-process reference). The loss is a mean over the
+batch, so the data-parallel average of the ranks' gradients is the full-batch gradient.
+
+`check(world, kinds, names)` spawns the processes (torch.multiprocessing.spawn), runs every
+kind ('ddp', 'fsdp2') on every target (an LM `attn` from LM_ATTN or a layer case name from
+layer_runners) and returns {(kind, target, param name): rel RMS} from rank 0; every rank
+asserts its own gradients within TOL.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+
+import numpy as np
+
+TOL = 1e-5          # fp32 (cases.TOLERANCE's fp32 row)
+LM_KW = dict(vocab_size=40, hidden_size=32, num_layers=2, num_heads=2, head_dim=16)
+LAYERS = ("gdn", "deltanet", "gla", "retention", "linear_attn", "attn")
+LM_ATTN = ("gated_deltanet", "hybrid")
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.sqrt(np.mean((a - b) ** 2)) / max(np.sqrt(np.mean(b ** 2)), 1e-30))
+
+
+def _lm(attn: str):
+    from fla_torch.models import CausalLM, LMConfig
+    kw = dict(LM_KW, attn="gated_deltanet", attn_layers=[1]) if attn == "hybrid" else \
+        dict(LM_KW, attn=attn)
+    return CausalLM(LMConfig(**kw))
+
+
+def _targets(what: str):
+    """(name, build() -> module, batch(seed) -> (inputs, extra), loss(module, inputs, extra))."""
+    import torch
+
+    from fla_torch.models import lm_loss
+    from .layer_runners import CASES_BY_NAME, HIDDEN, make_torch_layer
+
+    if what in LM_ATTN:
+        def batch():
+            g = torch.Generator().manual_seed(7)
+            x = torch.randint(0, LM_KW["vocab_size"], (4, 33), generator=g)
+            return x[:, :-1], x[:, 1:]
+        return lambda: _lm(what), batch, lambda m, x, y: lm_loss(m(x), y)
+    case = CASES_BY_NAME[what]
+
+    def batch():
+        g = torch.Generator().manual_seed(7)
+        return (torch.randn(4, case.T, HIDDEN, generator=g),
+                torch.randn(4, case.T, HIDDEN, generator=g))
+    return lambda: make_torch_layer(case), batch, lambda m, x, dy: (m(x)[0] * dy).mean()
+
+
+def _wrap(module, kind: str, mesh):
+    if kind == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+        return DistributedDataParallel(module)
+    from torch.distributed.fsdp import fully_shard
+    for sub in getattr(module, "layers", []):      # CausalLM blocks: one FSDP unit each
+        fully_shard(sub, mesh=mesh)
+    return fully_shard(module, mesh=mesh)
+
+
+def _full(grad):
+    return grad.full_tensor() if hasattr(grad, "full_tensor") else grad
+
+
+def _worker(rank: int, world: int, kinds: tuple, names: tuple, store: str, out: str):
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (world,))
+    errors = {}
+    try:
+        for kind, what in [(k, w) for k in kinds for w in names]:
+            build, batch, loss_of = _targets(what)
+            torch.manual_seed(0)
+            plain = build()
+            wrapped = _wrap(copy.deepcopy(plain), kind, mesh)
+            x, y = batch()
+            loss_of(plain, x, y).backward()
+            rows = slice(rank * x.shape[0] // world, (rank + 1) * x.shape[0] // world)
+            loss_of(wrapped, x[rows], y[rows]).backward()
+            ref = dict(plain.named_parameters())
+            for name, p in wrapped.named_parameters():
+                name = name.removeprefix("module.")
+                errors[(kind, what, name)] = _rel(_full(p.grad).detach().numpy(),
+                                            ref[name].grad.detach().numpy())
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        np.save(out, np.array(sorted(errors.items()), dtype=object), allow_pickle=True)
+    bad = {k: v for k, v in errors.items() if not v <= TOL}
+    assert not bad, f"rank {rank}: gradients off by more than {TOL:g}: {bad}"
+
+
+def check(world: int, kinds: tuple, names: tuple) -> dict:
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as tmp:
+        store, out = os.path.join(tmp, "store"), os.path.join(tmp, "errors.npy")
+        mp.spawn(_worker, args=(world, tuple(kinds), tuple(names), store, out), nprocs=world)
+        return {tuple(k): v for k, v in np.load(out, allow_pickle=True)}
