@@ -22,6 +22,7 @@ ATTN_CLASSES = {
     "gla": "GatedLinearAttention",
     "delta_net": "DeltaNet",
     "gated_deltanet": "GatedDeltaNet",
+    "gsa": "GatedSlotAttention",
     "attention": "Attention",
 }
 SOFTMAX_ATTN = "Attention"
@@ -32,7 +33,8 @@ class LMConfig:
     """Configuration of `CausalLM` (same fields in fla_torch and fla_jax).
 
     vocab_size, hidden_size (D), num_layers: the usual.
-    attn: 'linear_attention' | 'retention' | 'gla' | 'delta_net' | 'gated_deltanet' |
+    attn: 'linear_attention' | 'retention' | 'gla' | 'delta_net' | 'gated_deltanet' | 'gsa'
+        (GatedSlotAttention: needs num_heads * head_v_dim == hidden_size, its g_norm's size) |
         'attention' (softmax attention in every block).
     attn_layers: indices of the blocks that are softmax `Attention` layers (a hybrid; the
         others use `attn`), e.g. [3] or [1, 3]; default none.
