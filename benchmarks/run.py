@@ -20,7 +20,9 @@ import time
 
 SHAPES = {"B4T4096": dict(B=4, T=4096, H=16, HV=16, K=128, V=128),
           "B1T32768": dict(B=1, T=32768, H=16, HV=16, K=128, V=128),
-          "GQA_H8HV16": dict(B=4, T=4096, H=8, HV=16, K=128, V=128)}
+          "GQA_H8HV16": dict(B=4, T=4096, H=8, HV=16, K=128, V=128),
+          # Gated Slot Attention's bar (issue 14): M = 64 slots
+          "GSA_B4T4096": dict(B=4, T=4096, H=4, HV=4, K=64, V=64, M=64)}
 
 
 def _spec(op):
@@ -34,17 +36,18 @@ def make_numpy(op, s, seed=0):
     in -[0.01, 0.2] and beta in [0.05, 0.95]."""
     import numpy as np
 
-    from fla_contract.op_spec import BETA, GATE, GATE_K
+    from fla_contract.op_spec import BETA, GATE, GATE_K, GATE_SLOT
     spec = _spec(op)
     rng = np.random.default_rng(seed)
-    sizes = dict(s, N=s["B"])
+    # HQ / HKV: query and key/value heads of the grouped-query ops (GSA); M: GSA's slots
+    sizes = dict(s, N=s["B"], HQ=s["HV"], HKV=s["H"], M=s.get("M", s["K"]))
     x = {a.name: rng.standard_normal(tuple(sizes[d] for d in a.shape), np.float32)
          for a in spec.activations}
     x["do"] = rng.standard_normal(tuple(sizes[d] for d in spec.arg("v").shape), np.float32)
     x["k"] /= np.linalg.norm(x["k"], axis=-1, keepdims=True)
     for a in spec.args:
         shape = tuple(sizes[d] for d in a.shape)
-        if a.role in (GATE, GATE_K):
+        if a.role in (GATE, GATE_K, GATE_SLOT):
             x[a.name] = -rng.uniform(0.01, 0.2, shape).astype(np.float32)
         elif a.role == BETA:
             x[a.name] = rng.uniform(0.05, 0.95, shape).astype(np.float32)
@@ -215,6 +218,8 @@ def main(argv=None):
         s = SHAPES[shape]
         for op in [o for o in args.ops if o != "attention"]:
             if shape.startswith("GQA") and op != "gated_delta_rule":
+                continue
+            if shape.startswith("GSA") and op != "gsa":
                 continue
             x = make_numpy(op, s)
             for dtype in args.dtypes:
