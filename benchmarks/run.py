@@ -57,7 +57,8 @@ def make_numpy(op, s, seed=0):
     from fla_contract.op_spec import BETA, GATE, GATE_K, GATE_SLOT, VECTOR_K
     spec = _spec(op)
     rng = np.random.default_rng(seed)
-    sizes = dict(s, N=s["B"], HQ=s["HV"], HKV=s["H"])
+    # HQ / HKV: query and key/value heads of the grouped-query ops (GSA); M: GSA's slots
+    sizes = dict(s, N=s["B"], HQ=s["HV"], HKV=s["H"], M=s.get("M", s["K"]))
     x = {a.name: rng.standard_normal(tuple(sizes[d] for d in a.shape), np.float32)
          for a in spec.activations}
     x["do"] = rng.standard_normal(tuple(sizes[d] for d in spec.arg("v").shape), np.float32)
@@ -270,6 +271,8 @@ def main(argv=None):
         s = SHAPES[shape]
         for op in [o for o in args.ops if o != "attention"]:
             if not applies(shape, op):
+                continue
+            if shape.startswith("GSA") and op != "gsa":
                 continue
             x = make_numpy(op, s)
             for dtype in args.dtypes:

@@ -22,6 +22,7 @@ ATTN_CLASSES = {
     "gla": "GatedLinearAttention",
     "delta_net": "DeltaNet",
     "gated_deltanet": "GatedDeltaNet",
+    "gsa": "GatedSlotAttention",
     "kda": "KimiDeltaAttention",
     "rwkv7": "RWKV7Attention",
     "attention": "Attention",
@@ -35,9 +36,10 @@ class LMConfig:
 
     vocab_size, hidden_size (D), num_layers: the usual.
     attn: 'linear_attention' | 'retention' | 'gla' | 'delta_net' | 'gated_deltanet' | 'kda' |
-        'rwkv7' | 'attention' (softmax attention in every block). 'rwkv7' needs num_heads *
-        head_dim == hidden_size (RWKV-7's keys span the hidden size) and block 0 an RWKV-7
-        block (it makes the v_first that later blocks mix in).
+        'rwkv7' | 'gsa' | 'attention' (softmax attention in every block). 'rwkv7' needs
+        num_heads * head_dim == hidden_size (RWKV-7's keys span the hidden size) and block 0 an
+        RWKV-7 block (it makes the v_first that later blocks mix in); 'gsa'
+        (GatedSlotAttention) needs num_heads * head_v_dim == hidden_size, its g_norm's size.
     attn_layers: indices of the blocks that are softmax `Attention` layers (a hybrid; the
         others use `attn`), e.g. [3] or [1, 3]; default none.
     softmax_attn_kwargs: extra constructor arguments for the Attention blocks (num_kv_heads,

@@ -26,7 +26,7 @@ from flax import nnx  # noqa: E402
 from fla_jax import interop as jinterop  # noqa: E402
 from fla_torch import interop as tinterop  # noqa: E402
 
-BASE = ("gdn", "deltanet", "gla", "retention", "linear_attn", "attn", "rwkv7",
+BASE = ("gdn", "deltanet", "gla", "gsa", "retention", "linear_attn", "attn", "rwkv7",
         "kda")   # one per layer class
 PARITY = ([(c, d) for c in BASE for d in ("fp32", "bf16", "fp16")]
           + [(c.name, d) for c in LAYER_CASES if c.name not in BASE for d in ("fp32", "bf16")])
@@ -129,8 +129,10 @@ def _decode_jax(jl, x, vf=None):
 
 def _np_state(cache):
     out = {"offset": int(cache["offset"])}
-    if cache.get("recurrent_state") is not None:
-        out["recurrent_state"] = np.asarray(cache["recurrent_state"], np.float64)
+    state = cache.get("recurrent_state")
+    for i, part in enumerate(state if isinstance(state, tuple) else (state,)):   # GSA: (hk, hv)
+        if part is not None:
+            out[f"recurrent_state{i or ''}"] = np.asarray(part, np.float64)
     if cache.get("attn_state") is not None:     # Attention: keys and values so far
         out["k"], out["v"] = (np.asarray(a, np.float64) for a in cache["attn_state"])
     if cache.get("conv_state") is not None:
@@ -165,9 +167,10 @@ def test_decode_equals_full_forward(name):
         for key in a:
             if key != "offset":
                 assert rel_rms(a[key], b[key], b[key]) <= tol, f"{fw} cache {key}"
-    if results["torch"][3].get("recurrent_state") is not None:
-        assert results["torch"][3]["recurrent_state"].dtype == torch.float32
-        assert results["jax"][3]["recurrent_state"].dtype == jnp.float32
+    for fw, f32 in (("torch", torch.float32), ("jax", jnp.float32)):
+        state = results[fw][3].get("recurrent_state")
+        for part in (state if isinstance(state, tuple) else (state,)):
+            assert part is None or part.dtype == f32
     ct, cj = _np_state(results["torch"][3]), _np_state(results["jax"][3])
     for key in ct:
         if key != "offset":

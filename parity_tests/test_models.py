@@ -26,8 +26,8 @@ import fla_torch.models as tm  # noqa: E402
 from fla_jax.models import train as jax_train  # noqa: E402
 from fla_torch.models import train as torch_train  # noqa: E402
 
-ATTNS = ("linear_attention", "retention", "gla", "delta_net", "gated_deltanet", "attention",
-         "hybrid", "kda", "rwkv7")
+ATTNS = ("linear_attention", "retention", "gla", "delta_net", "gated_deltanet", "gsa",
+         "attention", "hybrid", "kda", "rwkv7")
 # 'hybrid': Gated DeltaNet block 0, softmax Attention block 1 (LMConfig.attn_layers)
 HYBRID = {"attn": "gated_deltanet", "attn_layers": [1]}
 VOCAB = 23
@@ -97,7 +97,9 @@ def _decode_jax(model, x, n_prefill):
         outs.append(logits)
     assert len(cache) == len(model.layers)
     for c in cache:     # recurrent states fp32; an Attention block's KV cache in its dtype
-        assert c.get("recurrent_state") is None or c["recurrent_state"].dtype == jnp.float32
+        state = c.get("recurrent_state")   # GSA: the tuple (hk, hv)
+        assert all(p.dtype == jnp.float32 for p in (state if isinstance(state, tuple)
+                                                     else () if state is None else (state,)))
         assert c.get("attn_state") is None or c["attn_state"][0].dtype == jnp.float32
     return np.asarray(jnp.concatenate(outs, 1))
 

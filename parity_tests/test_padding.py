@@ -37,6 +37,9 @@ CASES = {c.name: c for c in (
                    use_beta=False, conv_bias=True)),
     LayerCase("gla", "GatedLinearAttention",
               dict(hidden_size=HIDDEN, num_heads=4, num_kv_heads=2, use_short_conv=True)),
+    LayerCase("gsa", "GatedSlotAttention",
+              dict(hidden_size=HIDDEN, num_heads=4, num_kv_heads=2, num_slots=12,
+                   use_short_conv=True)),
     LayerCase("retention", "MultiScaleRetention",
               dict(hidden_size=HIDDEN, num_heads=2, num_kv_heads=1, use_short_conv=True)),
     LayerCase("linear_attn", "LinearAttention",
@@ -108,7 +111,9 @@ def run(fw: str, name: str, x, mask=None, cache=None):
 
 def cache_np(cache, rows=None) -> dict:
     """Cache dict -> float64 numpy arrays (rows: keep these batch rows)."""
-    out = {"recurrent_state": np.asarray(cache["recurrent_state"], np.float64)}
+    state = cache["recurrent_state"]
+    out = {f"recurrent_state{i or ''}": np.asarray(part, np.float64)   # GSA: (hk, hv)
+           for i, part in enumerate(state if isinstance(state, tuple) else (state,))}
     for i, c in enumerate(cache.get("conv_state") or ()):
         out[f"conv_state[{i}]"] = np.asarray(c, np.float64)
     if "k_sum" in cache:
@@ -199,8 +204,8 @@ def test_decode_after_left_padded_prefill(name, fw):
 
 
 @pytest.mark.parametrize("fw", FRAMEWORKS)
-@pytest.mark.parametrize("name", ("gdn", "deltanet", "gla", "retention", "linear_attn", "rwkv7",
-                                  "kda"))
+@pytest.mark.parametrize("name", ("gdn", "deltanet", "gla", "gsa", "retention", "linear_attn",
+                                  "rwkv7", "kda"))
 def test_fused_recurrent_mode_left_padded(name, fw):
     """A layer built with mode='fused_recurrent' (same seed, same weights) on the left-padded
     batch == the chunk-mode layer on each sequence alone."""

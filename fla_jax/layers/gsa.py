@@ -25,8 +25,8 @@ class GatedSlotAttention(nnx.Module):
         head_k_dim), elementwise_affine, norm_eps, gate_logit_normalizer, feature_map ('swish'
         | 'relu'; FLA's 't2r' is not supported), use_output_gate, use_norm (kept, unused as in
         FLA), layer_idx, scale (default 1.0). Flax's: dtype, param_dtype, rngs.
-    Parameters: q_proj, k_proj, v_proj, f_proj, q/k/v_conv1d, g_norm.weight (float32),
-        o_proj -- torch names and shapes.
+    Parameters: q_proj, k_proj, v_proj, f_proj, q/k/v_conv1d, g_norm.weight, o_proj -- torch
+        names and shapes (all in param_dtype).
     __call__ -> (o [B, T, hidden], None, cache dict or None); the cache's recurrent_state is
         the tuple (hk [B, num_heads, K, M], hv [B, num_heads, M, V]) fp32 (layers/cache.py).
     """
@@ -86,7 +86,7 @@ class GatedSlotAttention(nnx.Module):
             self.v_conv1d = ShortConvolution(self.value_dim_per_group, conv_size,
                                              bias=conv_bias, **f)
         self.g_norm = RMSNorm(hidden_size, elementwise_affine=elementwise_affine, eps=norm_eps,
-                              dtype=self.dtype, param_dtype=jnp.float32)
+                              dtype=self.dtype, param_dtype=self.param_dtype)
         self.o_proj = Linear(self.value_dim, hidden_size, bias=False, **f)
 
     def state_layouts(self, N: int):

@@ -35,8 +35,9 @@ class GatedSlotAttention(nn.Module):
         storage), policy (compute).
     Parameters: q_proj [key_dim, hidden]; k_proj [key_dim / groups, hidden]; v_proj
         [value_dim / groups, hidden]; f_proj [num_kv_heads * num_slots, hidden];
-        q/k/v_conv1d (use_short_conv); g_norm.weight [hidden_size] (float32 storage, as FLA;
-        hidden_size must equal value_dim); o_proj [hidden, value_dim].
+        q/k/v_conv1d (use_short_conv); g_norm.weight [hidden_size] (stored like the others:
+        FLA keeps it float32; the norm computes in float32 either way; hidden_size must equal
+        value_dim); o_proj [hidden, value_dim].
     forward -> (o [B, T, hidden], None, cache dict or None); the cache's recurrent_state is
         the tuple (hk [B, num_heads, K, M], hv [B, num_heads, M, V]) fp32 (layers/cache.py).
     """
@@ -96,7 +97,7 @@ class GatedSlotAttention(nn.Module):
                 setattr(self, f"{proj}_conv1d", ShortConvolution(
                     size, conv_size, bias=conv_bias, activation="silu", policy=self.policy, **f))
         self.g_norm = RMSNorm(hidden_size, elementwise_affine=elementwise_affine, eps=norm_eps,
-                              device=device, dtype=torch.float32, policy=self.policy)
+                              policy=self.policy, **f)
         self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False, **f)
 
     def state_layouts(self, N: int):
