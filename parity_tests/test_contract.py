@@ -287,9 +287,15 @@ def test_spec_matches_public_signatures(fw):
     import inspect
 
     from fla_contract import OPS
-    non_tensor = {"scale", "output_final_state", "cu_seqlens", "use_qk_l2norm_in_kernel", "impl"}
+    non_tensor = {"scale", "output_final_state", "cu_seqlens", "use_qk_l2norm_in_kernel", "impl",
+                  "cp_group", "cp_mesh_axis"}
+    cp_ops = {f"chunk_{f}" for f in ("simple_gla", "gla", "delta_rule", "gated_delta_rule")}
     for name, spec in OPS.items():
         params = inspect.signature(getattr(fw.ops, name)).parameters
+        # context parallelism: the four chunk ops of issue 15, in each framework's own words
+        assert ({"cp_group", "cp_mesh_axis"} & set(params)) == (
+            {"cp_group" if isinstance(fw, Torch) else "cp_mesh_axis"}
+            if name in cp_ops else set()), name
         # a tuple state's parts are one public initial_state (GSA)
         public = {a.name: "initial_state" if spec.state_tuple and a in spec.states else a.name
                   for a in spec.args}
