@@ -16,6 +16,7 @@ from ..common.prepare import run_op
 _BASE = {"reference": "fla_torch.ops.kda.reference:kda_reference",
          "chunked": "fla_torch.ops.kda.chunked:kda_chunked"}
 CHUNK_IMPLS = dict(_BASE)
+CHUNK_IMPLS["triton"] = "fla_torch.ops.kda.triton_chunk:chunk_kda_triton"
 RECURRENT_IMPLS = dict(_BASE)
 
 

@@ -15,6 +15,7 @@ from ..common.prepare import run_op
 _BASE = {"reference": "fla_torch.ops.rwkv7.reference:rwkv7_reference",
          "chunked": "fla_torch.ops.rwkv7.chunked:rwkv7_chunked"}
 CHUNK_IMPLS = dict(_BASE)
+CHUNK_IMPLS["triton"] = "fla_torch.ops.rwkv7.triton_chunk:chunk_rwkv7_triton"
 RECURRENT_IMPLS = dict(_BASE)
 
 

@@ -44,17 +44,23 @@ def slot_rows(B: int, T: int, cu_seqlens, device):
     return row, first, count, n_slots(1, T, N, BT, True)
 
 
-def to_slots(x, row, S):
+def to_slots(x, row, S, varlen: bool):
     """[B, T, H, D] -> fp32 [S, H, BT, D] (pad rows zero; differentiable)."""
     B, T, H, D = x.shape
+    if not varlen:
+        NT = S // B
+        x = torch.nn.functional.pad(x.float(), (0, 0, 0, 0, 0, NT * BT - T))
+        return x.view(B, NT, BT, H, D).transpose(2, 3).reshape(S, H, BT, D).contiguous()
     flat = x.reshape(B * T, H, D).float()
     z = torch.zeros((S * BT, H, D), dtype=torch.float32, device=x.device)
     return z.index_copy(0, row, flat).view(S, BT, H, D).transpose(1, 2).contiguous()
 
 
-def from_slots(y, row, B, T):
+def from_slots(y, row, B, T, varlen: bool):
     """[S, H, BT, D] -> [B, T, H, D] (differentiable)."""
     S, H, _, D = y.shape
+    if not varlen:
+        return y.view(B, S // B, H, BT, D).transpose(2, 3).reshape(B, -1, H, D)[:, :T]
     return y.transpose(1, 2).reshape(S * BT, H, D).index_select(0, row).view(B, T, H, D)
 
 
@@ -68,7 +74,8 @@ def dplr_chunk(r, k, v, w, a, b, scale, initial_state, output_final_state, cu_se
     B, T, H, K = k.shape
     V = v.shape[-1]
     row, first, count, S = slot_rows(B, T, cu_seqlens, r.device)
-    rs, ks, vs, ws, as_, bs = (to_slots(x, row, S) for x in (r, k, v, w, a, b))
+    varlen = cu_seqlens is not None
+    rs, ks, vs, ws, as_, bs = (to_slots(x, row, S, varlen) for x in (r, k, v, w, a, b))
     A_ab, A_ak, A_rb, A_rk, r_in, a_in, b_out, k_out, tot = DplrScores.apply(rs, ks, as_, bs,
                                                                              ws)
     eye = torch.eye(BT, dtype=torch.float32, device=r.device)
@@ -81,4 +88,4 @@ def dplr_chunk(r, k, v, w, a, b, scale, initial_state, output_final_state, cu_se
     U, S_in = res[0], res[1]
     ht = res[2] if output_final_state else None
     o = scale * (r_in @ S_in + A_rb @ U + A_rk @ vs)
-    return from_slots(o, row, B, T).to(r.dtype), ht
+    return from_slots(o, row, B, T, varlen).to(r.dtype), ht

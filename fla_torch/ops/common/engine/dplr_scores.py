@@ -42,6 +42,13 @@ def _ld(x, base, rows, m_r, o_k, m_k, K: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
+def _ld_cg(x, base, rows, m_r, o_k, m_k, K: tl.constexpr, BT: tl.constexpr):
+    """_ld of data this program stored before a barrier (read from L2, past the SM's L1)."""
+    return tl.load(x + (base * BT + rows)[:, None] * K + o_k[None, :],
+                   mask=m_r[:, None] & m_k[None, :], other=0., cache_modifier=".cg")
+
+
+@triton.jit
 def _st(x, val, base, rows, m_r, o_k, m_k, K: tl.constexpr, BT: tl.constexpr):
     tl.store(x + (base * BT + rows)[:, None] * K + o_k[None, :], val,
              mask=m_r[:, None] & m_k[None, :])
@@ -114,10 +121,11 @@ def _fwd_kernel(r, k, a, b, w, gbuf, Aab, Aak, Arb, Ark, rin, ain, bout, kout, t
             x_a = _ld(a, base, rows + 1, m_a, o_k, m_k, K, BT)
             y_b = _ld(b, base, rows, m_r, o_k, m_k, K, BT)
             y_k = _ld(k, base, rows, m_r, o_k, m_k, K, BT)
-            G_I = _ld(gbuf, base, rows, m_r, o_k, m_k, K, BT)
+            G_I = _ld_cg(gbuf, base, rows, m_r, o_k, m_k, K, BT)
             if I > 0:
-                G_f = tl.load(gbuf + (base * BT + i0) * K + o_k, mask=m_k, other=0.)
-                G_a = _ld(gbuf, base, o_t, m_t, o_k, m_k, K, BT)
+                G_f = tl.load(gbuf + (base * BT + i0) * K + o_k, mask=m_k, other=0.,
+                              cache_modifier=".cg")
+                G_a = _ld_cg(gbuf, base, o_t, m_t, o_k, m_k, K, BT)
                 e_c = _ex(tl.where(o_t[:, None] < i0, G_f[None, :] - G_a, float("-inf")))
                 c_b = _ld(b, base, o_t, m_t, o_k, m_k, K, BT) * e_c
                 c_k = _ld(k, base, o_t, m_t, o_k, m_k, K, BT) * e_c
@@ -191,13 +199,14 @@ def _bwd_kernel(r, k, a, b, w, gbuf, dAab, dAak, dArb, dArk, drin, dain, dbout, 
             x_a = _ld(a, base, rows + 1, m_a, o_k, m_k, K, BT)
             y_b = _ld(b, base, rows, m_r, o_k, m_k, K, BT)
             y_k = _ld(k, base, rows, m_r, o_k, m_k, K, BT)
-            G_I = _ld(gbuf, base, rows, m_r, o_k, m_k, K, BT)
+            G_I = _ld_cg(gbuf, base, rows, m_r, o_k, m_k, K, BT)
             # pairs with earlier sub-chunks: the rows of I (reference f = its first row)
             g_r = tl.zeros([BC, BK], dtype=tl.float32)
             g_a = tl.zeros([BC, BK], dtype=tl.float32)
             if I > 0:
-                G_f = tl.load(gbuf + (base * BT + i0) * K + o_k, mask=m_k, other=0.)
-                G_a = _ld(gbuf, base, o_t, m_t, o_k, m_k, K, BT)
+                G_f = tl.load(gbuf + (base * BT + i0) * K + o_k, mask=m_k, other=0.,
+                              cache_modifier=".cg")
+                G_a = _ld_cg(gbuf, base, o_t, m_t, o_k, m_k, K, BT)
                 e_c = _ex(tl.where(o_t[:, None] < i0, G_f[None, :] - G_a, float("-inf")))
                 c_b = _ld(b, base, o_t, m_t, o_k, m_k, K, BT) * e_c
                 c_k = _ld(k, base, o_t, m_t, o_k, m_k, K, BT) * e_c
@@ -214,8 +223,9 @@ def _bwd_kernel(r, k, a, b, w, gbuf, dAab, dAak, dArb, dArk, drin, dain, dbout, 
             g_b = tl.zeros([BC, BK], dtype=tl.float32)
             g_k = tl.zeros([BC, BK], dtype=tl.float32)
             if I < BT // BC - 1:
-                G_l = tl.load(gbuf + (base * BT + i0 + BC - 1) * K + o_k, mask=m_k, other=0.)
-                G_a = _ld(gbuf, base, o_t, m_t, o_k, m_k, K, BT)
+                G_l = tl.load(gbuf + (base * BT + i0 + BC - 1) * K + o_k, mask=m_k,
+                              other=0., cache_modifier=".cg")
+                G_a = _ld_cg(gbuf, base, o_t, m_t, o_k, m_k, K, BT)
                 e_w = _ex(tl.where(o_t[:, None] >= i0 + BC, G_a - G_l[None, :],
                                    float("-inf")))
                 w_r = _ld(r, base, o_t, m_t, o_k, m_k, K, BT) * e_w
@@ -271,7 +281,7 @@ def _bwd_kernel(r, k, a, b, w, gbuf, dAab, dAak, dArb, dArk, drin, dain, dbout, 
                  * _ld(dbout, base, o_t, m_t, o_k, m_k, K, BT)
                  + _ld(k, base, o_t, m_t, o_k, m_k, K, BT)
                  * _ld(dkout, base, o_t, m_t, o_k, m_k, K, BT)) * e_end
-        PM = _ld(dw, base, o_t, m_t, o_k, m_k, K, BT)
+        PM = _ld_cg(dw, base, o_t, m_t, o_k, m_k, K, BT)
         g_tot = tl.load(dtot + base * K + o_k, mask=m_k, other=0.) * _ex(L)
         b_dw = (tl.dot(up_incl, PM, input_precision=PREC)
                 + tl.dot(lo_strict, c_end, input_precision=PREC) + g_tot[None, :])
@@ -292,6 +302,7 @@ class DplrScores(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, r, k, a, b, w):
+        r, k, a, b, w = (x.contiguous() for x in (r, k, a, b, w))
         S, H, BT, K = r.shape
         dev = r.device
         mats = [alloc((S, H, BT, BT), torch.float32, dev) for _ in range(4)]
@@ -299,7 +310,7 @@ class DplrScores(torch.autograd.Function):
         tot = alloc((S, H, K), torch.float32, dev)
         gbuf = alloc((S, H, BT, K), torch.float64, dev)
         _fwd_kernel[(S, H)](r, k, a, b, w, gbuf, *mats, *vecs, tot, H=H, K=K, BT=BT, BC=BC,
-                            BK=_bk(K), PREC=fp32_dot_precision(), num_warps=4, num_stages=1)
+                            BK=_bk(K), PREC=fp32_dot_precision(), num_warps=8, num_stages=1)
         ctx.save_for_backward(r, k, a, b, w)
         return (*mats, *vecs, tot)
 
@@ -312,5 +323,5 @@ class DplrScores(torch.autograd.Function):
         outs = [alloc((S, H, BT, K), torch.float32, dev) for _ in range(5)]
         gbuf = alloc((S, H, BT, K), torch.float64, dev)
         _bwd_kernel[(S, H)](r, k, a, b, w, gbuf, *grads, *outs, H=H, K=K, BT=BT, BC=BC,
-                            BK=_bk(K), PREC=fp32_dot_precision(), num_warps=4, num_stages=1)
+                            BK=_bk(K), PREC=fp32_dot_precision(), num_warps=8, num_stages=1)
         return tuple(outs)

@@ -5,12 +5,14 @@ Slot layout [S, H, BT, D] fp32 (dplr.py). Per sequence n, its chunks are the slo
 first[n] .. first[n] + count[n] - 1. One program per (sequence, head, V block) carries the
 state S [K, BV] fp32 (the whole K) through them:
     S_in[slot] = S;   U = u + w S;   S <- diag(tot) S + b_out^T U + k_out^T v
+(k_out^T v per chunk by a batched matmul first)
 (u, w: the chunk's solved WY terms; b_out, k_out, tot from dplr_scores.py). Backward, dS the
 gradient of the state after the chunk (dht at the end):
     dU = dU_ext + b_out dS;   du = dU;   dv = k_out dS;   dw = dU S_in^T;
     db_out = U dS^T;   dk_out = v dS^T;   dtot = rowsum(S_in * dS);
     dS <- diag(tot) dS + w^T dU + dS_in_ext[slot];   dh0 = dS before the first chunk.
-dw, db_out, dk_out, dtot are partial over V blocks (summed by the caller).
+The kernel carries dS and stores it per chunk (dh) with dU; dw, db_out, dk_out, dv, dtot are
+chunk-parallel products of dh, done by batched matmuls (fp32).
 Slots of no chunk (varlen gaps) are left as zeros.
 """
 from __future__ import annotations
@@ -24,7 +26,7 @@ from ..triton_scalar_gate import block, fp32_dot_precision
 
 
 @triton.jit
-def _fwd_kernel(u, w, bout, kout, v, tot, h0, U, S_in, ht, first, count,
+def _fwd_kernel(u, w, bout, kv, tot, h0, U, S_in, ht, first, count,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                 BK: tl.constexpr, BV: tl.constexpr, USE_H0: tl.constexpr,
                 STORE_HT: tl.constexpr, PREC: tl.constexpr):
@@ -52,20 +54,18 @@ def _fwd_kernel(u, w, bout, kout, v, tot, h0, U, S_in, ht, first, count,
                                                                         input_precision=PREC)
         tl.store(U + p_v, b_U, mask=m_v[None, :])
         b_b = tl.load(bout + p_k, mask=m_k[None, :], other=0.)
-        b_k = tl.load(kout + p_k, mask=m_k[None, :], other=0.)
-        b_v = tl.load(v + p_v, mask=m_v[None, :], other=0.)
         b_t = tl.load(tot + base * K + o_k, mask=m_k, other=0.)
         S = (b_t[:, None] * S + tl.dot(tl.trans(b_b), b_U, input_precision=PREC)
-             + tl.dot(tl.trans(b_k), b_v, input_precision=PREC))
+             + tl.load(kv + base * K * V + p_kv, mask=m_kv, other=0.))
     if STORE_HT:
         tl.store(ht + i_nh.to(tl.int64) * K * V + p_kv, S, mask=m_kv)
 
 
 @triton.jit
-def _bwd_kernel(w, bout, kout, v, tot, U, S_in, dU, dS_in, dht, du, dw, dbout, dkout, dv,
-                dtot, dh0, first, count, n_part, H: tl.constexpr, K: tl.constexpr,
-                V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, PREC: tl.constexpr):
+def _bwd_kernel(w, bout, tot, dU, dS_in, dht, du, dh, dh0, first, count, H: tl.constexpr,
+                K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+                PREC: tl.constexpr):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     o_t = tl.arange(0, BT)
@@ -74,7 +74,6 @@ def _bwd_kernel(w, bout, kout, v, tot, U, S_in, dU, dS_in, dht, du, dw, dbout, d
     m_k, m_v = o_k < K, o_v < V
     p_kv = o_k[:, None] * V + o_v[None, :]
     m_kv = m_k[:, None] & m_v[None, :]
-    part = i_v.to(tl.int64) * n_part          # offset of this V block's partial buffers
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
         dS += tl.load(dht + i_nh.to(tl.int64) * K * V + p_kv, mask=m_kv, other=0.)
@@ -82,28 +81,16 @@ def _bwd_kernel(w, bout, kout, v, tot, U, S_in, dU, dS_in, dht, du, dw, dbout, d
     nc = tl.load(count + i_n)
     for i in range(nc):
         base = (s0 + nc - 1 - i) * H + i_h
+        tl.store(dh + base * K * V + p_kv, dS, mask=m_kv)
         rows = base * BT + o_t
         p_k = rows[:, None] * K + o_k[None, :]
         p_v = rows[:, None] * V + o_v[None, :]
-        b_w = tl.load(w + p_k, mask=m_k[None, :], other=0.)
         b_b = tl.load(bout + p_k, mask=m_k[None, :], other=0.)
-        b_k = tl.load(kout + p_k, mask=m_k[None, :], other=0.)
-        b_v = tl.load(v + p_v, mask=m_v[None, :], other=0.)
-        b_U = tl.load(U + p_v, mask=m_v[None, :], other=0.)
-        b_t = tl.load(tot + base * K + o_k, mask=m_k, other=0.)
-        b_S = tl.load(S_in + base * K * V + p_kv, mask=m_kv, other=0.)
         b_dU = tl.load(dU + p_v, mask=m_v[None, :], other=0.) + tl.dot(
             b_b, dS, input_precision=PREC)
         tl.store(du + p_v, b_dU, mask=m_v[None, :])
-        tl.store(dv + p_v, tl.dot(b_k, dS, input_precision=PREC), mask=m_v[None, :])
-        tl.store(dw + part + p_k, tl.dot(b_dU, tl.trans(b_S), input_precision=PREC),
-                 mask=m_k[None, :])
-        tl.store(dbout + part + p_k, tl.dot(b_U, tl.trans(dS), input_precision=PREC),
-                 mask=m_k[None, :])
-        tl.store(dkout + part + p_k, tl.dot(b_v, tl.trans(dS), input_precision=PREC),
-                 mask=m_k[None, :])
-        tl.store(dtot + i_v.to(tl.int64) * (n_part // BT) + base * K + o_k,
-                 tl.sum(b_S * dS, axis=1), mask=m_k)
+        b_w = tl.load(w + p_k, mask=m_k[None, :], other=0.)
+        b_t = tl.load(tot + base * K + o_k, mask=m_k, other=0.)
         dS = (b_t[:, None] * dS + tl.dot(tl.trans(b_w), b_dU, input_precision=PREC)
               + tl.load(dS_in + base * K * V + p_kv, mask=m_kv, other=0.))
     if STORE_DH0:
@@ -111,8 +98,11 @@ def _bwd_kernel(w, bout, kout, v, tot, U, S_in, dU, dS_in, dht, du, dw, dbout, d
 
 
 def _tiles(K, V):
+    """(BK: the whole K, BV). An offline sm_90a compile (4 warps, fp32 tf32x3 dots) spills
+    0 bytes at K = 64 / BV = 32, 312 at K = 128 / BV = 32 (1408 with BV = 64), 1112 at
+    K = 256 / BV = 16."""
     BK = block(K)
-    BV = min(block(V), 32 if BK > 128 else 64)
+    BV = min(block(V), 16 if BK > 128 else 32)
     return BK, BV
 
 
@@ -123,16 +113,18 @@ class DplrStatePass(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, u, w, bout, kout, v, tot, h0, first, count, output_final_state):
+        u, w, bout, kout, v, tot = (x.contiguous() for x in (u, w, bout, kout, v, tot))
         S, H, BT, V = u.shape
         K = w.shape[-1]
         N = first.shape[0]
         dev = u.device
         BK, BV = _tiles(K, V)
         U = torch.zeros((S, H, BT, V), dtype=torch.float32, device=dev)
+        kv = kout.transpose(-1, -2) @ v           # chunk-parallel part of the update
         S_in = torch.zeros((S, H, K, V), dtype=torch.float32, device=dev)
         ht = alloc((N, H, K, V), torch.float32, dev) if output_final_state else None
         _fwd_kernel[(triton.cdiv(V, BV), N * H)](
-            u, w, bout, kout, v, tot, h0 if h0 is not None else u, U, S_in,
+            u, w, bout, kv, tot, h0 if h0 is not None else u, U, S_in,
             ht if ht is not None else U, first, count, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
             USE_H0=h0 is not None, STORE_HT=ht is not None, PREC=fp32_dot_precision(),
             num_warps=4, num_stages=1)
@@ -150,17 +142,16 @@ class DplrStatePass(torch.autograd.Function):
         N = first.shape[0]
         dev = U.device
         BK, BV = _tiles(K, V)
-        NV = triton.cdiv(V, BV)
-        z = lambda *shape: torch.zeros(shape, dtype=torch.float32, device=dev)  # noqa: E731
-        du, dv = z(S, H, BT, V), z(S, H, BT, V)
-        dw, dbout, dkout = z(NV, S, H, BT, K), z(NV, S, H, BT, K), z(NV, S, H, BT, K)
-        dtot = z(NV, S, H, K)
+        du = torch.zeros((S, H, BT, V), dtype=torch.float32, device=dev)
+        dh = torch.zeros((S, H, K, V), dtype=torch.float32, device=dev)
         dh0 = alloc((N, H, K, V), torch.float32, dev) if ctx.has_h0 else None
-        _bwd_kernel[(NV, N * H)](
-            w, bout, kout, v, tot, U, S_in, dU.contiguous(), dS_in.contiguous(),
-            dht.contiguous() if dht is not None else U, du, dw, dbout, dkout, dv, dtot,
-            dh0 if dh0 is not None else du, first, count, S * H * BT * K, H=H, K=K, V=V,
-            BT=BT, BK=BK, BV=BV, USE_DHT=dht is not None, STORE_DH0=dh0 is not None,
-            PREC=fp32_dot_precision(), num_warps=4, num_stages=1)
-        return (du, dw.sum(0), dbout.sum(0), dkout.sum(0), dv, dtot.sum(0), dh0, None, None,
-                None)
+        _bwd_kernel[(triton.cdiv(V, BV), N * H)](
+            w, bout, tot, dU.contiguous(), dS_in.contiguous(),
+            dht.contiguous() if dht is not None else U, du, dh,
+            dh0 if dh0 is not None else du, first, count, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+            USE_DHT=dht is not None, STORE_DH0=dh0 is not None, PREC=fp32_dot_precision(),
+            num_warps=4, num_stages=1)
+        # the chunk-parallel rest: dh is the gradient of the state after each chunk
+        dh_t = dh.transpose(-1, -2)
+        return (du, du @ S_in.transpose(-1, -2), U @ dh_t, v @ dh_t, kout @ dh,
+                (S_in * dh).sum(-1), dh0, None, None, None)
