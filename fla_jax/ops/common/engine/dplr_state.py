@@ -5,13 +5,15 @@ Slot layout [S, H, BT, D] fp32 (dplr.py). Per sequence n, its chunks are the slo
 first[n] .. first[n] + count[n] - 1. One program per (sequence, head, V block) carries the
 state S [K, BV] fp32 (the whole K) through them:
     S_in[slot] = S;   U = u + w S;   S <- diag(tot) S + b_out^T U + k_out^T v
+(k_out^T v per chunk by a batched matmul first)
 (u, w: the chunk's solved WY terms; b_out, k_out, tot from dplr_scores.py). Backward, dS the
 gradient of the state after the chunk (dht at the end):
     dU = dU_ext + b_out dS;   du = dU;   dv = k_out dS;   dw = dU S_in^T;
     db_out = U dS^T;   dk_out = v dS^T;   dtot = rowsum(S_in * dS);
     dS <- diag(tot) dS + w^T dU + dS_in_ext[slot];   dh0 = dS before the first chunk.
-dw, db_out, dk_out, dtot are partial over V blocks (summed here). Slots of no chunk (varlen
-gaps) are never visited; `slot_valid` masks them to zero.
+The kernel carries dS and stores it per chunk (dh) with dU; dw, db_out, dk_out, dv, dtot are
+chunk-parallel products of dh (batched fp32 matmuls). Slots of no chunk (varlen gaps) are
+never visited; `slot_valid` masks them to zero.
 """
 from __future__ import annotations
 
@@ -23,12 +25,15 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from .. import pallas_triton as ptr
+from ..compute_operands import einsum
 
 F32 = jnp.float32
 
 
 def _bv(Kp, Vp):
-    return min(Vp, 32 if Kp > 128 else 64)
+    """V block of the sequential kernels (the torch twin's choice from offline sm_90a
+    spill counts: 32, 16 for K > 128)."""
+    return min(Vp, 16 if Kp > 128 else 32)
 
 
 def slot_valid(first, count, S):
@@ -50,8 +55,6 @@ def _specs(S, BT, Kp, bv):
         "tot": pl.BlockSpec((S, None, Kp), lambda n, h, j: (0, h, 0)),
         "states": pl.BlockSpec((S, None, Kp, bv), lambda n, h, j: (0, h, 0, j)),
         "state": pl.BlockSpec((None, None, Kp, bv), lambda n, h, j: (n, h, 0, j)),
-        "kpart": pl.BlockSpec((None, S, None, BT, Kp), lambda n, h, j: (j, 0, h, 0, 0)),
-        "tpart": pl.BlockSpec((None, S, None, Kp), lambda n, h, j: (j, 0, h, 0)),
     }
 
 
@@ -85,7 +88,7 @@ def _fwd_kernel(refs, has_h0, prec):
         U = refs["u"][s] + ptr.matmul(refs["w"][s], S, (1, 0), prec)
         refs["U"][s] = U
         return (refs["tot"][s][:, None] * S + ptr.matmul(refs["b_out"][s], U, (0, 0), prec)
-                + ptr.matmul(refs["k_out"][s], refs["v"][s], (0, 0), prec))
+                + refs["kv"][s])
 
     refs["ht"][...] = lax.fori_loop(0, refs["count"][n], body, S0)
 
@@ -96,9 +99,10 @@ def _forward(u, w, b_out, k_out, v, tot, h0, first, count, prec):
     N = first.shape[0]
     bv = _bv(Kp, Vp)
     sp = _specs(S, BT, Kp, bv)
+    kv = einsum("shck,shcv->shkv", k_out, v)          # the chunk-parallel part of the update
     ins = [("first", first, _full(first)), ("count", count, _full(count)),
            ("u", u, sp["vvec"]), ("w", w, sp["kvec"]), ("b_out", b_out, sp["kvec"]),
-           ("k_out", k_out, sp["kvec"]), ("v", v, sp["vvec"]), ("tot", tot, sp["tot"])]
+           ("kv", kv, sp["states"]), ("tot", tot, sp["tot"])]
     if h0 is not None:
         ins.append(("h0", h0, sp["state"]))
     outs = [("U", jax.ShapeDtypeStruct((S, H, BT, Vp), F32), sp["vvec"]),
@@ -117,14 +121,9 @@ def _bwd_kernel(refs, has_h0, prec):
 
     def body(i, dS):
         s = s0 + nc - 1 - i
+        refs["dh"][s] = dS
         dU = refs["dU"][s] + ptr.matmul(refs["b_out"][s], dS, (1, 0), prec)
         refs["du"][s] = dU
-        refs["dv"][s] = ptr.matmul(refs["k_out"][s], dS, (1, 0), prec)
-        S_in = refs["S_in"][s]
-        refs["dw"][s] = ptr.matmul(dU, S_in, (1, 1), prec)
-        refs["db_out"][s] = ptr.matmul(refs["U"][s], dS, (1, 1), prec)
-        refs["dk_out"][s] = ptr.matmul(refs["v"][s], dS, (1, 1), prec)
-        refs["dtot"][s] = jnp.sum(S_in * dS, axis=1)
         return (refs["tot"][s][:, None] * dS + ptr.matmul(refs["w"][s], dU, (0, 0), prec)
                 + refs["dS_in"][s])
 
@@ -140,27 +139,22 @@ def _backward(res, cts, has_h0, prec):
     Kp = w.shape[-1]
     N = first.shape[0]
     bv = _bv(Kp, Vp)
-    nv = Vp // bv
     sp = _specs(S, BT, Kp, bv)
     ins = [("first", first, _full(first)), ("count", count, _full(count)),
-           ("w", w, sp["kvec"]), ("b_out", b_out, sp["kvec"]), ("k_out", k_out, sp["kvec"]),
-           ("v", v, sp["vvec"]), ("tot", tot, sp["tot"]), ("U", U, sp["vvec"]),
-           ("S_in", S_in, sp["states"]), ("dU", dU, sp["vvec"]),
-           ("dS_in", dS_in, sp["states"]), ("dht", dht, sp["state"])]
-    kpart = jax.ShapeDtypeStruct((nv, S, H, BT, Kp), F32)
+           ("w", w, sp["kvec"]), ("b_out", b_out, sp["kvec"]), ("tot", tot, sp["tot"]),
+           ("dU", dU, sp["vvec"]), ("dS_in", dS_in, sp["states"]), ("dht", dht, sp["state"])]
     outs = [("du", jax.ShapeDtypeStruct((S, H, BT, Vp), F32), sp["vvec"]),
-            ("dv", jax.ShapeDtypeStruct((S, H, BT, Vp), F32), sp["vvec"]),
-            ("dw", kpart, sp["kpart"]), ("db_out", kpart, sp["kpart"]),
-            ("dk_out", kpart, sp["kpart"]),
-            ("dtot", jax.ShapeDtypeStruct((nv, S, H, Kp), F32), sp["tpart"])]
+            ("dh", jax.ShapeDtypeStruct((S, H, Kp, Vp), F32), sp["states"])]
     if has_h0:
         outs.append(("dh0", jax.ShapeDtypeStruct((N, H, Kp, Vp), F32), sp["state"]))
-    r = _call(lambda refs: _bwd_kernel(refs, has_h0, prec), ins, outs, (N, H, nv),
+    r = _call(lambda refs: _bwd_kernel(refs, has_h0, prec), ins, outs, (N, H, Vp // bv),
               "dplr_state_bwd")
     valid = slot_valid(first, count, S)
-    part = lambda x: _mask(jnp.sum(x, axis=0), valid)     # noqa: E731
-    return (_mask(r["du"], valid), part(r["dw"]), part(r["db_out"]), part(r["dk_out"]),
-            _mask(r["dv"], valid), part(r["dtot"]), r.get("dh0"))
+    du, dh = _mask(r["du"], valid), _mask(r["dh"], valid)
+    # the chunk-parallel rest: dh is the gradient of the state after each chunk
+    return (du, einsum("shcv,shkv->shck", du, S_in), einsum("shcv,shkv->shck", U, dh),
+            einsum("shcv,shkv->shck", v, dh),
+            einsum("shck,shkv->shcv", k_out, dh), jnp.sum(S_in * dh, axis=-1), r.get("dh0"))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(9,))
