@@ -27,8 +27,17 @@ PER_TOKEN = (ACTIVATION, GATE, GATE_K, BETA)
 
 
 def runs():
-    """(case, spec, dtype) for every CP check."""
-    return [(c, OPS[f"chunk_{f}"], d) for c in CP_CASES for f in CP_FAMILIES for d in CP_DTYPES]
+    """(case, spec, dtype) for every CP check: fp32 for both cases, bf16 for the varlen one."""
+    return [(c, OPS[f"chunk_{f}"], d) for c in CP_CASES for f in CP_FAMILIES for d in CP_DTYPES
+            if d == "fp32" or c.cu_seqlens is not None]
+
+
+def world_runs(full: int, extra: int):
+    """(world, case, spec, dtype): every run split over `full` devices / ranks, and the
+    varlen case in fp32 of one diagonal-decay and one delta-rule op over `extra`."""
+    out = [(full, *r) for r in runs()]
+    return out + [(extra, *r) for r in runs() if r[0].cu_seqlens is not None
+                  and r[2] == "fp32" and r[1].family in ("gla", "gated_delta_rule")]
 
 
 def run_id(case, spec, dtype) -> str:

@@ -12,7 +12,9 @@ import os
 import sys
 
 DEVICES = 4
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+# CPU compile time dominates; the suite's cheaper XLA backend passes (conftest.py) as well.
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "--xla_backend_optimization_level=0 "
+                                          "--xla_llvm_disable_expensive_passes=true")
                            + f" --xla_force_host_platform_device_count={DEVICES}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -34,11 +36,9 @@ def round_to(dtype, a):
                       np.float64)
 
 
-def runs(world):
-    """World 4: every case; world 2: the varlen case in fp32."""
-    if world == DEVICES:
-        return cp_cases.runs()
-    return [r for r in cp_cases.runs() if r[0].name == "cp_varlen" and r[2] == "fp32"]
+def world_runs():
+    """4 devices: every run; 2 devices: the varlen case in fp32."""
+    return cp_cases.world_runs(DEVICES, 2)
 
 
 def cp_run(spec, case, dtype, x, world) -> dict:
@@ -92,12 +92,11 @@ def cp_run(spec, case, dtype, x, world) -> dict:
 
 
 def main(out_dir):
-    for world in (DEVICES, 2):
-        for case, spec, dtype in runs(world):
-            x = cp_cases.inputs(spec, case, dtype, round_to)
-            res = cp_run(spec, case, dtype, x, world)
-            np.savez(os.path.join(out_dir, f"{cp_cases.run_id(case, spec, dtype)}-w{world}.npz"),
-                     **res)
+    for world, case, spec, dtype in world_runs():
+        x = cp_cases.inputs(spec, case, dtype, round_to)
+        res = cp_run(spec, case, dtype, x, world)
+        np.savez(os.path.join(out_dir, f"{cp_cases.run_id(case, spec, dtype)}-w{world}.npz"),
+                 **res)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import torch
 from . import cp_cases, torch_runner
 from .cases import ACTIVATION, op_kwargs
 
-WORLDS = (2, 4)
+WORLDS = (2, 4)   # every run on 2 ranks; the varlen case in fp32 on 4 as well
 
 
 def _cp_run(spec, case, dtype, x, rank, world, group) -> dict:
@@ -63,10 +63,7 @@ def _worker(rank, world, port, out_dir):
 
 
 def _runs(world):
-    """World 2: every case; world 4: the varlen case in fp32 (three boundaries crossed)."""
-    if world == 2:
-        return cp_cases.runs()
-    return [r for r in cp_cases.runs() if r[0].name == "cp_varlen" and r[2] == "fp32"]
+    return [r[1:] for r in cp_cases.world_runs(*WORLDS) if r[0] == world]
 
 
 def _free_port() -> int:
@@ -89,10 +86,9 @@ def cp_results():
 
 
 def _params():
-    for world in WORLDS:
-        for case, spec, dtype in _runs(world):
-            yield pytest.param(world, case, spec, dtype,
-                               id=f"w{world}-{cp_cases.run_id(case, spec, dtype)}")
+    for world, case, spec, dtype in cp_cases.world_runs(*WORLDS):
+        yield pytest.param(world, case, spec, dtype,
+                           id=f"w{world}-{cp_cases.run_id(case, spec, dtype)}")
 
 
 @pytest.mark.parametrize("world,case,spec,dtype", list(_params()))

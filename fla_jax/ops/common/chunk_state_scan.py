@@ -18,6 +18,27 @@ import jax.numpy as jnp
 from .compute_operands import einsum
 
 
+def _vma(x) -> frozenset:
+    """The mesh axes x varies over inside shard_map (jax 0.10: manual_axis_type.varying;
+    earlier: vma); empty outside shard_map or on a jax without these types."""
+    t = jax.typeof(x)
+    if hasattr(t, "manual_axis_type"):
+        return frozenset(t.manual_axis_type.varying)
+    return frozenset(getattr(t, "vma", ()))
+
+
+def _varying_like(carry, xs):
+    """carry marked varying over every mesh axis some scanned input varies over (inside
+    shard_map with check_vma, a scan's carry must keep its type); unchanged outside."""
+    vma = frozenset().union(*(_vma(t) for t in jax.tree_util.tree_leaves(xs)))
+    missing = tuple(sorted(vma - _vma(carry)))
+    if not missing:
+        return carry
+    if hasattr(jax.lax, "pcast"):
+        return jax.lax.pcast(carry, missing, to="varying")
+    return jax.lax.pvary(carry, missing)
+
+
 def scan_chunk_states(chunk_decay, k_decayed, x, w, carry0, reset=None,
                       reset_states: Optional[jnp.ndarray] = None, collect_after=False):
     """chunk_decay: [B, NC, HV, K] (exp of the chunk's total log-decay; K may be 1);
@@ -40,5 +61,5 @@ def scan_chunk_states(chunk_decay, k_decayed, x, w, carry0, reset=None,
         S_out = c["a"][..., None] * S + einsum("bhck,bhcv->bhkv", c["kd"], u)
         return S_out, ((S, S_out) if collect_after else (S, None))
 
-    S_last, (S_in, S_after) = jax.lax.scan(body, carry0, xs)
+    S_last, (S_in, S_after) = jax.lax.scan(body, _varying_like(carry0, xs), xs)
     return jnp.moveaxis(S_in, 0, 1), S_after, S_last

@@ -78,7 +78,13 @@ def _diagonal_transition(family, q, gates, scale, e_c, gd):
     return qt, a[..., :, None] * jnp.eye(K, dtype=gd)
 
 
-def _delta_transition(op, q, k, gates, scale, e_c, varlen, impl, gd):
+def _varying(x, rank):
+    """x marked as varying over the mesh axis (as the slices are), so that a scan carrying it
+    next to per-device values type-checks under shard_map's check_vma; values unchanged."""
+    return jnp.where(rank >= 0, x, jnp.zeros_like(x))
+
+
+def _delta_transition(op, q, k, gates, scale, e_c, varlen, impl, gd, rank):
     """Q~ [B, T, HV, K] and A [B', HV, K, K] from the op run with v = 0 and initial state I."""
     B, T, H, K = q.shape
     HV = gates["beta"].shape[2]
@@ -89,7 +95,8 @@ def _delta_transition(op, q, k, gates, scale, e_c, varlen, impl, gd):
         cu2 = jnp.stack([jnp.int32(0), jnp.asarray(e_c, jnp.int32), jnp.int32(T)])
     else:
         h0, cu2 = jnp.broadcast_to(eye, (B, HV, K, K)), None
-    qt, a = op(q, k, v0, **gates, scale=scale, initial_state=h0, output_final_state=True,
+    qt, a = op(q, k, v0, **gates, scale=scale, initial_state=_varying(h0, rank),
+               output_final_state=True,
                cu_seqlens=cu2, impl=impl)
     return qt, (a[:1] if varlen else a)
 
@@ -123,8 +130,10 @@ def chunk_context_parallel(family, op, axis, q, k, v, *, scale=None, initial_sta
     if scale is None:
         scale = K ** -0.5
     h0 = initial_state
-    if h0 is not None:
-        h0 = jnp.where(p["starts"][:, None, None, None], h0, jnp.zeros_like(h0))
+    if h0 is None:   # explicit zeros: a scan carry made inside the op would not be varying
+        N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        h0 = jnp.zeros((N, v.shape[2], K, v.shape[3]), gd)
+    h0 = _varying(jnp.where(p["starts"][:, None, None, None], h0, jnp.zeros_like(h0)), rank)
     local_cu = p["local_cu"]
     if local_cu is not None:
         local_cu = local_cu.astype(cu_seqlens.dtype)
@@ -137,7 +146,8 @@ def chunk_context_parallel(family, op, axis, q, k, v, *, scale=None, initial_sta
         qt, a = _diagonal_transition(family, q, gates, scale, p["e_c"], gd)
         a = a[:rows]
     else:
-        qt, a = _delta_transition(op, q, k, gates, scale, p["e_c"], varlen, impl, gd)
+        qt, a = _delta_transition(op, q, k, gates, scale, p["e_c"], varlen, impl, gd,
+                                  rank)
     through = p["cont"] & (p["e_c"] == T)
     a_map = jnp.where(through, a, jnp.zeros_like(a))
     b_map = lax.dynamic_index_in_dim(final, p["n_tail"], 0, keepdims=True) if varlen else final
