@@ -8,7 +8,8 @@ batch, so the data-parallel average of the ranks' gradients is the full-batch gr
 `check(world, kinds, names)` spawns the processes (torch.multiprocessing.spawn), runs every
 kind ('ddp', 'fsdp2') on every target (an LM `attn` from LM_ATTN or a layer case name from
 layer_runners) and returns {(kind, target, param name): rel RMS} from rank 0; every rank
-asserts its own gradients within TOL.
+asserts its own gradients within TOL. cp_names: layer cases also run context parallel
+('cp': each rank one time slice of every row, inside layers.context_parallel).
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import numpy as np
 TOL = 1e-5          # fp32 (cases.TOLERANCE's fp32 row)
 LM_KW = dict(vocab_size=40, hidden_size=32, num_layers=2, num_heads=2, head_dim=16)
 LAYERS = ("gdn", "deltanet", "gla", "retention", "linear_attn", "attn")
+# Context parallelism (layers.context_parallel): layers without short convolutions.
+CP_LAYERS = ("gdn_noconv", "deltanet_noconv", "gla_unfused", "retention", "linear_attn")
 LM_ATTN = ("gated_deltanet", "hybrid")
 
 
@@ -49,13 +52,38 @@ def _targets(what: str):
             x = torch.randint(0, LM_KW["vocab_size"], (4, 33), generator=g)
             return x[:, :-1], x[:, 1:]
         return lambda: _lm(what), batch, lambda m, x, y: lm_loss(m(x), y)
-    case = CASES_BY_NAME[what]
+    case = CASES_BY_NAME.get(what) or _noconv(what)
 
     def batch():
         g = torch.Generator().manual_seed(7)
         return (torch.randn(4, case.T, HIDDEN, generator=g),
                 torch.randn(4, case.T, HIDDEN, generator=g))
     return lambda: make_torch_layer(case), batch, lambda m, x, dy: (m(x)[0] * dy).mean()
+
+
+def _noconv(what: str):
+    """'<case>_noconv': the layer case with use_short_conv=False."""
+    import dataclasses
+
+    from .layer_runners import CASES_BY_NAME
+    base = CASES_BY_NAME[what.removesuffix("_noconv")]
+    return dataclasses.replace(base, name=what, kwargs=dict(base.kwargs, use_short_conv=False))
+
+
+def _cp_grads(module, loss_of, x, y, rank: int, world: int):
+    """Context parallel: this rank's time slice of every row, the layer inside
+    layers.context_parallel(WORLD); parameter gradients summed over the ranks / world (the
+    loss is the mean of the ranks' equal-sized means)."""
+    import torch.distributed as dist
+
+    from fla_torch.layers.context_parallel import context_parallel
+    cols = slice(rank * x.shape[1] // world, (rank + 1) * x.shape[1] // world)
+    with context_parallel(dist.group.WORLD):
+        loss_of(module, x[:, cols], y[:, cols]).backward()
+    for p in module.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= world
+    return module
 
 
 def _wrap(module, kind: str, mesh):
@@ -72,7 +100,8 @@ def _full(grad):
     return grad.full_tensor() if hasattr(grad, "full_tensor") else grad
 
 
-def _worker(rank: int, world: int, kinds: tuple, names: tuple, store: str, out: str):
+def _worker(rank: int, world: int, kinds: tuple, names: tuple, cp_names: tuple, store: str,
+            out: str):
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
@@ -81,15 +110,19 @@ def _worker(rank: int, world: int, kinds: tuple, names: tuple, store: str, out: 
     mesh = init_device_mesh("cpu", (world,))
     errors = {}
     try:
-        for kind, what in [(k, w) for k in kinds for w in names]:
+        for kind, what in [(k, w) for k in kinds for w in names] + [("cp", w) for w in cp_names]:
             build, batch, loss_of = _targets(what)
             torch.manual_seed(0)
             plain = build()
-            wrapped = _wrap(copy.deepcopy(plain), kind, mesh)
+            twin = copy.deepcopy(plain)
             x, y = batch()
             loss_of(plain, x, y).backward()
-            rows = slice(rank * x.shape[0] // world, (rank + 1) * x.shape[0] // world)
-            loss_of(wrapped, x[rows], y[rows]).backward()
+            if kind == "cp":
+                wrapped = _cp_grads(twin, loss_of, x, y, rank, world)
+            else:
+                wrapped = _wrap(twin, kind, mesh)
+                rows = slice(rank * x.shape[0] // world, (rank + 1) * x.shape[0] // world)
+                loss_of(wrapped, x[rows], y[rows]).backward()
             ref = dict(plain.named_parameters())
             for name, p in wrapped.named_parameters():
                 name = name.removeprefix("module.")
@@ -103,9 +136,9 @@ def _worker(rank: int, world: int, kinds: tuple, names: tuple, store: str, out: 
     assert not bad, f"rank {rank}: gradients off by more than {TOL:g}: {bad}"
 
 
-def check(world: int, kinds: tuple, names: tuple) -> dict:
+def check(world: int, kinds: tuple, names: tuple, cp_names: tuple = ()) -> dict:
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as tmp:
         store, out = os.path.join(tmp, "store"), os.path.join(tmp, "errors.npy")
-        mp.spawn(_worker, args=(world, tuple(kinds), tuple(names), store, out), nprocs=world)
+        mp.spawn(_worker, args=(world, tuple(kinds), tuple(names), tuple(cp_names), store, out), nprocs=world)
         return {tuple(k): v for k, v in np.load(out, allow_pickle=True)}

@@ -6,8 +6,10 @@ the devices and each device gets its slice of the single-device output.
 
 What crosses a slice boundary only through the op is split correctly; the rest is refused
 with a ValueError rather than computed per slice: short convolutions (their window reaches
-into the previous slice; build layers with use_short_conv=False), softmax Attention, and
-recurrent mode / caches (decoding). Token-local parts (projections, norms, gates, the MLP,
+into the previous slice; build layers with use_short_conv=False), softmax Attention,
+recurrent mode / caches (decoding), and padding masks in MultiScaleRetention (its rotary
+positions count real tokens across slices). Rotary positions of unpadded rows start at
+`slice_start(T)`. Token-local parts (projections, norms, gates, the MLP,
 the LM head and loss) need nothing. Mirror: fla_torch/layers/context_parallel.py (cp_group).
 """
 from __future__ import annotations
@@ -47,3 +49,12 @@ def op_kwargs(family: str, mode: str) -> dict:
     if mode != "chunk":
         refuse(family, f"mode={mode!r} (recurrent mode / decoding with a cache)")
     return {"cp_mesh_axis": _AXIS[0]}
+
+
+def slice_start(T: int):
+    """The global position of this device's first token inside context_parallel
+    (axis_index * T, traced), else 0."""
+    if _AXIS[0] is None:
+        return 0
+    import jax
+    return jax.lax.axis_index(_AXIS[0]) * T

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
+from . import context_parallel
 from ..modules import Linear, ShortConvolution
 from ..modules.precision import canonical, compute_dtype
 from .cache import make_cache, read_cache
@@ -95,7 +96,10 @@ class MultiScaleRetention(nnx.Module):
                                           cu_seqlens=cu_seqlens, mask=mask)
         q, k = split_heads(q, self.head_k_dim), split_heads(k, self.head_k_dim)
         q, k = activate(q, self.feature_map), activate(k, self.feature_map)
-        pos = (rotary_positions(B, T, offset, cu_seqlens) if mask is None
+        if mask is not None:
+            context_parallel.refuse("MultiScaleRetention", "attention_mask (padding)")
+        pos = (rotary_positions(B, T, offset + context_parallel.slice_start(T), cu_seqlens)
+               if mask is None
                else masked_positions(mask, offset))     # positions count real tokens only
         q, k = apply_rotary(q, pos), apply_rotary(k, pos)
         k = repeat_heads(k, self.num_kv_groups)

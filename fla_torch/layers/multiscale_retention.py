@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from . import context_parallel
 from ..modules import ShortConvolution
 from ..modules.precision import (compute_dtype, linear, output_dtype, resolve_policy,
                                  storage_dtype)
@@ -104,7 +105,10 @@ class MultiScaleRetention(nn.Module):
                                           cu_seqlens=cu_seqlens, mask=mask)
         q, k = split_heads(q, self.head_k_dim), split_heads(k, self.head_k_dim)
         q, k = activate(q, self.feature_map), activate(k, self.feature_map)
-        pos = (rotary_positions(B, T, offset, cu_seqlens, device=x.device) if mask is None
+        if mask is not None:
+            context_parallel.refuse("MultiScaleRetention", "attention_mask (padding)")
+        pos = (rotary_positions(B, T, offset + context_parallel.slice_start(T), cu_seqlens, device=x.device)
+               if mask is None
                else masked_positions(mask, offset))     # positions count real tokens only
         q, k = apply_rotary(q, pos), apply_rotary(k, pos)
         k = repeat_heads(k, self.num_kv_groups)

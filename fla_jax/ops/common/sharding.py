@@ -155,7 +155,8 @@ def shard_kernel(spec, fn, q, cu_seqlens, output_final_state: bool, kernel: bool
         in_specs = ({n: _partition(shapes[n], ks, varlen) for n in arrays},
                     None if cu is None else PartitionSpec())
         if ks.explicit:     # typed inputs must already carry the specs shard_map asks for
-            arrays = {n: jax.reshard(x, in_specs[0][n]) for n, x in arrays.items()}
+            arrays = {n: jax.reshard(x, NamedSharding(ks.mesh, in_specs[0][n]))
+                      for n, x in arrays.items()}
         o_spec = _partition(out_symbols, ks, varlen)
         with_state = state is not None and output_final_state
         out_specs = (o_spec, _partition(state.shape, ks, varlen)) if with_state else o_spec
