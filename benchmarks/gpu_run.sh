@@ -35,6 +35,8 @@ if [ "$MODE" = parity ]; then
     impls=kernel; [ "$op" = attention ] && impls=default   # attention: engines, no kernel
     timeout ${PARITY_S:-480} python3 -m parity_tests --device cuda --impls $impls --ops $op \
       ${cases:+--cases ${cases//,/ }} > "$OUT/p_$(printf %02d $i)_$op.log" 2>&1 &
+    # at most PAR jobs at once: 23 at once ran the one GPU out of memory (DPLR chunk jobs)
+    while [ "$(jobs -r | wc -l)" -ge "${PAR:-12}" ]; do sleep 2; done
   done
   wait
   cat "$OUT"/p_*.log > "$OUT/parity.txt"; rm -f "$OUT"/p_*.log
