@@ -261,10 +261,15 @@ def check_cu_seqlens_values(op: str, values, T: int) -> None:
                          f"(the packed length of q)")
 
 
-def check_head_dims(op: str, impl: str, K: int, V: int, max_size: int = 256) -> None:
-    """Kernels take head sizes 1..max_size (non-powers of two are masked)."""
-    for name, size in (("K", K), ("V", V)):
-        if size > max_size:
+HEAD_SYMBOLS = ("K", "V", "M")   # head sizes a kernel tiles: key, value, GSA's slots
+
+
+def check_head_dims(op: str, impl: str, sizes: Mapping, max_size: int = 256) -> None:
+    """Kernels take head sizes 1..max_size (non-powers of two are masked); sizes: the call's
+    Dims.sizes (every head-size symbol of the op's OpSpec that it binds is checked)."""
+    for name in HEAD_SYMBOLS:
+        size = sizes.get(name)
+        if size is not None and size > max_size:
             raise ValueError(f"{op}(impl={impl!r}): head size {name}={size}; this implementation "
                              f"supports {name} <= {max_size}; impl='chunked' has no limit")
 

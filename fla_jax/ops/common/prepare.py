@@ -58,7 +58,7 @@ def run_op(spec: OpSpec, registry: dict, impl: str, *, scale=None,
         if values is not None:
             check_cu_seqlens_values(op, values.tolist(), dims.T)
     if name == KERNEL_IMPL:
-        check_head_dims(op, name, dims.K, dims.V)
+        check_head_dims(op, name, dims.sizes)
     scale = dims.K ** -0.5 if scale is None else check_scale(op, scale)
     if use_qk_l2norm_in_kernel and not spec.l2norm:
         raise TypeError(f"{op}: use_qk_l2norm_in_kernel=True; this op has no such option")

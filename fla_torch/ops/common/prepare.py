@@ -35,12 +35,12 @@ def run_op(spec: OpSpec, registry: dict, impl: str, *, scale=None,
     if cu_seqlens is not None:
         check_cu_seqlens_values(op, cu_seqlens.detach().cpu().tolist(), dims.T)
     if name == KERNEL_IMPL:
-        check_head_dims(op, name, dims.K, dims.V)
+        check_head_dims(op, name, dims.sizes)
     scale = dims.K ** -0.5 if scale is None else check_scale(op, scale)
-    for arg, t in tensors.items():
+    for arg, t in dict(tensors, cu_seqlens=cu_seqlens).items():
         if t is not None and t.device != q.device:
-            raise ValueError(f"{op}: {spec.label(arg)} is on {t.device}; expected q's device "
-                             f"{q.device}")
+            raise ValueError(f"{op}: {spec.label(arg)} is on {t.device}; expected "
+                             f"{spec.activations[0].name}'s device {q.device}")
     if use_qk_l2norm_in_kernel and not spec.l2norm:
         raise TypeError(f"{op}: use_qk_l2norm_in_kernel=True; this op has no such option")
 

@@ -48,8 +48,5 @@ def chunk_gla_triton(q, k, v, *, g, scale=1.0, initial_state=None, output_final_
         if size > MAX_HEAD_DIM:
             raise ValueError(f"chunk_gla(impl='triton'): head size {name}={size}; "
                              f"expected {name} <= {MAX_HEAD_DIM}")
-    if cu_seqlens is not None and cu_seqlens.device != q.device:
-        raise ValueError(f"chunk_gla(impl='triton'): cu_seqlens is on {cu_seqlens.device}; "
-                         f"expected q's device {q.device}")
     return _ChunkGLA.apply(_contig(q), _contig(k), _contig(v), _contig(g), float(scale),
                            _contig(initial_state), bool(output_final_state), cu_seqlens)

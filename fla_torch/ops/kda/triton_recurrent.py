@@ -54,9 +54,6 @@ def fused_recurrent_kda_triton(q, k, v, *, g, beta, scale, initial_state=None,
     initial_state [N, HV, K, V] fp32 or None; cu_seqlens [N+1] int or None (B == 1).
     Returns (o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 or None).
     K, V <= 256. Gradients: dq, dk, dv in their inputs' dtypes; dg, dbeta, dh0 fp32."""
-    if cu_seqlens is not None and cu_seqlens.device != q.device:
-        raise ValueError(f"fused_recurrent_kda(impl='triton'): cu_seqlens is on "
-                         f"{cu_seqlens.device}; expected q's device {q.device}")
     o_dtype = q.dtype
     keep = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, g, beta, initial_state))

@@ -39,9 +39,6 @@ def fused_recurrent_rwkv7_triton(r, k, v, *, w, a, b, scale=1.0, initial_state=N
     None; cu_seqlens [N+1] int or None (B == 1). Returns (o [B, T, H, V] in r's dtype,
     final_state [N, H, K, V] fp32 or None). K, V <= 256. Gradients: dr, dk, dv in their
     inputs' dtypes; dw, da, db, dh0 fp32."""
-    if cu_seqlens is not None and cu_seqlens.device != r.device:
-        raise ValueError(f"fused_recurrent_rwkv7(impl='triton'): cu_seqlens is on "
-                         f"{cu_seqlens.device}; expected r's device {r.device}")
     keep = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (r, k, v, w, a, b, initial_state))
     return _RecurrentRWKV7.apply(contiguous(r), contiguous(k), contiguous(v), contiguous(w),

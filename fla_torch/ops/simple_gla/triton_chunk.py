@@ -456,9 +456,6 @@ def chunk_simple_gla_triton(q, k, v, *, g=None, g_gamma=None, scale=1.0, initial
     None; cu_seqlens [N+1] int or None (B == 1). Returns (o [B, T, H, V] in q's dtype,
     final_state [N, H, K, V] fp32 or None). K, V <= 256."""
     _check(q, v)
-    if cu_seqlens is not None and cu_seqlens.device != q.device:
-        raise ValueError(f"chunk_simple_gla(impl='triton'): cu_seqlens is on "
-                         f"{cu_seqlens.device}; expected q's device {q.device}")
     need_dg = g is not None and g.requires_grad and torch.is_grad_enabled()
     return _ChunkSimpleGLA.apply(_contig(q), _contig(k), _contig(v), _contig(g),
                                  _contig(g_gamma), float(scale), _contig(initial_state),

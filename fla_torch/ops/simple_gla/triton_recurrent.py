@@ -300,9 +300,6 @@ def fused_recurrent_simple_gla_triton(q, k, v, *, g=None, g_gamma=None, scale=1.
     None; cu_seqlens [N+1] int or None (B == 1). Returns (o [B, T, H, V] in q's dtype,
     final_state [N, H, K, V] fp32 or None). K, V <= 256."""
     _check(q, v)
-    if cu_seqlens is not None and cu_seqlens.device != q.device:
-        raise ValueError(f"fused_recurrent_simple_gla(impl='triton'): cu_seqlens is on "
-                         f"{cu_seqlens.device}; expected q's device {q.device}")
     return _RecurrentSimpleGLA.apply(_contig(q), _contig(k), _contig(v), _contig(g),
                                      _contig(g_gamma), float(scale), _contig(initial_state),
                                      bool(output_final_state), cu_seqlens)
