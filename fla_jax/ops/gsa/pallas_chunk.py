@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from ..common.engine import (GATE_KEY, make_problem, output_bwd, output_fwd, state_pass_bwd,
                              state_pass_fwd)
 from ..common.engine import varlen as vl
-from .slot_inputs import group_final, slot_gate
+from .slot_inputs import kernel_call
 
 F32 = jnp.float32
 
@@ -90,23 +90,13 @@ def chunk_gsa_pallas(q, k, v, s, *, g=None, scale, initial_state=None,
     Returns:
         o [B, T, HQ, V] in q's dtype; (hk [N, H, K, M], hv [N, H, M, V]) fp32 or None.
     """
-    dt = q.dtype
-    if g is None:
-        w, g = slot_gate(s.astype(F32), cu_seqlens)
-        s = w.astype(dt)
-    HQ, H = q.shape[2], k.shape[2]
-    NG = HQ // H
-    hk0, hv0 = initial_state if initial_state is not None else (None, None)
-    if NG > 1:
-        k, v, s, g = (jnp.repeat(x, NG, axis=2) for x in (k, v, s, g))
-        hk0, hv0 = (None if x is None else jnp.repeat(x, NG, axis=1) for x in (hk0, hv0))
-    cu = None if cu_seqlens is None else cu_seqlens.astype(jnp.int32)
-    pbF = make_problem(s, k, g, hk0, cu, scale, GATE_KEY)
-    pbV = make_problem(s, v, g, hv0, cu, 1.0, GATE_KEY)
-    o, hk, hv = _gsa_core(pbF, pbV, q, k, v, s, g.astype(F32), hk0, hv0, cu)
-    if not output_final_state:
-        return o, None
-    return o, (group_final(hk, NG), group_final(hv, NG))
+
+    def run(q, k, v, s, g, scale, hk0, hv0, cu):
+        pbF = make_problem(s, k, g, hk0, cu, scale, GATE_KEY)
+        pbV = make_problem(s, v, g, hv0, cu, 1.0, GATE_KEY)
+        return _gsa_core(pbF, pbV, q, k, v, s, g, hk0, hv0, cu)
+
+    return kernel_call(run, q, k, v, s, g, scale, initial_state, output_final_state, cu_seqlens)
 
 
 __all__ = ["chunk_gsa_pallas"]

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from ..common.engine import GATE_KEY, Problem
 from ..gla.pallas_recurrent import _backward as gla_backward
 from ..gla.pallas_recurrent import _forward as gla_forward
-from .slot_inputs import group_final, slot_gate
+from .slot_inputs import kernel_call
 
 F32 = jnp.float32
 
@@ -80,23 +80,12 @@ def fused_recurrent_gsa_pallas(q, k, v, s, *, g=None, scale, initial_state=None,
                                output_final_state=False, cu_seqlens=None):
     """Pallas (Triton lowering) token-by-token GSA; runs interpreted off-GPU. Arguments and
     returns as gsa.pallas_chunk.chunk_gsa_pallas."""
-    dt = q.dtype
-    if g is None:
-        w, g = slot_gate(s.astype(F32), cu_seqlens)
-        s = w.astype(dt)
-    HQ, H = q.shape[2], k.shape[2]
-    NG = HQ // H
-    hk0, hv0 = initial_state if initial_state is not None else (None, None)
-    if NG > 1:
-        k, v, s, g = (jnp.repeat(x, NG, axis=2) for x in (k, v, s, g))
-        hk0, hv0 = (None if x is None else jnp.repeat(x, NG, axis=1) for x in (hk0, hv0))
-    cu = None if cu_seqlens is None else cu_seqlens.astype(jnp.int32)
-    pbF = _problem(s, k, hk0, cu, scale)
-    pbV = _problem(s, v, hv0, cu, 1.0)
-    o, hk, hv = _gsa_recurrent(pbF, pbV, q, k, v, s, g.astype(F32), hk0, hv0, cu)
-    if not output_final_state:
-        return o, None
-    return o, (group_final(hk, NG), group_final(hv, NG))
+
+    def run(q, k, v, s, g, scale, hk0, hv0, cu):
+        return _gsa_recurrent(_problem(s, k, hk0, cu, scale), _problem(s, v, hv0, cu, 1.0),
+                              q, k, v, s, g, hk0, hv0, cu)
+
+    return kernel_call(run, q, k, v, s, g, scale, initial_state, output_final_state, cu_seqlens)
 
 
 __all__ = ["fused_recurrent_gsa_pallas"]

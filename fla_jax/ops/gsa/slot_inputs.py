@@ -58,3 +58,25 @@ def group_final(state, NG: int):
     """[N, HQ, ...] -> [N, H, ...]: the state of each key/value head (the same for every query
     head of its group)."""
     return state if NG == 1 else state[:, ::NG]
+
+
+def kernel_call(run, q, k, v, s, g, scale, initial_state, output_final_state, cu_seqlens):
+    """A GSA Pallas kernel's host side (the mirror of fla_torch's gsa/slot_inputs.kernel_call):
+    the slot weights (FLA's additive gate when g is None, formed in fp32, weights rounded to
+    q's dtype), k, v, s, g and the state parts expanded to q's HQ heads, then
+    run(q, k, v, s, g fp32, scale, hk0, hv0, cu int32 or None) -> (o, hk, hv); the final state
+    returned per key/value head."""
+    if g is None:
+        w, g = slot_gate(s.astype(jnp.float32), cu_seqlens)
+        s = w.astype(q.dtype)
+    HQ, H = q.shape[2], k.shape[2]
+    NG = HQ // H
+    hk0, hv0 = initial_state if initial_state is not None else (None, None)
+    if NG > 1:
+        k, v, s, g = (jnp.repeat(x, NG, axis=2) for x in (k, v, s, g))
+        hk0, hv0 = (None if x is None else jnp.repeat(x, NG, axis=1) for x in (hk0, hv0))
+    cu = None if cu_seqlens is None else cu_seqlens.astype(jnp.int32)
+    o, hk, hv = run(q, k, v, s, g.astype(jnp.float32), scale, hk0, hv0, cu)
+    if not output_final_state:
+        return o, None
+    return o, (group_final(hk, NG), group_final(hv, NG))

@@ -19,15 +19,9 @@ from ..common.engine import (GATE_KEY, chunk_backward, chunk_cumsum, chunk_forwa
                              state_pass_bwd, state_pass_fwd)
 from ..common.kernel_alloc import alloc_on, contiguous as _contig
 from ..common.triton_scalar_gate import dot_precision
-from .slot_inputs import group_final, slot_gate
+from .slot_inputs import kernel_call, transposed as _t
 
-MAX_HEAD_DIM = 256
 _GATE = GATE_KEY.value
-
-
-def _t(x):
-    """[N, H, A, B] -> contiguous [N, H, B, A] (None stays None)."""
-    return None if x is None else x.transpose(-1, -2).contiguous()
 
 
 def _slot_pass_fwd(q, k, s, g, scale, hk0t, output_final_state, cu_seqlens, prec, alloc):
@@ -97,27 +91,6 @@ def chunk_gsa_triton(q, k, v, s, *, g=None, scale=1.0, initial_state=None,
     (bf16/fp16/fp32, one dtype); g [B, T, H, M] fp32 log-decay or None (FLA's additive gate
     from s, formed in fp32 and its weights rounded to q's dtype); initial_state None or
     (hk0 [N, H, K, M] | None, hv0 [N, H, M, V] | None) fp32; cu_seqlens [N+1] int or None
-    (B == 1). Returns (o [B, T, HQ, V] in q's dtype, (hk, hv) fp32 or None). K, V, M <= 256."""
-    for name, size in (("K", q.shape[-1]), ("V", v.shape[-1]), ("M", s.shape[-1])):
-        if size > MAX_HEAD_DIM:
-            raise ValueError(f"chunk_gsa(impl='triton'): head size {name}={size}; "
-                             f"expected {name} <= {MAX_HEAD_DIM}")
-    if cu_seqlens is not None and cu_seqlens.device != q.device:
-        raise ValueError(f"chunk_gsa(impl='triton'): cu_seqlens is on {cu_seqlens.device}; "
-                         f"expected q's device {q.device}")
-    dt = q.dtype
-    if g is None:
-        w, g = slot_gate(s.float(), cu_seqlens)
-        s = w.to(dt)
-    HQ, H = q.shape[2], k.shape[2]
-    NG = HQ // H
-    hk0, hv0 = initial_state if initial_state is not None else (None, None)
-    if NG > 1:
-        k, v, s, g = (x.repeat_interleave(NG, dim=2) for x in (k, v, s, g))
-        hk0, hv0 = (None if x is None else x.repeat_interleave(NG, dim=1) for x in (hk0, hv0))
-    o, hk, hv = _ChunkGSA.apply(_contig(q), _contig(k), _contig(v), _contig(s),
-                                _contig(g.float()), float(scale), _contig(hk0), _contig(hv0),
-                                bool(output_final_state), cu_seqlens)
-    if not output_final_state:
-        return o, None
-    return o, (group_final(hk, NG), group_final(hv, NG))
+    (B == 1). Returns (o [B, T, HQ, V] in q's dtype, (hk, hv) fp32 or None)."""
+    return kernel_call(_ChunkGSA.apply, q, k, v, s, g, scale, initial_state, output_final_state,
+                       cu_seqlens)

@@ -12,14 +12,8 @@ import torch
 
 from ..common.kernel_alloc import contiguous as _contig
 from ..gla.triton_recurrent import recurrent_bwd, recurrent_fwd
-from .slot_inputs import group_final, slot_gate
+from .slot_inputs import kernel_call, transposed as _t
 
-MAX_HEAD_DIM = 256
-
-
-def _t(x):
-    """[N, H, A, B] -> contiguous [N, H, B, A] (None stays None)."""
-    return None if x is None else x.transpose(-1, -2).contiguous()
 
 
 class _RecurrentGSA(torch.autograd.Function):
@@ -56,27 +50,6 @@ class _RecurrentGSA(torch.autograd.Function):
 def fused_recurrent_gsa_triton(q, k, v, s, *, g=None, scale=1.0, initial_state=None,
                                output_final_state=False, cu_seqlens=None):
     """Token-by-token GSA (Triton). Arguments and returns as
-    gsa.triton_chunk.chunk_gsa_triton. K, V, M <= 256."""
-    for name, size in (("K", q.shape[-1]), ("V", v.shape[-1]), ("M", s.shape[-1])):
-        if size > MAX_HEAD_DIM:
-            raise ValueError(f"fused_recurrent_gsa(impl='triton'): head size {name}={size}; "
-                             f"expected {name} <= {MAX_HEAD_DIM}")
-    if cu_seqlens is not None and cu_seqlens.device != q.device:
-        raise ValueError(f"fused_recurrent_gsa(impl='triton'): cu_seqlens is on "
-                         f"{cu_seqlens.device}; expected q's device {q.device}")
-    dt = q.dtype
-    if g is None:
-        w, g = slot_gate(s.float(), cu_seqlens)
-        s = w.to(dt)
-    HQ, H = q.shape[2], k.shape[2]
-    NG = HQ // H
-    hk0, hv0 = initial_state if initial_state is not None else (None, None)
-    if NG > 1:
-        k, v, s, g = (x.repeat_interleave(NG, dim=2) for x in (k, v, s, g))
-        hk0, hv0 = (None if x is None else x.repeat_interleave(NG, dim=1) for x in (hk0, hv0))
-    o, hk, hv = _RecurrentGSA.apply(_contig(q), _contig(k), _contig(v), _contig(s),
-                                    _contig(g.float()), float(scale), _contig(hk0),
-                                    _contig(hv0), bool(output_final_state), cu_seqlens)
-    if not output_final_state:
-        return o, None
-    return o, (group_final(hk, NG), group_final(hv, NG))
+    gsa.triton_chunk.chunk_gsa_triton."""
+    return kernel_call(_RecurrentGSA.apply, q, k, v, s, g, scale, initial_state,
+                       output_final_state, cu_seqlens)
