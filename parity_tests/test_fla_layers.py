@@ -12,15 +12,13 @@ ShortConvolution and FusedRMSNormGated by ours (same parameters).
 """
 from __future__ import annotations
 
-import importlib
-import sys
-import types
 import warnings
 
 import numpy as np
 import pytest
 
 from .cases import CROSS_FACTOR, LAYER_TOLERANCE, rel_rms
+from .fla_reference import fla_layer_module
 
 import torch  # noqa: E402  (the suite needs every framework: no silent skip)
 import jax.numpy as jnp  # noqa: E402
@@ -30,31 +28,6 @@ import fla_jax.layers as jlayers  # noqa: E402
 import fla_torch.layers as tlayers  # noqa: E402
 from fla_jax import interop as jinterop  # noqa: E402
 from fla_torch import interop as tinterop  # noqa: E402
-
-
-def _fla_layer_module(name: str):
-    """fla.layers.<name>, or skip. fla/layers/__init__ imports every FLA layer (and
-    transformers); when that fails, the one layer file is loaded on its own."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return importlib.import_module(f"fla.layers.{name}")
-    except ImportError:
-        pass
-    try:
-        fla = importlib.import_module("fla")
-    except Exception as e:      # noqa: BLE001 (any failure means: FLA is not usable here)
-        pytest.skip(f"FLA (fla-core) is not importable: {e}")
-    if "fla.layers" not in sys.modules:
-        pkg = types.ModuleType("fla.layers")
-        pkg.__path__ = [f"{fla.__path__[0]}/layers"]
-        sys.modules["fla.layers"] = pkg
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return importlib.import_module(f"fla.layers.{name}")
-    except Exception as e:      # noqa: BLE001
-        pytest.skip(f"FLA's fla.layers.{name} is not importable: {e}")
 
 
 def _perturbed(layer, scale: float):
@@ -107,7 +80,7 @@ RWKV7_CASES = {
 
 @pytest.mark.parametrize("name", list(RWKV7_CASES))
 def test_fla_rwkv7_state_dict_and_forward(name, monkeypatch):
-    fr = _fla_layer_module("rwkv7")
+    fr = fla_layer_module("rwkv7")
     kwargs = RWKV7_CASES[name]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -166,7 +139,7 @@ KDA_CASES = {
 
 @pytest.mark.parametrize("name", list(KDA_CASES))
 def test_fla_kda_state_dict_and_forward(name, monkeypatch):
-    fk = _fla_layer_module("kda")
+    fk = fla_layer_module("kda")
     kwargs = KDA_CASES[name]
     _patch_kda(monkeypatch, fk)
     torch.manual_seed(0)
