@@ -248,6 +248,31 @@ def _diag_grads(refs, pb, rs, nvI, q, k, gI, dA, n_cols, col0):
     return lax.cond(_diag_fits(loc), fast, lambda _: lax.fori_loop(0, SUB, body, (z, z)), 0)
 
 
+def _cross_q(q, gI, dt):
+    """Query side of the cross-sub-chunk dk products: (q_i exp(loc_i - loc_0) in dt, exp(loc_0)
+    [1, w] fp32, exp(loc_i) [SUB, w] fp32). Relative to the sub-chunk's first row the 16-bit
+    operand keeps its leading row exact: q exp(loc) itself falls into fp16's subnormal range
+    under gates below about -10 per token, and dg then loses the pair that crosses the
+    sub-chunk boundary."""
+    if gI[0] is None:
+        return q, 1.0, 1.0
+    loc = gI[0]
+    first = gt.bcast(gt.row(loc, 0))
+    return ((q * jnp.exp(gt.gap(loc, first))).astype(dt), jnp.exp(first.value()),
+            jnp.exp(loc.value()))
+
+
+def _cross_k(k, gI, gJ, gJ1, dt):
+    """Key side of the cross-sub-chunk dq products for sub-chunk J < I: (k_j exp(b_endJ - b_j)
+    in dt (its last row exact), exp(R_I - b_endJ) [1, w] fp32, exp(R_I - b_j) [SUB, w] fp32),
+    with b_endJ = R_{J+1} (gJ1's start)."""
+    if gI[0] is None:
+        return k, 1.0, 1.0
+    rel = (k * jnp.exp(gt.span(gJ1[1], gJ[1], gJ[0]))).astype(dt)
+    between = jnp.exp(gt.gap(gI[1], gJ1[1]))[None, :]
+    return rel, between, jnp.exp(gt.span(gI[1], gJ[1], gJ[0]))
+
+
 def _dqk_kernel(refs, pb, bk):
     r0 = pl.program_id(2) * bk
     start, nv = _chunk(refs, pb)
@@ -282,14 +307,14 @@ def _dqk_kernel(refs, pb, bk):
         dq_strict.append(dq)
         dk_strict.append(dk)
     for I in range(nb):
-        qf = _q_factor(pb, qs[I], gs[I])
+        q_rel, q_top, qloc = _cross_q(qs[I], gs[I], dt)
         for J in range(I):
-            kdec = jnp.exp(gt.span(gs[I][1], gs[J][1], gs[J][0])) if gated else 1.0
-            kf = (ks[J] * kdec).astype(dt)
-            qloc = jnp.exp(gs[I][0].value()) if gated else 1.0
             dAd = dA[I, J].astype(dt)
-            dq_strict[I] = dq_strict[I] + qloc * ptr.matmul(dAd, kf, (1, 0), pb.precision)
-            dk_strict[J] = dk_strict[J] + kdec * ptr.matmul(dAd, qf.astype(dt), (0, 0), pb.precision)
+            k_rel, between, kdec = _cross_k(ks[J], gs[I], gs[J], gs[J + 1], dt)
+            dq_strict[I] = dq_strict[I] + (qloc * between) * ptr.matmul(dAd, k_rel, (1, 0),
+                                                                        pb.precision)
+            dk_strict[J] = dk_strict[J] + (kdec * q_top) * ptr.matmul(dAd, q_rel, (0, 0),
+                                                                      pb.precision)
 
     if gated:
         rowterm = jnp.exp(tot.value()) * jnp.sum(S32 * dS32, axis=1)
