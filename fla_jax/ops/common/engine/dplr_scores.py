@@ -20,6 +20,12 @@ Backward: dx, dy by the same pairs, and dw without carrying anything across chun
 P_i (row side) and Q_j (column side): dw_s = sum_{t >= s} (P_t - Q_t); the pairs i == j
 depend on no gate and are left out (no O(1) term formed and cancelled under strong gates);
 the chunk-end terms y_out reach w_s for s > j only (a strict prefix sum), tot every w_s.
+
+The loops over sub-chunks and K blocks are lax.fori_loop (scf.for in the Triton IR): one
+copy of their body per kernel whatever K is. Unrolled in Python (4 sub-chunks x K / 32 blocks
+of [SUB, SUB, 32] pair products) the kernels were 6k / 12k TTIR lines at K = 64 and the
+forward alone took 391 s to compile for sm_90 (3.5 MB of PTX); looped: 1.5k / 2k lines, 18 s
+/ 24 s (measured with triton 3.9 + ptxas on a loaded 2-core CPU).
 """
 from __future__ import annotations
 
@@ -61,10 +67,7 @@ def _sub_gates(refs, i0, cols):
 
 
 def _before(G: gt.Cum, i0):
-    """R_I = G at row i0 - 1 (zero for i0 = 0) as a [BK] Cum."""
-    if i0 == 0:
-        z = jnp.zeros(G.hi.shape[1:], F32)
-        return gt.Cum(z, z)
+    """R_I = G at row i0 - 1 (zero for i0 = 0; i0 may be traced) as a [BK] Cum."""
     return gt.row(G, i0 - 1)
 
 
@@ -81,7 +84,8 @@ def _fwd_kernel(refs, BT, Kp, prec):
     BK = _bk(Kp)
     nk, nb = Kp // BK, BT // SUB
     rows = lax.broadcasted_iota(jnp.int32, (BT, 1), 0)
-    for kb in range(nk):
+
+    def vectors(kb, carry):
         cols = pl.ds(kb * BK, BK)
         G, L = _chunk_gates(refs, cols, BT, BK)
         eG = jnp.exp(G.value())
@@ -91,33 +95,43 @@ def _fwd_kernel(refs, BT, Kp, prec):
         for y in YS:
             refs[f"{y}_out"][:, cols] = refs[y][:, cols] * e_end
         refs["tot"][cols] = jnp.exp(L.value())
-    for I in range(nb):
+        return carry
+
+    lax.fori_loop(0, nk, vectors, 0)
+
+    def sub_chunk(I, carry):
         i0 = I * SUB
-        acc = {p: jnp.zeros((SUB, BT), F32) for p in PAIRS}
-        dia = {p: jnp.zeros((SUB, SUB), F32) for p in PAIRS}
-        for kb in range(nk):
+
+        def block(kb, acc_dia):
+            acc, dia = acc_dia
             cols = pl.ds(kb * BK, BK)
             xs = {x: refs[x][pl.ds(i0, SUB), cols] for x in XS}
             ys = {y: refs[y][pl.ds(i0, SUB), cols] for y in YS}
             loc, _ = _sub_gates(refs, i0, cols)
-            if I > 0:
-                G, _ = _chunk_gates(refs, cols, BT, BK)
-                R = _before(G, i0)
-                e_c = gt.masked_exp(gt.gap(gt.bcast(R), G), rows < i0)       # [BT, BK]
-                e_r = jnp.exp(loc.value())                                    # [SUB, BK]
-                cy = {y: refs[y][:, cols] * e_c for y in YS}
-                for x, y in PAIRS:
-                    acc[x, y] = acc[x, y] + ptr.matmul(xs[x] * e_r, cy[y], (1, 1), prec)
+            G, _ = _chunk_gates(refs, cols, BT, BK)
+            R = _before(G, i0)
+            e_c = gt.masked_exp(gt.gap(gt.bcast(R), G), rows < i0)           # [BT, BK]
+            e_r = jnp.exp(loc.value())                                        # [SUB, BK]
+            cy = {y: refs[y][:, cols] * e_c for y in YS}
             E = _pair_exp(loc, strict=False)
-            for x, y in PAIRS:
-                dia[x, y] = dia[x, y] + jnp.sum(xs[x][:, None, :] * ys[y][None, :, :] * E,
-                                                axis=2)
+            acc = tuple(acc[n] + ptr.matmul(xs[x] * e_r, cy[y], (1, 1), prec)
+                        for n, (x, y) in enumerate(PAIRS))
+            dia = tuple(dia[n] + jnp.sum(xs[x][:, None, :] * ys[y][None, :, :] * E, axis=2)
+                        for n, (x, y) in enumerate(PAIRS))
+            return acc, dia
+
+        init = (tuple(jnp.zeros((SUB, BT), F32) for _ in PAIRS),
+                tuple(jnp.zeros((SUB, SUB), F32) for _ in PAIRS))
+        acc, dia = lax.fori_loop(0, nk, block, init)
         cidx = lax.broadcasted_iota(jnp.int32, (SUB, BT), 1)
-        for x, y in PAIRS:
+        for n, (x, y) in enumerate(PAIRS):
             ref = refs[f"M_{x}{y}"]
-            plt.store(ref.at[pl.ds(i0, SUB), :], jnp.where(cidx < i0, acc[x, y], 0.0),
+            plt.store(ref.at[pl.ds(i0, SUB), :], jnp.where(cidx < i0, acc[n], 0.0),
                       mask=(cidx < i0) | (cidx >= i0 + SUB))
-            ref[pl.ds(i0, SUB), pl.ds(i0, SUB)] = dia[x, y]
+            ref[pl.ds(i0, SUB), pl.ds(i0, SUB)] = dia[n]
+        return carry
+
+    lax.fori_loop(0, nb, sub_chunk, 0)
 
 
 def _slot_spec(S, H, BT, D):
@@ -164,11 +178,13 @@ def _bwd_kernel(refs, BT, Kp, prec):
     rows = lax.broadcasted_iota(jnp.int32, (BT, 1), 0)
     eye = (lax.broadcasted_iota(jnp.int32, (SUB, SUB), 0)
            == lax.broadcasted_iota(jnp.int32, (SUB, SUB), 1))
-    for kb in range(nk):
+
+    def block(kb, carry):
         cols = pl.ds(kb * BK, BK)
         G, L = _chunk_gates(refs, cols, BT, BK)
         refs["g_tot"][cols] = refs["d_tot"][cols] * jnp.exp(L.value())
-        for I in range(nb):
+
+        def sub_chunk(I, carry):
             i0 = I * SUB
             sub = pl.ds(i0, SUB)
             xs = {x: refs[x][sub, cols] for x in XS}
@@ -176,25 +192,20 @@ def _bwd_kernel(refs, BT, Kp, prec):
             loc, tot_I = _sub_gates(refs, i0, cols)
             R = _before(G, i0)
             q = {p: refs[f"dM_{p[0]}{p[1]}"][sub, sub] for p in PAIRS}       # [SUB, SUB]
-            gx = {x: jnp.zeros((SUB, BK), F32) for x in XS}
-            gy = {y: jnp.zeros((SUB, BK), F32) for y in YS}
-            if I > 0:        # pairs with earlier rows: the rows of I
-                e_c = gt.masked_exp(gt.gap(gt.bcast(R), G), rows < i0)
-                e_r = jnp.exp(loc.value())
-                cy = {y: refs[y][:, cols] * e_c for y in YS}
-                for x in XS:
-                    s = sum(ptr.matmul(refs[f"dM_{x}{y}"][sub, :], cy[y], (1, 0), prec)
-                            for y in YS)
-                    gx[x] = e_r * s
-            if I < nb - 1:   # pairs with later rows: the columns of I (reference: its last row)
-                Gl = gt.row(G, i0 + SUB - 1)
-                e_w = gt.masked_exp(gt.gap(G, gt.bcast(Gl)), rows >= i0 + SUB)
-                e_l = jnp.exp(gt.gap(gt.bcast(tot_I), loc))                 # [SUB, BK]
-                wx = {x: refs[x][:, cols] * e_w for x in XS}
-                for y in YS:
-                    s = sum(ptr.matmul(refs[f"dM_{x}{y}"][:, sub], wx[x], (0, 0), prec)
-                            for x in XS)
-                    gy[y] = e_l * s
+            # pairs with earlier rows (the rows of I; none for I = 0)
+            e_c = gt.masked_exp(gt.gap(gt.bcast(R), G), rows < i0)
+            e_r = jnp.exp(loc.value())
+            cy = {y: refs[y][:, cols] * e_c for y in YS}
+            gx = {x: e_r * sum(ptr.matmul(refs[f"dM_{x}{y}"][sub, :], cy[y], (1, 0), prec)
+                               for y in YS) for x in XS}
+            # pairs with later rows (the columns of I, reference its last row; none for the
+            # last sub-chunk)
+            Gl = gt.row(G, i0 + SUB - 1)
+            e_w = gt.masked_exp(gt.gap(G, gt.bcast(Gl)), rows >= i0 + SUB)
+            e_l = jnp.exp(gt.gap(gt.bcast(tot_I), loc))                     # [SUB, BK]
+            wx = {x: refs[x][:, cols] * e_w for x in XS}
+            gy = {y: e_l * sum(ptr.matmul(refs[f"dM_{x}{y}"][:, sub], wx[x], (0, 0), prec)
+                               for x in XS) for y in YS}
             E = _pair_exp(loc, strict=True)                                  # [i, j, c]
             for x, y in PAIRS:
                 qe = q[x, y][:, :, None] * E
@@ -213,6 +224,12 @@ def _bwd_kernel(refs, BT, Kp, prec):
                 refs[f"d{x}"][sub, cols] = gx[x] + bx[x] + sum(dg[x, y] * ys[y] for y in YS)
             for y in YS:
                 refs[f"d{y}"][sub, cols] = gy[y] + by[y] + sum(dg[x, y] * xs[x] for x in XS)
+            return carry
+
+        lax.fori_loop(0, nb, sub_chunk, 0)
+        return carry
+
+    lax.fori_loop(0, nk, block, 0)
 
 
 def _backward(r, k, a, b, w, cts, prec):

@@ -1,0 +1,165 @@
+"""GPU checks of helper pallas-fix (run from the worktree root, PYTHONPATH = that root).
+
+    python3 scratch/gpu_pallas-fix.py            # everything, ~115 s wall clock at most
+
+One child process per job, all started at once (compiles are single-threaded and CPU-bound;
+the machine has 16 cores); a job still running at the global deadline is killed and reported
+as TIMEOUT with its elapsed time. Timing jobs compile first, then take an exclusive file lock
+for their timed loops so that timings do not overlap each other.
+Lines: PASS/FAIL <job> <tensor> err=<rel RMS vs fp64> tol=<tolerance>; COMPILE <job> first
+call <s>; TIME <job> fwd <ms> fwdbwd <ms>; TIMEOUT/ERROR <job>.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import time
+
+DEADLINE_S = 112.0
+DRY = os.environ.get("PF_DRY") == "1"      # CPU dry run of the plumbing: tiny shapes, interpreted
+DEVICE = "cpu" if DRY else "cuda"
+LOCK = "/tmp/pallas_fix_timing.lock"
+
+PARITY_OPS = ("chunk_kda", "chunk_rwkv7", "fused_recurrent_kda", "fused_recurrent_rwkv7")
+DTYPES = ("bf16", "fp16", "fp32")
+TIMED = {  # job -> (family, benchmark shape)
+    "time_kda_B4T4096H16K128": ("kda", dict(B=4, T=4096, H=16, HV=16, K=128, V=128)),
+    "time_rwkv7_B4T4096H16K64": ("rwkv7", dict(B=4, T=4096, H=16, HV=16, K=64, V=64)),
+    "time_gsa_B4T4096H4K64M64": ("gsa", dict(B=4, T=4096, H=4, HV=4, K=64, V=64, M=64)),
+}
+
+
+def jobs():
+    out = ["gsa_fp16_strong"]
+    out += [f"parity:{op}:{dt}" for dt in DTYPES for op in PARITY_OPS]
+    out += list(TIMED)
+    return out
+
+
+# ------------------------------------------------------------------------------ child jobs
+def _say(*a):
+    print(*a, flush=True)
+
+
+def job_gsa():
+    os.environ["PARITY_DEVICE"] = DEVICE
+    from parity_tests.harness import check
+    t = time.perf_counter()
+    rows = check("chunk_gsa", "tgsa_strong", "fp16", {"jax": "pallas"}, device=DEVICE)
+    _say(f"COMPILE gsa_fp16_strong check (incl. compile) {time.perf_counter() - t:.1f} s")
+    for r in rows:
+        _say(f"{'PASS' if r.passed else 'FAIL'} gsa_fp16_strong {r.compared} {r.tensor} "
+             f"err={r.error:.3e} tol={r.tolerance:.1e}")
+
+
+def job_parity(op, dtype):
+    from parity_tests import jax_runner, torch_runner
+    from parity_tests.cases import OPS, Case, make_inputs, rel_rms, seed_of, tolerance
+    spec = OPS[op]
+    fam = spec.family
+    case = Case(f"gpu_{fam}_B2T300", B=2, T=40 if DRY else 300, H=4, HV=4, K=64, V=64, strength=1.0,
+                families=(fam,))
+    raw = make_inputs(spec, case, seed_of("pallas_fix_gpu", case.name))
+    act = {a.key for a in spec.activations} | {"do"}
+    x = {n: torch_runner.round_to(dtype if n in act else "fp32", a) for n, a in raw.items()}
+    name = f"{op}:{dtype}"
+    t = time.perf_counter()
+    got = jax_runner.run(spec, case, "pallas", dtype, x, device=DEVICE)
+    _say(f"COMPILE {name} first call fwd+bwd (compile + run) {time.perf_counter() - t:.1f} s")
+    ref = torch_runner.run(spec, case, "reference", "fp64", x, device=DEVICE)
+    for tname in ref:
+        err, tol = rel_rms(got[tname], ref[tname], ref[tname]), tolerance(dtype, tname)
+        _say(f"{'PASS' if err <= tol else 'FAIL'} {name} {tname} err={err:.3e} tol={tol:.1e}")
+
+
+def job_time(job):
+    import jax
+
+    from benchmarks.run import jax_case, make_numpy
+    fam, shape = TIMED[job]
+    if DRY:
+        shape = dict(shape, B=1, T=64, H=1, HV=1)
+    x = make_numpy(fam, shape)
+    fwd, fwdbwd = jax_case(fam, x, "bf16", "pallas")
+    res = {}
+    for label, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):
+        t = time.perf_counter()
+        jax.block_until_ready(fn())
+        _say(f"COMPILE {job} {label} first call {time.perf_counter() - t:.1f} s")
+        res[label] = fn
+    with open(LOCK, "w") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)
+        ms = {}
+        for label, fn in res.items():
+            for _ in range(3):
+                jax.block_until_ready(fn())
+            samples = []
+            for _ in range(7):
+                t = time.perf_counter()
+                for _ in range(5):
+                    out = fn()
+                jax.block_until_ready(out)
+                samples.append((time.perf_counter() - t) * 1e3 / 5)
+            ms[label] = sorted(samples)[len(samples) // 2]
+        fcntl.flock(lk, fcntl.LOCK_UN)
+    _say(f"TIME {job} bf16 fwd {ms['fwd']:.3f} ms fwdbwd {ms['fwdbwd']:.3f} ms")
+
+
+def run_child(job):
+    try:
+        if job == "gsa_fp16_strong":
+            job_gsa()
+        elif job.startswith("parity:"):
+            _, op, dt = job.split(":")
+            job_parity(op, dt)
+        else:
+            job_time(job)
+    except Exception as e:  # noqa: BLE001  (reported, the parent goes on)
+        msg = str(e).replace("\n", " | ")[:1500]
+        _say(f"ERROR {job} {type(e).__name__}: {msg}")
+        sys.exit(1)
+
+
+# ------------------------------------------------------------------------------ parent
+def main():
+    t0 = time.perf_counter()
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false",
+               PYTHONPATH=os.environ.get("PYTHONPATH", os.getcwd()))
+    env.pop("TRITON_INTERPRET", None)
+    procs = {}
+    for j in jobs():
+        f = open(f"/tmp/pallas_fix_{j.replace(':', '_')}.log", "w+")
+        p = subprocess.Popen([sys.executable, __file__, "--job", j], stdout=f,
+                             stderr=subprocess.STDOUT, env=env)
+        procs[j] = (p, f, time.perf_counter())
+    done = {}
+    while len(done) < len(procs) and time.perf_counter() - t0 < DEADLINE_S:
+        for j, (p, f, ts) in procs.items():
+            if j not in done and p.poll() is not None:
+                done[j] = time.perf_counter() - ts
+        time.sleep(0.5)
+    for j, (p, f, ts) in procs.items():
+        if j not in done:
+            p.kill()
+            p.wait()
+        f.seek(0)
+        lines = f.read().splitlines()
+        keep = [ln for ln in lines if ln.split(" ")[0] in
+                ("PASS", "FAIL", "COMPILE", "TIME", "ERROR")]
+        print(f"=== {j}: " + (f"done in {done[j]:.1f} s, rc {p.returncode}" if j in done
+                               else f"TIMEOUT {j} killed after {time.perf_counter() - ts:.1f} s"))
+        for ln in keep:
+            print("  " + ln)
+        if p.returncode not in (0, None) and not any(ln.startswith("ERROR") for ln in keep):
+            print("  last output: " + " | ".join(lines[-6:])[:2000])
+    print(f"total {time.perf_counter() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--job":
+        sys.path.insert(0, os.getcwd())
+        run_child(sys.argv[2])
+    else:
+        main()
