@@ -35,7 +35,8 @@ def jobs():
     out = ["gsa_fp16_strong"]
     out += [f"parity:{op}:{dt}" for dt in DTYPES for op in PARITY_OPS]
     out += list(TIMED)
-    return out
+    only = os.environ.get("PF_JOBS")       # comma-separated subset (local checks)
+    return [j for j in out if j in only.split(",")] if only else out
 
 
 # ------------------------------------------------------------------------------ child jobs
