@@ -28,6 +28,7 @@ TIMED = {  # job -> (family, benchmark shape)
     "time_kda_B4T4096H16K128": ("kda", dict(B=4, T=4096, H=16, HV=16, K=128, V=128)),
     "time_rwkv7_B4T4096H16K64": ("rwkv7", dict(B=4, T=4096, H=16, HV=16, K=64, V=64)),
     "time_gsa_B4T4096H4K64M64": ("gsa", dict(B=4, T=4096, H=4, HV=4, K=64, V=64, M=64)),
+    "time_gla_B4T4096H16K128": ("gla", dict(B=4, T=4096, H=16, HV=16, K=128, V=128)),
 }
 
 

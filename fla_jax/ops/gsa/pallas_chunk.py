@@ -6,8 +6,9 @@ GSA is two gated passes with a softmax between them (gsa/interface.py). The valu
 The slot pass has its gate on the value (slot) side; it is the adjoint of a GLA problem F with
 keys s, values k and key gate g, whose states are hk^T [M, K]:
     ok = dQ of F for the cotangent do = q      (F's output gradient w.r.t. its queries)
-so its forward is F's state pass plus the engine's output backward, and its backward is F run
-forward and backward with queries dok and cotangent q:
+so its forward is F's state pass plus the dq part of the engine's output backward
+(output_stage.output_dq), and its backward is F run forward and backward with queries dok and
+cotangent q:
     dq = o of F(Q = dok);  (ds, dk, dg, dhk0^T) = (dK, dV, dg, dh0) of F's backward.
 No new kernel and no new gate switch: the engine's GATE_KEY stages with M as their key size.
 """
@@ -21,6 +22,7 @@ import jax.numpy as jnp
 from ..common.engine import (GATE_KEY, make_problem, output_bwd, output_fwd, state_pass_bwd,
                              state_pass_fwd)
 from ..common.engine import varlen as vl
+from ..common.engine.output_stage import output_dq
 from .slot_inputs import kernel_call
 
 F32 = jnp.float32
@@ -38,7 +40,7 @@ def _seq(pb, cu):
 def _forward(pbF, pbV, q, k, v, s, g, hk0, hv0, cu):
     seq = _seq(pbV, cu)
     hF, hkt_t = state_pass_fwd(pbF, s, k, g, _t(hk0), cu)
-    ok, _, _, _ = output_bwd(pbF, s, s, k, g, hF, q, jnp.zeros_like(hF), cu, seq)
+    ok = output_dq(pbF, s, s, k, g, hF, q, cu, seq)
     p32 = jax.nn.softmax(ok.astype(F32), axis=-1)
     p = p32.astype(q.dtype)
     hV, hvt = state_pass_fwd(pbV, s, v, g, hv0, cu)
