@@ -2,8 +2,8 @@
 
     python3 scratch/gpu_pallas-fix.py            # everything, ~115 s wall clock at most
 
-One child process per job, all started at once (compiles are single-threaded and CPU-bound;
-the machine has 16 cores); a job still running at the global deadline is killed and reported
+One child process per job, PARALLEL at a time in priority order (compiles are CPU-bound; the
+machine has 16 cores, so first-call times include that load); a job still running at the global deadline is killed and reported
 as TIMEOUT with its elapsed time. Timing jobs compile first, then take an exclusive file lock
 for their timed loops so that timings do not overlap each other.
 Lines: PASS/FAIL <job> <tensor> err=<rel RMS vs fp64> tol=<tolerance>; COMPILE <job> first
@@ -18,6 +18,7 @@ import sys
 import time
 
 DEADLINE_S = 112.0
+PARALLEL = 10
 DRY = os.environ.get("PF_DRY") == "1"      # CPU dry run of the plumbing: tiny shapes, interpreted
 DEVICE = "cpu" if DRY else "cuda"
 LOCK = "/tmp/pallas_fix_timing.lock"
@@ -33,9 +34,11 @@ TIMED = {  # job -> (family, benchmark shape)
 
 
 def jobs():
-    out = ["gsa_fp16_strong"]
-    out += [f"parity:{op}:{dt}" for dt in DTYPES for op in PARITY_OPS]
-    out += list(TIMED)
+    """In priority order (a pool of PARALLEL processes takes them in this order)."""
+    first = [f"parity:{op}:bf16" for op in PARITY_OPS[:2]] + ["gsa_fp16_strong"] + list(TIMED)
+    rest = [f"parity:{op}:{dt}" for op in PARITY_OPS[:2] for dt in DTYPES[1:]]
+    rest += [f"parity:{op}:{dt}" for op in PARITY_OPS[2:] for dt in DTYPES]
+    out = first + rest
     only = os.environ.get("PF_JOBS")       # comma-separated subset (local checks)
     return [j for j in out if j in only.split(",")] if only else out
 
@@ -130,17 +133,17 @@ def main():
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false",
                PYTHONPATH=os.environ.get("PYTHONPATH", os.getcwd()))
     env.pop("TRITON_INTERPRET", None)
-    procs = {}
-    for j in jobs():
-        f = open(f"/tmp/pallas_fix_{j.replace(':', '_')}.log", "w+")
-        p = subprocess.Popen([sys.executable, __file__, "--job", j], stdout=f,
-                             stderr=subprocess.STDOUT, env=env)
-        procs[j] = (p, f, time.perf_counter())
-    done = {}
-    while len(done) < len(procs) and time.perf_counter() - t0 < DEADLINE_S:
+    procs, done, queue = {}, {}, list(jobs())
+    while (queue or len(done) < len(procs)) and time.perf_counter() - t0 < DEADLINE_S:
         for j, (p, f, ts) in procs.items():
             if j not in done and p.poll() is not None:
                 done[j] = time.perf_counter() - ts
+        while queue and len(procs) - len(done) < PARALLEL:
+            j = queue.pop(0)
+            f = open(f"/tmp/pallas_fix_{j.replace(':', '_')}.log", "w+")
+            p = subprocess.Popen([sys.executable, __file__, "--job", j], stdout=f,
+                                 stderr=subprocess.STDOUT, env=env)
+            procs[j] = (p, f, time.perf_counter())
         time.sleep(0.5)
     for j, (p, f, ts) in procs.items():
         if j not in done:
@@ -156,6 +159,8 @@ def main():
             print("  " + ln)
         if p.returncode not in (0, None) and not any(ln.startswith("ERROR") for ln in keep):
             print("  last output: " + " | ".join(lines[-6:])[:2000])
+    for j in queue:
+        print(f"=== {j}: NOT STARTED (deadline)")
     print(f"total {time.perf_counter() - t0:.1f} s")
 
 
