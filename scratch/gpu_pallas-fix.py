@@ -31,6 +31,9 @@ TIMED = {  # job -> (family, benchmark shape)
     "time_gsa_B4T4096H4K64M64": ("gsa", dict(B=4, T=4096, H=4, HV=4, K=64, V=64, M=64)),
     "time_gla_B4T4096H16K128": ("gla", dict(B=4, T=4096, H=16, HV=16, K=128, V=128)),
 }
+# GSA A/B: the engine's state passes with smaller K x V blocks (more programs: B*H is 16 here)
+for _b in (32, 16):
+    TIMED[f"time_gsa_B4T4096H4K64M64@state{_b}"] = TIMED["time_gsa_B4T4096H4K64M64"]
 
 
 def jobs():
@@ -84,6 +87,16 @@ def job_time(job):
 
     from benchmarks.run import jax_case, make_numpy
     fam, shape = TIMED[job]
+    if "@state" in job:
+        from fla_jax.ops.common.engine import launch as lm
+        from fla_jax.ops.common.engine import state_pass as sp
+        blk = int(job.split("@state")[1])
+        base = sp.launch_for
+
+        def small(kernel, K, V, dtype):
+            lc = base(kernel, K, V, dtype)
+            return lm.Launch(blk, blk, lc.num_warps, lc.num_stages)
+        sp.launch_for = small
     if DRY:
         shape = dict(shape, B=1, T=64, H=1, HV=1)
     x = make_numpy(fam, shape)
