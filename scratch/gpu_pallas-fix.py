@@ -34,6 +34,8 @@ TIMED = {  # job -> (family, benchmark shape)
 # GSA A/B: the engine's state passes with smaller K x V blocks (more programs: B*H is 16 here)
 for _b in (32, 16):
     TIMED[f"time_gsa_B4T4096H4K64M64@state{_b}"] = TIMED["time_gsa_B4T4096H4K64M64"]
+# DPLR A/B: the scores kernels with 8 warps (4: 255 registers and ~500 B of spills backward)
+TIMED["time_kda_B4T4096H16K128@warps8"] = TIMED["time_kda_B4T4096H16K128"]
 
 
 def jobs():
@@ -87,6 +89,11 @@ def job_time(job):
 
     from benchmarks.run import jax_case, make_numpy
     fam, shape = TIMED[job]
+    if "@warps" in job:
+        from fla_jax.ops.common.engine import dplr_scores as ds
+        warps, call = int(job.split("@warps")[1]), ds._call
+        ds._call = lambda kernel, ins, outs, grid, name, num_warps=4: call(
+            kernel, ins, outs, grid, name, num_warps=warps)
     if "@state" in job:
         from fla_jax.ops.common.engine import launch as lm
         from fla_jax.ops.common.engine import state_pass as sp
