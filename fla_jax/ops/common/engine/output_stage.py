@@ -265,15 +265,21 @@ def _cross_q(q, gI, dt):
             jnp.exp(loc.value()))
 
 
-def _cross_k(k, gI, gJ, gJ1, dt):
-    """Key side of the cross-sub-chunk dq products for sub-chunk J < I: (k_j exp(b_endJ - b_j)
-    in dt (its last row exact), exp(R_I - b_endJ) [1, w] fp32, exp(R_I - b_j) [SUB, w] fp32),
-    with b_endJ = R_{J+1} (gJ1's start)."""
+def _cross_k(k, gJ, gJ1, dt):
+    """Key side of the cross-sub-chunk dq products of sub-chunk J (for every later I):
+    (k_j exp(b_endJ - b_j) in dt, its last row exact; exp(b_endJ - b_j) [SUB, w] fp32) with
+    b_endJ = R_{J+1} (gJ1's start). The gap from b_endJ to R_I is applied per pair in fp32."""
+    if gJ[0] is None:
+        return k, 1.0
+    e = jnp.exp(gt.span(gJ1[1], gJ[1], gJ[0]))
+    return (k * e).astype(dt), e
+
+
+def _between(gI, gJ1):
+    """exp(R_I - R_{J+1}) [1, w] fp32: the decay from the end of sub-chunk J to the start of I."""
     if gI[0] is None:
-        return k, 1.0, 1.0
-    rel = (k * jnp.exp(gt.span(gJ1[1], gJ[1], gJ[0]))).astype(dt)
-    between = jnp.exp(gt.gap(gI[1], gJ1[1]))[None, :]
-    return rel, between, jnp.exp(gt.span(gI[1], gJ[1], gJ[0]))
+        return 1.0
+    return jnp.exp(gt.gap(gI[1], gJ1[1]))[None, :]
 
 
 def _dqk_kernel(refs, pb, bk, dq_only=False):
@@ -314,16 +320,18 @@ def _dqk_kernel(refs, pb, bk, dq_only=False):
                              pb.K, r0, want_dk=not dq_only)
         dq_strict.append(dq)
         dk_strict.append(dk)
+    cross_k = [_cross_k(ks[J], gs[J], gs[J + 1], dt) for J in range(nb - 1)]
     for I in range(nb):
         q_rel, q_top, qloc = _cross_q(qs[I], gs[I], dt)
         for J in range(I):
             dAd = dA[I, J].astype(dt)
-            k_rel, between, kdec = _cross_k(ks[J], gs[I], gs[J], gs[J + 1], dt)
+            k_rel, k_end = cross_k[J]
+            between = _between(gs[I], gs[J + 1])
             dq_strict[I] = dq_strict[I] + (qloc * between) * ptr.matmul(dAd, k_rel, (1, 0),
                                                                         pb.precision)
             if not dq_only:
-                dk_strict[J] = dk_strict[J] + (kdec * q_top) * ptr.matmul(dAd, q_rel, (0, 0),
-                                                                          pb.precision)
+                dk_strict[J] = dk_strict[J] + (k_end * (between * q_top)) * ptr.matmul(
+                    dAd, q_rel, (0, 0), pb.precision)
     if dq_only:
         for I in range(nb):
             rs, nvI = rows[I]
