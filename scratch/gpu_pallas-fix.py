@@ -19,7 +19,7 @@ import sys
 import time
 
 DEADLINE_S = 112.0
-PARALLEL = 14
+PARALLEL = 15
 DRY = os.environ.get("PF_DRY") == "1"      # CPU dry run of the plumbing: tiny shapes, interpreted
 DEVICE = "cpu" if DRY else "cuda"
 LOCK = "/tmp/pallas_fix_timing.lock"
@@ -46,7 +46,7 @@ def jobs():
     DPLR kernels (unchanged here; all PASS on the H100 at 23:51) run only when PF_JOBS names
     them."""
     out = ["gsa_fp16_strong"] + [f"parity:{op}:{dt}" for op in PARITY_OPS[:2] for dt in DTYPES]
-    out += list(TIMED)
+    out += list(TIMED) + ["stages_kda"]
     only = os.environ.get("PF_JOBS")       # comma-separated subset (local checks)
     if only:
         extra = [f"parity:{op}:{dt}" for op in PARITY_OPS[2:] for dt in DTYPES]
@@ -143,13 +143,74 @@ def job_time(job):
     _say(f"TIME {job} bf16 fwd {ms['fwd']:.3f} ms fwdbwd {ms['fwdbwd']:.3f} ms")
 
 
+def job_stages():
+    """Each Pallas DPLR stage alone at KDA's benchmark shape (B4 T4096 H16 K=V=128: S = 256
+    slots of 64 rows), fp32 slot-layout inputs: where the time goes."""
+    import jax
+    import jax.numpy as jnp
+
+    from fla_jax.ops.common import pallas_triton as ptr
+    from fla_jax.ops.common.engine import dplr_scores as ds
+    from fla_jax.ops.common.engine import dplr_state as dst
+    from fla_jax.ops.common.unit_lower_inverse import unit_lower_inverse
+    N, NT, H, BT, D = (1, 2, 1, 64, 32) if DRY else (4, 64, 16, 64, 128)
+    S = N * NT
+    prec = ptr.dot_precision()
+    key = iter(jax.random.split(jax.random.PRNGKey(0), 32))
+
+    def rnd(*shape, scale=1.0):
+        return scale * jax.random.normal(next(key), shape, jnp.float32)
+    vec = lambda: rnd(S, H, BT, D, scale=D ** -0.5)  # noqa: E731
+    r, k, a, b = vec(), vec(), vec(), vec()
+    w = -jnp.abs(rnd(S, H, BT, D, scale=0.1))
+    cts = tuple(rnd(S, H, BT, BT) for _ in range(4)) + tuple(vec() for _ in range(4)) + (
+        rnd(S, H, D),)
+    first = jnp.arange(N, dtype=jnp.int32) * NT
+    count = jnp.full((N,), NT, jnp.int32)
+    u, wy, b_out, k_out, v = vec(), vec(), vec(), vec(), vec()
+    tot = jnp.exp(-jnp.abs(rnd(S, H, D)))
+    h0 = rnd(N, H, D, D)
+    U, S_in, dU, dS_in = vec(), rnd(S, H, D, D), vec(), rnd(S, H, D, D)
+    stages = {
+        "scores_fwd": lambda: ds._forward(r, k, a, b, w, prec),
+        "scores_bwd": lambda: ds._backward(r, k, a, b, w, cts, prec),
+        "unit_lower_inverse": lambda: unit_lower_inverse(cts[0]),
+        "state_fwd": lambda: dst._forward(u, wy, b_out, k_out, v, tot, h0, first, count, prec),
+        "state_bwd": lambda: dst._backward((wy, b_out, k_out, v, tot, U, S_in, first, count),
+                                           (dU, dS_in, h0), True, prec),
+    }
+    fns = {}
+    for name, f in stages.items():
+        fn = jax.jit(f)
+        t = time.perf_counter()
+        jax.block_until_ready(fn())
+        _say(f"COMPILE stage {name} first call {time.perf_counter() - t:.1f} s")
+        fns[name] = fn
+    with open(LOCK, "a") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)
+        for name, fn in fns.items():
+            for _ in range(3):
+                jax.block_until_ready(fn())
+            samples = []
+            for _ in range(7):
+                t = time.perf_counter()
+                for _ in range(5):
+                    out = fn()
+                jax.block_until_ready(out)
+                samples.append((time.perf_counter() - t) * 1e3 / 5)
+            _say(f"TIME stage {name} {sorted(samples)[3]:.3f} ms")
+        fcntl.flock(lk, fcntl.LOCK_UN)
+
+
 def run_child(job):
     lk = open(LOCK, "a")
-    if not job.startswith("time_"):
+    if not job.startswith(("time_", "stages_")):
         fcntl.flock(lk, fcntl.LOCK_SH)
     try:
         if job == "gsa_fp16_strong":
             job_gsa()
+        elif job == "stages_kda":
+            job_stages()
         elif job.startswith("parity:"):
             _, op, dt = job.split(":")
             job_parity(op, dt)
