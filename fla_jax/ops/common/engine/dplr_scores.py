@@ -51,10 +51,6 @@ def _bk(Kp):
     return min(Kp, 32)
 
 
-def _cum3(c: gt.Cum, axis: int) -> gt.Cum:
-    return gt.Cum(jnp.expand_dims(c.hi, axis), jnp.expand_dims(c.lo, axis))
-
-
 def _chunk_gates(refs, cols, BT, BK):
     """Full-chunk Cum of G [BT, BK] and the chunk total L [BK] (Cum)."""
     w = refs["w"][:, cols]
