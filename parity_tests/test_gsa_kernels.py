@@ -26,18 +26,11 @@ triton_interpret_patch.apply()
 
 DEVICE = "cuda" if os.environ.get("PARITY_DEVICE", "cpu") == "cuda" else "cpu"
 BOTH = {"jax": "pallas", "torch": "triton"}
-# Known defect, open: the Pallas GSA kernel's fp16 dg under slot gates of -20 (CPU 2.0e-2, H100
-# 4.5e-2 against fp16's 5e-3; Triton and every other Pallas tensor pass). Use impl="triton" or
-# fp32/bf16 there. strict: the row fails once it is fixed.
-PALLAS_FP16_STRONG = pytest.mark.xfail(
-    strict=True, reason="known open defect: Pallas GSA fp16 dg exceeds its tolerance under slot "
-                        "gates of -20 (H100 too, RESULTS.md run 5); Triton passes this case")
 CASES = [pytest.param("tgsa_varlen_gqa", "bf16", BOTH, id="tgsa_varlen_gqa-bf16"),
          pytest.param("tgsa_no_gate", "fp32", BOTH, id="tgsa_no_gate-fp32"),
          pytest.param("tgsa_strong", "fp32", BOTH, id="tgsa_strong-fp32"),
          pytest.param("tgsa_strong", "fp16", {"torch": "triton"}, id="tgsa_strong-fp16-triton"),
-         pytest.param("tgsa_strong", "fp16", {"jax": "pallas"}, id="tgsa_strong-fp16-pallas",
-                      marks=PALLAS_FP16_STRONG)]
+         pytest.param("tgsa_strong", "fp16", {"jax": "pallas"}, id="tgsa_strong-fp16-pallas")]
 
 
 @pytest.mark.parametrize("case,dtype,impls", CASES)

@@ -13,13 +13,19 @@ Gates: split cumsums (engine/gates.py: hi on a 2^-8 grid, exact, + a small lo), 
 keeps fp32 accuracy when the cumsum reaches -1000s. Sub-chunks of SUB = 16 rows: pairs with
 earlier rows factor through R_I (G before sub-chunk I) as (x_i exp(G_i - R_I))
 (y_j exp(R_I - G_j)), both exponents <= 0, into fp32-accurate dots; pairs inside a sub-chunk
-are exact per pair ([SUB, SUB, BK] products). Masked before exp: no overflow at -20 per token.
+are exact per pair (one column per loop step). Masked before exp: no overflow at -20 per token.
 
 Backward: dx, dy by the same pairs, and dw without carrying anything across chunks: a pair
 (i, j), i > j, gives c = dM_ij x_i y_j exp(G_i - G_j) to every w_s with j < s <= i, gathered as
 P_i (row side) and Q_j (column side): dw_s = sum_{t >= s} (P_t - Q_t); the pairs i == j
 depend on no gate and are left out (no O(1) term formed and cancelled under strong gates);
 the chunk-end terms y_out reach w_s for s > j only (a strict prefix sum), tot every w_s.
+
+Compile size: the loops over sub-chunks, K blocks and the in-sub-chunk columns are
+lax.fori_loop (scf.for in the Triton IR), so each kernel holds one copy of its loop bodies
+whatever K is, and no [SUB, SUB, BK] tensor is formed (K = 64: 1.5k / 2.2k TTIR lines; for
+sm_90, 242 registers and no spills forward). Unrolled in Python the same kernels were 6k / 12k
+lines at K = 64, twice that at K = 128, and took minutes each to compile.
 """
 from __future__ import annotations
 
@@ -45,10 +51,6 @@ def _bk(Kp):
     return min(Kp, 32)
 
 
-def _cum3(c: gt.Cum, axis: int) -> gt.Cum:
-    return gt.Cum(jnp.expand_dims(c.hi, axis), jnp.expand_dims(c.lo, axis))
-
-
 def _chunk_gates(refs, cols, BT, BK):
     """Full-chunk Cum of G [BT, BK] and the chunk total L [BK] (Cum)."""
     w = refs["w"][:, cols]
@@ -61,19 +63,52 @@ def _sub_gates(refs, i0, cols):
 
 
 def _before(G: gt.Cum, i0):
-    """R_I = G at row i0 - 1 (zero for i0 = 0) as a [BK] Cum."""
-    if i0 == 0:
-        z = jnp.zeros(G.hi.shape[1:], F32)
-        return gt.Cum(z, z)
+    """R_I = G at row i0 - 1 (zero for i0 = 0; i0 may be traced) as a [BK] Cum."""
     return gt.row(G, i0 - 1)
 
 
-def _pair_exp(loc: gt.Cum, strict: bool):
-    """[SUB, SUB, BK]: exp(loc_i - loc_j) for j < i (also 1 at j == i unless strict), else 0."""
-    ii = lax.broadcasted_iota(jnp.int32, (SUB, SUB, 1), 0)
-    jj = lax.broadcasted_iota(jnp.int32, (SUB, SUB, 1), 1)
-    e = gt.masked_exp(gt.gap(_cum3(loc, 1), _cum3(loc, 0)), ii > jj)
-    return e if strict else e + (ii == jj).astype(F32)
+def _pair_col(loc: gt.Cum, j):
+    """[SUB, BK]: exp(loc_i - loc_j) for rows i > j (j may be traced), else 0: column j of
+    the sub-chunk's pair decays, masked before exp."""
+    ii = lax.broadcasted_iota(jnp.int32, (SUB, 1), 0)
+    return gt.masked_exp(gt.gap(loc, gt.bcast(gt.row(loc, j))), ii > j)
+
+
+def _diag_scores(refs, xs, loc, i0, cols):
+    """(M_xy inside the sub-chunk [SUB, SUB] per pair, j <= i), exact per pair: one column j
+    per loop step, its rows y_j read from the refs."""
+    ii = lax.broadcasted_iota(jnp.int32, (SUB, 1), 0)
+    jj = lax.broadcasted_iota(jnp.int32, (1, SUB), 1)
+
+    def column(j, dia):
+        d = jnp.where(ii == j, 1.0, _pair_col(loc, j))
+        xd = {x: xs[x] * d for x in XS}
+        yj = {y: refs[y][i0 + j, cols] for y in YS}
+        return tuple(jnp.where(jj == j, jnp.sum(xd[x] * yj[y][None, :], axis=1)[:, None],
+                               dia[n]) for n, (x, y) in enumerate(PAIRS))
+
+    return lax.fori_loop(0, SUB, column, tuple(jnp.zeros((SUB, SUB), F32) for _ in PAIRS))
+
+
+def _diag_grads(refs, xs, q, loc, i0, cols):
+    """In-sub-chunk strict pairs (i > j) of dx [SUB, BK] per x and dy per y from the score
+    cotangents q[x, y] [SUB, SUB]: dx_i += q_ij e_ij y_j, dy_j += sum_i q_ij e_ij x_i, one
+    column j per loop step."""
+    ii = lax.broadcasted_iota(jnp.int32, (SUB, 1), 0)
+    jj = lax.broadcasted_iota(jnp.int32, (1, SUB), 1)
+
+    def column(j, carry):
+        gx, gy = dict(zip(XS, carry[0])), dict(zip(YS, carry[1]))
+        d = _pair_col(loc, j)
+        yj = {y: refs[y][i0 + j, cols] for y in YS}
+        for x, y in PAIRS:
+            wgt = jnp.sum(jnp.where(jj == j, q[x, y], 0.0), axis=1)[:, None] * d
+            gx[x] = gx[x] + wgt * yj[y][None, :]
+            gy[y] = gy[y] + jnp.where(ii == j, jnp.sum(wgt * xs[x], axis=0)[None, :], 0.0)
+        return tuple(gx[x] for x in XS), tuple(gy[y] for y in YS)
+
+    z = jnp.zeros(xs[XS[0]].shape, F32)
+    return lax.fori_loop(0, SUB, column, ((z,) * len(XS), (z,) * len(YS)))
 
 
 # ------------------------------------------------------------------------------ forward
@@ -81,7 +116,8 @@ def _fwd_kernel(refs, BT, Kp, prec):
     BK = _bk(Kp)
     nk, nb = Kp // BK, BT // SUB
     rows = lax.broadcasted_iota(jnp.int32, (BT, 1), 0)
-    for kb in range(nk):
+
+    def vectors(kb, carry):
         cols = pl.ds(kb * BK, BK)
         G, L = _chunk_gates(refs, cols, BT, BK)
         eG = jnp.exp(G.value())
@@ -91,33 +127,40 @@ def _fwd_kernel(refs, BT, Kp, prec):
         for y in YS:
             refs[f"{y}_out"][:, cols] = refs[y][:, cols] * e_end
         refs["tot"][cols] = jnp.exp(L.value())
-    for I in range(nb):
+        return carry
+
+    lax.fori_loop(0, nk, vectors, 0)
+
+    def sub_chunk(I, carry):
         i0 = I * SUB
-        acc = {p: jnp.zeros((SUB, BT), F32) for p in PAIRS}
-        dia = {p: jnp.zeros((SUB, SUB), F32) for p in PAIRS}
-        for kb in range(nk):
+
+        def block(kb, acc_dia):
+            acc, dia = acc_dia
             cols = pl.ds(kb * BK, BK)
             xs = {x: refs[x][pl.ds(i0, SUB), cols] for x in XS}
-            ys = {y: refs[y][pl.ds(i0, SUB), cols] for y in YS}
             loc, _ = _sub_gates(refs, i0, cols)
-            if I > 0:
-                G, _ = _chunk_gates(refs, cols, BT, BK)
-                R = _before(G, i0)
-                e_c = gt.masked_exp(gt.gap(gt.bcast(R), G), rows < i0)       # [BT, BK]
-                e_r = jnp.exp(loc.value())                                    # [SUB, BK]
-                cy = {y: refs[y][:, cols] * e_c for y in YS}
-                for x, y in PAIRS:
-                    acc[x, y] = acc[x, y] + ptr.matmul(xs[x] * e_r, cy[y], (1, 1), prec)
-            E = _pair_exp(loc, strict=False)
-            for x, y in PAIRS:
-                dia[x, y] = dia[x, y] + jnp.sum(xs[x][:, None, :] * ys[y][None, :, :] * E,
-                                                axis=2)
+            G, _ = _chunk_gates(refs, cols, BT, BK)
+            R = _before(G, i0)
+            e_c = gt.masked_exp(gt.gap(gt.bcast(R), G), rows < i0)           # [BT, BK]
+            e_r = jnp.exp(loc.value())                                        # [SUB, BK]
+            cy = {y: refs[y][:, cols] * e_c for y in YS}
+            acc = tuple(acc[n] + ptr.matmul(xs[x] * e_r, cy[y], (1, 1), prec)
+                        for n, (x, y) in enumerate(PAIRS))
+            dd = _diag_scores(refs, xs, loc, i0, cols)
+            return acc, tuple(dia[n] + dd[n] for n in range(len(PAIRS)))
+
+        init = (tuple(jnp.zeros((SUB, BT), F32) for _ in PAIRS),
+                tuple(jnp.zeros((SUB, SUB), F32) for _ in PAIRS))
+        acc, dia = lax.fori_loop(0, nk, block, init)
         cidx = lax.broadcasted_iota(jnp.int32, (SUB, BT), 1)
-        for x, y in PAIRS:
+        for n, (x, y) in enumerate(PAIRS):
             ref = refs[f"M_{x}{y}"]
-            plt.store(ref.at[pl.ds(i0, SUB), :], jnp.where(cidx < i0, acc[x, y], 0.0),
+            plt.store(ref.at[pl.ds(i0, SUB), :], jnp.where(cidx < i0, acc[n], 0.0),
                       mask=(cidx < i0) | (cidx >= i0 + SUB))
-            ref[pl.ds(i0, SUB), pl.ds(i0, SUB)] = dia[x, y]
+            ref[pl.ds(i0, SUB), pl.ds(i0, SUB)] = dia[n]
+        return carry
+
+    lax.fori_loop(0, nb, sub_chunk, 0)
 
 
 def _slot_spec(S, H, BT, D):
@@ -164,11 +207,13 @@ def _bwd_kernel(refs, BT, Kp, prec):
     rows = lax.broadcasted_iota(jnp.int32, (BT, 1), 0)
     eye = (lax.broadcasted_iota(jnp.int32, (SUB, SUB), 0)
            == lax.broadcasted_iota(jnp.int32, (SUB, SUB), 1))
-    for kb in range(nk):
+
+    def block(kb, carry):
         cols = pl.ds(kb * BK, BK)
         G, L = _chunk_gates(refs, cols, BT, BK)
         refs["g_tot"][cols] = refs["d_tot"][cols] * jnp.exp(L.value())
-        for I in range(nb):
+
+        def sub_chunk(I, carry):
             i0 = I * SUB
             sub = pl.ds(i0, SUB)
             xs = {x: refs[x][sub, cols] for x in XS}
@@ -176,30 +221,23 @@ def _bwd_kernel(refs, BT, Kp, prec):
             loc, tot_I = _sub_gates(refs, i0, cols)
             R = _before(G, i0)
             q = {p: refs[f"dM_{p[0]}{p[1]}"][sub, sub] for p in PAIRS}       # [SUB, SUB]
-            gx = {x: jnp.zeros((SUB, BK), F32) for x in XS}
-            gy = {y: jnp.zeros((SUB, BK), F32) for y in YS}
-            if I > 0:        # pairs with earlier rows: the rows of I
-                e_c = gt.masked_exp(gt.gap(gt.bcast(R), G), rows < i0)
-                e_r = jnp.exp(loc.value())
-                cy = {y: refs[y][:, cols] * e_c for y in YS}
-                for x in XS:
-                    s = sum(ptr.matmul(refs[f"dM_{x}{y}"][sub, :], cy[y], (1, 0), prec)
-                            for y in YS)
-                    gx[x] = e_r * s
-            if I < nb - 1:   # pairs with later rows: the columns of I (reference: its last row)
-                Gl = gt.row(G, i0 + SUB - 1)
-                e_w = gt.masked_exp(gt.gap(G, gt.bcast(Gl)), rows >= i0 + SUB)
-                e_l = jnp.exp(gt.gap(gt.bcast(tot_I), loc))                 # [SUB, BK]
-                wx = {x: refs[x][:, cols] * e_w for x in XS}
-                for y in YS:
-                    s = sum(ptr.matmul(refs[f"dM_{x}{y}"][:, sub], wx[x], (0, 0), prec)
-                            for x in XS)
-                    gy[y] = e_l * s
-            E = _pair_exp(loc, strict=True)                                  # [i, j, c]
-            for x, y in PAIRS:
-                qe = q[x, y][:, :, None] * E
-                gx[x] = gx[x] + jnp.sum(qe * ys[y][None, :, :], axis=1)
-                gy[y] = gy[y] + jnp.sum(qe * xs[x][:, None, :], axis=0)
+            # pairs with earlier rows (the rows of I; none for I = 0)
+            e_c = gt.masked_exp(gt.gap(gt.bcast(R), G), rows < i0)
+            e_r = jnp.exp(loc.value())
+            cy = {y: refs[y][:, cols] * e_c for y in YS}
+            gx = {x: e_r * sum(ptr.matmul(refs[f"dM_{x}{y}"][sub, :], cy[y], (1, 0), prec)
+                               for y in YS) for x in XS}
+            # pairs with later rows (the columns of I, reference its last row; none for the
+            # last sub-chunk)
+            Gl = gt.row(G, i0 + SUB - 1)
+            e_w = gt.masked_exp(gt.gap(G, gt.bcast(Gl)), rows >= i0 + SUB)
+            e_l = jnp.exp(gt.gap(gt.bcast(tot_I), loc))                     # [SUB, BK]
+            wx = {x: refs[x][:, cols] * e_w for x in XS}
+            gy = {y: e_l * sum(ptr.matmul(refs[f"dM_{x}{y}"][:, sub], wx[x], (0, 0), prec)
+                               for x in XS) for y in YS}
+            dx, dy = _diag_grads(refs, xs, q, loc, i0, cols)
+            gx = {x: gx[x] + d for x, d in zip(XS, dx)}
+            gy = {y: gy[y] + d for y, d in zip(YS, dy)}
             eG = jnp.exp(gt.add(gt.bcast(R), loc).value())
             bx = {x: refs[f"d{x}_in"][sub, cols] * eG for x in XS}
             P = sum(xs[x] * (gx[x] + bx[x]) for x in XS)
@@ -213,6 +251,12 @@ def _bwd_kernel(refs, BT, Kp, prec):
                 refs[f"d{x}"][sub, cols] = gx[x] + bx[x] + sum(dg[x, y] * ys[y] for y in YS)
             for y in YS:
                 refs[f"d{y}"][sub, cols] = gy[y] + by[y] + sum(dg[x, y] * xs[x] for x in XS)
+            return carry
+
+        lax.fori_loop(0, nb, sub_chunk, 0)
+        return carry
+
+    lax.fori_loop(0, nk, block, 0)
 
 
 def _backward(r, k, a, b, w, cts, prec):

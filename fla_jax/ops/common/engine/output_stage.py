@@ -213,10 +213,11 @@ def _dv_kernel(refs, pb, bv):
         ptr.store_rows(refs["dv"], rows[J][0], rows[J][1], pb.V, dv + pb.scale * intra, c0)
 
 
-def _diag_grads(refs, pb, rs, nvI, q, k, gI, dA, n_cols, col0):
+def _diag_grads(refs, pb, rs, nvI, q, k, gI, dA, n_cols, col0, want_dk=True):
     """Strict (i > j) in-sub-chunk parts of dq and dk [SUB, w] fp32:
     dq_i = sum_{j<i} dA_ij k_j exp(loc_i - loc_j), dk_j = sum_{i>j} dA_ij q_i exp(loc_i - loc_j);
-    two fp32-accurate dots through the sub-chunk's start when _diag_fits, else per pair."""
+    two fp32-accurate dots through the sub-chunk's start when _diag_fits, else per pair.
+    want_dk=False: (dq, None)."""
     ii = jnp.arange(SUB)[:, None]
     jj = jnp.arange(SUB)[None, :]
     qf = q.astype(F32)
@@ -226,7 +227,7 @@ def _diag_grads(refs, pb, rs, nvI, q, k, gI, dA, n_cols, col0):
     strict = jnp.where(ii > jj, dA, 0.0)
     if loc is None:
         return (ptr.matmul(strict, k.astype(F32), (1, 0), hi),
-                ptr.matmul(strict, qf, (0, 0), hi))
+                ptr.matmul(strict, qf, (0, 0), hi) if want_dk else None)
 
     def body(j, carry):
         dq, dk = carry
@@ -235,20 +236,54 @@ def _diag_grads(refs, pb, rs, nvI, q, k, gI, dA, n_cols, col0):
         d = gt.masked_exp(gt.gap(loc, gt.bcast(gt.row(loc, j))), ii > j)
         wgt = a[:, None] * d
         dq = dq + wgt * kj[None, :]
-        dkj = jnp.sum(wgt * qf, axis=0)
-        dk = dk + jnp.where(ii == j, dkj[None, :], 0.0)
+        if want_dk:
+            dkj = jnp.sum(wgt * qf, axis=0)
+            dk = dk + jnp.where(ii == j, dkj[None, :], 0.0)
         return dq, dk
 
     def fast(_):
         e = jnp.exp(loc.value())
         return (e * ptr.matmul(strict, k.astype(F32) / e, (1, 0), hi),
-                ptr.matmul(strict, qf * e, (0, 0), hi) / e)
+                ptr.matmul(strict, qf * e, (0, 0), hi) / e if want_dk else z)
 
     z = jnp.zeros((SUB, w), F32)
-    return lax.cond(_diag_fits(loc), fast, lambda _: lax.fori_loop(0, SUB, body, (z, z)), 0)
+    dq, dk = lax.cond(_diag_fits(loc), fast, lambda _: lax.fori_loop(0, SUB, body, (z, z)), 0)
+    return dq, (dk if want_dk else None)
 
 
-def _dqk_kernel(refs, pb, bk):
+def _cross_q(q, gI, dt):
+    """Query side of the cross-sub-chunk dk products: (q_i exp(loc_i - loc_0) in dt, exp(loc_0)
+    [1, w] fp32, exp(loc_i) [SUB, w] fp32). Relative to the sub-chunk's first row the 16-bit
+    operand keeps its leading row exact: q exp(loc) itself falls into fp16's subnormal range
+    under gates below about -10 per token, and dg then loses the pair that crosses the
+    sub-chunk boundary."""
+    if gI[0] is None:
+        return q, 1.0, 1.0
+    loc = gI[0]
+    first = gt.bcast(gt.row(loc, 0))
+    return ((q * jnp.exp(gt.gap(loc, first))).astype(dt), jnp.exp(first.value()),
+            jnp.exp(loc.value()))
+
+
+def _cross_k(k, gJ, gJ1, dt):
+    """Key side of the cross-sub-chunk dq products of sub-chunk J (for every later I):
+    (k_j exp(b_endJ - b_j) in dt, its last row exact; exp(b_endJ - b_j) [SUB, w] fp32) with
+    b_endJ = R_{J+1} (gJ1's start). The gap from b_endJ to R_I is applied per pair in fp32."""
+    if gJ[0] is None:
+        return k, 1.0
+    e = jnp.exp(gt.span(gJ1[1], gJ[1], gJ[0]))
+    return (k * e).astype(dt), e
+
+
+def _between(gI, gJ1):
+    """exp(R_I - R_{J+1}) [1, w] fp32: the decay from the end of sub-chunk J to the start of I."""
+    if gI[0] is None:
+        return 1.0
+    return jnp.exp(gt.gap(gI[1], gJ1[1]))[None, :]
+
+
+def _dqk_kernel(refs, pb, bk, dq_only=False):
+    """dq, dk, dg of one chunk and K block; dq_only: dq alone (no dh input, no dk / dg)."""
     r0 = pl.program_id(2) * bk
     start, nv = _chunk(refs, pb)
     rows = _sub_rows(pb, start, nv)
@@ -261,8 +296,10 @@ def _dqk_kernel(refs, pb, bk):
     gated = _gated(pb)
     gs, tot = _sub_gates(refs, pb, start, nv, bk, pb.K, r0)
     S32 = refs["h"][...].astype(F32)
-    dS32 = refs["dh"][...].astype(F32)
-    S, dS = S32.astype(dt), dS32.astype(dt)
+    S = S32.astype(dt)
+    if not dq_only:
+        dS32 = refs["dh"][...].astype(F32)
+        dS = dS32.astype(dt)
     ii = jnp.arange(SUB)[:, None]
     eye = ii == jnp.arange(SUB)[None, :]
 
@@ -271,25 +308,37 @@ def _dqk_kernel(refs, pb, bk):
     dq_inter, dk_inter, dq_strict, dk_strict = [], [], [], []
     for I in range(nb):
         x = ptr.matmul(dos[I], S, (1, 1), pb.precision)
-        y = ptr.matmul(vs[I], dS, (1, 1), pb.precision)
         if gated:
             x = x * jnp.exp(gs[I][0].value() + gt.bcast(gs[I][1]).value())
-            y = y * jnp.exp(gt.span(tot, gs[I][1], gs[I][0]))
         dq_inter.append(pb.scale * x)
-        dk_inter.append(y)
+        if not dq_only:
+            y = ptr.matmul(vs[I], dS, (1, 1), pb.precision)
+            if gated:
+                y = y * jnp.exp(gt.span(tot, gs[I][1], gs[I][0]))
+            dk_inter.append(y)
         dq, dk = _diag_grads(refs, pb, rows[I][0], rows[I][1], qs[I], ks[I], gs[I], dA[I, I],
-                             pb.K, r0)
+                             pb.K, r0, want_dk=not dq_only)
         dq_strict.append(dq)
         dk_strict.append(dk)
+    cross_k = [_cross_k(ks[J], gs[J], gs[J + 1], dt) for J in range(nb - 1)]
     for I in range(nb):
-        qf = _q_factor(pb, qs[I], gs[I])
+        q_rel, q_top, qloc = _cross_q(qs[I], gs[I], dt)
         for J in range(I):
-            kdec = jnp.exp(gt.span(gs[I][1], gs[J][1], gs[J][0])) if gated else 1.0
-            kf = (ks[J] * kdec).astype(dt)
-            qloc = jnp.exp(gs[I][0].value()) if gated else 1.0
             dAd = dA[I, J].astype(dt)
-            dq_strict[I] = dq_strict[I] + qloc * ptr.matmul(dAd, kf, (1, 0), pb.precision)
-            dk_strict[J] = dk_strict[J] + kdec * ptr.matmul(dAd, qf.astype(dt), (0, 0), pb.precision)
+            k_rel, k_end = cross_k[J]
+            between = _between(gs[I], gs[J + 1])
+            dq_strict[I] = dq_strict[I] + (qloc * between) * ptr.matmul(dAd, k_rel, (1, 0),
+                                                                        pb.precision)
+            if not dq_only:
+                dk_strict[J] = dk_strict[J] + (k_end * (between * q_top)) * ptr.matmul(
+                    dAd, q_rel, (0, 0), pb.precision)
+    if dq_only:
+        for I in range(nb):
+            rs, nvI = rows[I]
+            ddiag = jnp.sum(jnp.where(eye, dA[I, I], 0.0), axis=1)[:, None]
+            ptr.store_rows(refs["dq"], rs, nvI, pb.K, dq_inter[I] + dq_strict[I] + ddiag * ks[I],
+                           r0)
+        return
 
     if gated:
         rowterm = jnp.exp(tot.value()) * jnp.sum(S32 * dS32, axis=1)
@@ -320,6 +369,25 @@ def _dqk_kernel(refs, pb, bk):
             ptr.store_rows(refs["dg"], rs, nvI, pb.K, dg, r0)
         else:
             ptr.store_rows(refs["dg"], rs, nvI, None, jnp.sum(dg, axis=1))
+
+
+def output_dq(pb: Problem, q, k, v, g, h, do, cu, seq, launch: Launch | None = None):
+    """The dq of output_bwd alone (q's dtype), without dh: the one cotangent that does not
+    depend on the states' gradients (GSA's slot pass takes its output from it)."""
+    launch = launch or launch_for("output_dqk", pb.K, pb.V, q.dtype)
+    bk = width(pb.Kp, launch.bk)
+    par = dict(parallel=True)
+    ins = [("q", q, specs.seq_rows(pb, bk, specs.same, **par)),
+           ("k", k, specs.seq_rows(pb, bk, specs.same, **par)),
+           ("v", v, specs.seq_rows(pb, pb.Vp, specs.zero, **par)),
+           ("do", do, specs.seq_rows(pb, pb.Vp, specs.zero, **par))]
+    ins += _gate_input(pb, g, bk, specs.same) + _parallel_inputs(pb, cu, seq)
+    ins.append(("h", h, specs.slot_state(bk, pb.Vp, specs.same, specs.zero)))
+    outs = [("dq", jax.ShapeDtypeStruct(q.shape, q.dtype),
+             specs.seq_rows(pb, bk, specs.same, **par))]
+    r = call(lambda refs: _dqk_kernel(refs, pb, bk, dq_only=True),
+             _grid(pb, pl.cdiv(pb.K, bk)), ins, outs, launch, "engine_output_dq")
+    return r["dq"]
 
 
 def output_bwd(pb: Problem, q, k, v, g, h, do, dh, cu, seq,
