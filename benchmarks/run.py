@@ -1,5 +1,5 @@
 """GPU benchmark: fwd and fwd+bwd of our Pallas and Triton kernels, the plain 'chunked' paths,
-FLA (fla-core, when importable), jax-linear-attention's Mosaic GPU kernels (path 'jla', when
+FLA (fla-core, when importable), our Mosaic GPU kernels (path 'mosaic': Hopper), jax-linear-attention's Mosaic GPU kernels (path 'jla', when
 importable: jax 0.11.2 + equinox, Hopper, bf16/fp16) and torch SDPA, in one run; ratios against
 FLA and against jla from the same run.
 
@@ -297,7 +297,7 @@ def main(argv=None):
                             f_ms, f_first = time_jax(fwd)
                             b_ms, b_first = time_jax(fb)
                         else:
-                            impl = "pallas" if path == "pallas" else "chunked"
+                            impl = path if path in ("pallas", "mosaic") else "chunked"
                             fwd, fb = jax_case(op, x, dtype, impl)
                             f_ms, f_first = time_jax(fwd)
                             b_ms, b_first = time_jax(fb)
