@@ -1,7 +1,8 @@
-"""GPU benchmark: fwd and fwd+bwd of our Pallas and Triton kernels, the plain 'chunked' paths,
-FLA (fla-core, when importable), our Mosaic GPU kernels (path 'mosaic': Hopper), jax-linear-attention's Mosaic GPU kernels (path 'jla', when
-importable: jax 0.11.2 + equinox, Hopper, bf16/fp16) and torch SDPA, in one run; ratios against
-FLA and against jla from the same run.
+"""GPU benchmark: fwd and fwd+bwd of our Pallas and Triton kernels, our Mosaic GPU kernels
+(path 'mosaic': Hopper), the plain 'chunked' paths, FLA (fla-core, when importable),
+jax-linear-attention's Mosaic GPU kernels (path 'jla', when importable: jax 0.11.2 + equinox,
+Hopper, bf16/fp16) and torch SDPA, in one run; ratios against FLA and against jla from the
+same run.
 
     PYTHONPATH=. python benchmarks/run.py [--ops simple_gla gated_delta_rule] [--json out.json]
     PYTHONPATH=. python benchmarks/run.py --dry-run [--ops gla]    # CPU check of the calls
