@@ -1,0 +1,255 @@
+"""GPU script of helper gla-fast (issue 10): chunk_gla, our Triton engine vs FLA's chunk_gla.
+
+1. correctness of ours vs the fp64 reference (B2 T300 H4 K=V=64, bf16 and fp32, weak and
+   strong gates, a varlen case; o, ht and every gradient): PASS/FAIL lines.
+2. ours: fwd and fwd+bwd at B4 T4096 H16 K=V=128 bf16 (median of 20, L2 flushed) and a
+   torch.profiler table of the kernels (fwd, and fwd+bwd).
+3. optional sweeps of our launch configs per forward kernel (GLA_FAST_SWEEP=1, default on).
+4. FLA (fla-core): same timings and profile. Its autotune is pruned to num_warps in {4, 8},
+   num_stages 2 unless GLA_FAST_FLA_FULL=1 (a full autotune takes > 120 s cold).
+Run from the repository root with PYTHONPATH=<root>[:site with fla].
+"""
+import os
+import statistics
+import sys
+import time
+
+T_START = time.time()
+sys.path.insert(0, os.getcwd())
+
+import torch  # noqa: E402
+
+DEV = "cuda"
+SHAPE = dict(B=4, T=4096, H=16, K=128, V=128)
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def elapsed():
+    return f"[{time.time() - T_START:5.1f}s]"
+
+
+def make(B, T, H, K, V, dtype, lo=0.01, hi=0.2, seed=0, h0=False):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = torch.randn(B, T, H, K, generator=gen)
+    k = k / k.norm(dim=-1, keepdim=True)
+    v = torch.randn(B, T, H, V, generator=gen)
+    g = -(lo + (hi - lo) * torch.rand(B, T, H, K, generator=gen))
+    do = torch.randn(B, T, H, V, generator=gen)
+    x = dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), g=g, do=do.to(dtype))
+    if h0:
+        N = B
+        x["h0"] = torch.randn(N, H, K, V, generator=gen)
+        x["dht"] = torch.randn(N, H, K, V, generator=gen)
+    return {n: t.to(DEV) for n, t in x.items()}
+
+
+# ---------------------------------------------------------------- correctness
+def run_ours(x, impl, dtype, cu=None):
+    from fla_torch.ops import chunk_gla
+    leaves = {n: x[n].to(dtype).clone().requires_grad_() for n in ("q", "k", "v")}
+    leaves["g"] = x["g"].to(torch.float64 if dtype == torch.float64 else torch.float32) \
+        .clone().requires_grad_()
+    h0 = x.get("h0")
+    if h0 is not None:
+        h0 = h0.to(torch.float64 if dtype == torch.float64 else torch.float32) \
+            .clone().requires_grad_()
+    o, ht = chunk_gla(leaves["q"], leaves["k"], leaves["v"], leaves["g"], initial_state=h0,
+                      output_final_state=True, cu_seqlens=cu, impl=impl)
+    loss = (o.double() * x["do"].double()).sum()
+    if "dht" in x:
+        loss = loss + (ht.double() * x["dht"].double()).sum()
+    ins = list(leaves.values()) + ([h0] if h0 is not None else [])
+    grads = torch.autograd.grad(loss, ins)
+    out = {"o": o.detach(), "ht": ht.detach(), "dq": grads[0], "dk": grads[1], "dv": grads[2], "dg": grads[3]}
+    if h0 is not None:
+        out["dh0"] = grads[4]
+    return out
+
+
+def correctness():
+    from parity_tests.cases import TOLERANCE, rel_rms
+    ok_all = True
+    cases = [("weak", dict(B=2, T=300, H=4, K=64, V=64), 0.01, 0.2, None, True),
+             ("strong", dict(B=2, T=300, H=4, K=64, V=64), 0.5, 20.0, None, True),
+             ("mixed", dict(B=2, T=300, H=4, K=64, V=64), 0.0, 3.0, None, False),
+             ("varlen", dict(B=1, T=300, H=4, K=64, V=64), 0.01, 2.0, (0, 37, 100, 101, 300),
+              True)]
+    for name, s, lo, hi, cu_l, h0 in cases:
+        for dname, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+            x = make(**s, dtype=dt, lo=lo, hi=hi, seed=1, h0=h0)
+            cu = None
+            if cu_l is not None:
+                cu = torch.tensor(cu_l, dtype=torch.int32, device=DEV)
+                if h0:
+                    gen = torch.Generator().manual_seed(2)
+                    N = len(cu_l) - 1
+                    x["h0"] = torch.randn(N, s["H"], s["K"], s["V"], generator=gen).to(DEV)
+                    x["dht"] = torch.randn(N, s["H"], s["K"], s["V"], generator=gen).to(DEV)
+            try:
+                got = run_ours(x, "triton", dt, cu)
+                ref = run_ours(x, "reference", torch.float64, cu)
+                errs = {n: rel_rms(got[n].double().cpu().numpy(), ref[n].cpu().numpy(),
+                                   ref[n].cpu().numpy()) for n in ref}
+                bad = {n: e for n, e in errs.items() if not e <= TOLERANCE[dname][n]}
+                ok_all &= not bad
+                txt = " ".join(f"{n}={e:.2e}" for n, e in errs.items())
+                log(f"{'PASS' if not bad else 'FAIL'} correctness {name} {dname}: {txt}"
+                    + (f"  over tolerance: {sorted(bad)}" if bad else ""))
+            except Exception as e:  # noqa: BLE001
+                ok_all = False
+                log(f"FAIL correctness {name} {dname}: {type(e).__name__}: {str(e)[:300]}")
+    return ok_all
+
+
+# ---------------------------------------------------------------- timing
+_FLUSH = None
+
+
+def flush_l2():
+    global _FLUSH
+    if _FLUSH is None:
+        _FLUSH = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device=DEV)
+    _FLUSH.zero_()
+
+
+def bench(fn, n=20, warm=3):
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(n):
+        flush_l2()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    return statistics.median(ts)
+
+
+def calls(fn_call, x):
+    leaves = [x["q"].clone().requires_grad_(), x["k"].clone().requires_grad_(),
+              x["v"].clone().requires_grad_(), x["g"].clone().requires_grad_()]
+
+    def fwd():
+        with torch.no_grad():
+            return fn_call(*leaves)
+
+    def fwdbwd():
+        o = fn_call(*leaves)
+        return torch.autograd.grad(o, leaves, x["do"])
+    return fwd, fwdbwd
+
+
+def profile(label, fn, iters=5, rows=15):
+    fn()
+    torch.cuda.synchronize()
+    from torch.profiler import ProfilerActivity, profile as tprof
+    with tprof(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    evs = [e for e in p.key_averages()]
+
+    def dev_t(e):
+        for a in ("device_time_total", "cuda_time_total", "self_device_time_total"):
+            if hasattr(e, a):
+                return getattr(e, a)
+        return 0.0
+    kern = [e for e in evs if dev_t(e) > 0]
+    kern.sort(key=dev_t, reverse=True)
+    total = sum(dev_t(e) for e in kern)
+    log(f"== profile {label}: {iters} calls, device time per call "
+        f"{total / iters / 1000:.3f} ms (sum over listed kernels, incl. overlaps)")
+    log(f"   {'ms/call':>8} {'calls':>5} {'share':>6}  kernel")
+    for e in kern[:rows]:
+        log(f"   {dev_t(e) / iters / 1000:8.3f} {e.count // iters:5d} "
+            f"{100 * dev_t(e) / total:5.1f}%  {e.key[:90]}")
+
+
+def time_path(label, fn_call, x, prof=True):
+    fwd, fb = calls(fn_call, x)
+    t0 = time.time()
+    fwd()
+    fb()
+    torch.cuda.synchronize()
+    log(f"{elapsed()} {label}: first fwd + fwd+bwd call {time.time() - t0:.1f} s")
+    tf = bench(fwd)
+    tb = bench(fb)
+    log(f"TIME {label} bf16 B4 T4096 H16 K=V=128: fwd {tf:.3f} ms  fwd+bwd {tb:.3f} ms")
+    if prof:
+        profile(f"{label} fwd", fwd)
+        profile(f"{label} fwd+bwd", fb)
+    return tf, tb
+
+
+def ours_call(q, k, v, g):
+    from fla_torch.ops import chunk_gla
+    return chunk_gla(q, k, v, g, impl="triton")[0]
+
+
+# ---------------------------------------------------------------- FLA
+def prune_fla_autotune():
+    from triton.runtime.autotuner import Autotuner
+    import importlib
+    n_before = n_after = 0
+    for mod in ("fla.ops.gla.chunk", "fla.ops.common.chunk_h", "fla.ops.utils.cumsum",
+                "fla.ops.common.chunk_o"):
+        try:
+            m = importlib.import_module(mod)
+        except Exception:  # noqa: BLE001
+            continue
+        for obj in list(vars(m).values()):
+            seen = 0
+            while obj is not None and seen < 5:
+                if isinstance(obj, Autotuner):
+                    keep = [c for c in obj.configs
+                            if c.num_warps in (4, 8) and c.num_stages in (2,)]
+                    n_before += len(obj.configs)
+                    if keep:
+                        obj.configs = keep
+                    n_after += len(obj.configs)
+                obj = getattr(obj, "fn", None)
+                seen += 1
+    log(f"FLA autotune pruned: {n_before} -> {n_after} configs (num_warps 4/8, num_stages 2)")
+
+
+def fla_call_factory():
+    import fla
+    import fla.ops.common.chunk_o as co
+    co.TRITON_ABOVE_3_7_1 = True
+    if os.environ.get("GLA_FAST_FLA_FULL") != "1":
+        prune_fla_autotune()
+    from fla.ops.gla import chunk_gla as fla_gla
+    log(f"fla-core {getattr(fla, '__version__', '?')}")
+
+    def call(q, k, v, g):
+        return fla_gla(q, k, v, g)[0]
+    return call
+
+
+def main():
+    log(f"{elapsed()} torch {torch.__version__}, device {torch.cuda.get_device_name()}")
+    import triton
+    log(f"triton {triton.__version__}")
+    ok = correctness()
+    log(f"{elapsed()} {'PASS' if ok else 'FAIL'} correctness overall")
+    x = make(**SHAPE, dtype=torch.bfloat16)
+    ours = time_path("ours-triton", ours_call, x)
+    log(f"{elapsed()} ours done")
+    try:
+        fcall = fla_call_factory()
+        fla_t = time_path("FLA", fcall, x)
+        log(f"RATIO ours/FLA: fwd {ours[0] / fla_t[0]:.3f}  fwd+bwd {ours[1] / fla_t[1]:.3f}")
+    except Exception as e:  # noqa: BLE001
+        log(f"FLA unavailable: {type(e).__name__}: {str(e)[:300]}")
+    log(f"{elapsed()} done")
+
+
+if __name__ == "__main__":
+    main()
