@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-KERNELS = ("cumsum", "state_fwd", "state_bwd", "scores", "output_fwd", "output_bwd_dv",
+KERNELS = ("cumsum", "cumsum_scores", "state_fwd", "state_bwd", "scores", "output_fwd", "output_bwd_dv",
            "output_bwd_intra", "output_bwd_inter")
 
 
@@ -50,5 +50,8 @@ def launch_for(kernel: str, K: int, V: int, dtype: torch.dtype,
     if kernel == "output_fwd" and not wide:
         BV = min(block(V), 128)
     if kernel in ("output_fwd", "output_bwd_dv", "output_bwd_inter") and (wide or BV > 64):
+        warps = 8
+    if kernel == "cumsum_scores":     # [BT, BK] fp64 cumsum tiles and a [BT, BT] score tile
+        BK = min(block(K), 32 if wide else 64)
         warps = 8
     return LaunchConfig(BT=64, BC=16, BK=BK, BV=BV, num_warps=warps, num_stages=stages)
