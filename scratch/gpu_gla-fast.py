@@ -4,7 +4,7 @@
    strong gates, a varlen case; o, ht and every gradient): PASS/FAIL lines.
 2. ours: fwd and fwd+bwd at B4 T4096 H16 K=V=128 bf16 (median of 20, L2 flushed) and a
    torch.profiler table of the kernels (fwd, and fwd+bwd).
-3. optional sweeps of our launch configs per forward kernel (GLA_FAST_SWEEP=1, default on).
+3. per-stage forward timings, then sweeps of their launch configs (until GLA_FAST_SWEEP_S s).
 4. FLA (fla-core): same timings and profile. Its autotune is pruned to num_warps in {4, 8},
    num_stages 2 unless GLA_FAST_FLA_FULL=1 (a full autotune takes > 120 s cold).
 Run from the repository root with PYTHONPATH=<root>[:site with fla].
@@ -72,6 +72,15 @@ def run_ours(x, impl, dtype, cu=None):
 
 def correctness():
     from parity_tests.cases import TOLERANCE, rel_rms
+    import fla_torch.ops.common.kernel_alloc as ka
+    ka.POISON_OUTPUTS = True
+    try:
+        return _correctness(TOLERANCE, rel_rms)
+    finally:
+        ka.POISON_OUTPUTS = False
+
+
+def _correctness(TOLERANCE, rel_rms):
     ok_all = True
     cases = [("weak", dict(B=2, T=300, H=4, K=64, V=64), 0.01, 0.2, None, True),
              ("strong", dict(B=2, T=300, H=4, K=64, V=64), 0.5, 20.0, None, True),
@@ -193,6 +202,92 @@ def ours_call(q, k, v, g):
     return chunk_gla(q, k, v, g, impl="triton")[0]
 
 
+# ---------------------------------------------------------------- stages and launch sweeps
+def patched(module, over):
+    """A context: module.launch_for returns its config with the fields in `over` replaced."""
+    import contextlib
+    import dataclasses
+
+    @contextlib.contextmanager
+    def ctx():
+        orig = module.launch_for
+
+        def lf(kernel, K, V, dtype, capability=None):
+            return dataclasses.replace(orig(kernel, K, V, dtype, capability), **over)
+        module.launch_for = lf
+        try:
+            yield
+        finally:
+            module.launch_for = orig
+    return ctx()
+
+
+def stage_inputs(x):
+    from fla_torch.ops.common.kernel_alloc import alloc_on
+    from fla_torch.ops.common.engine.cumsum_scores import cumsum_scores
+    from fla_torch.ops.common.engine.state_pass import state_pass_fwd
+    alloc = alloc_on(x["q"].device)
+    cum, kg, el, A, qg = cumsum_scores(x["q"], x["k"], x["g"], None, "tf32", alloc)
+    h, _ = state_pass_fwd(kg, x["v"], el, 2, None, False, None, x["q"].dtype, "tf32", alloc)
+    return dict(alloc=alloc, cum=cum, kg=kg, el=el, A=A, qg=qg, h=h)
+
+
+def stage_fns(x, st):
+    import fla_torch.ops.common.engine.cumsum_scores as cs
+    import fla_torch.ops.common.engine.gates as gates
+    import fla_torch.ops.common.engine.output_stage as os_
+    import fla_torch.ops.common.engine.scores as sc
+    import fla_torch.ops.common.engine.state_pass as sp
+    from fla_torch.ops.common.engine.launch import launch_for
+    q, k, v, g, alloc = x["q"], x["k"], x["v"], x["g"], st["alloc"]
+    cfg = launch_for("cumsum", 128, 128, q.dtype)
+    return {
+        "cumsum_scores(store_cum)": (cs, lambda: cs.cumsum_scores(q, k, g, None, "tf32", alloc)),
+        "cumsum_scores(no cum)": (cs, lambda: cs.cumsum_scores(q, k, g, None, "tf32", alloc,
+                                                                store_cum=False)),
+        "old chunk_cumsum": (gates, lambda: gates.chunk_cumsum(g, k, 2, None, cfg.BT, cfg.BK,
+                                                                alloc)),
+        "old intra_scores": (sc, lambda: sc.intra_scores(q, k, st["cum"], 2, None, "tf32",
+                                                          alloc)),
+        "state_pass_fwd": (sp, lambda: sp.state_pass_fwd(st["kg"], v, st["el"], 2, None, False,
+                                                          None, q.dtype, "tf32", alloc)),
+        "output_fwd": (os_, lambda: os_.output_fwd(st["qg"], v, st["h"], st["A"], 0.088, None,
+                                                    "tf32", alloc)),
+    }
+
+
+SWEEPS = {
+    "cumsum_scores(no cum)": [dict(num_warps=4), dict(num_warps=4, BK=32), dict(BK=32),
+                              dict(num_stages=1), dict(num_warps=16), dict(BK=128)],
+    "state_pass_fwd": [dict(BV=32), dict(BK=32, BV=32), dict(num_warps=8),
+                       dict(num_stages=3), dict(num_stages=1), dict(BK=128, num_warps=8)],
+    "output_fwd": [dict(BV=64, num_warps=4), dict(num_stages=3), dict(BK=128),
+                   dict(num_warps=4)],
+}
+
+
+def stages(x, budget_s):
+    st = stage_inputs(x)
+    fns = stage_fns(x, st)
+    for name, (mod, fn) in fns.items():
+        try:
+            log(f"STAGE {name} (default launch): {bench(fn):.3f} ms")
+        except Exception as e:  # noqa: BLE001
+            log(f"STAGE {name} failed: {type(e).__name__}: {str(e)[:200]}")
+    for name, overs in SWEEPS.items():
+        mod, fn = fns[name]
+        for over in overs:
+            if time.time() - T_START > budget_s:
+                log(f"{elapsed()} sweep stopped (time budget)")
+                return
+            try:
+                with patched(mod, over):
+                    t = bench(fn, n=10)
+                log(f"SWEEP {name} {over}: {t:.3f} ms")
+            except Exception as e:  # noqa: BLE001
+                log(f"SWEEP {name} {over} failed: {type(e).__name__}: {str(e)[:160]}")
+
+
 # ---------------------------------------------------------------- FLA
 def prune_fla_autotune():
     from triton.runtime.autotuner import Autotuner
@@ -242,6 +337,14 @@ def main():
     x = make(**SHAPE, dtype=torch.bfloat16)
     ours = time_path("ours-triton", ours_call, x)
     log(f"{elapsed()} ours done")
+    import fla_torch.ops.common.engine.pipeline as pl
+    pl.FUSE_KEY_GATE_FRONT = False
+    try:
+        time_path("ours-triton-unfused-front", ours_call, x, prof=False)
+    finally:
+        pl.FUSE_KEY_GATE_FRONT = True
+    stages(x, budget_s=float(os.environ.get("GLA_FAST_SWEEP_S", "75")))
+    log(f"{elapsed()} stages done")
     try:
         fcall = fla_call_factory()
         fla_t = time_path("FLA", fcall, x)
