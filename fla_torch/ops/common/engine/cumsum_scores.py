@@ -40,58 +40,67 @@ def _cumsum_scores_kernel(q, k, g, A, qg, kg, el, ch, cl, cu_seqlens, T, N, n_st
     o_t = tl.arange(0, BT)
     o_s = tl.arange(0, NC)
     sub = o_t // BC
-    t = c0 + o_t
-    m_t = t < eos
-    srow = slot.to(tl.int64) * BT + o_t
-    A_off = tl.zeros([BT, BT], dtype=tl.float32)
-    A_dia = tl.zeros([BT, BT], dtype=tl.float32)
-    causal_sub = (o_t[:, None] >= o_t[None, :]) & (sub[:, None] == sub[None, :])
+    m_t = o_t < (eos - c0)
+    slot = slot.to(tl.int64)
+    base = (c0 * H + i_h) * K                   # token rows: base + o_t * H * K + channel
+    base_c = (slot * BT * H + i_h) * K          # the same rows in the slot layout
+    r_x = o_t[:, None] * (H * K)
+    A_acc = tl.zeros([BT, BT], dtype=tl.float32)
     for kb in range(NK):
         o_k = kb * BK + tl.arange(0, BK)
         m_k = o_k < K
         m_tk = m_t[:, None] & m_k[None, :]
-        p_x = (t[:, None] * H + i_h) * K + o_k[None, :]
-        x = tl.load(g + p_x, mask=m_tk, other=0.).to(tl.float64)
-        x3 = tl.reshape(x, [NC, BC, BK])
+        off = r_x + o_k[None, :]
+        x3 = tl.reshape(tl.load(g + base + off, mask=m_tk, other=0.).to(tl.float64),
+                        [NC, BC, BK])
         w3 = tl.cumsum(x3, axis=1)
-        s_I = tl.sum(x3, axis=1)
-        p_I = tl.cumsum(s_I, axis=0) - s_I                      # [NC, BK]: b before sub-chunk I
-        b = tl.reshape(w3 + p_I[:, None, :], [BT, BK])
-        w = tl.reshape(w3, [BT, BK])
-        last = tl.sum(s_I, axis=0)                              # [BK]
-        b_q = tl.load(q + p_x, mask=m_tk, other=0.)
-        b_k = tl.load(k + p_x, mask=m_tk, other=0.)
-        tl.store(qg + p_x, (b_q * tl.exp(b.to(tl.float32))).to(dt), mask=m_tk)
-        tl.store(kg + p_x, (b_k * tl.exp((last[None, :] - b).to(tl.float32))).to(dt),
+        s_J = tl.sum(x3, axis=1)                                # [NC, BK]
+        p_e = tl.cumsum(s_J, axis=0)                            # b at the end of sub-chunk J
+        p_s = p_e - s_J                                         # b before sub-chunk J
+        b = tl.reshape(w3 + p_s[:, None, :], [BT, BK])
+        last = tl.sum(s_J, axis=0)
+        b_q = tl.load(q + base + off, mask=m_tk, other=0.)
+        b_k = tl.load(k + base + off, mask=m_tk, other=0.)
+        tl.store(qg + base + off, (b_q * tl.exp(b.to(tl.float32))).to(dt), mask=m_tk)
+        tl.store(kg + base + off, (b_k * tl.exp((last[None, :] - b).to(tl.float32))).to(dt),
                  mask=m_tk)
-        tl.store(el + (slot.to(tl.int64) * H + i_h) * K + o_k, tl.exp(last.to(tl.float32)),
-                 mask=m_k)
+        tl.store(el + (slot * H + i_h) * K + o_k, tl.exp(last.to(tl.float32)), mask=m_k)
         if STORE_CUM:
             hi, lo = split(b)
-            p_c = (srow[:, None] * H + i_h) * K + o_k[None, :]
-            tl.store(ch + p_c, hi, mask=m_k[None, :])
-            tl.store(cl + p_c, lo, mask=m_k[None, :])
-        ew = tl.exp(w.to(tl.float32))                           # <= 1
+            tl.store(ch + base_c + off, hi, mask=m_k[None, :])
+            tl.store(cl + base_c + off, lo, mask=m_k[None, :])
+        # rest_j = b at the end of j's sub-chunk - b_j (<= 0), fp32
+        rest = tl.reshape(s_J[:, None, :] - w3, [BT, BK]).to(tl.float32)
+        w = tl.reshape(w3, [BT, BK]).to(tl.float32)             # b_i - b before i's sub-chunk
+        ew = tl.exp(w)
         q_d = (b_q * ew).to(dt)
         for I in tl.static_range(1, NC):
-            pI = tl.sum(tl.where(o_s[:, None] == I, p_I, 0.), axis=0)
-            e_k = tl.where(sub[:, None] < I, (pI[None, :] - b).to(tl.float32), float("-inf"))
+            # b before sub-chunk I - b at the end of sub-chunk J, per J (<= 0 for J < I)
+            d = (tl.sum(tl.where(o_s[:, None] == I, p_s, 0.), axis=0)[None, :] - p_e)
+            d_rows = tl.reshape(tl.broadcast_to(d.to(tl.float32)[:, None, :], [NC, BC, BK]),
+                                [BT, BK])
+            e_k = tl.where(sub[:, None] < I, d_rows + rest, float("-inf"))
             k_d = (b_k * tl.exp(e_k)).to(dt)
             q_I = tl.where(sub[:, None] == I, q_d, 0.).to(dt)
-            A_off += tl.dot(q_I, tl.trans(k_d), input_precision=PREC)
+            A_acc += tl.dot(q_I, tl.trans(k_d), input_precision=PREC)
         q_32 = b_q.to(tl.float32)
         if tl.max(-w) < SPAN:
             a = tl.dot(q_32 * ew, tl.trans(b_k.to(tl.float32) / ew), input_precision="tf32x3")
-            A_dia += tl.where(causal_sub, a, 0.)
+            A_acc += tl.where((o_t[:, None] >= o_t[None, :]) & (sub[:, None] == sub[None, :]),
+                              a, 0.)
         else:
+            # exact per pair: b_i - b_j = w_i - w_j within a sub-chunk, from w in fp64 again
+            w64 = tl.reshape(tl.cumsum(tl.reshape(
+                tl.load(g + base + off, mask=m_tk, other=0.).to(tl.float64), [NC, BC, BK]),
+                axis=1), [BT, BK])
             for j in range(BT):
                 k_j = _load_row(k, c0 + j, i_h, eos, o_k, m_k, H, K)
-                b_j = tl.sum(tl.where(o_t[:, None] == j, b, 0.), axis=0)
+                w_j = tl.sum(tl.where(o_t[:, None] == j, w64, 0.), axis=0)
                 e = tl.where((o_t[:, None] >= j) & (sub[:, None] == j // BC),
-                             (b - b_j[None, :]).to(tl.float32), float("-inf"))
+                             (w64 - w_j[None, :]).to(tl.float32), float("-inf"))
                 a_j = tl.sum(q_32 * k_j[None, :] * tl.exp(e), axis=1)
-                A_dia += tl.where(o_t[None, :] == j, a_j[:, None], 0.)
-    tl.store(A + (srow[:, None] * H + i_h) * BT + o_t[None, :], A_off + A_dia)
+                A_acc += tl.where(o_t[None, :] == j, a_j[:, None], 0.)
+    tl.store(A + (slot * BT * H + i_h) * BT + o_t[:, None] * (H * BT) + o_t[None, :], A_acc)
 
 
 def cumsum_scores(q, k, g, cu_seqlens, prec: str, alloc, store_cum: bool = True):

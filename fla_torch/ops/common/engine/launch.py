@@ -52,6 +52,6 @@ def launch_for(kernel: str, K: int, V: int, dtype: torch.dtype,
     if kernel in ("output_fwd", "output_bwd_dv", "output_bwd_inter") and (wide or BV > 64):
         warps = 8
     if kernel == "cumsum_scores":     # [BT, BK] fp64 cumsum tiles and a [BT, BT] score tile
-        BK = min(block(K), 32 if wide else 64)
+        BK = min(block(K), 32)
         warps = 8
     return LaunchConfig(BT=64, BC=16, BK=BK, BV=BV, num_warps=warps, num_stages=stages)
