@@ -82,13 +82,25 @@ def correctness():
 
 def _correctness(TOLERANCE, rel_rms):
     ok_all = True
-    cases = [("weak", dict(B=2, T=300, H=4, K=64, V=64), 0.01, 0.2, None, True),
-             ("strong", dict(B=2, T=300, H=4, K=64, V=64), 0.5, 20.0, None, True),
-             ("mixed", dict(B=2, T=300, H=4, K=64, V=64), 0.0, 3.0, None, False),
+    cases = [("weak", dict(B=2, T=300, H=4, K=64, V=64), 0.01, 0.2, None, True, "bf16"),
+             ("weak", dict(B=2, T=300, H=4, K=64, V=64), 0.01, 0.2, None, True, "fp32"),
+             ("strong", dict(B=2, T=300, H=4, K=64, V=64), 0.5, 20.0, None, True, "bf16"),
+             ("strong", dict(B=2, T=300, H=4, K=64, V=64), 0.5, 20.0, None, True, "fp32"),
              ("varlen", dict(B=1, T=300, H=4, K=64, V=64), 0.01, 2.0, (0, 37, 100, 101, 300),
-              True)]
-    for name, s, lo, hi, cu_l, h0 in cases:
-        for dname, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+              True, "bf16")]
+    dts = {"bf16": torch.bfloat16, "fp32": torch.float32}
+    from fla_torch.ops import chunk_gla
+    x = make(B=2, T=300, H=4, K=64, V=64, dtype=torch.bfloat16, seed=3)
+    o1 = chunk_gla(x["q"], x["k"], x["v"], x["g"].requires_grad_(), impl="triton")[0]
+    with torch.no_grad():
+        o2 = chunk_gla(x["q"], x["k"], x["v"], x["g"], impl="triton")[0]
+    same = torch.equal(o1.detach(), o2)
+    ok_all &= same
+    log(f"{'PASS' if same else 'FAIL'} no-grad forward (split cumsum not stored) gives the "
+        f"same o as the forward with grad")
+    for name, s, lo, hi, cu_l, h0, dname in cases:
+        dt = dts[dname]
+        if True:
             x = make(**s, dtype=dt, lo=lo, hi=hi, seed=1, h0=h0)
             cu = None
             if cu_l is not None:
@@ -203,8 +215,9 @@ def ours_call(q, k, v, g):
 
 
 # ---------------------------------------------------------------- stages and launch sweeps
-def patched(module, over):
-    """A context: module.launch_for returns its config with the fields in `over` replaced."""
+def patched(module, over, kernel=None):
+    """A context: module.launch_for returns its config with the fields in `over` replaced
+    (for every kernel, or only for `kernel`)."""
     import contextlib
     import dataclasses
 
@@ -212,8 +225,9 @@ def patched(module, over):
     def ctx():
         orig = module.launch_for
 
-        def lf(kernel, K, V, dtype, capability=None):
-            return dataclasses.replace(orig(kernel, K, V, dtype, capability), **over)
+        def lf(name, K, V, dtype, capability=None):
+            cfg = orig(name, K, V, dtype, capability)
+            return dataclasses.replace(cfg, **over) if kernel in (None, name) else cfg
         module.launch_for = lf
         try:
             yield
@@ -229,7 +243,10 @@ def stage_inputs(x):
     alloc = alloc_on(x["q"].device)
     cum, kg, el, A, qg = cumsum_scores(x["q"], x["k"], x["g"], None, "tf32", alloc)
     h, _ = state_pass_fwd(kg, x["v"], el, 2, None, False, None, x["q"].dtype, "tf32", alloc)
-    return dict(alloc=alloc, cum=cum, kg=kg, el=el, A=A, qg=qg, h=h)
+    from fla_torch.ops.common.engine.state_pass import state_pass_bwd
+    dh, _ = state_pass_bwd(x["q"], x["do"], cum, 2, 0.088, None, None, False, x["q"].dtype,
+                           "tf32", alloc)
+    return dict(alloc=alloc, cum=cum, kg=kg, el=el, A=A, qg=qg, h=h, dh=dh)
 
 
 def stage_fns(x, st):
@@ -253,17 +270,38 @@ def stage_fns(x, st):
                                                           None, q.dtype, "tf32", alloc)),
         "output_fwd": (os_, lambda: os_.output_fwd(st["qg"], v, st["h"], st["A"], 0.088, None,
                                                     "tf32", alloc)),
+        "state_pass_bwd": (sp, lambda: sp.state_pass_bwd(q, x["do"], st["cum"], 2, 0.088, None,
+                                                          None, False, q.dtype, "tf32", alloc)),
+        "output_bwd (dv, intra, inter)": (os_, lambda: os_.output_bwd(
+            q, k, v, st["kg"], st["cum"], 2, st["A"], st["h"], st["dh"], x["do"], 0.088, None,
+            True, "tf32", alloc)),
     }
 
 
-SWEEPS = {
-    "cumsum_scores(no cum)": [dict(num_warps=4), dict(num_warps=4, BK=32), dict(BK=32),
-                              dict(num_stages=1), dict(num_warps=16), dict(BK=128)],
-    "state_pass_fwd": [dict(BV=32), dict(BK=32, BV=32), dict(num_warps=8),
-                       dict(num_stages=3), dict(num_stages=1), dict(BK=128, num_warps=8)],
-    "output_fwd": [dict(BV=64, num_warps=4), dict(num_stages=3), dict(BK=128),
-                   dict(num_warps=4)],
-}
+# (stage, kernel the override applies to or None for all of the stage's, override)
+SWEEPS = [
+    ("cumsum_scores(no cum)", None, dict(BK=64)),
+    ("cumsum_scores(no cum)", None, dict(num_warps=4)),
+    ("cumsum_scores(no cum)", None, dict(num_warps=4, BK=16)),
+    ("cumsum_scores(no cum)", None, dict(num_warps=16, BK=64)),
+    ("cumsum_scores(no cum)", None, dict(num_stages=1)),
+    ("state_pass_fwd", None, dict(BV=32)),
+    ("state_pass_fwd", None, dict(BK=32, BV=32)),
+    ("state_pass_fwd", None, dict(num_warps=8)),
+    ("state_pass_fwd", None, dict(num_stages=3)),
+    ("state_pass_fwd", None, dict(num_stages=1)),
+    ("state_pass_fwd", None, dict(BK=128, num_warps=8)),
+    ("output_fwd", None, dict(BV=64, num_warps=4)),
+    ("output_fwd", None, dict(num_stages=3)),
+    ("output_fwd", None, dict(BK=128)),
+    ("output_fwd", None, dict(num_warps=4)),
+    ("output_bwd (dv, intra, inter)", "output_bwd_dv", dict(num_warps=8)),
+    ("output_bwd (dv, intra, inter)", "output_bwd_intra", dict(num_warps=8)),
+    ("output_bwd (dv, intra, inter)", "output_bwd_inter", dict(num_warps=8)),
+    ("output_bwd (dv, intra, inter)", "output_bwd_inter", dict(BK=32)),
+    ("state_pass_bwd", None, dict(num_warps=8)),
+    ("state_pass_bwd", None, dict(BV=32)),
+]
 
 
 def stages(x, budget_s):
@@ -274,18 +312,18 @@ def stages(x, budget_s):
             log(f"STAGE {name} (default launch): {bench(fn):.3f} ms")
         except Exception as e:  # noqa: BLE001
             log(f"STAGE {name} failed: {type(e).__name__}: {str(e)[:200]}")
-    for name, overs in SWEEPS.items():
+    for name, kernel, over in SWEEPS:
         mod, fn = fns[name]
-        for over in overs:
-            if time.time() - T_START > budget_s:
-                log(f"{elapsed()} sweep stopped (time budget)")
-                return
-            try:
-                with patched(mod, over):
-                    t = bench(fn, n=10)
-                log(f"SWEEP {name} {over}: {t:.3f} ms")
-            except Exception as e:  # noqa: BLE001
-                log(f"SWEEP {name} {over} failed: {type(e).__name__}: {str(e)[:160]}")
+        if time.time() - T_START > budget_s:
+            log(f"{elapsed()} sweep stopped (time budget)")
+            return
+        try:
+            with patched(mod, over, kernel):
+                t = bench(fn, n=10)
+            log(f"SWEEP {name} [{kernel or 'all'}] {over}: {t:.3f} ms")
+        except Exception as e:  # noqa: BLE001
+            log(f"SWEEP {name} [{kernel or 'all'}] {over} failed: {type(e).__name__}: "
+                f"{str(e)[:160]}")
 
 
 # ---------------------------------------------------------------- FLA
@@ -337,20 +375,20 @@ def main():
     x = make(**SHAPE, dtype=torch.bfloat16)
     ours = time_path("ours-triton", ours_call, x)
     log(f"{elapsed()} ours done")
-    import fla_torch.ops.common.engine.pipeline as pl
-    pl.FUSE_KEY_GATE_FRONT = False
-    try:
-        time_path("ours-triton-unfused-front", ours_call, x, prof=False)
-    finally:
-        pl.FUSE_KEY_GATE_FRONT = True
-    stages(x, budget_s=float(os.environ.get("GLA_FAST_SWEEP_S", "75")))
-    log(f"{elapsed()} stages done")
     try:
         fcall = fla_call_factory()
         fla_t = time_path("FLA", fcall, x)
         log(f"RATIO ours/FLA: fwd {ours[0] / fla_t[0]:.3f}  fwd+bwd {ours[1] / fla_t[1]:.3f}")
     except Exception as e:  # noqa: BLE001
         log(f"FLA unavailable: {type(e).__name__}: {str(e)[:300]}")
+    log(f"{elapsed()} FLA done")
+    import fla_torch.ops.common.engine.pipeline as pl
+    pl.FUSE_KEY_GATE_FRONT = False
+    try:
+        time_path("ours-triton-unfused-front", ours_call, x, prof=False)
+    finally:
+        pl.FUSE_KEY_GATE_FRONT = True
+    stages(x, budget_s=float(os.environ.get("GLA_FAST_SWEEP_S", "110")))
     log(f"{elapsed()} done")
 
 
