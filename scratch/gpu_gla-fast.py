@@ -178,7 +178,8 @@ def profile(label, fn, iters=5, rows=15):
     evs = [e for e in p.key_averages()]
 
     def dev_t(e):
-        for a in ("device_time_total", "cuda_time_total", "self_device_time_total"):
+        for a in ("self_device_time_total", "self_cuda_time_total", "device_time_total",
+                  "cuda_time_total"):
             if hasattr(e, a):
                 return getattr(e, a)
         return 0.0
@@ -186,7 +187,7 @@ def profile(label, fn, iters=5, rows=15):
     kern.sort(key=dev_t, reverse=True)
     total = sum(dev_t(e) for e in kern)
     log(f"== profile {label}: {iters} calls, device time per call "
-        f"{total / iters / 1000:.3f} ms (sum over listed kernels, incl. overlaps)")
+        f"{total / iters / 1000:.3f} ms (sum of the kernels' self device times)")
     log(f"   {'ms/call':>8} {'calls':>5} {'share':>6}  kernel")
     for e in kern[:rows]:
         log(f"   {dev_t(e) / iters / 1000:8.3f} {e.count // iters:5d} "
