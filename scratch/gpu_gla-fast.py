@@ -4,9 +4,11 @@
    strong gates, a varlen case; o, ht and every gradient): PASS/FAIL lines.
 2. ours: fwd and fwd+bwd at B4 T4096 H16 K=V=128 bf16 (median of 20, L2 flushed) and a
    torch.profiler table of the kernels (fwd, and fwd+bwd).
-3. per-stage forward timings, then sweeps of their launch configs (until GLA_FAST_SWEEP_S s).
-4. FLA (fla-core): same timings and profile. Its autotune is pruned to num_warps in {4, 8},
-   num_stages 2 unless GLA_FAST_FLA_FULL=1 (a full autotune takes > 120 s cold).
+3. FLA (fla-core): same timings and profile. Its autotune is pruned to num_warps in {4, 8}
+   and each kernel's lowest num_stages unless GLA_FAST_FLA_FULL=1 (a full autotune takes
+   > 120 s cold).
+4. ours with the unfused key-gate front (chunk_cumsum + intra_scores), then per-stage timings
+   and sweeps of their launch configs (started until GLA_FAST_SWEEP_S s after the start).
 Run from the repository root with PYTHONPATH=<root>[:site with fla].
 """
 import os
@@ -342,15 +344,17 @@ def prune_fla_autotune():
             seen = 0
             while obj is not None and seen < 5:
                 if isinstance(obj, Autotuner):
+                    low = min(c.num_stages for c in obj.configs)
                     keep = [c for c in obj.configs
-                            if c.num_warps in (4, 8) and c.num_stages in (2,)]
+                            if c.num_warps in (4, 8) and c.num_stages == low]
                     n_before += len(obj.configs)
                     if keep:
                         obj.configs = keep
                     n_after += len(obj.configs)
                 obj = getattr(obj, "fn", None)
                 seen += 1
-    log(f"FLA autotune pruned: {n_before} -> {n_after} configs (num_warps 4/8, num_stages 2)")
+    log(f"FLA autotune pruned: {n_before} -> {n_after} configs (num_warps 4/8, each kernel's "
+        f"lowest num_stages)")
 
 
 def fla_call_factory():
