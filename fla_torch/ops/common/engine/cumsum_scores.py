@@ -10,7 +10,8 @@ One program per (chunk slot, head), per key block of BK channels:
       the diagonal sub-blocks: (q_i exp(w_i)) . (k_j exp(-w_j)) as one fp32-accurate (3xTF32)
         dot when the decay within every sub-chunk stays under gates.SPAN (the factors stay in
         [e^-SPAN, e^SPAN], exact fp32 numbers), else exact per pair from b.
-Written: A [slots * BT, H, BT] fp32 (scores.intra_scores' layout), qg = q exp(b) and
+Written: A [slots * BT, H, BT] in q's dtype (scores.intra_scores' layout; the output stage
+rounds A to q's dtype for its dot in any case), qg = q exp(b) and
 kg = k exp(last - b) [B, T, H, K] in q's dtype, el = exp(last) [slots, H, K] fp32 and, when
 the backward needs it, the split cumsum (hi, lo) [slots * BT, H, K] (gates.chunk_cumsum's
 layout). The gate cumsum never goes through memory on its way to A.
@@ -100,19 +101,20 @@ def _cumsum_scores_kernel(q, k, g, A, qg, kg, el, ch, cl, cu_seqlens, T, N, n_st
                              (w64 - w_j[None, :]).to(tl.float32), float("-inf"))
                 a_j = tl.sum(q_32 * k_j[None, :] * tl.exp(e), axis=1)
                 A_acc += tl.where(o_t[None, :] == j, a_j[:, None], 0.)
-    tl.store(A + (slot * BT * H + i_h) * BT + o_t[:, None] * (H * BT) + o_t[None, :], A_acc)
+    tl.store(A + (slot * BT * H + i_h) * BT + o_t[:, None] * (H * BT) + o_t[None, :],
+             A_acc.to(A.dtype.element_ty))
 
 
 def cumsum_scores(q, k, g, cu_seqlens, prec: str, alloc, store_cum: bool = True):
     """q, k [B, T, H, K] (one dtype), g [B, T, H, K] fp32 log-decay.
     Returns (cum, kg, el, A, qg): cum = (hi, lo) [slots * BT, H, K] fp32 or None unless
     store_cum; kg = k exp(last - b), qg = q exp(b) [B, T, H, K] in q's dtype; el = exp(last)
-    [slots, H, K] fp32; A [slots * BT, H, BT] fp32 (see the module docstring)."""
+    [slots, H, K] fp32; A [slots * BT, H, BT] in q's dtype (see the module docstring)."""
     B, T, H, K = q.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     cfg = launch_for("cumsum_scores", K, K, q.dtype)
     S = n_slots(B, T, N, cfg.BT, cu_seqlens is not None)
-    A = alloc((S * cfg.BT, H, cfg.BT), torch.float32)
+    A = alloc((S * cfg.BT, H, cfg.BT), q.dtype)
     qg, kg = alloc(q.shape, q.dtype), alloc(k.shape, k.dtype)
     el = alloc((S, H, K), torch.float32)
     cum = None

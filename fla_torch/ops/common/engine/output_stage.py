@@ -82,7 +82,7 @@ def _bwd_dv_kernel(kg, v, A, dh, do, dv, dA, cu_seqlens, scale, T, N, n_steps, H
     s_f = base + o_t
     p_dh = dh + (slot.to(tl.int64) * H + i_h) * K * V
     p_A = (s_f[:, None] * H + i_h) * BT + o_t[None, :]
-    b_At = tl.trans(tl.load(A + p_A) * scale).to(dt)
+    b_At = tl.trans(tl.load(A + p_A).to(dt))
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)
     for vb in range(NV):
         o_v = vb * BV + tl.arange(0, BV)
@@ -91,7 +91,7 @@ def _bwd_dv_kernel(kg, v, A, dh, do, dv, dA, cu_seqlens, scale, T, N, n_steps, H
         b_do = tl.load(do + (t_f[:, None] * H + i_h) * V + o_v[None, :], mask=m_fv, other=0.)
         b_v = tl.load(v + (t_f[:, None] * H + i_h) * V + o_v[None, :], mask=m_fv, other=0.)
         b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
-        acc = tl.dot(b_At, b_do, input_precision=PREC)
+        acc = tl.dot(b_At, b_do, input_precision=PREC) * scale
         for kb in range(NK):
             o_k = kb * BK + tl.arange(0, BK)
             m_k = o_k < K
@@ -259,8 +259,8 @@ def _cum_args(cum, x):
 
 def output_fwd(qg, v, h, A, scale: float, cu_seqlens, prec: str, alloc):
     """o [B, T, H, V] in qg's dtype from qg = q exp(b) [B, T, H, K] and A [slots * BT, H, BT]
-    fp32 (scores.intra_scores), v [B, T, H, V] and h [slots, H, K, V] (the state before each
-    chunk, from state_pass_fwd)."""
+    fp32 or in qg's dtype (scores.intra_scores, cumsum_scores.cumsum_scores), v [B, T, H, V]
+    and h [slots, H, K, V] (the state before each chunk, from state_pass_fwd)."""
     H, K, V = qg.shape[2], qg.shape[3], v.shape[3]
     cfg = launch_for("output_fwd", K, V, qg.dtype)
     S, a = _grid_args(qg, cu_seqlens, cfg.BT)
