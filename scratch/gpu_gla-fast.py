@@ -4,11 +4,10 @@
    strong gates, a varlen case; o, ht and every gradient): PASS/FAIL lines.
 2. ours: fwd and fwd+bwd at B4 T4096 H16 K=V=128 bf16 (median of 20, L2 flushed) and a
    torch.profiler table of the kernels (fwd, and fwd+bwd).
-3. FLA (fla-core): same timings and profile. Its autotune is pruned to num_warps in {4, 8}
-   and each kernel's lowest num_stages unless GLA_FAST_FLA_FULL=1 (a full autotune takes
-   > 120 s cold).
-4. ours with the unfused key-gate front (chunk_cumsum + intra_scores), then per-stage timings
-   and sweeps of their launch configs (started until GLA_FAST_SWEEP_S s after the start).
+3. per-stage timings, probes of cumsum_scores (one part changed each) and sweeps of the
+   stages' launch configs (started until GLA_FAST_SWEEP_S s after the start).
+4. with GLA_FAST_FLA=1: FLA (fla-core), same timings and profile, its autotune pruned to
+   num_warps in {4, 8} and each kernel's lowest num_stages unless GLA_FAST_FLA_FULL=1.
 Run from the repository root with PYTHONPATH=<root>[:site with fla].
 """
 import os
@@ -254,21 +253,13 @@ def stage_inputs(x):
 
 def stage_fns(x, st):
     import fla_torch.ops.common.engine.cumsum_scores as cs
-    import fla_torch.ops.common.engine.gates as gates
     import fla_torch.ops.common.engine.output_stage as os_
-    import fla_torch.ops.common.engine.scores as sc
     import fla_torch.ops.common.engine.state_pass as sp
-    from fla_torch.ops.common.engine.launch import launch_for
     q, k, v, g, alloc = x["q"], x["k"], x["v"], x["g"], st["alloc"]
-    cfg = launch_for("cumsum", 128, 128, q.dtype)
     return {
         "cumsum_scores(store_cum)": (cs, lambda: cs.cumsum_scores(q, k, g, None, "tf32", alloc)),
         "cumsum_scores(no cum)": (cs, lambda: cs.cumsum_scores(q, k, g, None, "tf32", alloc,
                                                                 store_cum=False)),
-        "old chunk_cumsum": (gates, lambda: gates.chunk_cumsum(g, k, 2, None, cfg.BT, cfg.BK,
-                                                                alloc)),
-        "old intra_scores": (sc, lambda: sc.intra_scores(q, k, st["cum"], 2, None, "tf32",
-                                                          alloc)),
         "state_pass_fwd": (sp, lambda: sp.state_pass_fwd(st["kg"], v, st["el"], 2, None, False,
                                                           None, q.dtype, "tf32", alloc)),
         "output_fwd": (os_, lambda: os_.output_fwd(st["qg"], v, st["h"], st["A"], 0.088, None,
@@ -282,29 +273,65 @@ def stage_fns(x, st):
 
 
 # (stage, kernel the override applies to or None for all of the stage's, override)
+CS = "cumsum_scores(no cum)"
+OB = "output_bwd (dv, intra, inter)"
 SWEEPS = [
-    ("cumsum_scores(no cum)", None, dict(BK=64)),
-    ("cumsum_scores(no cum)", None, dict(num_warps=4)),
-    ("cumsum_scores(no cum)", None, dict(num_warps=4, BK=16)),
-    ("cumsum_scores(no cum)", None, dict(num_warps=16, BK=64)),
-    ("cumsum_scores(no cum)", None, dict(num_stages=1)),
+    (CS, None, dict(num_warps=2, BK=16)),
+    (CS, None, dict(num_warps=2, BK=32)),
+    (CS, None, dict(num_warps=4, BK=16)),
+    (CS, None, dict(num_warps=4, BK=64)),
+    (CS, None, dict(num_warps=8, BK=32)),
+    (CS, None, dict(num_warps=8, BK=64)),
+    (CS, None, dict(num_stages=1)),
+    (CS, None, dict(num_stages=3)),
+    (OB, "output_bwd_dv", dict(num_warps=8)),
+    (OB, "output_bwd_intra", dict(num_warps=8)),
+    (OB, "output_bwd_inter", dict(num_warps=8)),
+    (OB, "output_bwd_dv", dict(num_stages=3)),
+    (OB, "output_bwd_intra", dict(BK=32)),
+    (OB, "output_bwd_inter", dict(BK=32, num_warps=8)),
+    ("state_pass_bwd", None, dict(num_stages=3)),
+    ("state_pass_bwd", None, dict(num_stages=4)),
+    ("state_pass_bwd", None, dict(BV=32, num_stages=3)),
+    ("state_pass_bwd", None, dict(num_warps=8)),
+    ("state_pass_fwd", None, dict(num_stages=4)),
+    ("state_pass_fwd", None, dict(num_stages=2)),
     ("state_pass_fwd", None, dict(BV=32)),
     ("state_pass_fwd", None, dict(BK=32, BV=32)),
-    ("state_pass_fwd", None, dict(num_warps=8)),
-    ("state_pass_fwd", None, dict(num_stages=3)),
-    ("state_pass_fwd", None, dict(num_stages=1)),
-    ("state_pass_fwd", None, dict(BK=128, num_warps=8)),
-    ("output_fwd", None, dict(BV=64, num_warps=4)),
     ("output_fwd", None, dict(num_stages=3)),
+    ("output_fwd", None, dict(num_warps=8)),
+    ("output_fwd", None, dict(BV=64)),
     ("output_fwd", None, dict(BK=128)),
-    ("output_fwd", None, dict(num_warps=4)),
-    ("output_bwd (dv, intra, inter)", "output_bwd_dv", dict(num_warps=8)),
-    ("output_bwd (dv, intra, inter)", "output_bwd_intra", dict(num_warps=8)),
-    ("output_bwd (dv, intra, inter)", "output_bwd_inter", dict(num_warps=8)),
-    ("output_bwd (dv, intra, inter)", "output_bwd_inter", dict(BK=32)),
-    ("state_pass_bwd", None, dict(num_warps=8)),
-    ("state_pass_bwd", None, dict(BV=32)),
 ]
+
+# probes of where cumsum_scores spends its time: the kernel's source with one part changed
+# (results WRONG for 'no fallback' only under strong gates; 'fp32 cumsum' is less accurate;
+# 'no off-diagonal' drops A's off-diagonal blocks): timing only
+PROBES = [
+    ("fp32 cumsum", "other=0.).to(tl.float64),\n                        [NC, BC, BK])",
+     "other=0.),\n                        [NC, BC, BK])"),
+    ("no fallback branch", "        if tl.max(-w) < SPAN:\n", "        if True:\n"),
+    ("no off-diagonal", "for I in tl.static_range(1, NC):", "for I in tl.static_range(1, 1):"),
+    ("no diagonal", "        if tl.max(-w) < SPAN:\n", "        if False:\n"),
+]
+
+
+def probe_module(name, old, new):
+    import importlib.util
+    import tempfile
+    import fla_torch.ops.common.engine.cumsum_scores as cs
+    src = open(cs.__file__).read()
+    if old not in src:
+        raise ValueError(f"probe {name!r}: pattern not in cumsum_scores.py")
+    src = src.replace(old, new).replace("from .", "from fla_torch.ops.common.engine.")
+    d = tempfile.mkdtemp()
+    path = os.path.join(d, "cs_probe_%d.py" % abs(hash(name)))
+    with open(path, "w") as f:
+        f.write(src)
+    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
 
 
 def stages(x, budget_s):
@@ -315,6 +342,14 @@ def stages(x, budget_s):
             log(f"STAGE {name} (default launch): {bench(fn):.3f} ms")
         except Exception as e:  # noqa: BLE001
             log(f"STAGE {name} failed: {type(e).__name__}: {str(e)[:200]}")
+    q, k, g, alloc = x["q"], x["k"], x["g"], st["alloc"]
+    for name, old, new in PROBES:
+        try:
+            m = probe_module(name, old, new)
+            t = bench(lambda: m.cumsum_scores(q, k, g, None, "tf32", alloc, store_cum=False))
+            log(f"PROBE cumsum_scores(no cum) {name}: {t:.3f} ms")
+        except Exception as e:  # noqa: BLE001
+            log(f"PROBE {name} failed: {type(e).__name__}: {str(e)[:200]}")
     for name, kernel, over in SWEEPS:
         mod, fn = fns[name]
         if time.time() - T_START > budget_s:
@@ -380,19 +415,17 @@ def main():
     x = make(**SHAPE, dtype=torch.bfloat16)
     ours = time_path("ours-triton", ours_call, x)
     log(f"{elapsed()} ours done")
-    try:
-        fcall = fla_call_factory()
-        fla_t = time_path("FLA", fcall, x)
-        log(f"RATIO ours/FLA: fwd {ours[0] / fla_t[0]:.3f}  fwd+bwd {ours[1] / fla_t[1]:.3f}")
-    except Exception as e:  # noqa: BLE001
-        log(f"FLA unavailable: {type(e).__name__}: {str(e)[:300]}")
-    log(f"{elapsed()} FLA done")
-    import fla_torch.ops.common.engine.pipeline as pl
-    pl.FUSE_KEY_GATE_FRONT = False
-    try:
-        time_path("ours-triton-unfused-front", ours_call, x, prof=False)
-    finally:
-        pl.FUSE_KEY_GATE_FRONT = True
+    if os.environ.get("GLA_FAST_FLA") == "1":
+        try:
+            fcall = fla_call_factory()
+            fla_t = time_path("FLA", fcall, x)
+            log(f"RATIO ours/FLA: fwd {ours[0] / fla_t[0]:.3f}  fwd+bwd {ours[1] / fla_t[1]:.3f}")
+        except Exception as e:  # noqa: BLE001
+            log(f"FLA unavailable: {type(e).__name__}: {str(e)[:300]}")
+        log(f"{elapsed()} FLA done")
+    else:
+        log("FLA not timed (GLA_FAST_FLA=1 times it with a pruned autotune); issue 10's FLA: "
+            "0.849 / 3.363 ms (full autotune, another call)")
     stages(x, budget_s=float(os.environ.get("GLA_FAST_SWEEP_S", "110")))
     log(f"{elapsed()} done")
 
