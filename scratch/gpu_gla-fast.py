@@ -313,6 +313,15 @@ PROBES = [
     ("no fallback branch", "        if tl.max(-w) < SPAN:\n", "        if True:\n"),
     ("no off-diagonal", "for I in tl.static_range(1, NC):", "for I in tl.static_range(1, 1):"),
     ("no diagonal", "        if tl.max(-w) < SPAN:\n", "        if False:\n"),
+    ("off-diagonal exponent from fp64 b (as in run 1)",
+     """            d = (tl.sum(tl.where(o_s[:, None] == I, p_s, 0.), axis=0)[None, :] - p_e)
+            d_rows = tl.reshape(tl.broadcast_to(d.to(tl.float32)[:, None, :], [NC, BC, BK]),
+                                [BT, BK])
+            e_k = tl.where(sub[:, None] < I, d_rows + rest, float("-inf"))""",
+     """            pI = tl.sum(tl.where(o_s[:, None] == I, p_s, 0.), axis=0)
+            e_k = tl.where(sub[:, None] < I, (pI[None, :] - b).to(tl.float32), float("-inf"))"""),
+    ("diagonal factor exp(-w) instead of a division",
+     "tl.trans(b_k.to(tl.float32) / ew)", "tl.trans(b_k.to(tl.float32) * tl.exp(-w))"),
 ]
 
 
