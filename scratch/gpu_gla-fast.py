@@ -284,6 +284,10 @@ SWEEPS = [
     (CS, None, dict(num_warps=8, BK=64)),
     (CS, None, dict(num_stages=1)),
     (CS, None, dict(num_stages=3)),
+    (CS, None, dict(maxnreg=128)),
+    (CS, None, dict(maxnreg=128, BK=16)),
+    (CS, None, dict(maxnreg=168)),
+    (CS, None, dict(num_warps=8, maxnreg=128)),
     (OB, "output_bwd_dv", dict(num_warps=8)),
     (OB, "output_bwd_intra", dict(num_warps=8)),
     (OB, "output_bwd_inter", dict(num_warps=8)),
@@ -352,7 +356,7 @@ def stages(x, budget_s):
         except Exception as e:  # noqa: BLE001
             log(f"STAGE {name} failed: {type(e).__name__}: {str(e)[:200]}")
     q, k, g, alloc = x["q"], x["k"], x["g"], st["alloc"]
-    n_first = 14      # the cumsum_scores and output_bwd sweeps, then the probes, then the rest
+    n_first = 18      # the cumsum_scores and output_bwd sweeps, then the probes, then the rest
     for item in SWEEPS[:n_first] + [None] + SWEEPS[n_first:]:
         if time.time() - T_START > budget_s:
             log(f"{elapsed()} sweep stopped (time budget)")

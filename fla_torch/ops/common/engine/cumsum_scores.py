@@ -121,9 +121,10 @@ def cumsum_scores(q, k, g, cu_seqlens, prec: str, alloc, store_cum: bool = True)
     if store_cum:
         cum = (alloc((S * cfg.BT, H, K), torch.float32), alloc((S * cfg.BT, H, K), torch.float32))
     ch, cl = cum if cum is not None else (el, el)
+    cap = {} if cfg.maxnreg is None else {"maxnreg": cfg.maxnreg}
     _cumsum_scores_kernel[(S, H)](
         q, k, g, A, qg, kg, el, ch, cl, cu_seqlens if cu_seqlens is not None else q, T, N,
         search_steps(N), H=H, K=K, BT=cfg.BT, BC=cfg.BC, BK=cfg.BK, STORE_CUM=store_cum,
         IS_VARLEN=cu_seqlens is not None, PREC=prec, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        num_stages=cfg.num_stages, **cap)
     return cum, kg, el, A, qg

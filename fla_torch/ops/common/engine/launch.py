@@ -18,13 +18,14 @@ KERNELS = ("cumsum", "cumsum_scores", "state_fwd", "state_bwd", "scores", "outpu
 @dataclass(frozen=True)
 class LaunchConfig:
     """BT: chunk length; BC: sub-chunk length of the key-gate intra-chunk scores;
-    BK, BV: key / value tile widths."""
+    BK, BV: key / value tile widths; maxnreg: register cap per thread (None: the compiler's)."""
     BT: int = 64
     BC: int = 16
     BK: int = 64
     BV: int = 64
     num_warps: int = 4
     num_stages: int = 2
+    maxnreg: int | None = None
 
     def meta(self) -> dict:
         return {"BT": self.BT, "BC": self.BC, "BK": self.BK, "BV": self.BV,
