@@ -58,5 +58,5 @@ def launch_for(kernel: str, K: int, V: int, dtype: torch.dtype,
     if kernel == "state_fwd" and not wide:
         stages = 3          # loads of the next chunks in flight while the state updates
     if kernel == "cumsum_scores":     # [BT, BK] fp64 cumsum tiles and a [BT, BT] score tile
-        BK = min(block(K), 32)
+        BK = min(block(K), 16 if wide else 32)
     return LaunchConfig(BT=64, BC=16, BK=BK, BV=BV, num_warps=warps, num_stages=stages)
