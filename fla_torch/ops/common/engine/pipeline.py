@@ -15,17 +15,13 @@ from .output_stage import output_bwd, output_fwd
 from .scores import intra_scores
 from .state_pass import state_pass_bwd, state_pass_fwd
 
-# Key gate: the gate cumsum and the intra-chunk scores in one kernel (cumsum_scores.py); False
-# runs chunk_cumsum then intra_scores, as the scalar gate does.
-FUSE_KEY_GATE_FRONT = True
-
 
 def chunk_forward(q, k, v, g, gate: int, scale: float, initial_state, output_final_state: bool,
                   cu_seqlens, prec: str, alloc, need_backward: bool = True):
     """q, k [B, T, H, K], v [B, T, H, V], g per `gate` (fp32 or None).
     Returns (o, final state or None, saved: the tensors chunk_backward needs; with
     need_backward=False the key gate's split cumsum is not stored and saved holds None for it)."""
-    if gate == GATE_KEY.value and FUSE_KEY_GATE_FRONT:
+    if gate == GATE_KEY.value:
         cum, kg, el, A, qg = cumsum_scores(q, k, g, cu_seqlens, prec, alloc,
                                            store_cum=need_backward)
     else:
