@@ -70,23 +70,19 @@ def _cumsum_scores_kernel(q, k, g, A, qg, kg, el, ch, cl, cu_seqlens, T, N, n_st
             hi, lo = split(b)
             tl.store(ch + base_c + off, hi, mask=m_k[None, :])
             tl.store(cl + base_c + off, lo, mask=m_k[None, :])
-        # rest_j = b at the end of j's sub-chunk - b_j (<= 0), fp32
-        rest = tl.reshape(s_J[:, None, :] - w3, [BT, BK]).to(tl.float32)
         w = tl.reshape(w3, [BT, BK]).to(tl.float32)             # b_i - b before i's sub-chunk
         ew = tl.exp(w)
         q_d = (b_q * ew).to(dt)
         for I in tl.static_range(1, NC):
-            # b before sub-chunk I - b at the end of sub-chunk J, per J (<= 0 for J < I)
-            d = (tl.sum(tl.where(o_s[:, None] == I, p_s, 0.), axis=0)[None, :] - p_e)
-            d_rows = tl.reshape(tl.broadcast_to(d.to(tl.float32)[:, None, :], [NC, BC, BK]),
-                                [BT, BK])
-            e_k = tl.where(sub[:, None] < I, d_rows + rest, float("-inf"))
+            pI = tl.sum(tl.where(o_s[:, None] == I, p_s, 0.), axis=0)     # b before I
+            e_k = tl.where(sub[:, None] < I, (pI[None, :] - b).to(tl.float32), float("-inf"))
             k_d = (b_k * tl.exp(e_k)).to(dt)
             q_I = tl.where(sub[:, None] == I, q_d, 0.).to(dt)
             A_acc += tl.dot(q_I, tl.trans(k_d), input_precision=PREC)
         q_32 = b_q.to(tl.float32)
         if tl.max(-w) < SPAN:
-            a = tl.dot(q_32 * ew, tl.trans(b_k.to(tl.float32) / ew), input_precision="tf32x3")
+            a = tl.dot(q_32 * ew, tl.trans(b_k.to(tl.float32) * tl.exp(-w)),
+                       input_precision="tf32x3")
             A_acc += tl.where((o_t[:, None] >= o_t[None, :]) & (sub[:, None] == sub[None, :]),
                               a, 0.)
         else:

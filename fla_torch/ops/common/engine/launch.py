@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 import triton
 
-KERNELS = ("cumsum", "cumsum_scores", "state_fwd", "state_bwd", "scores", "output_fwd", "output_bwd_dv",
-           "output_bwd_intra", "output_bwd_inter")
+KERNELS = ("cumsum", "cumsum_scores", "state_fwd", "state_bwd", "scores", "output_fwd",
+           "output_bwd_dv", "output_bwd_intra", "output_bwd_inter")
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def launch_for(kernel: str, K: int, V: int, dtype: torch.dtype,
         warps = 8
     if kernel == "output_fwd" and wide:
         warps = 8
-    if kernel == "state_fwd" and not wide:
+    if kernel in ("state_fwd", "state_bwd") and not wide:
         stages = 3          # loads of the next chunks in flight while the state updates
     if kernel == "cumsum_scores":     # [BT, BK] fp64 cumsum tiles and a [BT, BT] score tile
         BK = min(block(K), 16 if wide else 32)
