@@ -6,10 +6,10 @@ Tiles are sized from K, V and the dtype so that each kernel fits the H100's shar
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 
 KERNELS = ("cumsum", "cumsum_scores", "state_fwd", "state_bwd", "scores", "output_fwd",
            "output_bwd_dv", "output_bwd_intra", "output_bwd_inter")
@@ -34,9 +34,10 @@ class LaunchConfig:
 
 def block(size: int, cap: int = 256) -> int:
     """Smallest power of two >= max(size, 16), at most cap."""
-    return min(max(16, triton.next_power_of_2(size)), cap)
+    return min(max(16, 1 << (int(size) - 1).bit_length()), cap)
 
 
+@functools.lru_cache(maxsize=None)
 def launch_for(kernel: str, K: int, V: int, dtype: torch.dtype,
                capability: tuple | None = None) -> LaunchConfig:
     """The configuration of `kernel` (one of KERNELS) for head sizes K, V and q's dtype."""

@@ -30,7 +30,7 @@ import triton.language as tl
 from .gates import GATE_SCALAR, SPAN, gap, load_cum, load_cum_row
 from .launch import launch_for
 from .scores import _load_row
-from .varlen import n_slots, search_steps, slot_chunk
+from .varlen import cdiv, n_slots, search_steps, slot_chunk
 
 
 @triton.jit
@@ -265,7 +265,7 @@ def output_fwd(qg, v, h, A, scale: float, cu_seqlens, prec: str, alloc):
     cfg = launch_for("output_fwd", K, V, qg.dtype)
     S, a = _grid_args(qg, cu_seqlens, cfg.BT)
     o = alloc(v.shape, qg.dtype)
-    _output_fwd_kernel[(S, H * triton.cdiv(V, cfg.BV))](
+    _output_fwd_kernel[(S, H * cdiv(V, cfg.BV))](
         qg, v, h, A, o, cu_seqlens if cu_seqlens is not None else qg, scale, a["T"], a["N"],
         a["n_steps"], H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK, BV=cfg.BV,
         IS_VARLEN=cu_seqlens is not None, PREC=prec, num_warps=cfg.num_warps,
@@ -294,12 +294,12 @@ def output_bwd(q, k, v, kg, cum, gate: int, A, h, dh, do, scale: float, cu_seqle
     cfg = launch_for("output_bwd_intra", K, V, q.dtype)
     dqi = alloc((S * cfg.BT, H, K), torch.float32)
     dki = alloc((S * cfg.BT, H, K), torch.float32)
-    _bwd_intra_kernel[(S, H * triton.cdiv(K, cfg.BK))](
+    _bwd_intra_kernel[(S, H * cdiv(K, cfg.BK))](
         q, k, ch, cl, dA, dqi, dki, cu, a["T"], a["N"], a["n_steps"], H=H, K=K, BT=cfg.BT,
         BC=cfg.BC, BK=cfg.BK, GATE=gate, IS_VARLEN=varlen, PREC=prec, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     cfg = launch_for("output_bwd_inter", K, V, q.dtype)
-    NKB = triton.cdiv(K, cfg.BK)
+    NKB = cdiv(K, cfg.BK)
     dq = alloc(q.shape, q.dtype)
     dk = alloc(k.shape, k.dtype)
     store_dg = need_dg and cum is not None
