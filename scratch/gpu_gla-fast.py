@@ -202,6 +202,14 @@ def time_path(label, fn_call, x, prof=True):
     fb()
     torch.cuda.synchronize()
     log(f"{elapsed()} {label}: first fwd + fwd+bwd call {time.time() - t0:.1f} s")
+    for name, fn in (("fwd", fwd), ("fwd+bwd", fb)):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(10):
+            fn()
+        host = (time.perf_counter() - t0) / 10
+        torch.cuda.synchronize()
+        log(f"HOST {label} {name}: {host * 1e6:.0f} us per call to enqueue (no sync)")
     tf = bench(fwd)
     tb = bench(fb)
     log(f"TIME {label} bf16 B4 T4096 H16 K=V=128: fwd {tf:.3f} ms  fwd+bwd {tb:.3f} ms")
@@ -277,66 +285,70 @@ CS = "cumsum_scores(no cum)"
 OB = "output_bwd (dv, intra, inter)"
 SWEEPS = [
     (CS, None, dict(num_warps=2, BK=16)),
-    (CS, None, dict(num_warps=2, BK=32)),
     (CS, None, dict(num_warps=4, BK=16)),
-    (CS, None, dict(num_warps=4, BK=64)),
-    (CS, None, dict(num_warps=8, BK=32)),
-    (CS, None, dict(num_warps=8, BK=64)),
     (CS, None, dict(num_stages=1)),
-    (CS, None, dict(num_stages=3)),
     (CS, None, dict(maxnreg=128)),
     (CS, None, dict(maxnreg=128, BK=16)),
     (CS, None, dict(maxnreg=168)),
     (CS, None, dict(num_warps=8, maxnreg=128)),
-    (OB, "output_bwd_dv", dict(num_warps=8)),
-    (OB, "output_bwd_intra", dict(num_warps=8)),
-    (OB, "output_bwd_inter", dict(num_warps=8)),
-    (OB, "output_bwd_dv", dict(num_stages=3)),
-    (OB, "output_bwd_intra", dict(BK=32)),
-    (OB, "output_bwd_inter", dict(BK=32, num_warps=8)),
-    ("state_pass_bwd", None, dict(num_stages=3)),
-    ("state_pass_bwd", None, dict(num_stages=4)),
-    ("state_pass_bwd", None, dict(BV=32, num_stages=3)),
-    ("state_pass_bwd", None, dict(num_warps=8)),
-    ("state_pass_fwd", None, dict(num_stages=4)),
-    ("state_pass_fwd", None, dict(num_stages=2)),
-    ("state_pass_fwd", None, dict(BV=32)),
-    ("state_pass_fwd", None, dict(BK=32, BV=32)),
-    ("output_fwd", None, dict(num_stages=3)),
+    (CS, None, dict(num_warps=2, BK=16, maxnreg=255)),
     ("output_fwd", None, dict(num_warps=8)),
-    ("output_fwd", None, dict(BV=64)),
-    ("output_fwd", None, dict(BK=128)),
+    ("output_fwd", None, dict(num_warps=4)),
+    ("state_pass_fwd", None, dict(num_stages=4)),
+    ("state_pass_fwd", None, dict(num_stages=3)),
+    ("state_pass_fwd", None, dict(BV=32)),
+    ("state_pass_bwd", None, dict(num_stages=3)),
+    ("state_pass_bwd", None, dict(num_stages=2)),
+    (OB, "output_bwd_intra", dict(num_stages=3)),
+    (OB, "output_bwd_inter", dict(num_stages=3)),
+    (OB, "output_bwd_intra", dict(num_stages=1)),
 ]
 
 # probes of where cumsum_scores spends its time: the kernel's source with one part changed
 # (results WRONG for 'no fallback' only under strong gates; 'fp32 cumsum' is less accurate;
 # 'no off-diagonal' drops A's off-diagonal blocks): timing only
+SPLIT_REUSE = [
+    ("from .gates import SPAN, split", "from .gates import SPAN, gap, split"),
+    ("""        tl.store(qg + base + off, (b_q * tl.exp(b.to(tl.float32))).to(dt), mask=m_tk)
+        tl.store(kg + base + off, (b_k * tl.exp((last[None, :] - b).to(tl.float32))).to(dt),
+                 mask=m_tk)
+        tl.store(el + (slot * H + i_h) * K + o_k, tl.exp(last.to(tl.float32)), mask=m_k)
+        if STORE_CUM:
+            hi, lo = split(b)
+            tl.store""", """        hi, lo = split(b)
+        l_hi, l_lo = split(last)
+        tl.store(qg + base + off, (b_q * tl.exp(hi + lo)).to(dt), mask=m_tk)
+        tl.store(kg + base + off,
+                 (b_k * tl.exp(gap(l_hi[None, :], l_lo[None, :], hi, lo))).to(dt), mask=m_tk)
+        tl.store(el + (slot * H + i_h) * K + o_k, tl.exp(l_hi + l_lo), mask=m_k)
+        if STORE_CUM:
+            tl.store"""),
+    ("""            e_k = tl.where(sub[:, None] < I, (pI[None, :] - b).to(tl.float32), float("-inf"))""",
+     """            pI_hi, pI_lo = split(pI)
+            e_k = tl.where(sub[:, None] < I, gap(pI_hi[None, :], pI_lo[None, :], hi, lo),
+                           float("-inf"))"""),
+]
+# probes of cumsum_scores: the kernel's source with parts changed (timing; 'fp32 cumsum' is
+# less accurate, 'no off-diagonal' drops A's off-diagonal blocks; 'split reuse' is exact)
 PROBES = [
-    ("fp32 cumsum", "other=0.).to(tl.float64),\n                        [NC, BC, BK])",
-     "other=0.),\n                        [NC, BC, BK])"),
-    ("no fallback branch", "        if tl.max(-w) < SPAN:\n", "        if True:\n"),
-    ("no off-diagonal", "for I in tl.static_range(1, NC):", "for I in tl.static_range(1, 1):"),
-    ("no diagonal", "        if tl.max(-w) < SPAN:\n", "        if False:\n"),
-    ("off-diagonal exponent from fp64 b (as in run 1)",
-     """            d = (tl.sum(tl.where(o_s[:, None] == I, p_s, 0.), axis=0)[None, :] - p_e)
-            d_rows = tl.reshape(tl.broadcast_to(d.to(tl.float32)[:, None, :], [NC, BC, BK]),
-                                [BT, BK])
-            e_k = tl.where(sub[:, None] < I, d_rows + rest, float("-inf"))""",
-     """            pI = tl.sum(tl.where(o_s[:, None] == I, p_s, 0.), axis=0)
-            e_k = tl.where(sub[:, None] < I, (pI[None, :] - b).to(tl.float32), float("-inf"))"""),
-    ("diagonal factor exp(-w) instead of a division",
-     "tl.trans(b_k.to(tl.float32) / ew)", "tl.trans(b_k.to(tl.float32) * tl.exp(-w))"),
+    ("split reuse: hi/lo once, exponents by gates.gap", SPLIT_REUSE),
+    ("fp32 cumsum", [("other=0.).to(tl.float64),\n                        [NC, BC, BK])",
+                      "other=0.),\n                        [NC, BC, BK])")]),
+    ("no fallback branch", [("        if tl.max(-w) < SPAN:\n", "        if True:\n")]),
+    ("no off-diagonal", [("for I in tl.static_range(1, NC):", "for I in tl.static_range(1, 1):")]),
 ]
 
 
-def probe_module(name, old, new):
+def probe_module(name, pairs):
     import importlib.util
     import tempfile
     import fla_torch.ops.common.engine.cumsum_scores as cs
     src = open(cs.__file__).read()
-    if old not in src:
-        raise ValueError(f"probe {name!r}: pattern not in cumsum_scores.py")
-    src = src.replace(old, new).replace("from .", "from fla_torch.ops.common.engine.")
+    for old, new in pairs:
+        if old not in src:
+            raise ValueError(f"probe {name!r}: pattern not in cumsum_scores.py: {old[:60]!r}")
+        src = src.replace(old, new)
+    src = src.replace("from .", "from fla_torch.ops.common.engine.")
     d = tempfile.mkdtemp()
     path = os.path.join(d, "cs_probe_%d.py" % abs(hash(name)))
     with open(path, "w") as f:
@@ -356,15 +368,15 @@ def stages(x, budget_s):
         except Exception as e:  # noqa: BLE001
             log(f"STAGE {name} failed: {type(e).__name__}: {str(e)[:200]}")
     q, k, g, alloc = x["q"], x["k"], x["g"], st["alloc"]
-    n_first = 18      # the cumsum_scores and output_bwd sweeps, then the probes, then the rest
+    n_first = 8      # the cumsum_scores and output_bwd sweeps, then the probes, then the rest
     for item in SWEEPS[:n_first] + [None] + SWEEPS[n_first:]:
         if time.time() - T_START > budget_s:
             log(f"{elapsed()} sweep stopped (time budget)")
             return
         if item is None:
-            for name, old, new in PROBES:
+            for name, pairs in PROBES:
                 try:
-                    m = probe_module(name, old, new)
+                    m = probe_module(name, pairs)
                     t = bench(lambda: m.cumsum_scores(q, k, g, None, "tf32", alloc,
                                                       store_cum=False))
                     log(f"PROBE cumsum_scores(no cum) {name}: {t:.3f} ms")
