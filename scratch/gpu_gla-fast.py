@@ -4,8 +4,9 @@
    strong gates, a varlen case; o, ht and every gradient): PASS/FAIL lines.
 2. ours: fwd and fwd+bwd at B4 T4096 H16 K=V=128 bf16 (median of 20, L2 flushed) and a
    torch.profiler table of the kernels (fwd, and fwd+bwd).
-3. per-stage timings, probes of cumsum_scores (one part changed each) and sweeps of the
-   stages' launch configs (started until GLA_FAST_SWEEP_S s after the start).
+3. per-stage timings, then (with GLA_FAST_SWEEP_S=<seconds>, default 0: none) probes of
+   cumsum_scores (parts changed) and sweeps of the stages' launch configs, started until that
+   many seconds after the start.
 4. with GLA_FAST_FLA=1: FLA (fla-core), same timings and profile, its autotune pruned to
    num_warps in {4, 8} and each kernel's lowest num_stages unless GLA_FAST_FLA_FULL=1.
 Run from the repository root with PYTHONPATH=<root>[:site with fla].
@@ -456,7 +457,7 @@ def main():
     else:
         log("FLA not timed (GLA_FAST_FLA=1 times it with a pruned autotune); issue 10's FLA: "
             "0.849 / 3.363 ms (full autotune, another call)")
-    stages(x, budget_s=float(os.environ.get("GLA_FAST_SWEEP_S", "110")))
+    stages(x, budget_s=float(os.environ.get("GLA_FAST_SWEEP_S", "0")))
     log(f"{elapsed()} done")
 
 
