@@ -21,10 +21,12 @@ _GATE = GATE_KEY.value
 class _ChunkGLA(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens):
+    def forward(ctx, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens,
+                need_backward):
         prec = dot_precision(q.dtype)
         o, ht, saved = chunk_forward(q, k, v, g, _GATE, scale, initial_state, output_final_state,
-                                     cu_seqlens, prec, alloc_on(q.device))
+                                     cu_seqlens, prec, alloc_on(q.device),
+                                     need_backward=need_backward)
         ctx.save_for_backward(q, k, v, cu_seqlens, *saved)
         ctx.scale, ctx.prec, ctx.has_h0 = scale, prec, initial_state is not None
         return o, ht
@@ -35,7 +37,7 @@ class _ChunkGLA(torch.autograd.Function):
         dq, dk, dv, dg, dh0 = chunk_backward(
             q, k, v, saved, do.contiguous(), _contig(dht), _GATE, ctx.scale, cu_seqlens,
             ctx.has_h0, ctx.needs_input_grad[3], ctx.prec, alloc_on(q.device))
-        return dq, dk, dv, dg, None, dh0, None, None
+        return dq, dk, dv, dg, None, dh0, None, None, None
 
 
 def chunk_gla_triton(q, k, v, *, g, scale=1.0, initial_state=None, output_final_state=False,
@@ -48,5 +50,8 @@ def chunk_gla_triton(q, k, v, *, g, scale=1.0, initial_state=None, output_final_
         if size > MAX_HEAD_DIM:
             raise ValueError(f"chunk_gla(impl='triton'): head size {name}={size}; "
                              f"expected {name} <= {MAX_HEAD_DIM}")
+    need_backward = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (q, k, v, g, initial_state))
     return _ChunkGLA.apply(_contig(q), _contig(k), _contig(v), _contig(g), float(scale),
-                           _contig(initial_state), bool(output_final_state), cu_seqlens)
+                           _contig(initial_state), bool(output_final_state), cu_seqlens,
+                           need_backward)

@@ -30,7 +30,7 @@ import triton.language as tl
 from .gates import GATE_SCALAR, SPAN, gap, load_cum, load_cum_row
 from .launch import launch_for
 from .scores import _load_row
-from .varlen import n_slots, search_steps, slot_chunk
+from .varlen import cdiv, n_slots, search_steps, slot_chunk
 
 
 @triton.jit
@@ -82,7 +82,7 @@ def _bwd_dv_kernel(kg, v, A, dh, do, dv, dA, cu_seqlens, scale, T, N, n_steps, H
     s_f = base + o_t
     p_dh = dh + (slot.to(tl.int64) * H + i_h) * K * V
     p_A = (s_f[:, None] * H + i_h) * BT + o_t[None, :]
-    b_At = tl.trans(tl.load(A + p_A) * scale).to(dt)
+    b_At = tl.trans(tl.load(A + p_A).to(dt))
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)
     for vb in range(NV):
         o_v = vb * BV + tl.arange(0, BV)
@@ -91,7 +91,7 @@ def _bwd_dv_kernel(kg, v, A, dh, do, dv, dA, cu_seqlens, scale, T, N, n_steps, H
         b_do = tl.load(do + (t_f[:, None] * H + i_h) * V + o_v[None, :], mask=m_fv, other=0.)
         b_v = tl.load(v + (t_f[:, None] * H + i_h) * V + o_v[None, :], mask=m_fv, other=0.)
         b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
-        acc = tl.dot(b_At, b_do, input_precision=PREC)
+        acc = tl.dot(b_At, b_do, input_precision=PREC) * scale
         for kb in range(NK):
             o_k = kb * BK + tl.arange(0, BK)
             m_k = o_k < K
@@ -259,13 +259,13 @@ def _cum_args(cum, x):
 
 def output_fwd(qg, v, h, A, scale: float, cu_seqlens, prec: str, alloc):
     """o [B, T, H, V] in qg's dtype from qg = q exp(b) [B, T, H, K] and A [slots * BT, H, BT]
-    fp32 (scores.intra_scores), v [B, T, H, V] and h [slots, H, K, V] (the state before each
-    chunk, from state_pass_fwd)."""
+    fp32 or in qg's dtype (scores.intra_scores, cumsum_scores.cumsum_scores), v [B, T, H, V]
+    and h [slots, H, K, V] (the state before each chunk, from state_pass_fwd)."""
     H, K, V = qg.shape[2], qg.shape[3], v.shape[3]
     cfg = launch_for("output_fwd", K, V, qg.dtype)
     S, a = _grid_args(qg, cu_seqlens, cfg.BT)
     o = alloc(v.shape, qg.dtype)
-    _output_fwd_kernel[(S, H * triton.cdiv(V, cfg.BV))](
+    _output_fwd_kernel[(S, H * cdiv(V, cfg.BV))](
         qg, v, h, A, o, cu_seqlens if cu_seqlens is not None else qg, scale, a["T"], a["N"],
         a["n_steps"], H=H, K=K, V=V, BT=cfg.BT, BK=cfg.BK, BV=cfg.BV,
         IS_VARLEN=cu_seqlens is not None, PREC=prec, num_warps=cfg.num_warps,
@@ -294,12 +294,12 @@ def output_bwd(q, k, v, kg, cum, gate: int, A, h, dh, do, scale: float, cu_seqle
     cfg = launch_for("output_bwd_intra", K, V, q.dtype)
     dqi = alloc((S * cfg.BT, H, K), torch.float32)
     dki = alloc((S * cfg.BT, H, K), torch.float32)
-    _bwd_intra_kernel[(S, H * triton.cdiv(K, cfg.BK))](
+    _bwd_intra_kernel[(S, H * cdiv(K, cfg.BK))](
         q, k, ch, cl, dA, dqi, dki, cu, a["T"], a["N"], a["n_steps"], H=H, K=K, BT=cfg.BT,
         BC=cfg.BC, BK=cfg.BK, GATE=gate, IS_VARLEN=varlen, PREC=prec, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     cfg = launch_for("output_bwd_inter", K, V, q.dtype)
-    NKB = triton.cdiv(K, cfg.BK)
+    NKB = cdiv(K, cfg.BK)
     dq = alloc(q.shape, q.dtype)
     dk = alloc(k.shape, k.dtype)
     store_dg = need_dg and cum is not None

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from .gates import GATE_NONE, load_cum, load_cum_row, load_decay_last
 from .launch import launch_for
-from .varlen import chunk_slot, n_slots, seq_bounds
+from .varlen import cdiv, chunk_slot, n_slots, seq_bounds
 
 
 @triton.jit
@@ -126,7 +126,7 @@ def state_pass_fwd(kg, v, el, gate: int, initial_state, output_final_state: bool
     cfg = launch_for("state_fwd", K, V, kg.dtype)
     h = alloc((n_slots(B, T, N, cfg.BT, cu_seqlens is not None), H, K, V), h_dtype)
     ht = alloc((N, H, K, V), torch.float32) if output_final_state else None
-    grid = (triton.cdiv(K, cfg.BK) * triton.cdiv(V, cfg.BV), N * H)
+    grid = (cdiv(K, cfg.BK) * cdiv(V, cfg.BV), N * H)
     _state_fwd_kernel[grid](
         kg, v, _dummy(el, kg), _dummy(initial_state, kg), h, _dummy(ht, h),
         _dummy(cu_seqlens, kg),
@@ -149,7 +149,7 @@ def state_pass_bwd(q, do, cum, gate: int, scale: float, dht, cu_seqlens, need_dh
     cfg = launch_for("state_bwd", K, V, q.dtype)
     dh = alloc((n_slots(B, T, N, cfg.BT, cu_seqlens is not None), H, K, V), h_dtype)
     dh0 = alloc((N, H, K, V), torch.float32) if need_dh0 else None
-    grid = (triton.cdiv(K, cfg.BK) * triton.cdiv(V, cfg.BV), N * H)
+    grid = (cdiv(K, cfg.BK) * cdiv(V, cfg.BV), N * H)
     _state_bwd_kernel[grid](
         q, do, *(cum if cum is not None else (q, q)), _dummy(dht, q), dh, _dummy(dh0, dh),
         _dummy(cu_seqlens, q),

@@ -16,9 +16,14 @@ import triton
 import triton.language as tl
 
 
+def cdiv(a: int, b: int) -> int:
+    """Host-side ceil(a / b) of two Python ints (plain arithmetic: no Triton call per launch)."""
+    return -(-a // b)
+
+
 def n_slots(B: int, T: int, N: int, BT: int, varlen: bool) -> int:
     """Number of per-chunk slots (see the module docstring)."""
-    return triton.cdiv(T, BT) + N if varlen else B * triton.cdiv(T, BT)
+    return cdiv(T, BT) + N if varlen else B * cdiv(T, BT)
 
 
 def search_steps(N: int) -> int:
