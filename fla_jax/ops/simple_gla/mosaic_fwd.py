@@ -23,7 +23,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of,
-                                   load_vec, load_wgmma, matmul, rows_of, smem_tile,
+                                   load_vec, load_wgmma, matmul, rows_of, smem_tile, union,
                                    zeros_wgmma)
 
 C = 64
@@ -50,7 +50,7 @@ def forward(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, out_final: bool
         out_type.append(jax.ShapeDtypeStruct((n_seqs, H, V, K), F32))
     scratch = dict(
         # q's buffers hold the fp32 state before the first and after the last chunk
-        q_st=plgpu.RefUnion(smem_tile((2, C, K), dt), smem_tile((BV, K), F32)),
+        q_st=union(smem_tile((2, C, K), dt), smem_tile((BV, K), F32)),
         k_s=smem_tile((2, C, K), dt),
         v_s=smem_tile((2, C, BV), dt), g_s=plgpu.SMEM((2, C), F32),
         s_s=smem_tile((BV, K), dt), o_s=smem_tile((2, C, BV), dt),
@@ -111,9 +111,9 @@ def forward(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, out_final: bool
             plgpu.commit_smem()
             g_row = load_vec(g_s.at[slot], ROWS)
             g_col = load_vec(g_s.at[slot], COLS)
-            p = matmul(q_s.at[slot], k_s.at[slot].T, (C, C))
+            p = matmul(q_s.at[slot], k_s.at[slot], (C, C), tb=True)
             p = (p * causal_decay(g_row, g_col, (C, C))).astype(dt)
-            o = matmul(q_s.at[slot], s_s.T, (C, BV))
+            o = matmul(q_s.at[slot], s_s, (C, BV), tb=True)
             o = matmul(p, v_s.at[slot], (C, BV), init=o * rows_of(jnp.exp2(g_row), (C, BV)))
             plgpu.wait_smem_to_gmem(1, wait_read_only=True)
             o_s.at[slot][...] = (o * scale).astype(dt)
@@ -121,10 +121,10 @@ def forward(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, out_final: bool
             plgpu.copy_smem_to_gmem(o_s.at[slot], o_ref.at[b, pl.ds((c0 + c) * C, C), h,
                                                             pl.ds(v0, BV)])
             g_last = g_s[slot, C - 1]
-            k_t = plgpu.load(k_s.at[slot], (), layout=WGMMA).astype(F32)
+            k_t = load_wgmma(k_s.at[slot]).astype(F32)
             s_s[...] = (k_t * rows_of(jnp.exp2(g_last - g_row), (C, K))).astype(dt)  # C == BV
             plgpu.commit_smem()
-            return matmul(v_s.at[slot].T, s_s, (BV, K), init=s_t * jnp.exp2(g_last))
+            return matmul(v_s.at[slot], s_s, (BV, K), init=s_t * jnp.exp2(g_last), ta=True)
 
         s_t = lax.fori_loop(0, nc, step, s0)
         if out_final:

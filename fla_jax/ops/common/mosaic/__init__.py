@@ -1,7 +1,9 @@
 """Shared helpers of the Pallas Mosaic GPU (sm_90, Hopper) kernels: impl='mosaic'.
 
-The Mosaic GPU kernels cannot be interpreted: off a Hopper GPU they are only lowered (to check
-layouts, wgmma shapes, barriers and TMA transforms on a CPU machine), never run.
+Off a Hopper GPU the kernels are lowered for CUDA (export_for_cuda: checks layouts, wgmma
+shapes, barriers, TMA transforms and SMEM size on a CPU machine), or run by JAX's GPU
+interpret mode (tiles.gpu_interpret: simulated SMEM/TMA/barriers, exact matmuls; slow, tests
+only; it checks the data flow, not register layouts). impl='mosaic' itself needs a Hopper GPU.
 """
 from .dispatch import check_mosaic, mosaic_or, mosaic_proven
 from .lowering import export_for_cuda, mosaic_error, on_hopper, require_hopper

@@ -21,8 +21,10 @@ def mosaic_error(op: str, reason: str) -> ValueError:
 
 def require_hopper(op: str) -> None:
     """Raise a named error unless Mosaic GPU kernels can run here (a Hopper GPU), or the
-    kernels are being lowered for CUDA (`export_for_cuda`)."""
-    if _LOWERING_ONLY[0] or on_hopper():
+    kernels are being lowered for CUDA (`export_for_cuda`) or interpreted on the CPU
+    (tiles.gpu_interpret, tests only)."""
+    from .tiles import interpreting
+    if _LOWERING_ONLY[0] or interpreting() or on_hopper():
         return
     where = jax.default_backend()
     if where == "gpu":
@@ -33,16 +35,23 @@ def require_hopper(op: str) -> None:
 
 
 _LOWERING_ONLY = [False]
+_TRITON_CALL = "__gpu$xla.gpu.triton"     # Pallas Triton-lowering kernels (no export guarantee)
 
 
 def export_for_cuda(fn, *shape_dtype_structs) -> str:
     """Lower `fn` for CUDA with `jax.export.export(jax.jit(fn), platforms=["cuda"])` and return
     the StableHLO module text (Mosaic GPU kernels appear as custom calls). Runs the Mosaic GPU
     lowering on any machine; raises its error where a kernel does not lower. Inside, the
-    Hopper check of `require_hopper` is lifted (nothing runs)."""
+    Hopper check of `require_hopper` is lifted (nothing runs), and Pallas Triton-lowering
+    kernels reached from fn are built for the GPU (dispatch.compiled_for_gpu), not interpreted."""
+    from ..dispatch import compiled_for_gpu
     _LOWERING_ONLY[0] = True
     try:
-        exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(*shape_dtype_structs)
+        with compiled_for_gpu():
+            exported = jax.export.export(
+                jax.jit(fn), platforms=["cuda"],
+                disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(_TRITON_CALL)],
+            )(*shape_dtype_structs)
     finally:
         _LOWERING_ONLY[0] = False
     return exported.mlir_module()

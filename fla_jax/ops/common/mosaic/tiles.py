@@ -6,6 +6,7 @@ per-row vector is in ROWS (WGMMA reduced over columns), a per-column vector in C
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import jax
@@ -29,10 +30,27 @@ def smem_tile(shape, dtype):
         plgpu.TilingTransform((8, swizzle // dtype.itemsize)), plgpu.SwizzleTransform(swizzle)))
 
 
-def matmul(a, b, shape, init=None):
-    """init + a @ b, fp32 accumulation on the tensor cores. a: SMEM ref or 16-bit register
-    tile (WGMMA layout); b: SMEM ref (`.T` views allowed for 16-bit). The result passes an
-    optimization barrier so that no arithmetic on it is scheduled before the wgmma wait."""
+def union(*groups):
+    """SMEM buffers (trees) of disjoint lifetimes sharing memory (plgpu.RefUnion); separate
+    buffers under gpu_interpret(), which has no aliasing."""
+    if interpreting():
+        return tuple(groups)
+    return plgpu.RefUnion(*groups)
+
+
+def matmul(a, b, shape, init=None, ta=False, tb=False):
+    """init + op(a) @ op(b), fp32 accumulation on the tensor cores (op: transpose where ta /
+    tb). a: SMEM ref or 16-bit register tile (WGMMA layout; ta needs a ref); b: SMEM ref
+    (transposes of 16-bit refs only). The result passes an optimization barrier so that no
+    arithmetic on it is scheduled before the wgmma wait."""
+    if interpreting():    # transposed refs, run_state and register operands do not interpret
+        av = a[...] if hasattr(a, "at") else a
+        av = av.T if ta else av
+        bv = b[...].T if tb else b[...]
+        out = jnp.dot(av.astype(F32), bv.astype(F32), precision=lax.Precision.HIGHEST)
+        return out if init is None else init + out
+    a = a.T if ta else a
+    b = b.T if tb else b
     if init is None:
         def scoped(acc):
             plgpu.wgmma(acc, a, b)
@@ -46,6 +64,8 @@ def matmul(a, b, shape, init=None):
 
 
 def iota(shape, dim):
+    if interpreting():
+        return lax.broadcasted_iota(jnp.int32, shape, dim)
     return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=WGMMA)
 
 
@@ -76,23 +96,55 @@ def compiler_params():
     return plgpu.CompilerParams(approx_math=False)
 
 
+_INTERPRET = [None]
+
+
+@contextlib.contextmanager
+def gpu_interpret():
+    """Run the Mosaic GPU kernels built inside on the CPU with JAX's GPU interpret mode
+    (simulated SMEM, TMA, barriers and wgmma; slow: tests only). Register layouts do not
+    exist there: loads drop them."""
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+    _INTERPRET[0] = InterpretGPUParams()
+    try:
+        yield
+    finally:
+        _INTERPRET[0] = None
+
+
+def interpreting() -> bool:
+    return _INTERPRET[0] is not None
+
+
 def build(body, *, name, out_type, scratch, grid, grid_names):
     """plgpu.kernel of one warpgroup per CTA."""
+    if interpreting():
+        return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
+                            grid_names=grid_names, interpret=_INTERPRET[0])
     return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
                         grid_names=grid_names, compiler_params=compiler_params(),
                         kernel_name=name)
 
 
 def zeros_wgmma(shape):
+    if interpreting():
+        return jnp.zeros(shape, F32)
     return plgpu.layout_cast(jnp.zeros(shape, F32), WGMMA)
 
 
+def load(ref, layout):
+    """ref's value in registers of the given layout."""
+    if interpreting():
+        return ref[...]
+    return plgpu.load(ref, (), layout=layout)
+
+
 def load_wgmma(ref):
-    return plgpu.load(ref, (), layout=WGMMA)
+    return load(ref, WGMMA)
 
 
 def load_vec(ref, layout):
-    return plgpu.load(ref, (), layout=layout)
+    return load(ref, layout)
 
 
 __all__ = ["F32", "LOG2E", "WGMMA", "ROWS", "COLS", "smem_tile", "matmul", "iota", "rows_of",
