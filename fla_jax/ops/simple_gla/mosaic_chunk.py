@@ -22,7 +22,8 @@ from . import mosaic_fwd, pallas_chunk
 
 OP = "chunk_simple_gla"
 MAX_GRID = 65535
-BACKWARD = "pallas"      # "pallas" | "mosaic": read when an op is traced
+BACKWARDS = ("pallas",)    # backward kernels available
+BACKWARD = "pallas"      # one of BACKWARDS: read when an op is traced
 
 
 def mosaic_unsupported_reason(q, k, v, g=None, g_gamma=None, initial_state=None,
