@@ -1,0 +1,235 @@
+"""GPU check of chunk_simple_gla impl='mosaic' (run from the repo root, PYTHONPATH=root).
+
+Prints PASS|FAIL lines: parity vs the float64 recurrence (small shapes, bf16/fp16, h0 + final
+state, g / g_gamma, varlen, T not a multiple of 64) for every backward variant, parity vs
+impl='pallas' at B4 T4096 H16 K=V=128, then timings (median ms) of mosaic / pallas / jla.
+"""
+import os
+import statistics
+import sys
+import time
+import traceback
+
+T_START = time.time()
+sys.path.insert(0, os.getcwd())
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fla_jax.ops.simple_gla import chunk_simple_gla, mosaic_chunk
+from parity_tests.test_pallas_simple_gla import recurrence64, rel
+
+DT = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
+TOL = {"bf16": 1.5e-2, "fp16": 3e-3}
+BUDGET_S = 110
+
+
+def say(line):
+    print(line, flush=True)
+
+
+def err_text(e):
+    return "".join(traceback.format_exception(e))[-3000:]
+
+
+def inputs(B, T, H, K, V, dtype, use_g, use_gamma, use_h0, cu, seed=0):
+    rng = np.random.default_rng(seed)
+    dt = DT[dtype]
+    rnd = lambda *s: rng.standard_normal(s)  # noqa: E731
+    q, k, v, do = rnd(B, T, H, K), rnd(B, T, H, K) / np.sqrt(K), rnd(B, T, H, V), rnd(B, T, H, V)
+    q, k, v, do = (np.asarray(jnp.asarray(x, jnp.float32).astype(dt).astype(jnp.float32),
+                              np.float64) for x in (q, k, v, do))
+    g = np.log(rng.uniform(0.85, 0.999, (B, T, H))).astype(np.float32) if use_g else None
+    gamma = np.log(1 - 2.0 ** (-5 - np.arange(H))).astype(np.float32) if use_gamma else None
+    N = B if cu is None else len(cu) - 1
+    h0 = rnd(N, H, K, V).astype(np.float32) if use_h0 else None
+    dht = rnd(N, H, K, V).astype(np.float32)
+    return q, k, v, do, g, gamma, h0, dht
+
+
+def run(impl, dtype, q, k, v, do, g, gamma, h0, dht, cu):
+    dt = DT[dtype]
+    cu_j = None if cu is None else jnp.asarray(cu, jnp.int32)
+    gam = None if gamma is None else jnp.asarray(gamma)
+
+    @jax.jit
+    def f(q, k, v, g, h0, do, dht):
+        def prim(q, k, v, g, h0):
+            return chunk_simple_gla(q, k, v, g=g, g_gamma=gam, initial_state=h0,
+                                    output_final_state=True, cu_seqlens=cu_j, impl=impl)
+        (o, ht), vjp = jax.vjp(prim, q, k, v, g, h0)
+        return o, ht, vjp((do, dht))
+
+    args = [jnp.asarray(x, jnp.float32).astype(dt) for x in (q, k, v)]
+    args += [None if g is None else jnp.asarray(g), None if h0 is None else jnp.asarray(h0),
+             jnp.asarray(do, jnp.float32).astype(dt), jnp.asarray(dht)]
+    t0 = time.time()
+    o, ht, (dq, dk, dv, dg, dh0) = jax.block_until_ready(f(*args))
+    first = time.time() - t0
+    out = {"o": o, "ht": ht, "dq": dq, "dk": dk, "dv": dv, "dg": dg, "dh0": dh0}
+    return {n: np.asarray(jnp.asarray(x, jnp.float32), np.float64) for n, x in out.items()
+            if x is not None}, first
+
+
+CASES = {
+    "B2T300H4K64_g_h0": dict(B=2, T=300, H=4, K=64, V=64, use_g=True, use_gamma=False,
+                             use_h0=True, cu=None),
+    "B2T300H4K128_g_h0": dict(B=2, T=300, H=4, K=128, V=128, use_g=True, use_gamma=False,
+                              use_h0=True, cu=None),
+    "B1T256H2K256_gamma": dict(B=1, T=256, H=2, K=256, V=256, use_g=False, use_gamma=True,
+                               use_h0=True, cu=None),
+    "varlen_K128_g_gamma": dict(B=1, T=600, H=4, K=128, V=128, use_g=True, use_gamma=True,
+                                use_h0=True, cu=[0, 7, 7, 200, 263, 600]),
+    "B2T128H2K64_nogate_noh0": dict(B=2, T=128, H=2, K=64, V=64, use_g=False,
+                                    use_gamma=False, use_h0=False, cu=None),
+}
+
+
+def parity_small():
+    for name, c in CASES.items():
+        for dtype in ("bf16", "fp16"):
+            if time.time() - T_START > BUDGET_S * 0.5:
+                say(f"SKIP vs-fp64 {name} {dtype}: time budget")
+                continue
+            x = inputs(c["B"], c["T"], c["H"], c["K"], c["V"], dtype, c["use_g"],
+                       c["use_gamma"], c["use_h0"], c["cu"])
+            q, k, v, do, g, gamma, h0, dht = x
+            ref = recurrence64(q, k, v, g, gamma, c["K"] ** -0.5, h0, c["cu"], do, dht)
+            for backward in mosaic_chunk.BACKWARDS:
+                mosaic_chunk.BACKWARD = backward
+                try:
+                    got, first = run("mosaic", dtype, *x, c["cu"])
+                    errs = {n: rel(got[n], ref[n]) for n in got}
+                    tol = TOL[dtype]
+                    bad = [n for n, e in errs.items() if not e <= (3 * tol if n == "dg" else tol)]
+                    nums = " ".join(f"{n}={e:.2e}" for n, e in errs.items())
+                    say(f"{'FAIL' if bad else 'PASS'} vs-fp64 {name} {dtype} bwd={backward} "
+                        f"{nums} (first call {first:.1f}s)")
+                except Exception as e:  # noqa: BLE001
+                    say(f"FAIL vs-fp64 {name} {dtype} bwd={backward} exception:\n{err_text(e)}")
+    mosaic_chunk.BACKWARD = "pallas"
+
+
+def big_inputs(dtype, B=4, T=4096, H=16, K=128, V=128, seed=1):
+    rng = np.random.default_rng(seed)
+    dt = DT[dtype]
+    q = jnp.asarray(rng.standard_normal((B, T, H, K)), jnp.float32).astype(dt)
+    k = jnp.asarray(rng.standard_normal((B, T, H, K)) / np.sqrt(K), jnp.float32).astype(dt)
+    v = jnp.asarray(rng.standard_normal((B, T, H, V)), jnp.float32).astype(dt)
+    do = jnp.asarray(rng.standard_normal((B, T, H, V)), jnp.float32).astype(dt)
+    g = jnp.asarray(-rng.uniform(0.01, 0.2, (B, T, H)), jnp.float32)
+    return q, k, v, g, do
+
+
+def ours(impl, q, k, v, g, do):
+    def f(q, k, v, g):
+        return chunk_simple_gla(q, k, v, g=g, impl=impl)[0]
+    fwd = jax.jit(f)
+    fb = jax.jit(lambda *p: jax.vjp(f, *p)[1](do))
+    return (lambda: fwd(q, k, v, g)), (lambda: fb(q, k, v, g))
+
+
+def jla_fns(q, k, v, g, do):
+    from jla.ops import linear_attention
+
+    def f(q, k, v, g):
+        return linear_attention("simple_gla", q, k, v, impl="mosaic_gpu", g=g)[0]
+    fwd = jax.jit(f)
+    fb = jax.jit(lambda *p: jax.vjp(f, *p)[1](do))
+    return (lambda: fwd(q, k, v, g)), (lambda: fb(q, k, v, g))
+
+
+def timeit(fn, samples=21, inner=10):
+    t0 = time.time()
+    jax.block_until_ready(fn())
+    first = time.time() - t0
+    for _ in range(3):
+        jax.block_until_ready(fn())
+    ts = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            out = fn()
+        jax.block_until_ready(out)
+        ts.append((time.perf_counter() - t0) * 1e3 / inner)
+    return statistics.median(ts), first
+
+
+def parity_big_and_timings():
+    for dtype in ("bf16", "fp16"):
+        q, k, v, g, do = big_inputs(dtype)
+        res = {}
+        for backward in mosaic_chunk.BACKWARDS:
+            mosaic_chunk.BACKWARD = backward
+            try:
+                fm, fbm = ours("mosaic", q, k, v, g, do)
+                fp, fbp = ours("pallas", q, k, v, g, do)
+                om, op = np.asarray(fm(), np.float64), np.asarray(fp(), np.float64)
+                e = rel(om, op)
+                gm = [np.asarray(x.astype(jnp.float32), np.float64) for x in fbm()]
+                gp = [np.asarray(x.astype(jnp.float32), np.float64) for x in fbp()]
+                eg = [rel(a, b) for a, b in zip(gm, gp)]
+                tol = 2 * TOL[dtype]
+                ok = e <= tol and all(x <= (3 * tol if i == 3 else tol) for i, x in enumerate(eg))
+                say(f"{'PASS' if ok else 'FAIL'} vs-pallas B4T4096H16K128 {dtype} bwd={backward} "
+                    f"o={e:.2e} dq={eg[0]:.2e} dk={eg[1]:.2e} dv={eg[2]:.2e} dg={eg[3]:.2e}")
+                if time.time() - T_START < BUDGET_S:
+                    tf, ff = timeit(fm)
+                    tb, fb_ = timeit(fbm)
+                    res[f"mosaic(bwd={backward})"] = (tf, tb)
+                    say(f"TIME mosaic bwd={backward} {dtype} fwd {tf:.3f} ms fwd+bwd {tb:.3f} ms "
+                        f"(first call {ff:.1f}s / {fb_:.1f}s)")
+            except Exception as e:  # noqa: BLE001
+                say(f"FAIL mosaic big {dtype} bwd={backward} exception:\n{err_text(e)}")
+        mosaic_chunk.BACKWARD = "pallas"
+        for label, make in (("pallas", lambda: ours("pallas", q, k, v, g, do)),
+                            ("jla", lambda: jla_fns(q, k, v, g, do))):
+            if time.time() - T_START > BUDGET_S:
+                say(f"SKIP time {label} {dtype}: time budget")
+                continue
+            try:
+                f, fb = make()
+                tf, ff = timeit(f)
+                tb, _ = timeit(fb)
+                res[label] = (tf, tb)
+                say(f"TIME {label} {dtype} fwd {tf:.3f} ms fwd+bwd {tb:.3f} ms (first {ff:.1f}s)")
+            except Exception as e:  # noqa: BLE001
+                say(f"FAIL time {label} {dtype} exception:\n{err_text(e)}")
+        if "jla" in res:
+            for name, (tf, tb) in res.items():
+                if name.startswith("mosaic"):
+                    say(f"RATIO {name} / jla {dtype}: fwd {tf / res['jla'][0]:.2f}x "
+                        f"fwd+bwd {tb / res['jla'][1]:.2f}x")
+
+
+def kernel_only_time():
+    """Where the forward's time goes: the Mosaic kernel alone on pre-packed inputs."""
+    from fla_jax.ops.simple_gla import mosaic_fwd
+    try:
+        q, k, v, g, do = big_inputs("bf16")
+        g2 = jnp.swapaxes(jnp.cumsum(g.reshape(4, 64, 64, 16), 2).reshape(4, 4096, 16), 1, 2)
+        f = jax.jit(lambda q, k, v, g2: mosaic_fwd.forward(q, k, v, g2, None, None, scale=0.088,
+                                                          n_seqs=4, out_final=False)[0])
+        t, first = timeit(lambda: f(q, k, v, g2))
+        say(f"TIME mosaic forward kernel alone bf16 {t:.3f} ms (first {first:.1f}s)")
+    except Exception as e:  # noqa: BLE001
+        say(f"FAIL kernel-only timing exception:\n{err_text(e)}")
+
+
+if __name__ == "__main__":
+    say(f"env jax {jax.__version__} devices {jax.devices()}")
+    steps = (parity_small, kernel_only_time, parity_big_and_timings)
+    if os.environ.get("MOSAIC_DRY"):   # CPU check of this script: GPU interpreter, tiny shapes
+        from fla_jax.ops.common.mosaic.tiles import gpu_interpret
+        CASES = {"dry": dict(B=1, T=70, H=1, K=64, V=64, use_g=True, use_gamma=True,
+                             use_h0=True, cu=[0, 20, 70])}
+        steps = (parity_small,)
+        ctx = gpu_interpret()
+        ctx.__enter__()
+    for step in steps:
+        try:
+            step()
+        except Exception as e:  # noqa: BLE001
+            say(f"FAIL {step.__name__} exception:\n{err_text(e)}")
+    say(f"done in {time.time() - T_START:.1f}s")
