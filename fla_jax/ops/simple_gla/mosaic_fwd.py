@@ -31,13 +31,16 @@ BV = 64
 SEQ_COLS = 32    # int32 columns of a row of the varlen table (one 128-byte TMA copy)
 
 
-def forward(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, out_final: bool):
+def forward(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, out_final: bool,
+            states: bool = False):
     """q, k: [Bq, Tp, H, K]; v: [Bq, Tp, H, V] (one 16-bit dtype, Tp % 64 == 0);
     g2: [Bq, H, Tp] fp32 chunk-local cumsum of the log-decay times log2(e);
     h0t: None or [N, H, V, K] fp32 (transposed initial state); seq: None (fixed length,
     N == Bq, every sequence Tp long) or int32 [N, SEQ_COLS] (row n: first chunk, chunk count; Bq == 1).
     Returns o [Bq, Tp, H, V] in q's dtype and, with out_final, the transposed final state
-    [N, H, V, K] fp32 (else None)."""
+    [N, H, V, K] fp32 (else None). states=True (the backward's recompute): no output; returns
+    instead the transposed state entering every chunk, [Bq, H, Tp // 64, V, K] in q's dtype
+    (chunks no sequence covers are not written), and the final state as above."""
     Bq, Tp, H, K = q.shape
     V = v.shape[-1]
     dt = q.dtype
@@ -45,24 +48,33 @@ def forward(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, out_final: bool
     has_h0 = h0t is not None
     static_chunks = Tp // C
 
-    out_type = [jax.ShapeDtypeStruct((Bq, Tp, H, V), dt)]
+    if states:
+        out_type = [jax.ShapeDtypeStruct((Bq, H, Tp // C, V, K), dt)]
+    else:
+        out_type = [jax.ShapeDtypeStruct((Bq, Tp, H, V), dt)]
     if out_final:
         out_type.append(jax.ShapeDtypeStruct((n_seqs, H, V, K), F32))
+    # The fp32 state before the first and after the last chunk shares memory with q's
+    # buffers (output mode) or the per-chunk state staging (states mode).
+    work = smem_tile((2, BV, K), dt) if states else smem_tile((2, C, K), dt)
     scratch = dict(
-        # q's buffers hold the fp32 state before the first and after the last chunk
-        q_st=union(smem_tile((2, C, K), dt), smem_tile((BV, K), F32)),
+        work_st=union(work, smem_tile((BV, K), F32)),
         k_s=smem_tile((2, C, K), dt),
         v_s=smem_tile((2, C, BV), dt), g_s=plgpu.SMEM((2, C), F32),
-        s_s=smem_tile((BV, K), dt), o_s=smem_tile((2, C, BV), dt),
-        in_bar=plgpu.Barrier(num_arrivals=4, num_barriers=2),
+        s_s=smem_tile((BV, K), dt),
+        in_bar=plgpu.Barrier(num_arrivals=3 if states else 4, num_barriers=2),
         one_bar=plgpu.Barrier(num_arrivals=1, num_barriers=1),
     )
+    if not states:
+        scratch["o_s"] = smem_tile((2, C, BV), dt)
     if varlen:
         scratch["seq_s"] = plgpu.SMEM((SEQ_COLS,), jnp.int32)
         scratch["seq_bar"] = plgpu.Barrier(num_arrivals=1, num_barriers=1)
 
-    def body(*refs, q_st, k_s, v_s, g_s, s_s, o_s, in_bar, one_bar, seq_s=None, seq_bar=None):
-        q_s, st_s = q_st
+    def body(*refs, work_st, k_s, v_s, g_s, s_s, in_bar, one_bar, o_s=None, seq_s=None,
+             seq_bar=None):
+        work, st_s = work_st
+        q_s, h_s = (None, work) if states else (work, None)
         refs = list(refs)
         q_ref, k_ref, v_ref, g_ref = (refs.pop(0) for _ in range(4))
         h0_ref = refs.pop(0) if has_h0 else None
@@ -81,7 +93,8 @@ def forward(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, out_final: bool
         def issue(c, slot):
             rows = pl.ds((c0 + c) * C, C)
             bar = in_bar.at[slot]
-            plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_s.at[slot], bar)
+            if not states:
+                plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(k_ref.at[b, rows, h], k_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(v_ref.at[b, rows, h, pl.ds(v0, BV)], v_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g_s.at[slot], bar)
@@ -98,18 +111,9 @@ def forward(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, out_final: bool
             plgpu.commit_smem()
             issue(0, 0)
 
-        def step(c, s_t):
-            slot = lax.rem(c, 2)
-            plgpu.barrier_wait(in_bar.at[slot])
-
-            @pl.when(c + 1 < nc)
-            def _prefetch():
-                plgpu.commit_smem()
-                issue(c + 1, 1 - slot)
-
+        def output(c, slot, s_t, g_row):
             s_s[...] = s_t.astype(dt)
             plgpu.commit_smem()
-            g_row = load_vec(g_s.at[slot], ROWS)
             g_col = load_vec(g_s.at[slot], COLS)
             p = matmul(q_s.at[slot], k_s.at[slot], (C, C), tb=True)
             p = (p * causal_decay(g_row, g_col, (C, C))).astype(dt)
@@ -120,6 +124,27 @@ def forward(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, out_final: bool
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(o_s.at[slot], o_ref.at[b, pl.ds((c0 + c) * C, C), h,
                                                             pl.ds(v0, BV)])
+
+        def store_state(c, slot, s_t):
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+            h_s.at[slot][...] = s_t.astype(dt)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(h_s.at[slot], o_ref.at[b, h, c0 + c, pl.ds(v0, BV)])
+
+        def step(c, s_t):
+            slot = lax.rem(c, 2)
+            plgpu.barrier_wait(in_bar.at[slot])
+
+            @pl.when(c + 1 < nc)
+            def _prefetch():
+                plgpu.commit_smem()
+                issue(c + 1, 1 - slot)
+
+            g_row = load_vec(g_s.at[slot], ROWS)
+            if states:
+                store_state(c, slot, s_t)
+            else:
+                output(c, slot, s_t, g_row)
             g_last = g_s[slot, C - 1]
             k_t = load_wgmma(k_s.at[slot]).astype(F32)
             s_s[...] = (k_t * rows_of(jnp.exp2(g_last - g_row), (C, K))).astype(dt)  # C == BV
@@ -128,6 +153,7 @@ def forward(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, out_final: bool
 
         s_t = lax.fori_loop(0, nc, step, s0)
         if out_final:
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             st_s[...] = s_t
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(st_s, ht_ref.at[n, h, pl.ds(v0, BV)])
