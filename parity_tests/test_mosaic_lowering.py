@@ -55,8 +55,9 @@ def test_forward_lowers(K, dtype):
     assert "mosaic_gpu" in text
 
 
-@pytest.mark.parametrize("K", [64, 256])
+@pytest.mark.parametrize("K", [64, 128, 256])
 def test_varlen_vjp_lowers(K):
+    """The vjp with each backward (Mosaic kernels for K <= 128, else the Pallas ones)."""
     for backward in mosaic_chunk.BACKWARDS:
         old = mosaic_chunk.BACKWARD
         mosaic_chunk.BACKWARD = backward
@@ -64,7 +65,9 @@ def test_varlen_vjp_lowers(K):
             text = _lower(K, "bf16", varlen=True, backward=True)
         finally:
             mosaic_chunk.BACKWARD = old
-        assert "custom_call" in text, backward
+        mosaic = backward == "mosaic" and K <= 128
+        assert text.count("mosaic_gpu") >= (3 if mosaic else 0), backward
+        assert ("xla.gpu.triton" in text) == (not mosaic), backward
 
 
 CASES = {
@@ -75,8 +78,9 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_interpreted_against_float64(case):
-    """Mosaic forward (and the selected backward) in the GPU interpreter vs float64."""
+def test_interpreted_against_float64(case, monkeypatch):
+    """Mosaic forward and backward kernels in the GPU interpreter vs float64."""
+    monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
     with gpu_interpret():
         run_case(mosaic_chunk.chunk_simple_gla_mosaic, "bf16", **CASES[case])
 

@@ -1,11 +1,11 @@
 """chunk_simple_gla with Pallas Mosaic GPU kernels (Hopper, sm_90): impl='mosaic'.
 
 Forward: mosaic_fwd.py (output and final state in one pass over the chunks). Backward
-(custom_vjp): mosaic_bwd.py when BACKWARD == "mosaic", else the Pallas Triton-lowering
-backward kernels of pallas_chunk.py (same math, same inputs).
-Host side: the log-decay a = g + g_gamma (fp32) is laid out chunk-aligned (packing.py: T padded
-to a multiple of 64, varlen sequences moved to chunk boundaries on device, no host sync), its
-chunk-local cumsum taken in log2 units, and the state passed transposed ([N, H, V, K]).
+(custom_vjp): mosaic_bwd.py when BACKWARD == "mosaic" and K, V <= 128, else the Pallas
+Triton-lowering backward kernels of pallas_chunk.py (same math, same inputs).
+Host side (mosaic_inputs.py): inputs laid out chunk-aligned (packing.py: T padded to a multiple
+of 64, varlen sequences moved to chunk boundaries on device, no host sync), the log-decay's
+chunk-local cumsum in log2 units, the state passed transposed ([N, H, V, K]).
 Takes bf16/fp16 q/k/v with K and V multiples of 64 up to 256 (`mosaic_unsupported_reason`).
 """
 from __future__ import annotations
@@ -17,13 +17,13 @@ import jax
 import jax.numpy as jnp
 
 from ..common.mosaic import check_mosaic, packing
-from ..common.mosaic.tiles import LOG2E
-from . import mosaic_fwd, pallas_chunk
+from . import mosaic_bwd, mosaic_fwd, mosaic_inputs, pallas_chunk
 
 OP = "chunk_simple_gla"
 MAX_GRID = 65535
-BACKWARDS = ("pallas",)    # backward kernels available
-BACKWARD = "pallas"      # one of BACKWARDS: read when an op is traced
+BACKWARDS = ("mosaic", "pallas")    # backward kernels available
+BACKWARD = "mosaic"      # one of BACKWARDS, read when an op is traced ("mosaic" takes K, V <=
+                         # 128; larger heads use the Pallas backward)
 
 
 def mosaic_unsupported_reason(q, k, v, g=None, g_gamma=None, initial_state=None,
@@ -52,21 +52,9 @@ class _Cfg:
     backward: str
 
 
-def _gate_cumsum(a, lay):
-    """a [Bq, T, H] fp32 log-decay -> [Bq, H, Tp] chunk-local cumsum times log2(e)."""
-    a = packing.pack(a, lay)
-    Bq, Tp, H = a.shape
-    c = mosaic_fwd.C
-    a = jnp.cumsum(a.reshape(Bq, Tp // c, c, H), axis=2).reshape(Bq, Tp, H)
-    return jnp.swapaxes(a * LOG2E, 1, 2)
-
-
 def _forward(cfg, q, k, v, g, gamma, h0, cu):
-    lay = packing.plan(cfg.T, cu, mosaic_fwd.C, mosaic_fwd.SEQ_COLS)
-    a = jnp.zeros(q.shape[:3], jnp.float32) if g is None else g.astype(jnp.float32)
-    if gamma is not None:
-        a = a + gamma.astype(jnp.float32)[None, None, :]
-    g2 = _gate_cumsum(a, lay)
+    lay = mosaic_inputs.layout(cfg.T, cu)
+    g2 = mosaic_inputs.gate_cumsum(mosaic_inputs.log_decay(q, g, gamma), lay)
     h0t = None if h0 is None else jnp.swapaxes(h0, -1, -2)
     o, ht = mosaic_fwd.forward(packing.pack(q, lay), packing.pack(k, lay), packing.pack(v, lay),
                                g2, h0t, lay.seq, scale=cfg.scale, n_seqs=cfg.N, out_final=True)
@@ -87,8 +75,7 @@ def _vjp_bwd(cfg, res, cts):
     q, k, v, g, gamma, h0, cu, ht = res
     do, dht = cts
     dht = dht.astype(jnp.float32)
-    if cfg.backward == "mosaic":
-        from . import mosaic_bwd
+    if cfg.backward == "mosaic" and mosaic_bwd.supports(q.shape[-1], v.shape[-1]):
         dq, dk, dv, dg, dh0 = mosaic_bwd.backward(cfg, q, k, v, g, gamma, h0, cu, do, dht)
     else:
         st = pallas_chunk._make_static(q, v, g, gamma, h0, cu, cfg.scale)

@@ -69,6 +69,13 @@ def iota(shape, dim):
     return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=WGMMA)
 
 
+def iota_vec(n, layout):
+    """0 .. n-1 as a vector in `layout` (ROWS or COLS)."""
+    if interpreting():
+        return lax.broadcasted_iota(jnp.int32, (n,), 0)
+    return plgpu.broadcasted_iota(jnp.int32, (n,), 0, layout=layout)
+
+
 def rows_of(vec, shape):
     """vec[i] along row i (vec in ROWS)."""
     return lax.broadcast_in_dim(vec, shape, [0])
