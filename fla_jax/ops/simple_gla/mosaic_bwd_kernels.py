@@ -52,8 +52,9 @@ def dstate(q, do, g2, dhtt, seq, *, scale: float, n_seqs: int, want_dh0: bool):
     )
     if varlen:
         scratch["seq_s"] = plgpu.SMEM((SEQ_COLS,), jnp.int32)
+        scratch["seq_bar"] = plgpu.Barrier(num_arrivals=1, num_barriers=1)
 
-    def body(*refs, q_s, do_s, g_s, qd_s, out_st, in_bar, one_bar, seq_s=None):
+    def body(*refs, q_s, do_s, g_s, qd_s, out_st, in_bar, one_bar, seq_s=None, seq_bar=None):
         out_s, st_s = out_st
         refs = list(refs)
         q_ref, do_ref, g_ref, dht_ref = (refs.pop(0) for _ in range(4))
@@ -63,8 +64,8 @@ def dstate(q, do, g2, dhtt, seq, *, scale: float, n_seqs: int, want_dh0: bool):
         n, h, iv = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("v")
         v0 = iv * BV
         if varlen:
-            plgpu.copy_gmem_to_smem(seq_ref.at[n], seq_s, one_bar.at[0])
-            plgpu.barrier_wait(one_bar.at[0])
+            plgpu.copy_gmem_to_smem(seq_ref.at[n], seq_s, seq_bar.at[0])
+            plgpu.barrier_wait(seq_bar.at[0])
             b, c0, nc = 0, seq_s[0], seq_s[1]
         else:
             b, c0, nc = n, 0, static_chunks
