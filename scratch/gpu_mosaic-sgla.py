@@ -48,16 +48,19 @@ def inputs(B, T, H, K, V, dtype, use_g, use_gamma, use_h0, cu, seed=0):
     return q, k, v, do, g, gamma, h0, dht
 
 
-def run(impl, dtype, q, k, v, do, g, gamma, h0, dht, cu):
+def run(impl, dtype, q, k, v, do, g, gamma, h0, dht, cu, grads=True):
     dt = DT[dtype]
     cu_j = None if cu is None else jnp.asarray(cu, jnp.int32)
     gam = None if gamma is None else jnp.asarray(gamma)
 
+    def prim(q, k, v, g, h0):
+        return chunk_simple_gla(q, k, v, g=g, g_gamma=gam, initial_state=h0,
+                                output_final_state=True, cu_seqlens=cu_j, impl=impl)
+
     @jax.jit
     def f(q, k, v, g, h0, do, dht):
-        def prim(q, k, v, g, h0):
-            return chunk_simple_gla(q, k, v, g=g, g_gamma=gam, initial_state=h0,
-                                    output_final_state=True, cu_seqlens=cu_j, impl=impl)
+        if not grads:
+            return prim(q, k, v, g, h0) + ((None,) * 5,)
         (o, ht), vjp = jax.vjp(prim, q, k, v, g, h0)
         return o, ht, vjp((do, dht))
 
@@ -70,6 +73,20 @@ def run(impl, dtype, q, k, v, do, g, gamma, h0, dht, cu):
     out = {"o": o, "ht": ht, "dq": dq, "dk": dk, "dv": dv, "dg": dg, "dh0": dh0}
     return {n: np.asarray(jnp.asarray(x, jnp.float32), np.float64) for n, x in out.items()
             if x is not None}, first
+
+
+def where_bad(name, got, ref):
+    """Where the error of a failing tensor sits: time row (and its place in a chunk), head."""
+    d = np.abs(got - ref)
+    idx = np.unravel_index(np.argmax(d), d.shape)
+    line = f"  {name}: max|err| {d.max():.3e} at {idx} (|ref| max {np.abs(ref).max():.3e})"
+    if d.ndim == 4:       # [B, T, H, D]: error per time row, summed over the rest
+        per_t = d.sum(axis=(0, 2, 3))
+        bad_t = np.nonzero(per_t > 10 * np.median(per_t) + 1e-12)[0]
+        line += f"; rows with large error: {bad_t[:16].tolist()} (of {len(bad_t)})"
+        per_d = d.sum(axis=(0, 1, 2))
+        line += f"; cols with large error: {np.nonzero(per_d > 10 * np.median(per_d) + 1e-12)[0][:16].tolist()}"
+    return line
 
 
 CASES = {
@@ -86,6 +103,16 @@ CASES = {
 }
 
 
+def check(label, got, ref, dtype, first):
+    errs = {n: rel(got[n], ref[n]) for n in got}
+    tol = TOL[dtype]
+    bad = [n for n, e in errs.items() if not e <= (3 * tol if n == "dg" else tol)]
+    nums = " ".join(f"{n}={e:.2e}" for n, e in errs.items())
+    say(f"{'FAIL' if bad else 'PASS'} {label} {nums} (first call {first:.1f}s)")
+    for n in bad:
+        say(where_bad(n, got[n], ref[n]))
+
+
 def parity_small():
     for name, c in CASES.items():
         for dtype in ("bf16", "fp16"):
@@ -96,19 +123,20 @@ def parity_small():
                        c["use_gamma"], c["use_h0"], c["cu"])
             q, k, v, do, g, gamma, h0, dht = x
             ref = recurrence64(q, k, v, g, gamma, c["K"] ** -0.5, h0, c["cu"], do, dht)
+            try:
+                got, first = run("mosaic", dtype, *x, c["cu"], grads=False)
+                check(f"vs-fp64 {name} {dtype} forward", got, ref, dtype, first)
+            except Exception as e:  # noqa: BLE001
+                say(f"FAIL vs-fp64 {name} {dtype} forward exception:\n{err_text(e)}")
+                continue
             for backward in mosaic_chunk.BACKWARDS:
                 mosaic_chunk.BACKWARD = backward
                 try:
                     got, first = run("mosaic", dtype, *x, c["cu"])
-                    errs = {n: rel(got[n], ref[n]) for n in got}
-                    tol = TOL[dtype]
-                    bad = [n for n, e in errs.items() if not e <= (3 * tol if n == "dg" else tol)]
-                    nums = " ".join(f"{n}={e:.2e}" for n, e in errs.items())
-                    say(f"{'FAIL' if bad else 'PASS'} vs-fp64 {name} {dtype} bwd={backward} "
-                        f"{nums} (first call {first:.1f}s)")
+                    check(f"vs-fp64 {name} {dtype} bwd={backward}", got, ref, dtype, first)
                 except Exception as e:  # noqa: BLE001
                     say(f"FAIL vs-fp64 {name} {dtype} bwd={backward} exception:\n{err_text(e)}")
-    mosaic_chunk.BACKWARD = "pallas"
+    mosaic_chunk.BACKWARD = "mosaic"
 
 
 def big_inputs(dtype, B=4, T=4096, H=16, K=128, V=128, seed=1):
@@ -182,7 +210,7 @@ def parity_big_and_timings():
                         f"(first call {ff:.1f}s / {fb_:.1f}s)")
             except Exception as e:  # noqa: BLE001
                 say(f"FAIL mosaic big {dtype} bwd={backward} exception:\n{err_text(e)}")
-        mosaic_chunk.BACKWARD = "pallas"
+        mosaic_chunk.BACKWARD = "mosaic"
         for label, make in (("pallas", lambda: ours("pallas", q, k, v, g, do)),
                             ("jla", lambda: jla_fns(q, k, v, g, do))):
             if time.time() - T_START > BUDGET_S:
