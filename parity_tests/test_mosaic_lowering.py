@@ -21,7 +21,8 @@ import pytest
 from fla_jax.ops.common.mosaic import dispatch as mdispatch
 from fla_jax.ops.common.mosaic import export_for_cuda
 from fla_jax.ops.common.mosaic.tiles import gpu_interpret
-from fla_jax.ops.simple_gla import chunk_simple_gla, mosaic_chunk, mosaic_unsupported_reason
+from fla_jax.ops.simple_gla import (chunk_simple_gla, mosaic_chunk, mosaic_split,
+                                    mosaic_unsupported_reason)
 
 from .test_pallas_simple_gla import run_case
 
@@ -74,6 +75,8 @@ CASES = {
     "g_h0_t150": dict(B=1, T=150, H=1, K=64, V=64),
     "gamma_varlen": dict(B=1, T=140, H=1, K=64, V=128, use_g=False, use_gamma=True,
                          cu=[0, 7, 7, 100, 140]),
+    # pieces of 2, 2, 1 and 0 chunks per sequence (the split's scans, an empty piece)
+    "split_g_gamma_h0": dict(B=2, T=300, H=1, K=64, V=64, use_gamma=True, split=True),
 }
 
 
@@ -81,8 +84,12 @@ CASES = {
 def test_interpreted_against_float64(case, monkeypatch):
     """Mosaic forward and backward kernels in the GPU interpreter vs float64."""
     monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
+    kw = dict(CASES[case])
+    if kw.pop("split", False):
+        monkeypatch.setitem(mosaic_split.POLICY, "min_piece_chunks", 1)
+        assert mosaic_split.pieces(2, 1, 64, 5, False) == 4
     with gpu_interpret():
-        run_case(mosaic_chunk.chunk_simple_gla_mosaic, "bf16", **CASES[case])
+        run_case(mosaic_chunk.chunk_simple_gla_mosaic, "bf16", **kw)
 
 
 def test_mosaic_needs_hopper():

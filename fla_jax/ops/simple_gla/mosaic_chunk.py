@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from ..common.mosaic import check_mosaic, packing
-from . import mosaic_bwd, mosaic_fwd, mosaic_inputs, pallas_chunk
+from . import mosaic_bwd, mosaic_fwd, mosaic_inputs, mosaic_split, pallas_chunk
 
 OP = "chunk_simple_gla"
 MAX_GRID = 65535
@@ -50,14 +50,32 @@ class _Cfg:
     N: int
     varlen: bool
     backward: str
+    pieces: int      # sequence split of the serial passes (mosaic_split.py); 1: none
 
 
 def _forward(cfg, q, k, v, g, gamma, h0, cu):
     lay = mosaic_inputs.layout(cfg.T, cu)
-    g2 = mosaic_inputs.gate_cumsum(mosaic_inputs.log_decay(q, g, gamma), lay)
+    a = packing.pack(mosaic_inputs.log_decay(q, g, gamma), lay)
+    qp, kp, vp = (packing.pack(x, lay) for x in (q, k, v))
     h0t = None if h0 is None else jnp.swapaxes(h0, -1, -2)
-    o, ht = mosaic_fwd.forward(packing.pack(q, lay), packing.pack(k, lay), packing.pack(v, lay),
-                               g2, h0t, lay.seq, scale=cfg.scale, n_seqs=cfg.N, out_final=True)
+    P = cfg.pieces
+    if P == 1:
+        g2 = mosaic_inputs.chunk_cumsum(a)
+        o, ht = mosaic_fwd.forward(qp, kp, vp, g2, h0t, lay.seq, scale=cfg.scale,
+                                   n_seqs=cfg.N, out_final=True)
+    else:
+        B, Tp = qp.shape[:2]
+        flat = mosaic_inputs.flat
+        qf, kf, vf = flat(qp), flat(kp), flat(vp)
+        g2 = mosaic_inputs.chunk_cumsum(flat(a))
+        seq = mosaic_split.table(B, Tp // mosaic_fwd.C, P)
+        _, E = mosaic_fwd.forward(qf, kf, vf, g2, None, seq, scale=cfg.scale, n_seqs=B * P,
+                                  out_final=True, mode="final")
+        starts, ht = mosaic_split.forward_starts(E, mosaic_split.piece_decay(g2, B, P), h0t,
+                                                 B, P)
+        o, _ = mosaic_fwd.forward(qf, kf, vf, g2, starts, seq, scale=cfg.scale,
+                                  n_seqs=B * P, out_final=False)
+        o = o.reshape(qp.shape[:3] + (v.shape[-1],))
     return packing.unpack(o, lay), jnp.swapaxes(ht, -1, -2)
 
 
@@ -105,6 +123,8 @@ def chunk_simple_gla_mosaic(q, k, v, *, g=None, g_gamma=None, scale, initial_sta
     check_mosaic(OP, mosaic_unsupported_reason(q, k, v, g, g_gamma, initial_state, cu_seqlens))
     cu = None if cu_seqlens is None else cu_seqlens.astype(jnp.int32)
     N = q.shape[0] if cu is None else cu.shape[0] - 1
-    cfg = _Cfg(float(scale), q.shape[1], N, cu is not None, BACKWARD)
+    n_chunks = -(-q.shape[1] // mosaic_fwd.C)
+    P = mosaic_split.pieces(q.shape[0], q.shape[2], v.shape[-1], n_chunks, cu is not None)
+    cfg = _Cfg(float(scale), q.shape[1], N, cu is not None, BACKWARD, P)
     o, ht = _simple_gla(cfg, q, k, v, g, g_gamma, initial_state, cu)
     return o, (ht if output_final_state else None)

@@ -32,15 +32,20 @@ SEQ_COLS = 32    # int32 columns of a row of the varlen table (one 128-byte TMA 
 
 
 def forward(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, out_final: bool,
-            states: bool = False):
+            mode: str = "output"):
     """q, k: [Bq, Tp, H, K]; v: [Bq, Tp, H, V] (one 16-bit dtype, Tp % 64 == 0);
     g2: [Bq, H, Tp] fp32 chunk-local cumsum of the log-decay times log2(e);
     h0t: None or [N, H, V, K] fp32 (transposed initial state); seq: None (fixed length,
     N == Bq, every sequence Tp long) or int32 [N, SEQ_COLS] (row n: first chunk, chunk count; Bq == 1).
     Returns o [Bq, Tp, H, V] in q's dtype and, with out_final, the transposed final state
-    [N, H, V, K] fp32 (else None). states=True (the backward's recompute): no output; returns
-    instead the transposed state entering every chunk, [Bq, H, Tp // 64, V, K] in q's dtype
-    (chunks no sequence covers are not written), and the final state as above."""
+    [N, H, V, K] fp32 (else None). mode="states" (the backward's recompute): no output;
+    returns instead the transposed state entering every chunk, [Bq, H, Tp // 64, V, K] in q's
+    dtype (chunks no sequence covers are not written), and the final state as above.
+    mode="final": only the final state (None, final)."""
+    if mode not in ("output", "states", "final") or (mode == "final" and not out_final):
+        raise ValueError(f"mosaic forward: mode={mode!r}, out_final={out_final}")
+    states = mode == "states"
+    out_o = mode == "output"
     Bq, Tp, H, K = q.shape
     V = v.shape[-1]
     dt = q.dtype
@@ -50,22 +55,24 @@ def forward(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, out_final: bool
 
     if states:
         out_type = [jax.ShapeDtypeStruct((Bq, H, Tp // C, V, K), dt)]
-    else:
+    elif out_o:
         out_type = [jax.ShapeDtypeStruct((Bq, Tp, H, V), dt)]
+    else:
+        out_type = []
     if out_final:
         out_type.append(jax.ShapeDtypeStruct((n_seqs, H, V, K), F32))
     # The fp32 state before the first and after the last chunk shares memory with q's
     # buffers (output mode) or the per-chunk state staging (states mode).
-    work = smem_tile((2, BV, K), dt) if states else smem_tile((2, C, K), dt)
+    work = smem_tile((2, C, K), dt) if out_o else smem_tile((2, BV, K), dt)
     scratch = dict(
         work_st=union(work, smem_tile((BV, K), F32)),
         k_s=smem_tile((2, C, K), dt),
         v_s=smem_tile((2, C, BV), dt), g_s=plgpu.SMEM((2, C), F32),
         s_s=smem_tile((BV, K), dt),
-        in_bar=plgpu.Barrier(num_arrivals=3 if states else 4, num_barriers=2),
+        in_bar=plgpu.Barrier(num_arrivals=4 if out_o else 3, num_barriers=2),
         one_bar=plgpu.Barrier(num_arrivals=1, num_barriers=1),
     )
-    if not states:
+    if out_o:
         scratch["o_s"] = smem_tile((2, C, BV), dt)
     if varlen:
         scratch["seq_s"] = plgpu.SMEM((SEQ_COLS,), jnp.int32)
@@ -74,12 +81,12 @@ def forward(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, out_final: bool
     def body(*refs, work_st, k_s, v_s, g_s, s_s, in_bar, one_bar, o_s=None, seq_s=None,
              seq_bar=None):
         work, st_s = work_st
-        q_s, h_s = (None, work) if states else (work, None)
+        q_s, h_s = (work, None) if out_o else (None, work)
         refs = list(refs)
         q_ref, k_ref, v_ref, g_ref = (refs.pop(0) for _ in range(4))
         h0_ref = refs.pop(0) if has_h0 else None
         seq_ref = refs.pop(0) if varlen else None
-        o_ref = refs.pop(0)
+        o_ref = refs.pop(0) if out_o or states else None
         ht_ref = refs.pop(0) if out_final else None
         n, h, iv = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("v")
         v0 = iv * BV
@@ -93,7 +100,7 @@ def forward(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, out_final: bool
         def issue(c, slot):
             rows = pl.ds((c0 + c) * C, C)
             bar = in_bar.at[slot]
-            if not states:
+            if out_o:
                 plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(k_ref.at[b, rows, h], k_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(v_ref.at[b, rows, h, pl.ds(v0, BV)], v_s.at[slot], bar)
@@ -143,7 +150,7 @@ def forward(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, out_final: bool
             g_row = load_vec(g_s.at[slot], ROWS)
             if states:
                 store_state(c, slot, s_t)
-            else:
+            elif out_o:
                 output(c, slot, s_t, g_row)
             g_last = g_s[slot, C - 1]
             k_t = load_wgmma(k_s.at[slot]).astype(F32)
@@ -162,4 +169,6 @@ def forward(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, out_final: bool
     args = [q, k, v, g2] + ([h0t] if has_h0 else []) + ([seq] if varlen else [])
     outs = build(body, name="simple_gla_mosaic_fwd", out_type=out_type, scratch=scratch,
                  grid=(n_seqs, H, V // BV), grid_names=("n", "h", "v"))(*args)
-    return outs[0], (outs[1] if out_final else None)
+    outs = list(outs)
+    first = outs.pop(0) if out_o or states else None
+    return first, (outs.pop(0) if out_final else None)

@@ -25,9 +25,8 @@ def log_decay(q, g, gamma):
     return a
 
 
-def gate_cumsum(a, lay):
-    """a [B, T, H] fp32 -> [Bq, H, Tp]: packed, chunk-local cumsum times log2(e)."""
-    a = packing.pack(a, lay)
+def chunk_cumsum(a):
+    """a [Bq, Tp, H] fp32 (chunk-aligned) -> [Bq, H, Tp] chunk-local cumsum times log2(e)."""
     Bq, Tp, H = a.shape
     a = jnp.cumsum(a.reshape(Bq, Tp // C, C, H), axis=2).reshape(Bq, Tp, H)
     return jnp.swapaxes(a * LOG2E, 1, 2)
@@ -39,3 +38,8 @@ def chunk_reverse_cumsum(r, lay):
     r = jnp.swapaxes(r, 1, 2).reshape(Bq, Tp // C, C, H)
     r = jnp.flip(jnp.cumsum(jnp.flip(r, 2), axis=2), 2).reshape(Bq, Tp, H)
     return packing.unpack(r, lay)
+
+
+def flat(x):
+    """[B, Tp, ...] -> [1, B * Tp, ...] (the batch rows as one packed row; a free reshape)."""
+    return x.reshape((1, x.shape[0] * x.shape[1]) + x.shape[2:])
