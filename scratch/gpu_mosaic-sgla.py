@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fla_jax.ops.simple_gla import chunk_simple_gla, mosaic_chunk
+from fla_jax.ops.simple_gla import chunk_simple_gla, mosaic_chunk, mosaic_split
 from parity_tests.test_pallas_simple_gla import recurrence64, rel
 
 DT = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
@@ -89,15 +89,18 @@ def where_bad(name, got, ref):
     return line
 
 
-CASES = {
-    "B2T300H4K64_g_h0": dict(B=2, T=300, H=4, K=64, V=64, use_g=True, use_gamma=False,
-                             use_h0=True, cu=None),
+CASES = {   # most telling first (a time budget cuts the tail)
     "B2T300H4K128_g_h0": dict(B=2, T=300, H=4, K=128, V=128, use_g=True, use_gamma=False,
                               use_h0=True, cu=None),
-    "B1T256H2K256_gamma": dict(B=1, T=256, H=2, K=256, V=256, use_g=False, use_gamma=True,
-                               use_h0=True, cu=None),
     "varlen_K128_g_gamma": dict(B=1, T=600, H=4, K=128, V=128, use_g=True, use_gamma=True,
                                 use_h0=True, cu=[0, 7, 7, 200, 263, 600]),
+    "split_B1T1000H2K64_g_h0": dict(B=1, T=1000, H=2, K=64, V=64, use_g=True,
+                                    use_gamma=False, use_h0=True, cu=None,
+                                    policy={"min_piece_chunks": 2}),
+    "B2T300H4K64_g_h0": dict(B=2, T=300, H=4, K=64, V=64, use_g=True, use_gamma=False,
+                             use_h0=True, cu=None),
+    "B1T256H2K256_gamma": dict(B=1, T=256, H=2, K=256, V=256, use_g=False, use_gamma=True,
+                               use_h0=True, cu=None),
     "B2T128H2K64_nogate_noh0": dict(B=2, T=128, H=2, K=64, V=64, use_g=False,
                                     use_gamma=False, use_h0=False, cu=None),
 }
@@ -114,7 +117,9 @@ def check(label, got, ref, dtype, first):
 
 
 def parity_small():
-    for name, c in CASES.items():
+    for i, (name, c) in enumerate(CASES.items()):
+        saved = dict(mosaic_split.POLICY)
+        mosaic_split.POLICY.update(c.get("policy", {}))
         for dtype in ("bf16", "fp16"):
             if time.time() - T_START > BUDGET_S * 0.5:
                 say(f"SKIP vs-fp64 {name} {dtype}: time budget")
@@ -129,13 +134,16 @@ def parity_small():
             except Exception as e:  # noqa: BLE001
                 say(f"FAIL vs-fp64 {name} {dtype} forward exception:\n{err_text(e)}")
                 continue
-            for backward in mosaic_chunk.BACKWARDS:
+            # the Pallas backward as a control on the first case only
+            for backward in mosaic_chunk.BACKWARDS if i == 0 else ("mosaic",):
                 mosaic_chunk.BACKWARD = backward
                 try:
                     got, first = run("mosaic", dtype, *x, c["cu"])
                     check(f"vs-fp64 {name} {dtype} bwd={backward}", got, ref, dtype, first)
                 except Exception as e:  # noqa: BLE001
                     say(f"FAIL vs-fp64 {name} {dtype} bwd={backward} exception:\n{err_text(e)}")
+        mosaic_split.POLICY.clear()
+        mosaic_split.POLICY.update(saved)
     mosaic_chunk.BACKWARD = "mosaic"
 
 
@@ -231,27 +239,76 @@ def parity_big_and_timings():
                         f"fwd+bwd {tb / res['jla'][1]:.2f}x")
 
 
-def kernel_only_time():
-    """Where the forward's time goes: the Mosaic kernel alone on pre-packed inputs."""
-    from fla_jax.ops.simple_gla import mosaic_fwd
+def long_sequence_times():
+    """B1 T32768 H16 K=V=128 bf16: mosaic with and without the sequence split, and jla."""
+    q, k, v, g, do = big_inputs("bf16", B=1, T=32768)
+    saved = dict(mosaic_split.POLICY)
+    for label, policy in (("split", {}), ("no-split", {"max_ctas": 0})):
+        if time.time() - T_START > BUDGET_S:
+            say(f"SKIP long {label}: time budget")
+            continue
+        mosaic_split.POLICY.update(policy)
+        try:
+            f, fb = ours("mosaic", q, k, v, g, do)
+            tf, ff = timeit(f, samples=11, inner=5)
+            tb, _ = timeit(fb, samples=11, inner=5)
+            say(f"TIME mosaic {label} B1T32768 bf16 fwd {tf:.3f} ms fwd+bwd {tb:.3f} ms "
+                f"(first {ff:.1f}s)")
+        except Exception as e:  # noqa: BLE001
+            say(f"FAIL long {label} exception:\n{err_text(e)}")
+        mosaic_split.POLICY.clear()
+        mosaic_split.POLICY.update(saved)
     try:
-        q, k, v, g, do = big_inputs("bf16")
-        g2 = jnp.swapaxes(jnp.cumsum(g.reshape(4, 64, 64, 16), 2).reshape(4, 4096, 16), 1, 2)
-        f = jax.jit(lambda q, k, v, g2: mosaic_fwd.forward(q, k, v, g2, None, None, scale=0.088,
-                                                          n_seqs=4, out_final=False)[0])
-        t, first = timeit(lambda: f(q, k, v, g2))
-        say(f"TIME mosaic forward kernel alone bf16 {t:.3f} ms (first {first:.1f}s)")
+        if time.time() - T_START < BUDGET_S:
+            f, fb = jla_fns(q, k, v, g, do)
+            tf, ff = timeit(f, samples=11, inner=5)
+            tb, _ = timeit(fb, samples=11, inner=5)
+            say(f"TIME jla B1T32768 bf16 fwd {tf:.3f} ms fwd+bwd {tb:.3f} ms (first {ff:.1f}s)")
     except Exception as e:  # noqa: BLE001
-        say(f"FAIL kernel-only timing exception:\n{err_text(e)}")
+        say(f"FAIL long jla exception:\n{err_text(e)}")
+
+
+def kernel_only_time():
+    """Where the time goes (B4 T4096 H16 K=V=128 bf16): each Mosaic kernel alone."""
+    from fla_jax.ops.simple_gla import mosaic_bwd_kernels as mbk
+    from fla_jax.ops.simple_gla import mosaic_fwd
+    q, k, v, g, do = big_inputs("bf16")
+    g2 = jnp.swapaxes(jnp.cumsum(g.reshape(4, 64, 64, 16), 2).reshape(4, 4096, 16), 1, 2)
+    g2 = g2 * 1.4426950408889634
+    kw = dict(scale=0.088, n_seqs=4)
+    parts = {
+        "forward(output)": lambda: mosaic_fwd.forward(q, k, v, g2, None, None, out_final=False,
+                                                      **kw)[0],
+        "forward(states)": lambda: mosaic_fwd.forward(q, k, v, g2, None, None, out_final=False,
+                                                      mode="states", **kw)[0],
+        "dstate": lambda: mbk.dstate(q, do, g2, jnp.zeros((4, 16, 128, 128), jnp.float32),
+                                     None, want_dh0=False, **kw)[0],
+    }
+    for name, fn in parts.items():
+        try:
+            f = jax.jit(fn)
+            t, first = timeit(f)
+            say(f"TIME kernel {name} bf16 {t:.3f} ms (first {first:.1f}s)")
+        except Exception as e:  # noqa: BLE001
+            say(f"FAIL kernel {name} exception:\n{err_text(e)}")
+    try:
+        hs = jax.jit(parts["forward(states)"])()
+        f = jax.jit(lambda hs: mbk.grads(q, k, v, do, g2, hs, hs, scale=0.088))
+        t, first = timeit(lambda: f(hs))
+        say(f"TIME kernel grads bf16 {t:.3f} ms (first {first:.1f}s)")
+    except Exception as e:  # noqa: BLE001
+        say(f"FAIL kernel grads exception:\n{err_text(e)}")
 
 
 if __name__ == "__main__":
     say(f"env jax {jax.__version__} devices {jax.devices()}")
-    steps = (parity_small, kernel_only_time, parity_big_and_timings)
+    steps = (parity_small, kernel_only_time, parity_big_and_timings, long_sequence_times)
     if os.environ.get("MOSAIC_DRY"):   # CPU check of this script: GPU interpreter, tiny shapes
         from fla_jax.ops.common.mosaic.tiles import gpu_interpret
         CASES = {"dry": dict(B=1, T=70, H=1, K=64, V=64, use_g=True, use_gamma=True,
-                             use_h0=True, cu=[0, 20, 70])}
+                             use_h0=True, cu=[0, 20, 70]),
+                 "dry_split": dict(B=1, T=300, H=1, K=64, V=64, use_g=True, use_gamma=False,
+                                   use_h0=True, cu=None, policy={"min_piece_chunks": 2})}
         steps = (parity_small,)
         ctx = gpu_interpret()
         ctx.__enter__()
