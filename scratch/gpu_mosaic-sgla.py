@@ -116,6 +116,25 @@ def check(label, got, ref, dtype, first):
         say(where_bad(n, got[n], ref[n]))
 
 
+def overlap_parity():
+    """The forward with TUNING['overlap'] (two products in flight) vs float64."""
+    from fla_jax.ops.simple_gla import mosaic_fwd
+    name, c = next(iter(CASES.items()))
+    mosaic_fwd.TUNING["overlap"] = True
+    try:
+        for dtype in ("bf16", "fp16"):
+            x = inputs(c["B"], c["T"], c["H"], c["K"], c["V"], dtype, c["use_g"],
+                       c["use_gamma"], c["use_h0"], c["cu"])
+            q, k, v, do, g, gamma, h0, dht = x
+            ref = recurrence64(q, k, v, g, gamma, c["K"] ** -0.5, h0, c["cu"], do, dht)
+            got, first = run("mosaic", dtype, *x, c["cu"], grads=False)
+            check(f"vs-fp64 {name} {dtype} forward overlap=True", got, ref, dtype, first)
+    except Exception as e:  # noqa: BLE001
+        say(f"FAIL forward overlap=True exception:\n{err_text(e)}")
+    finally:
+        mosaic_fwd.TUNING["overlap"] = False
+
+
 def parity_small():
     for i, (name, c) in enumerate(CASES.items()):
         saved = dict(mosaic_split.POLICY)
@@ -285,12 +304,15 @@ def kernel_only_time():
                                      None, want_dh0=False, **kw)[0],
     }
     for name, fn in parts.items():
-        try:
-            f = jax.jit(fn)
-            t, first = timeit(f)
-            say(f"TIME kernel {name} bf16 {t:.3f} ms (first {first:.1f}s)")
-        except Exception as e:  # noqa: BLE001
-            say(f"FAIL kernel {name} exception:\n{err_text(e)}")
+        for overlap in ((False, True) if name == "forward(output)" else (False,)):
+            mosaic_fwd.TUNING["overlap"] = overlap
+            try:
+                f = jax.jit(fn)
+                t, first = timeit(f)
+                say(f"TIME kernel {name} overlap={overlap} bf16 {t:.3f} ms (first {first:.1f}s)")
+            except Exception as e:  # noqa: BLE001
+                say(f"FAIL kernel {name} overlap={overlap} exception:\n{err_text(e)}")
+    mosaic_fwd.TUNING["overlap"] = False
     try:
         hs = jax.jit(parts["forward(states)"])()
         f = jax.jit(lambda hs: mbk.grads(q, k, v, do, g2, hs, hs, scale=0.088))
@@ -302,14 +324,15 @@ def kernel_only_time():
 
 if __name__ == "__main__":
     say(f"env jax {jax.__version__} devices {jax.devices()}")
-    steps = (parity_small, kernel_only_time, parity_big_and_timings, long_sequence_times)
+    steps = (parity_small, overlap_parity, kernel_only_time, parity_big_and_timings,
+             long_sequence_times)
     if os.environ.get("MOSAIC_DRY"):   # CPU check of this script: GPU interpreter, tiny shapes
         from fla_jax.ops.common.mosaic.tiles import gpu_interpret
         CASES = {"dry": dict(B=1, T=70, H=1, K=64, V=64, use_g=True, use_gamma=True,
                              use_h0=True, cu=[0, 20, 70]),
                  "dry_split": dict(B=1, T=300, H=1, K=64, V=64, use_g=True, use_gamma=False,
                                    use_h0=True, cu=None, policy={"min_piece_chunks": 2})}
-        steps = (parity_small,)
+        steps = (parity_small, overlap_parity)
         ctx = gpu_interpret()
         ctx.__enter__()
     for step in steps:

@@ -22,13 +22,15 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of,
-                                   load_vec, load_wgmma, matmul, rows_of, smem_tile, union,
-                                   zeros_wgmma)
+from ..common.mosaic.tiles import (COLS, F32, ROWS, build, causal_decay, load_vec, load_wgmma,
+                                   matmul, matmul_pair, rows_of, smem_tile, union, zeros_wgmma)
 
 C = 64
 BV = 64
 SEQ_COLS = 32    # int32 columns of a row of the varlen table (one 128-byte TMA copy)
+# Read when a kernel is traced. overlap: issue q k^T and q S together and form the decay
+# masks while they run (else one product at a time).
+TUNING = {"overlap": False}
 
 
 def forward(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, out_final: bool,
@@ -122,10 +124,20 @@ def forward(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, out_final: bool
             s_s[...] = s_t.astype(dt)
             plgpu.commit_smem()
             g_col = load_vec(g_s.at[slot], COLS)
-            p = matmul(q_s.at[slot], k_s.at[slot], (C, C), tb=True)
-            p = (p * causal_decay(g_row, g_col, (C, C))).astype(dt)
-            o = matmul(q_s.at[slot], s_s, (C, BV), tb=True)
-            o = matmul(p, v_s.at[slot], (C, BV), init=o * rows_of(jnp.exp2(g_row), (C, BV)))
+            if TUNING["overlap"]:   # q k^T and q S in flight while the decays are formed
+                p, o, (d, q_decay) = matmul_pair(
+                    (q_s.at[slot], k_s.at[slot], (C, C), False, True),
+                    (q_s.at[slot], s_s, (C, BV), False, True),
+                    lambda: (causal_decay(g_row, g_col, (C, C)),
+                             rows_of(jnp.exp2(g_row), (C, BV))))
+                p = (p * d).astype(dt)
+                o = o * q_decay
+            else:
+                p = matmul(q_s.at[slot], k_s.at[slot], (C, C), tb=True)
+                p = (p * causal_decay(g_row, g_col, (C, C))).astype(dt)
+                o = matmul(q_s.at[slot], s_s, (C, BV), tb=True)
+                o = o * rows_of(jnp.exp2(g_row), (C, BV))
+            o = matmul(p, v_s.at[slot], (C, BV), init=o)
             plgpu.wait_smem_to_gmem(1, wait_read_only=True)
             o_s.at[slot][...] = (o * scale).astype(dt)
             plgpu.commit_smem()

@@ -63,6 +63,24 @@ def matmul(a, b, shape, init=None, ta=False, tb=False):
     return lax.optimization_barrier(out)
 
 
+def matmul_pair(first, second, between=None):
+    """Two independent products issued back to back (the tensor cores run them while the
+    warpgroup computes `between()`), then read: returns (out1, out2, between's result).
+    first, second: (a, b, shape, ta, tb) as in `matmul` (SMEM operands; no init)."""
+    if interpreting():
+        outs = [matmul(a, b_, shape, ta=ta, tb=tb) for a, b_, shape, ta, tb in (first, second)]
+        return outs[0], outs[1], None if between is None else between()
+
+    def scoped(acc1, acc2):
+        for acc, (a, b_, _, ta, tb) in ((acc1, first), (acc2, second)):
+            plgpu.wgmma(acc, a.T if ta else a, b_.T if tb else b_)
+        extra = None if between is None else between()
+        return acc1[...], acc2[...], extra
+
+    out = pl.run_scoped(scoped, plgpu.ACC(tuple(first[2]), F32), plgpu.ACC(tuple(second[2]), F32))
+    return lax.optimization_barrier(out)
+
+
 def iota(shape, dim):
     if interpreting():
         return lax.broadcasted_iota(jnp.int32, shape, dim)
