@@ -10,9 +10,9 @@ TMA double-buffers the next chunk's q, k, v and gates while one chunk computes; 
 through a double-buffered SMEM tile and TMA stores.
 
 Inputs are chunk-aligned: every sequence starts at a multiple of C and its rows past its end
-are zero (mosaic_layout.py packs them). The chunk range of a sequence is static (fixed-length
-batch: sequence n = batch row n) or read from a table `seq` [N, SEQ_COLS] int32 (first chunk, chunk
-count) in GMEM (varlen).
+are zero (common/mosaic/packing.py). The chunk range of a sequence is static (fixed-length
+batch: sequence n = batch row n) or read from a table `seq` [N, SEQ_COLS] int32 (first chunk,
+chunk count) in GMEM (varlen, and the pieces of mosaic_split.py).
 """
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ def forward(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, out_final: bool
     """q, k: [Bq, Tp, H, K]; v: [Bq, Tp, H, V] (one 16-bit dtype, Tp % 64 == 0);
     g2: [Bq, H, Tp] fp32 chunk-local cumsum of the log-decay times log2(e);
     h0t: None or [N, H, V, K] fp32 (transposed initial state); seq: None (fixed length,
-    N == Bq, every sequence Tp long) or int32 [N, SEQ_COLS] (row n: first chunk, chunk count; Bq == 1).
+    N == Bq, every sequence Tp long) or int32 [N, SEQ_COLS] (row n: first chunk, chunk count;
+    Bq == 1).
     Returns o [Bq, Tp, H, V] in q's dtype and, with out_final, the transposed final state
     [N, H, V, K] fp32 (else None). mode="states" (the backward's recompute): no output;
     returns instead the transposed state entering every chunk, [Bq, H, Tp // 64, V, K] in q's
