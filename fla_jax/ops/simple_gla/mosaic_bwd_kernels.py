@@ -156,36 +156,37 @@ def grads(q, k, v, do, g2, hs, dhs, *, scale: float):
         g_last = g_s[C - 1]
         decay = jnp.exp2(g_row)
         rdecay = jnp.exp2(g_last - g_row)
-        q_t = load_wgmma(q_s).astype(F32)
-        k_t = load_wgmma(k_s).astype(F32)
         # dq = scale (Γ (do S^T) + (P * D) k)
         p = matmul(do_s, v_s, (C, C), tb=True) * causal_decay(g_row, g_col, (C, C))
         dq = matmul(do_s, h_s, (C, K)) * rows_of(decay, (C, K))
         dq = matmul(p.astype(dt), k_s, (C, K), init=dq) * scale
         dq_s[...] = dq.astype(dt)
-        r = jnp.sum(q_t * dq, axis=1)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(dq_s, dq_ref.at[b, rows, h])
+        r = jnp.sum(load_wgmma(q_s).astype(F32) * dq, axis=1)
         # dk = Γr (v dS^T) + scale (P * D)^T q
         pt = matmul(v_s, do_s, (C, C), tb=True) * causal_decay(g_row, g_col, (C, C),
                                                                transposed=True)
         dk_inter = matmul(v_s, dh_s, (C, K)) * rows_of(rdecay, (C, K))
-        state = jnp.sum(jnp.sum(k_t * dk_inter, axis=1))
+        state = jnp.sum(jnp.sum(load_wgmma(k_s).astype(F32) * dk_inter, axis=1))
         dk = matmul((pt * scale).astype(dt), q_s, (C, K), init=dk_inter)
         dk_s[...] = dk.astype(dt)
-        r = r - jnp.sum(k_t * dk, axis=1)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(dk_s, dk_ref.at[b, rows, h])
+        r = r - jnp.sum(load_wgmma(k_s).astype(F32) * dk, axis=1)
         # dv = Γr (k dS) + scale ((q k^T) * D)^T do
         at = matmul(k_s, q_s, (C, C), tb=True) * causal_decay(g_row, g_col, (C, C),
                                                               transposed=True)
         dv = matmul(k_s, dh_s, (C, V), tb=True) * rows_of(rdecay, (C, V))
         dv = matmul((at * scale).astype(dt), do_s, (C, V), init=dv)
         dv_s[...] = dv.astype(dt)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(dv_s, dv_ref.at[b, rows, h])
         # <S_next, dS> = <γ S, dS> + sum_j k_j . dk_inter_j, on the last row
         state = state + jnp.exp2(g_last) * jnp.sum(jnp.sum(
             load_wgmma(h_s).astype(F32) * load_wgmma(dh_s).astype(F32), axis=1))
         r_s[...] = r + jnp.where(iota_vec(C, ROWS) == C - 1, state, 0.0)
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(dq_s, dq_ref.at[b, rows, h])
-        plgpu.copy_smem_to_gmem(dk_s, dk_ref.at[b, rows, h])
-        plgpu.copy_smem_to_gmem(dv_s, dv_ref.at[b, rows, h])
         plgpu.copy_smem_to_gmem(r_s, r_ref.at[b, h, rows])
         plgpu.wait_smem_to_gmem(0)
 

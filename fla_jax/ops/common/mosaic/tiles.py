@@ -118,7 +118,7 @@ def causal_decay(g_row, g_col, shape, transposed=False):
 
 
 def compiler_params():
-    return plgpu.CompilerParams(approx_math=False)
+    return plgpu.CompilerParams(approx_math=True)   # ex2.approx: ~2 ulp of fp32
 
 
 _INTERPRET = [None]
