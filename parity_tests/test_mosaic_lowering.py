@@ -124,3 +124,16 @@ def test_auto_picks(monkeypatch):
     monkeypatch.setattr(mdispatch, "on_hopper", lambda: False)
     o, _ = chunk_simple_gla(q, q, q, impl="auto")
     assert o.shape == q.shape
+
+
+def test_mosaic_named_errors_on_hopper(monkeypatch):
+    """On a (pretended) Hopper GPU impl='mosaic' refuses what its kernels cannot take, naming
+    why and pointing at impl='pallas'."""
+    from fla_jax.ops.common.mosaic import lowering
+    monkeypatch.setattr(lowering, "on_hopper", lambda: True)
+    q32 = jnp.zeros((1, 64, 1, 64), jnp.float32)
+    with pytest.raises(ValueError, match="float32.*impl='pallas'"):
+        chunk_simple_gla(q32, q32, q32, impl="mosaic")
+    q = jnp.zeros((1, 64, 1, 96), jnp.bfloat16)
+    with pytest.raises(ValueError, match="K=96"):
+        chunk_simple_gla(q, q, q, impl="mosaic")
