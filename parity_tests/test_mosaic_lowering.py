@@ -21,7 +21,7 @@ import pytest
 from fla_jax.ops.common.mosaic import dispatch as mdispatch
 from fla_jax.ops.common.mosaic import export_for_cuda
 from fla_jax.ops.common.mosaic.tiles import gpu_interpret
-from fla_jax.ops.simple_gla import (chunk_simple_gla, mosaic_chunk, mosaic_split,
+from fla_jax.ops.simple_gla import (chunk_simple_gla, mosaic_chunk, mosaic_fwd, mosaic_split,
                                     mosaic_unsupported_reason)
 
 from .test_pallas_simple_gla import run_case
@@ -56,6 +56,13 @@ def test_forward_lowers(K, dtype):
     assert "mosaic_gpu" in text
 
 
+@pytest.mark.parametrize("K", [64, 128])
+def test_warp_specialized_forward_lowers(K, monkeypatch):
+    monkeypatch.setitem(mosaic_fwd.TUNING, "ws", True)
+    text = _lower(K, "fp16", varlen=True, backward=False)
+    assert "simple_gla_mosaic_fwd_ws" in text
+
+
 @pytest.mark.parametrize("K", [64, 128, 256])
 def test_varlen_vjp_lowers(K):
     """The vjp with each backward (Mosaic kernels for K <= 128, else the Pallas ones)."""
@@ -72,7 +79,7 @@ def test_varlen_vjp_lowers(K):
 
 
 CASES = {
-    "g_h0_t150": dict(B=1, T=150, H=1, K=64, V=64),
+    "ws_g_h0_t150": dict(B=1, T=150, H=1, K=64, V=64, ws=True),   # warp-specialized forward
     "gamma_varlen": dict(B=1, T=100, H=1, K=64, V=128, use_g=False, use_gamma=True,
                          cu=[0, 7, 7, 70, 100]),
     # pieces of 2, 2, 1 and 0 chunks per sequence (the split's scans, an empty piece)
@@ -85,6 +92,7 @@ def test_interpreted_against_float64(case, monkeypatch):
     """Mosaic forward and backward kernels in the GPU interpreter vs float64."""
     monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
     kw = dict(CASES[case])
+    monkeypatch.setitem(mosaic_fwd.TUNING, "ws", kw.pop("ws", False))
     if kw.pop("split", False):
         monkeypatch.setitem(mosaic_split.POLICY, "min_piece_chunks", 1)
         assert mosaic_split.pieces(1, 1, 64, 5, False) == 4

@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from ..common.mosaic import check_mosaic, packing
-from . import mosaic_bwd, mosaic_fwd, mosaic_inputs, mosaic_split, pallas_chunk
+from . import (mosaic_bwd, mosaic_fwd, mosaic_fwd_ws, mosaic_inputs, mosaic_split,
+               pallas_chunk)
 
 OP = "chunk_simple_gla"
 MAX_GRID = 65535
@@ -53,6 +54,15 @@ class _Cfg:
     pieces: int      # sequence split of the serial passes (mosaic_split.py); 1: none
 
 
+def _output_pass(q, k, v, g2, h0t, seq, scale, n_seqs):
+    """(o, transposed final state) of mosaic_fwd.forward; the warp-specialized kernel where
+    TUNING['ws'] selects it and it takes the head size."""
+    if mosaic_fwd.TUNING["ws"] and mosaic_fwd_ws.supports(q.shape[-1], q.dtype):
+        return mosaic_fwd_ws.forward_ws(q, k, v, g2, h0t, seq, scale=scale, n_seqs=n_seqs)
+    return mosaic_fwd.forward(q, k, v, g2, h0t, seq, scale=scale, n_seqs=n_seqs,
+                              out_final=True)
+
+
 def _forward(cfg, q, k, v, g, gamma, h0, cu):
     lay = mosaic_inputs.layout(cfg.T, cu)
     a = packing.pack(mosaic_inputs.log_decay(q, g, gamma), lay)
@@ -61,8 +71,7 @@ def _forward(cfg, q, k, v, g, gamma, h0, cu):
     P = cfg.pieces
     if P == 1:
         g2 = mosaic_inputs.chunk_cumsum(a)
-        o, ht = mosaic_fwd.forward(qp, kp, vp, g2, h0t, lay.seq, scale=cfg.scale,
-                                   n_seqs=cfg.N, out_final=True)
+        o, ht = _output_pass(qp, kp, vp, g2, h0t, lay.seq, cfg.scale, cfg.N)
     else:
         B, Tp = qp.shape[:2]
         flat = mosaic_inputs.flat
@@ -73,8 +82,7 @@ def _forward(cfg, q, k, v, g, gamma, h0, cu):
                                   out_final=True, mode="final")
         starts, ht = mosaic_split.forward_starts(E, mosaic_split.piece_decay(g2, B, P), h0t,
                                                  B, P)
-        o, _ = mosaic_fwd.forward(qf, kf, vf, g2, starts, seq, scale=cfg.scale,
-                                  n_seqs=B * P, out_final=False)
+        o, _ = _output_pass(qf, kf, vf, g2, starts, seq, cfg.scale, B * P)
         o = o.reshape(qp.shape[:3] + (v.shape[-1],))
     return packing.unpack(o, lay), jnp.swapaxes(ht, -1, -2)
 

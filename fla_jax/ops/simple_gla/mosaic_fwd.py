@@ -29,8 +29,9 @@ C = 64
 BV = 64
 SEQ_COLS = 32    # int32 columns of a row of the varlen table (one 128-byte TMA copy)
 # Read when a kernel is traced. overlap: issue q k^T and q S together and form the decay
-# masks while they run (else one product at a time).
-TUNING = {"overlap": False}
+# masks while they run (else one product at a time). ws: the output pass on the
+# warp-specialized kernel (mosaic_fwd_ws.py, K <= 128).
+TUNING = {"overlap": False, "ws": False}
 
 
 def forward(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, out_final: bool,

@@ -141,14 +141,15 @@ def interpreting() -> bool:
     return _INTERPRET[0] is not None
 
 
-def build(body, *, name, out_type, scratch, grid, grid_names):
-    """plgpu.kernel of one warpgroup per CTA."""
+def build(body, *, name, out_type, scratch, grid, grid_names, threads=1):
+    """plgpu.kernel of `threads` warpgroups per CTA (axis "wg" when more than one)."""
+    kw = dict(num_threads=threads, thread_name="wg") if threads > 1 else {}
     if interpreting():
         return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
-                            grid_names=grid_names, interpret=_INTERPRET[0])
+                            grid_names=grid_names, interpret=_INTERPRET[0], **kw)
     return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
                         grid_names=grid_names, compiler_params=compiler_params(),
-                        kernel_name=name)
+                        kernel_name=name, **kw)
 
 
 def zeros_wgmma(shape):
