@@ -116,23 +116,29 @@ def check(label, got, ref, dtype, first):
         say(where_bad(n, got[n], ref[n]))
 
 
-def overlap_parity():
-    """The forward with TUNING['overlap'] (two products in flight) vs float64."""
+def variant_parity():
+    """Forward variants (TUNING of mosaic_fwd: overlap, ws) vs float64 on the first case and
+    the varlen case."""
     from fla_jax.ops.simple_gla import mosaic_fwd
-    name, c = next(iter(CASES.items()))
-    mosaic_fwd.TUNING["overlap"] = True
-    try:
-        for dtype in ("bf16", "fp16"):
-            x = inputs(c["B"], c["T"], c["H"], c["K"], c["V"], dtype, c["use_g"],
-                       c["use_gamma"], c["use_h0"], c["cu"])
-            q, k, v, do, g, gamma, h0, dht = x
-            ref = recurrence64(q, k, v, g, gamma, c["K"] ** -0.5, h0, c["cu"], do, dht)
-            got, first = run("mosaic", dtype, *x, c["cu"], grads=False)
-            check(f"vs-fp64 {name} {dtype} forward overlap=True", got, ref, dtype, first)
-    except Exception as e:  # noqa: BLE001
-        say(f"FAIL forward overlap=True exception:\n{err_text(e)}")
-    finally:
-        mosaic_fwd.TUNING["overlap"] = False
+    for variant, n_cases in (("ws", 2), ("overlap", 1)):
+        for name, c in list(CASES.items())[:n_cases]:
+            if time.time() - T_START > BUDGET_S * 0.75:
+                say(f"SKIP forward {variant}=True {name}: time budget")
+                continue
+            mosaic_fwd.TUNING[variant] = True
+            try:
+                for dtype in ("bf16", "fp16"):
+                    x = inputs(c["B"], c["T"], c["H"], c["K"], c["V"], dtype, c["use_g"],
+                               c["use_gamma"], c["use_h0"], c["cu"])
+                    q, k, v, do, g, gamma, h0, dht = x
+                    ref = recurrence64(q, k, v, g, gamma, c["K"] ** -0.5, h0, c["cu"], do, dht)
+                    got, first = run("mosaic", dtype, *x, c["cu"], grads=False)
+                    check(f"vs-fp64 {name} {dtype} forward {variant}=True", got, ref, dtype,
+                          first)
+            except Exception as e:  # noqa: BLE001
+                say(f"FAIL forward {variant}=True {name} exception:\n{err_text(e)}")
+            finally:
+                mosaic_fwd.TUNING[variant] = False
 
 
 def parity_small():
@@ -140,7 +146,7 @@ def parity_small():
         saved = dict(mosaic_split.POLICY)
         mosaic_split.POLICY.update(c.get("policy", {}))
         for dtype in ("bf16", "fp16"):
-            if time.time() - T_START > BUDGET_S * 0.4:
+            if time.time() - T_START > BUDGET_S * 0.3:
                 say(f"SKIP vs-fp64 {name} {dtype}: time budget")
                 continue
             x = inputs(c["B"], c["T"], c["H"], c["K"], c["V"], dtype, c["use_g"],
@@ -211,21 +217,27 @@ def timeit(fn, samples=21, inner=10):
     return statistics.median(ts), first
 
 
-def parity_big_and_timings():
+def parity_big_and_timings(dtypes=("bf16", "fp16")):
     """B4 T4096 H16 K=V=128: timings of mosaic / pallas / jla, mosaic vs pallas outputs."""
-    entries = (("mosaic", "mosaic"), ("pallas", None), ("jla", None), ("mosaic", "pallas"))
-    for dtype in ("bf16", "fp16"):
+    from fla_jax.ops.simple_gla import mosaic_fwd
+    entries = (("mosaic", "mosaic"), ("pallas", None), ("jla", None), ("mosaic", "ws"),
+               ("mosaic", "pallas"))
+    for dtype in dtypes:
         q, k, v, g, do = big_inputs(dtype)
         res, outs = {}, {}
         for impl, backward in entries:
             label = impl if backward is None else f"mosaic(bwd={backward})"
+            if backward == "ws":
+                label = "mosaic(ws forward)"
             if time.time() - T_START > BUDGET_S:
                 say(f"SKIP time {label} {dtype}: time budget")
                 continue
-            if backward == "pallas" and dtype == "fp16":
+            if dtype == "fp16" and (backward in ("pallas", "ws") or impl == "pallas"):
                 continue
             try:
-                if backward is not None:
+                if backward == "ws":
+                    mosaic_fwd.TUNING["ws"] = True
+                elif backward is not None:
                     mosaic_chunk.BACKWARD = backward
                 f, fb = jla_fns(q, k, v, g, do) if impl == "jla" else ours(impl, q, k, v, g, do)
                 tf, ff = timeit(f)
@@ -240,6 +252,7 @@ def parity_big_and_timings():
                 say(f"FAIL time {label} {dtype} exception:\n{err_text(e)}")
             finally:
                 mosaic_chunk.BACKWARD = "mosaic"
+                mosaic_fwd.TUNING["ws"] = False
         if len(outs) == 2:
             errs = [rel(a, b) for a, b in zip(outs["mosaic(bwd=mosaic)"], outs["pallas"])]
             tol = 2 * TOL[dtype]
@@ -310,6 +323,13 @@ def kernel_only_time():
                 say(f"FAIL kernel {name} overlap={overlap} exception:\n{err_text(e)}")
     mosaic_fwd.TUNING["overlap"] = False
     try:
+        from fla_jax.ops.simple_gla import mosaic_fwd_ws
+        f = jax.jit(lambda: mosaic_fwd_ws.forward_ws(q, k, v, g2, None, None, **kw)[0])
+        t, first = timeit(f)
+        say(f"TIME kernel forward_ws(output) bf16 {t:.3f} ms (first {first:.1f}s)")
+    except Exception as e:  # noqa: BLE001
+        say(f"FAIL kernel forward_ws exception:\n{err_text(e)}")
+    try:
         hs = jax.jit(parts["forward(states)"])()
         f = jax.jit(lambda hs: mbk.grads(q, k, v, do, g2, hs, hs, scale=0.088))
         t, first = timeit(lambda: f(hs))
@@ -320,20 +340,20 @@ def kernel_only_time():
 
 if __name__ == "__main__":
     say(f"env jax {jax.__version__} devices {jax.devices()}")
-    steps = (parity_small, overlap_parity, kernel_only_time, parity_big_and_timings,
-             long_sequence_times)
+    steps = (parity_small, kernel_only_time, lambda: parity_big_and_timings(("bf16",)),
+             variant_parity, long_sequence_times, lambda: parity_big_and_timings(("fp16",)))
     if os.environ.get("MOSAIC_DRY"):   # CPU check of this script: GPU interpreter, tiny shapes
         from fla_jax.ops.common.mosaic.tiles import gpu_interpret
         CASES = {"dry": dict(B=1, T=70, H=1, K=64, V=64, use_g=True, use_gamma=True,
                              use_h0=True, cu=[0, 20, 70]),
                  "dry_split": dict(B=1, T=300, H=1, K=64, V=64, use_g=True, use_gamma=False,
                                    use_h0=True, cu=None, policy={"min_piece_chunks": 2})}
-        steps = (parity_small, overlap_parity)
+        steps = (parity_small, variant_parity)
         ctx = gpu_interpret()
         ctx.__enter__()
     for step in steps:
         try:
             step()
         except Exception as e:  # noqa: BLE001
-            say(f"FAIL {step.__name__} exception:\n{err_text(e)}")
+            say(f"FAIL {getattr(step, '__name__', 'step')} exception:\n{err_text(e)}")
     say(f"done in {time.time() - T_START:.1f}s")
