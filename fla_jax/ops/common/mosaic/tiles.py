@@ -117,8 +117,9 @@ def causal_decay(g_row, g_col, shape, transposed=False):
     return jnp.exp2(jnp.where(keep, expo, -jnp.inf))
 
 
-def compiler_params():
-    return plgpu.CompilerParams(approx_math=True)   # ex2.approx: ~2 ulp of fp32
+def compiler_params(approx_math=False):
+    """approx_math: ex2.approx and friends (~2 ulp of fp32)."""
+    return plgpu.CompilerParams(approx_math=approx_math)
 
 
 _INTERPRET = [None]
@@ -141,14 +142,14 @@ def interpreting() -> bool:
     return _INTERPRET[0] is not None
 
 
-def build(body, *, name, out_type, scratch, grid, grid_names, threads=1):
+def build(body, *, name, out_type, scratch, grid, grid_names, threads=1, approx_math=False):
     """plgpu.kernel of `threads` warpgroups per CTA (axis "wg" when more than one)."""
     kw = dict(num_threads=threads, thread_name="wg") if threads > 1 else {}
     if interpreting():
         return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
                             grid_names=grid_names, interpret=_INTERPRET[0], **kw)
     return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
-                        grid_names=grid_names, compiler_params=compiler_params(),
+                        grid_names=grid_names, compiler_params=compiler_params(approx_math),
                         kernel_name=name, **kw)
 
 
