@@ -118,7 +118,8 @@ def dstate(q, do, g2, dhtt, seq, *, scale: float, n_seqs: int, want_dh0: bool):
 
     args = [q, do, g2, dhtt] + ([seq] if varlen else [])
     outs = build(body, name="simple_gla_mosaic_bwd_dstate", out_type=out_type, scratch=scratch,
-                 grid=(n_seqs, H, V // BV), grid_names=("n", "h", "v"), approx_math=True)(*args)
+                 grid=(n_seqs, H, V // BV), grid_names=("n", "h", "v"),
+                 approx_math=True)(*args)
     return outs[0], (outs[1] if want_dh0 else None)
 
 
@@ -191,4 +192,5 @@ def grads(q, k, v, do, g2, hs, dhs, *, scale: float):
         plgpu.wait_smem_to_gmem(0)
 
     return build(body, name="simple_gla_mosaic_bwd_grads", out_type=out_type, scratch=scratch,
-                 grid=(Bq, H, Tp // C), grid_names=("b", "h", "c"), approx_math=True)(q, k, v, do, g2, hs, dhs)
+                 grid=(Bq, H, Tp // C), grid_names=("b", "h", "c"),
+                 approx_math=True)(q, k, v, do, g2, hs, dhs)

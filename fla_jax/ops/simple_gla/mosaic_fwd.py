@@ -182,7 +182,8 @@ def forward(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, out_final: bool
 
     args = [q, k, v, g2] + ([h0t] if has_h0 else []) + ([seq] if varlen else [])
     outs = build(body, name="simple_gla_mosaic_fwd", out_type=out_type, scratch=scratch,
-                 grid=(n_seqs, H, V // BV), grid_names=("n", "h", "v"), approx_math=True)(*args)
+                 grid=(n_seqs, H, V // BV), grid_names=("n", "h", "v"),
+                 approx_math=True)(*args)
     outs = list(outs)
     first = outs.pop(0) if out_o or states else None
     return first, (outs.pop(0) if out_final else None)

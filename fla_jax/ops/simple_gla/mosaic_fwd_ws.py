@@ -209,5 +209,6 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int):
 
     args = [q, k, v, g2] + ([h0t] if has_h0 else []) + ([seq] if varlen else [])
     o, ht = build(body, name="simple_gla_mosaic_fwd_ws", out_type=out_type, scratch=scratch,
-                  grid=(n_seqs, H, V // BV), grid_names=("n", "h", "v"), threads=3, approx_math=True)(*args)
+                  grid=(n_seqs, H, V // BV), grid_names=("n", "h", "v"), threads=3,
+                  approx_math=True)(*args)
     return o, ht
