@@ -143,7 +143,7 @@ def variant_parity():
     """Forward variants (TUNING of mosaic_fwd: overlap, ws) vs float64 on the first case and
     the varlen case."""
     from fla_jax.ops.simple_gla import mosaic_fwd
-    for variant, n_cases in (("overlap", 1),):   # ws fails to lower on jax 0.11.2
+    for variant, n_cases in (("overlap", 1), ("ws", 2)):
         for name, c in list(CASES.items())[:n_cases]:
             if time.time() - T_START > BUDGET_S * 0.75:
                 say(f"SKIP forward {variant}=True {name}: time budget")
@@ -183,7 +183,7 @@ def parity_small():
                 say(f"FAIL vs-fp64 {name} {dtype} forward exception:\n{err_text(e)}")
                 continue
             # the Pallas backward as a control on the first case only
-            for backward in ("pallas",):   # the Mosaic backward fails to lower on jax 0.11.2
+            for backward in ("pallas", "mosaic") if i == 0 else ("mosaic",):
                 mosaic_chunk.BACKWARD = backward
                 try:
                     got, first = run("mosaic", dtype, *x, c["cu"])
@@ -243,7 +243,7 @@ def timeit(fn, samples=21, inner=10):
 def parity_big_and_timings(dtypes=("bf16", "fp16")):
     """B4 T4096 H16 K=V=128: timings of mosaic / pallas / jla, mosaic vs pallas outputs."""
     from fla_jax.ops.simple_gla import mosaic_fwd
-    entries = (("mosaic", "pallas"), ("pallas", None), ("jla", None))
+    entries = (("mosaic", "pallas"), ("mosaic", "mosaic"), ("pallas", None), ("jla", None))
     for dtype in dtypes:
         q, k, v, g, do = big_inputs(dtype)
         res, outs = {}, {}
@@ -267,7 +267,7 @@ def parity_big_and_timings(dtypes=("bf16", "fp16")):
                 res[label] = (tf, tb)
                 say(f"TIME {label} {dtype} fwd {tf:.3f} ms fwd+bwd {tb:.3f} ms "
                     f"(first calls {ff:.1f}s / {fbf:.1f}s)")
-                if label in ("mosaic(bwd=pallas)", "pallas"):
+                if label in ("mosaic(bwd=pallas)", "mosaic(bwd=mosaic)", "pallas"):
                     outs[label] = [np.asarray(jnp.asarray(x, jnp.float32), np.float64)
                                    for x in (f(),) + tuple(fb())]
             except Exception as e:  # noqa: BLE001
@@ -275,12 +275,14 @@ def parity_big_and_timings(dtypes=("bf16", "fp16")):
             finally:
                 mosaic_chunk.BACKWARD = "pallas"
                 mosaic_fwd.TUNING["ws"] = False
-        if len(outs) == 2:
-            errs = [rel(a, b) for a, b in zip(outs["mosaic(bwd=pallas)"], outs["pallas"])]
+        for label in ("mosaic(bwd=pallas)", "mosaic(bwd=mosaic)"):
+            if label not in outs or "pallas" not in outs:
+                continue
+            errs = [rel(a, b) for a, b in zip(outs[label], outs["pallas"])]
             tol = 2 * TOL[dtype]
             ok = all(e <= (3 * tol if i == 4 else tol) for i, e in enumerate(errs))
             names = ("o", "dq", "dk", "dv", "dg")
-            say(f"{'PASS' if ok else 'FAIL'} mosaic-vs-pallas B4T4096H16K128 {dtype} "
+            say(f"{'PASS' if ok else 'FAIL'} {label}-vs-pallas B4T4096H16K128 {dtype} "
                 + " ".join(f"{n}={e:.2e}" for n, e in zip(names, errs)))
         if "jla" in res:
             for name, (tf, tb) in res.items():
@@ -356,7 +358,8 @@ def kernel_only_time():
 if __name__ == "__main__":
     say(f"env jax {jax.__version__} devices {jax.devices()}")
     steps = (parity_small, kernel_only_time, lambda: parity_big_and_timings(("bf16",)),
-             long_sequence_times, lambda: parity_big_and_timings(("fp16",)), variant_parity)
+             long_sequence_times, lambda: parity_big_and_timings(("fp16",)), variant_parity,
+             ws_times)
     if os.environ.get("MOSAIC_DRY"):   # CPU check of this script: GPU interpreter, tiny shapes
         WATCHDOG_S = 10 ** 6
         from fla_jax.ops.common.mosaic.tiles import gpu_interpret

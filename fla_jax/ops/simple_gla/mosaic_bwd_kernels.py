@@ -137,23 +137,26 @@ def grads(q, k, v, do, g2, hs, dhs, *, scale: float):
         q_s=smem_tile((C, K), dt), k_s=smem_tile((C, K), dt),
         v_s=smem_tile((C, V), dt), do_s=smem_tile((C, V), dt),
         h_s=smem_tile((V, K), dt), dh_s=smem_tile((V, K), dt),
-        g_s=plgpu.SMEM((C,), F32), r_s=plgpu.SMEM((C,), F32),
+        # the gates twice: one buffer per register layout they are read in (one buffer read
+        # as rows and as columns fails Mosaic layout inference on jax 0.11.2)
+        g_s=plgpu.SMEM((C,), F32), gc_s=plgpu.SMEM((C,), F32), r_s=plgpu.SMEM((C,), F32),
         dq_s=smem_tile((C, K), dt), dk_s=smem_tile((C, K), dt), dv_s=smem_tile((C, V), dt),
-        bar=plgpu.Barrier(num_arrivals=7, num_barriers=1),
+        bar=plgpu.Barrier(num_arrivals=8, num_barriers=1),
     )
 
     def body(q_ref, k_ref, v_ref, do_ref, g_ref, h_ref, dh_ref, dq_ref, dk_ref, dv_ref, r_ref,
-             q_s, k_s, v_s, do_s, h_s, dh_s, g_s, r_s, dq_s, dk_s, dv_s, bar):
+             q_s, k_s, v_s, do_s, h_s, dh_s, g_s, gc_s, r_s, dq_s, dk_s, dv_s, bar):
         b, h, c = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("c")
         rows = pl.ds(c * C, C)
         for src, dst in ((q_ref.at[b, rows, h], q_s), (k_ref.at[b, rows, h], k_s),
                          (v_ref.at[b, rows, h], v_s), (do_ref.at[b, rows, h], do_s),
-                         (g_ref.at[b, h, rows], g_s), (h_ref.at[b, h, c], h_s),
+                         (g_ref.at[b, h, rows], g_s), (g_ref.at[b, h, rows], gc_s),
+                         (h_ref.at[b, h, c], h_s),
                          (dh_ref.at[b, h, c], dh_s)):
             plgpu.copy_gmem_to_smem(src, dst, bar.at[0])
         plgpu.barrier_wait(bar.at[0])
         g_row = load_vec(g_s, ROWS)
-        g_col = load_vec(g_s, COLS)
+        g_col = load_vec(gc_s, COLS)
         g_last = g_s[C - 1]
         decay = jnp.exp2(g_row)
         rdecay = jnp.exp2(g_last - g_row)

@@ -24,8 +24,8 @@ OP = "chunk_simple_gla"
 MAX_GRID = 65535
 BACKWARDS = ("pallas", "mosaic")    # backward kernels available
 # One of BACKWARDS, read when an op is traced. "mosaic" (K, V <= 128) matches float64 in the GPU
-# interpreter and lowers with jax 0.10.2, but its grads kernel fails Mosaic layout inference
-# with jax 0.11.2 (the H100's): opt-in until that is fixed.
+# interpreter and lowers with jax 0.10.2 and 0.11.2, but has not run on a GPU yet: opt-in until
+# a GPU parity run passes (the Pallas backward has).
 BACKWARD = "pallas"
 
 

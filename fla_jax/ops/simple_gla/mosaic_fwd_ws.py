@@ -28,7 +28,7 @@ MAX_K = 128
 
 
 def _stages(K, itemsize):
-    per = (2 * C * K + C * BV) * itemsize + 2 * C * 4
+    per = (2 * C * K + C * BV) * itemsize + 3 * C * 4
     fixed = 2 * BV * K * itemsize + C * K * itemsize + 2 * C * BV * itemsize + 4096
     for s in (4, 3, 2):
         if s * per + fixed <= SMEM_BUDGET:
@@ -66,11 +66,14 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int):
     scratch = dict(
         q_s=smem_tile((S, C, K), dt), k_s=smem_tile((S, C, K), dt),
         v_s=smem_tile((S, C, BV), dt),
+        # the gates once per reader and register layout (one buffer read as rows and as
+        # columns fails Mosaic layout inference on jax 0.11.2)
         g0_s=plgpu.SMEM((S, C), F32), g1_s=plgpu.SMEM((S, C), F32),
+        g2_s=plgpu.SMEM((S, C), F32),
         # the published states; WG0's fp32 state before the first / after the last chunk
         pub_st=union(smem_tile((2, BV, K), dt), smem_tile((BV, K), F32)),
         kd_s=smem_tile((C, K), dt), o_s=smem_tile((2, C, BV), dt),
-        in_bar=plgpu.Barrier(num_arrivals=5, num_barriers=S),
+        in_bar=plgpu.Barrier(num_arrivals=6, num_barriers=S),
         in_free=plgpu.Barrier(num_arrivals=2, num_barriers=S),
         s_ready=plgpu.Barrier(num_arrivals=1, num_barriers=2),
         s_free=plgpu.Barrier(num_arrivals=1, num_barriers=2),
@@ -81,7 +84,7 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int):
     if varlen:
         scratch["seq_s"] = plgpu.SMEM((3, SEQ_COLS), jnp.int32)
 
-    def body(*refs, q_s, k_s, v_s, g0_s, g1_s, pub_st, kd_s, o_s, in_bar, in_free, s_ready,
+    def body(*refs, q_s, k_s, v_s, g0_s, g1_s, g2_s, pub_st, kd_s, o_s, in_bar, in_free, s_ready,
              s_free, one_bar, seq_bar, done, seq_s=None):
         s_pub, st_s = pub_st
         refs = list(refs)
@@ -113,6 +116,7 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int):
                 plgpu.copy_gmem_to_smem(v_ref.at[b, rows, h, pl.ds(v0, BV)], v_s.at[slot], bar)
                 plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g0_s.at[slot], bar)
                 plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g1_s.at[slot], bar)
+                plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g2_s.at[slot], bar)
 
             for c in range(S):
                 @pl.when(c < nc)
@@ -186,7 +190,7 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int):
                 slot, half = lax.rem(c, S), lax.rem(c, 2)
                 plgpu.barrier_wait(in_bar.at[slot])
                 g_row = load_vec(g1_s.at[slot], ROWS)
-                g_col = load_vec(g1_s.at[slot], COLS)
+                g_col = load_vec(g2_s.at[slot], COLS)
                 p = matmul(q_s.at[slot], k_s.at[slot], (C, C), tb=True)
                 p = (p * causal_decay(g_row, g_col, (C, C))).astype(dt)
                 plgpu.barrier_wait(s_ready.at[half])
