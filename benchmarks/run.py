@@ -1,8 +1,8 @@
-"""GPU benchmark: fwd and fwd+bwd of our Pallas and Triton kernels, our Mosaic GPU kernels
-(path 'mosaic': Hopper), the plain 'chunked' paths, FLA (fla-core, when importable),
-jax-linear-attention's Mosaic GPU kernels (path 'jla', when importable: jax 0.11.2 + equinox,
-Hopper, bf16/fp16) and torch SDPA, in one run; ratios against FLA and against jla from the
-same run.
+"""GPU benchmark: fwd and fwd+bwd of our Pallas and Triton kernels, our Pallas Mosaic GPU
+kernels (path 'mosaic': ops that register impl='mosaic', bf16/fp16), the plain 'chunked' paths,
+FLA (fla-core, when importable), jax-linear-attention's Mosaic GPU kernels (path 'jla', when
+importable: jax 0.11.2 + equinox, Hopper, bf16/fp16) and torch SDPA, in one run; ratios against
+FLA and against jla from the same run.
 
     PYTHONPATH=. python benchmarks/run.py [--ops simple_gla gated_delta_rule] [--json out.json]
     PYTHONPATH=. python benchmarks/run.py --dry-run [--ops gla]    # CPU check of the calls
@@ -171,6 +171,15 @@ def jla_case(op, x, dtype):
     return (lambda: fwd(*args)), (lambda: fwdbwd(*args))
 
 
+def has_mosaic(op) -> bool:
+    """chunk_<op> registers Pallas Mosaic GPU kernels (impl='mosaic', Hopper, bf16/fp16)."""
+    import importlib
+    try:
+        return "mosaic" in importlib.import_module(f"fla_jax.ops.{op}.interface").CHUNK_IMPLS
+    except (ImportError, AttributeError):
+        return False
+
+
 def time_jax(fn, loops=15, inner=10):
     import jax
     t0 = time.perf_counter()
@@ -232,7 +241,7 @@ def main(argv=None):
                                            "softmax attention, benchmarks/attention.py)")
     p.add_argument("--dtypes", nargs="+", default=["bf16", "fp16", "fp32"])
     p.add_argument("--shapes", nargs="+", default=list(SHAPES))
-    p.add_argument("--paths", nargs="+", default=["fla", "jla", "triton", "pallas",
+    p.add_argument("--paths", nargs="+", default=["fla", "jla", "triton", "pallas", "mosaic",
                                                    "torch-chunked", "jax-chunked", "sdpa"])
     p.add_argument("--json", default=None)
     p.add_argument("--dry-run", action="store_true",
@@ -284,6 +293,8 @@ def main(argv=None):
                         continue
                     if path == "jla" and (env["jla"] is None or op not in JLA_KINDS):
                         continue
+                    if path == "mosaic" and (dtype == "fp32" or not has_mosaic(op)):
+                        continue
                     try:
                         if path in ("fla", "triton", "torch-chunked", "sdpa"):
                             if path == "sdpa":
@@ -298,7 +309,7 @@ def main(argv=None):
                             f_ms, f_first = time_jax(fwd)
                             b_ms, b_first = time_jax(fb)
                         else:
-                            impl = path if path in ("pallas", "mosaic") else "chunked"
+                            impl = {"pallas": "pallas", "mosaic": "mosaic"}.get(path, "chunked")
                             fwd, fb = jax_case(op, x, dtype, impl)
                             f_ms, f_first = time_jax(fwd)
                             b_ms, b_first = time_jax(fb)

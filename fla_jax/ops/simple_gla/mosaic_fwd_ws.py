@@ -1,0 +1,218 @@
+"""Warp-specialized forward Mosaic GPU kernel of chunked simple GLA (output mode, K <= 128).
+
+Same math and inputs as mosaic_fwd.forward (output and final state), one CTA per (sequence,
+head, 64 value columns) with three warpgroups:
+    WG0 (state):  the serial chain only: publishes S^T (q's dtype) of each chunk in one of two
+                  SMEM tiles, then S^T <- exp2(g_l) S^T + v^T (k exp2(g_l - g2)).
+    WG1 (output): P = (q k^T) * D while WG0 works, then o = scale (exp2(g2) (q S) + P v) from
+                  the published tile; TMA-stores o.
+    WG2 (memory): streams q, k, v and the gates of the next chunks with TMA into STAGES buffers.
+Barriers: in_bar (chunk landed), in_free (both compute warpgroups done with a buffer), s_ready /
+s_free (published state tile written / read), done (all warpgroups finish together).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from ..common.mosaic.tiles import (COLS, F32, ROWS, build, causal_decay, interpreting,
+                                   load_vec, load_wgmma, matmul, rows_of, smem_tile, union,
+                                   zeros_wgmma)
+from .mosaic_fwd import BV, C, SEQ_COLS
+
+SMEM_BUDGET = 220 * 1024
+MAX_K = 128
+
+
+def _stages(K, itemsize):
+    per = (2 * C * K + C * BV) * itemsize + 3 * C * 4
+    fixed = 2 * BV * K * itemsize + C * K * itemsize + 2 * C * BV * itemsize + 4096
+    for s in (4, 3, 2):
+        if s * per + fixed <= SMEM_BUDGET:
+            return s
+    return 0
+
+
+def supports(K: int, dtype) -> bool:
+    return K <= MAX_K and _stages(K, jnp.dtype(dtype).itemsize) >= 2
+
+
+def _max(a, b):
+    """max of loop bounds that may be static ints or traced scalars."""
+    if isinstance(a, int) and isinstance(b, int):
+        return max(a, b)
+    return jnp.maximum(a, b)
+
+
+def _registers(n, action):
+    if not interpreting():
+        plgpu.set_max_registers(n, action=action)
+
+
+def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int):
+    """Arguments and returns as mosaic_fwd.forward(..., out_final=True, mode='output')."""
+    Bq, Tp, H, K = q.shape
+    V = v.shape[-1]
+    dt = q.dtype
+    varlen = seq is not None
+    has_h0 = h0t is not None
+    static_chunks = Tp // C
+    S = _stages(K, jnp.dtype(dt).itemsize)
+    out_type = [jax.ShapeDtypeStruct((Bq, Tp, H, V), dt),
+                jax.ShapeDtypeStruct((n_seqs, H, V, K), F32)]
+    scratch = dict(
+        q_s=smem_tile((S, C, K), dt), k_s=smem_tile((S, C, K), dt),
+        v_s=smem_tile((S, C, BV), dt),
+        # the gates once per reader and register layout (one buffer read as rows and as
+        # columns fails Mosaic layout inference on jax 0.11.2)
+        g0_s=plgpu.SMEM((S, C), F32), g1_s=plgpu.SMEM((S, C), F32),
+        g2_s=plgpu.SMEM((S, C), F32),
+        # the published states; WG0's fp32 state before the first / after the last chunk
+        pub_st=union(smem_tile((2, BV, K), dt), smem_tile((BV, K), F32)),
+        kd_s=smem_tile((C, K), dt), o_s=smem_tile((2, C, BV), dt),
+        in_bar=plgpu.Barrier(num_arrivals=6, num_barriers=S),
+        in_free=plgpu.Barrier(num_arrivals=2, num_barriers=S),
+        s_ready=plgpu.Barrier(num_arrivals=1, num_barriers=2),
+        s_free=plgpu.Barrier(num_arrivals=1, num_barriers=2),
+        one_bar=plgpu.Barrier(num_arrivals=1, num_barriers=1),
+        seq_bar=plgpu.Barrier(num_arrivals=1, num_barriers=3),
+        done=plgpu.Barrier(num_arrivals=3, num_barriers=1),
+    )
+    if varlen:
+        scratch["seq_s"] = plgpu.SMEM((3, SEQ_COLS), jnp.int32)
+
+    def body(*refs, q_s, k_s, v_s, g0_s, g1_s, g2_s, pub_st, kd_s, o_s, in_bar, in_free, s_ready,
+             s_free, one_bar, seq_bar, done, seq_s=None):
+        s_pub, st_s = pub_st
+        refs = list(refs)
+        q_ref, k_ref, v_ref, g_ref = (refs.pop(0) for _ in range(4))
+        h0_ref = refs.pop(0) if has_h0 else None
+        seq_ref = refs.pop(0) if varlen else None
+        o_ref, ht_ref = refs
+        n, h, iv = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("v")
+        wg = lax.axis_index("wg")
+        v0 = iv * BV
+
+        def bounds():    # each warpgroup reads the table into its own row
+            if not varlen:
+                return n, 0, static_chunks
+            plgpu.copy_gmem_to_smem(seq_ref.at[n], seq_s.at[wg], seq_bar.at[wg])
+            plgpu.barrier_wait(seq_bar.at[wg])
+            return 0, seq_s[wg, 0], seq_s[wg, 1]
+
+        @pl.when(wg == 2)
+        def _memory():
+            _registers(40, "decrease")
+            b, c0, nc = bounds()
+
+            def issue(c, slot):
+                rows = pl.ds((c0 + c) * C, C)
+                bar = in_bar.at[slot]
+                plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_s.at[slot], bar)
+                plgpu.copy_gmem_to_smem(k_ref.at[b, rows, h], k_s.at[slot], bar)
+                plgpu.copy_gmem_to_smem(v_ref.at[b, rows, h, pl.ds(v0, BV)], v_s.at[slot], bar)
+                plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g0_s.at[slot], bar)
+                plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g1_s.at[slot], bar)
+                plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g2_s.at[slot], bar)
+
+            for c in range(S):
+                @pl.when(c < nc)
+                def _fill():
+                    issue(c, c)
+
+            def refill(c, carry):
+                slot = lax.rem(c, S)
+                plgpu.barrier_wait(in_free.at[slot])
+                issue(c, slot)
+                return carry
+
+            lax.fori_loop(S, _max(nc, S), refill, None)
+
+            def observe(c, carry):   # the releases of the last buffers
+                plgpu.barrier_wait(in_free.at[lax.rem(c, S)])
+                return carry
+
+            lax.fori_loop(_max(nc - S, 0), nc, observe, None)
+
+        @pl.when(wg == 0)
+        def _state():
+            _registers(232, "increase")
+            b, c0, nc = bounds()
+            if has_h0:
+                plgpu.copy_gmem_to_smem(h0_ref.at[n, h, pl.ds(v0, BV)], st_s, one_bar.at[0])
+                plgpu.barrier_wait(one_bar.at[0])
+                s0 = load_wgmma(st_s)
+            else:
+                s0 = zeros_wgmma((BV, K))
+
+            def step(c, s_t):
+                slot, half = lax.rem(c, S), lax.rem(c, 2)
+                plgpu.barrier_wait(in_bar.at[slot])
+
+                @pl.when(c >= 2)
+                def _():     # WG1 has read the tile published two chunks ago
+                    plgpu.barrier_wait(s_free.at[half])
+
+                s_pub.at[half][...] = s_t.astype(dt)
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(s_ready.at[half])
+                g_row = load_vec(g0_s.at[slot], ROWS)
+                g_last = g0_s[slot, C - 1]
+                k_t = load_wgmma(k_s.at[slot]).astype(F32)
+                kd_s[...] = (k_t * rows_of(jnp.exp2(g_last - g_row), (C, K))).astype(dt)
+                plgpu.commit_smem()
+                s_new = matmul(v_s.at[slot], kd_s, (BV, K), init=s_t * jnp.exp2(g_last),
+                               ta=True)
+                plgpu.barrier_arrive(in_free.at[slot])
+                return s_new
+
+            s_t = lax.fori_loop(0, nc, step, s0)
+
+            def observe(c, carry):   # WG1's reads of the last two published tiles
+                plgpu.barrier_wait(s_free.at[lax.rem(c, 2)])
+                return carry
+
+            lax.fori_loop(_max(nc - 2, 0), nc, observe, None)
+            st_s[...] = s_t
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(st_s, ht_ref.at[n, h, pl.ds(v0, BV)])
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg == 1)
+        def _output():
+            _registers(232, "increase")
+            b, c0, nc = bounds()
+
+            def step(c, carry):
+                slot, half = lax.rem(c, S), lax.rem(c, 2)
+                plgpu.barrier_wait(in_bar.at[slot])
+                g_row = load_vec(g1_s.at[slot], ROWS)
+                g_col = load_vec(g2_s.at[slot], COLS)
+                p = matmul(q_s.at[slot], k_s.at[slot], (C, C), tb=True)
+                p = (p * causal_decay(g_row, g_col, (C, C))).astype(dt)
+                plgpu.barrier_wait(s_ready.at[half])
+                o = matmul(q_s.at[slot], s_pub.at[half], (C, BV), tb=True)
+                o = matmul(p, v_s.at[slot], (C, BV), init=o * rows_of(jnp.exp2(g_row), (C, BV)))
+                plgpu.barrier_arrive(s_free.at[half])
+                plgpu.barrier_arrive(in_free.at[slot])
+                plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+                o_s.at[half][...] = (o * scale).astype(dt)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(o_s.at[half], o_ref.at[b, pl.ds((c0 + c) * C, C), h,
+                                                                pl.ds(v0, BV)])
+                return carry
+
+            lax.fori_loop(0, nc, step, None)
+            plgpu.wait_smem_to_gmem(0)
+
+        plgpu.barrier_arrive(done.at[0])
+        plgpu.barrier_wait(done.at[0])
+
+    args = [q, k, v, g2] + ([h0t] if has_h0 else []) + ([seq] if varlen else [])
+    o, ht = build(body, name="simple_gla_mosaic_fwd_ws", out_type=out_type, scratch=scratch,
+                  grid=(n_seqs, H, V // BV), grid_names=("n", "h", "v"), threads=3,
+                  approx_math=True)(*args)
+    return o, ht
