@@ -1,0 +1,159 @@
+"""GPU check of chunk_kda (Triton, chunk engine): parity against the float64 reference and
+timing against FLA. Run from the worktree root with PYTHONPATH=<root>:
+    python3 scratch/gpu_kda-fast.py [--skip-parity] [--skip-fla]
+Prints PASS/FAIL lines (rel. RMS error vs parity_tests/cases.py TOLERANCE) and timings
+(median of 20 after warmup, ms) of ours and FLA's chunk_kda at B4 T4096 H16 K=V=128 bf16, and
+the top-10 CUDA kernels of one fwd+bwd of ours (torch.profiler)."""
+import statistics
+import sys
+import time
+
+import torch
+
+from fla_torch.ops.kda import chunk_kda
+from parity_tests.cases import TOLERANCE
+
+T_START = time.time()
+DEV = "cuda"
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def rel_rms(a, b):
+    a, b = a.double(), b.double()
+    if not torch.isfinite(a).all():
+        return float("inf")
+    d = (b.pow(2).mean().sqrt()).item()
+    n = ((a - b).pow(2).mean().sqrt()).item()
+    return 0.0 if d == 0 and n == 0 else (n / d if d else float("inf"))
+
+
+def inputs(B, T, H, HV, K, V, gmin, gmax, seed, n_seq):
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen, device=DEV, dtype=torch.float64)  # noqa
+    u = lambda *s: torch.rand(*s, generator=gen, device=DEV, dtype=torch.float64)  # noqa
+    q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, HV, V)
+    k = k / k.norm(dim=-1, keepdim=True)
+    g = -(gmin + (gmax - gmin) * u(B, T, HV, K))
+    beta = 0.05 + 0.9 * u(B, T, HV)
+    h0 = r(n_seq, HV, K, V)
+    return q, k, v, g, beta, h0
+
+
+def parity(name, dtype, B=2, T=300, H=4, HV=4, K=64, V=64, h0=True, cu=None, l2=False,
+           gmin=0.01, gmax=0.2):
+    n_seq = B if cu is None else len(cu) - 1
+    q, k, v, g, beta, hs = inputs(B, T, H, HV, K, V, gmin, gmax, 7, n_seq)
+    cu_t = torch.tensor(cu, device=DEV, dtype=torch.int32) if cu is not None else None
+    dt = DT[dtype]
+    gen = torch.Generator(device=DEV).manual_seed(11)
+    do = torch.randn(B, T, HV, V, generator=gen, device=DEV, dtype=torch.float64)
+    dht = torch.randn(n_seq, HV, K, V, generator=gen, device=DEV, dtype=torch.float64)
+    res = {}
+    for impl, adt in (("reference", torch.float64), ("triton", dt)):
+        sdt = torch.float64 if adt == torch.float64 else torch.float32
+        xs = [x.to(adt).requires_grad_() for x in (q, k, v)]
+        xs += [x.to(sdt).requires_grad_() for x in (g, beta)]
+        s0 = hs.to(sdt).requires_grad_() if h0 else None
+        o, ht = chunk_kda(*xs, initial_state=s0, output_final_state=True, cu_seqlens=cu_t,
+                          use_qk_l2norm_in_kernel=l2, impl=impl)
+        loss = (o.double() * do).sum() + (ht.double() * dht).sum()
+        leaves = xs + ([s0] if h0 else [])
+        grads = torch.autograd.grad(loss, leaves)
+        names = ["dq", "dk", "dv", "dg", "dbeta"] + (["dh0"] if h0 else [])
+        res[impl] = dict(o=o.detach(), ht=ht.detach(), **dict(zip(names, grads)))
+    bad = []
+    parts = []
+    for n, ref in res["reference"].items():
+        e = rel_rms(res["triton"][n], ref)
+        tol = TOLERANCE[dtype][n]
+        parts.append(f"{n}={e:.1e}")
+        if not e <= tol:
+            bad.append(f"{n} {e:.2e}>{tol:.0e}")
+    status = "PASS" if not bad else "FAIL"
+    print(f"{status} parity {name} {dtype}: " + " ".join(parts)
+          + ("" if not bad else "  BAD: " + ", ".join(bad)), flush=True)
+
+
+def bench_inputs(dt, B=4, T=4096, H=16, K=128, V=128):
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    q = torch.randn(B, T, H, K, generator=gen, device=DEV).to(dt)
+    k = torch.randn(B, T, H, K, generator=gen, device=DEV)
+    k = (k / k.norm(dim=-1, keepdim=True)).to(dt)
+    v = torch.randn(B, T, H, V, generator=gen, device=DEV).to(dt)
+    g = -(0.01 + 0.19 * torch.rand(B, T, H, K, generator=gen, device=DEV))
+    beta = 0.05 + 0.9 * torch.rand(B, T, H, generator=gen, device=DEV)
+    do = torch.randn(B, T, H, V, generator=gen, device=DEV).to(dt)
+    return [x.requires_grad_() for x in (q, k, v, g, beta)], do
+
+
+def median_ms(fn, n=20, warm=5):
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ts)
+
+
+def timing(label, call, leaves, do):
+    def fwd():
+        with torch.no_grad():
+            call()
+
+    def fwdbwd():
+        for x in leaves:
+            x.grad = None
+        call().backward(do)
+    f = median_ms(fwd)
+    fb = median_ms(fwdbwd)
+    print(f"TIME {label} B4 T4096 H16 K=V=128 bf16: fwd {f:.3f} ms, fwd+bwd {fb:.3f} ms",
+          flush=True)
+    return fwdbwd
+
+
+def profile(fn):
+    from torch.profiler import ProfilerActivity, profile as prof
+    fn()
+    torch.cuda.synchronize()
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        fn()
+        torch.cuda.synchronize()
+    print(p.key_averages().table(sort_by="cuda_time_total", row_limit=10), flush=True)
+
+
+def main(argv):
+    print(f"torch {torch.__version__}, device {torch.cuda.get_device_name()}", flush=True)
+    if "--skip-parity" not in argv:
+        for dtype in ("bf16", "fp16", "fp32"):
+            parity("B2T300H4K64V64+h0", dtype)
+        parity("B2T300H4K128V128+h0", "bf16", K=128, V=128)
+        parity("B2T300H4K128V128+h0", "fp32", K=128, V=128)
+        parity("varlen[0,37,37,300,600]K64+h0", "bf16", B=1, T=600, cu=[0, 37, 37, 300, 600])
+        parity("GQA-H2-HV4+l2norm,no-h0", "fp16", H=2, HV=4, l2=True, h0=False)
+        parity("strong-gates[-20,-10]K64", "fp32", gmin=10.0, gmax=20.0)
+        parity("strong-gates[-20,-10]K64", "bf16", gmin=10.0, gmax=20.0)
+        print(f"parity done at {time.time() - T_START:.0f} s", flush=True)
+    leaves, do = bench_inputs(torch.bfloat16)
+    ours = timing("ours(triton)", lambda: chunk_kda(*leaves, impl="triton")[0], leaves, do)
+    print(f"ours timed at {time.time() - T_START:.0f} s", flush=True)
+    print("PROFILE ours fwd+bwd (top 10 CUDA kernels):", flush=True)
+    profile(ours)
+    if "--skip-fla" not in argv:
+        try:
+            import fla.ops.kda as fk
+        except Exception as e:   # noqa: BLE001
+            print(f"SKIP FLA: import failed: {e!r}")
+            return
+        q, k, v, g, beta = leaves
+        timing("FLA chunk_kda", lambda: fk.chunk_kda(q=q, k=k, v=v, g=g, beta=beta)[0],
+               leaves, do)
+    print(f"done at {time.time() - T_START:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
