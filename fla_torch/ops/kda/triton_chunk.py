@@ -7,7 +7,7 @@ chunk of 64 tokens and value head (h: the state before the chunk):
     T = (I + diag(beta) Ak)^-1,  w = T diag(beta) (k exp(b)),  u = T diag(beta) v
     vn = u - w h,  h_next = diag(exp(last)) h + (k exp(last - b))^T vn
     o = scale ((q exp(b)) h + Aqk vn)
-Stages: gates.chunk_cumsum, scores.intra_scores (q, k) and (k, k), wy.wy_fwd,
+Stages: gates.chunk_cumsum, delta_scores.delta_scores (Aqk and Ak in one pass), wy.wy_fwd,
 delta_state.delta_state_fwd, output_stage.output_fwd. Backward: delta_state.delta_state_bwd
 (dh, dvn, dh0), output_stage.output_bwd on (q, k, vn) (dq, and dk, dg of the output and state
 terms), wy.wy_bwd (dv, dbeta, the gradient of k exp(b), the key-score gradient dAk), the
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from ..common.engine import GATE_KEY, chunk_cumsum, intra_scores, output_bwd, output_fwd
+from ..common.engine import GATE_KEY, chunk_cumsum, output_bwd, output_fwd
+from ..common.engine.delta_scores import delta_scores
 from ..common.engine.delta_state import delta_state_bwd, delta_state_fwd
 from ..common.engine.wy import BT, wy_bwd, wy_fwd
 from ..common.kernel_alloc import alloc_on, contiguous as _contig
@@ -39,8 +40,7 @@ class _ChunkKDA(torch.autograd.Function):
         alloc = alloc_on(q.device)
         prec, prec32 = dot_precision(q.dtype), fp32_dot_precision()
         cum, kg, el = chunk_cumsum(g, k, _GATE, cu_seqlens, BT, min(64, k.shape[3]), alloc)
-        Aqk, qg = intra_scores(q, k, cum, _GATE, cu_seqlens, prec, alloc)
-        Ak, kb = intra_scores(k, k, cum, _GATE, cu_seqlens, prec, alloc)
+        Aqk, Ak, qg, kb = delta_scores(q, k, cum, cu_seqlens, prec, alloc)
         Tm, w, u = wy_fwd(Ak, kb, v, beta, cu_seqlens, prec, prec32, alloc)
         h, vn, ht = delta_state_fwd(kg, w, u, el, h0, output_final_state, cu_seqlens, prec,
                                     alloc)
