@@ -9,9 +9,8 @@ chunk of 64 tokens and value head (h: the state before the chunk):
     o = scale ((q exp(b)) h + Aqk vn)
 Stages: gates.chunk_cumsum, delta_scores.delta_scores (Aqk and Ak in one pass), wy.wy_fwd,
 delta_state.delta_state_fwd, output_stage.output_fwd. Backward: delta_state.delta_state_bwd
-(dh, dvn, dh0), output_stage.output_bwd on (q, k, vn) (dq, and dk, dg of the output and state
-terms), wy.wy_bwd (dv, dbeta, the gradient of k exp(b), the key-score gradient dAk), the
-score backward of dAk on (k, k), and kda_combine.combine (dk, dg).
+(dh, dvn, dh0), wy.wy_bwd (dv, dbeta, the gradient of k exp(b), the score gradients dAk and
+dAqk), delta_bwd.delta_output_bwd (dq, dk, dg).
 Grouped heads: q and k are repeated to the HV value heads (their gradients summed back by
 autograd). use_qk_l2norm_in_kernel: q, k normalised by common/triton_l2norm.py first.
 """
@@ -19,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from ..common.engine import GATE_KEY, chunk_cumsum, output_bwd, output_fwd
+from ..common.engine import GATE_KEY, chunk_cumsum, output_fwd
+from ..common.engine.delta_bwd import delta_output_bwd
 from ..common.engine.delta_scores import delta_scores
 from ..common.engine.delta_state import delta_state_bwd, delta_state_fwd
 from ..common.engine.wy import BT, wy_bwd, wy_fwd
@@ -27,7 +27,6 @@ from ..common.kernel_alloc import alloc_on, contiguous as _contig
 from ..common.qk_inputs import expand_heads
 from ..common.triton_l2norm import l2norm_triton
 from ..common.triton_scalar_gate import dot_precision, fp32_dot_precision
-from .triton_combine import combine, key_score_bwd
 
 _GATE = GATE_KEY.value
 MAX_HEAD_DIM = 256
@@ -60,12 +59,10 @@ class _ChunkKDA(torch.autograd.Function):
         scale = ctx.scale
         dh, dvn, dh0 = delta_state_bwd(qg, kg, w, Aqk, el, do, dht, scale, cu_seqlens,
                                        ctx.has_h0, prec, alloc)
-        dq, dk_o, _, dg_o = output_bwd(q, k, vn, kg, (ch, cl), _GATE, Aqk, h, dh, do, scale,
-                                       cu_seqlens, True, prec, alloc)
-        dv, dbeta, dkb, dAk = wy_bwd(k, kb, v, beta, Tm, Ak, h, dvn, cu_seqlens, prec, prec32,
-                                     alloc)
-        dki_row, dki_col = key_score_bwd(k, (ch, cl), dAk, cu_seqlens, prec, alloc)
-        dk, dg = combine(k, (ch, cl), dk_o, dg_o, dkb, dki_row, dki_col, cu_seqlens, alloc)
+        dv, dbeta, dkb, dAk, dAqk = wy_bwd(k, kb, v, beta, Tm, Ak, h, dvn, vn, do, scale,
+                                           cu_seqlens, prec, prec32, alloc)
+        dq, dk, dg = delta_output_bwd(q, k, vn, do, h, dh, (ch, cl), dAqk, dAk, dkb, scale,
+                                      cu_seqlens, prec, alloc)
         return dq, dk, dv, dg, dbeta, None, dh0, None, None
 
 

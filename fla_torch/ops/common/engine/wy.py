@@ -14,10 +14,10 @@ The fp32 factor T diag(beta) multiplies the 16-bit operands as two exact 16-bit 
 Backward, from dvn (the gradient of vn = u - w h, fp32) and h (the state before the chunk):
     dw = -dvn h^T,   dT = (dw (k exp(b))^T + dvn v^T) diag(beta)
     dv = diag(beta) T^T dvn,   dkb = diag(beta) T^T dw   (the gradient of k exp(b))
-    dAk = -diag(beta) strict(T^T dT T^T)
-    dbeta = rows of (T^T dw) * (k exp(b)) + (T^T dvn) * v + strict(T^T dT T^T)... * Ak
-dAk goes on to the score backward (output_stage's intra kernel on (k, k)); dkb to the final
-combine (kda: dk += dkb exp(b), d b += dkb k exp(b)).
+    dAkk = -strict(T^T dT T^T),   dAk = diag(beta) dAkk   (Akk = diag(beta) Ak)
+    dbeta = rowsum((T^T dw) * k exp(b)) + rowsum((T^T dvn) * v) + rowsum(dAkk * Ak)
+The same program forms dAqk = scale do vn^T (j <= i), the gradient of the output's scores.
+dAk, dAqk and dkb go on to delta_bwd.delta_output_bwd.
 """
 from __future__ import annotations
 
@@ -163,8 +163,8 @@ def wy_fwd(Ak, kb, v, beta, cu_seqlens, prec: str, prec32: str, alloc):
 
 
 @triton.jit
-def _wy_bwd_kernel(k, kb, v, beta, Tm, Ak, h, dvn, dv, dbeta, dkb, dAk, cu_seqlens, T, N,
-                   n_steps, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def _wy_bwd_kernel(k, kb, v, beta, Tm, Ak, h, dvn, vn, do, dv, dbeta, dkb, dAk, dAqk,
+                   cu_seqlens, scale, T, N, n_steps, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    IS_VARLEN: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr,
                    PREC32: tl.constexpr):
@@ -180,11 +180,15 @@ def _wy_bwd_kernel(k, kb, v, beta, Tm, Ak, h, dvn, dv, dbeta, dkb, dAk, cu_seqle
     b_b = tl.load(beta + t * H + i_h, mask=m_t, other=0.)
     p_h = h + (slot.to(tl.int64) * H + i_h) * K * V
     dT = tl.zeros([BT, BT], dtype=tl.float32)
+    dA_o = tl.zeros([BT, BT], dtype=tl.float32)
     db = tl.zeros([BT], dtype=tl.float32)
     for vb in range(tl.cdiv(V, BV)):
         o_v = vb * BV + tl.arange(0, BV)
         m = m_t[:, None] & (o_v < V)[None, :]
         p = (t[:, None] * H + i_h) * V + o_v[None, :]
+        b_do = tl.load(do + p, mask=m, other=0.)
+        b_vn = tl.load(vn + p, mask=m, other=0.)
+        dA_o += tl.dot(b_do, tl.trans(b_vn), input_precision=PREC)
         b_dvn = tl.load(dvn + p, mask=m, other=0.)
         b_v = tl.load(v + p, mask=m, other=0.)
         dT += split_dot_wide(b_dvn, tl.trans(b_v), PREC)
@@ -217,14 +221,18 @@ def _wy_bwd_kernel(k, kb, v, beta, Tm, Ak, h, dvn, dv, dbeta, dkb, dAk, cu_seqle
     db += tl.sum(dA * tl.where(o_t[:, None] > o_t[None, :], b_Ak, 0.), axis=1)
     tl.store(dbeta + t * H + i_h, db, mask=m_t)
     tl.store(dAk + p_A, dA * b_b[:, None])
+    tl.store(dAqk + p_A, tl.where(o_t[:, None] >= o_t[None, :], dA_o * scale, 0.))
 
 
-def wy_bwd(k, kb, v, beta, Tm, Ak, h, dvn, cu_seqlens, prec: str, prec32: str, alloc):
+def wy_bwd(k, kb, v, beta, Tm, Ak, h, dvn, vn, do, scale: float, cu_seqlens, prec: str,
+           prec32: str, alloc):
     """k, kb = k exp(b) [B, T, H, K], v [B, T, H, V] (one dtype), beta [B, T, H] fp32,
     Tm and Ak [slots * BT, H, BT] fp32 (wy_fwd, scores), h [slots, H, K, V] (the state before
-    each chunk), dvn [B, T, H, V] fp32. Returns (dv [B, T, H, V] in v's dtype,
-    dbeta [B, T, H] fp32, dkb [B, T, H, K] fp32 (the gradient of k exp(b)),
-    dAk [slots * BT, H, BT] fp32 (the gradient of the key scores, strictly lower))."""
+    each chunk), dvn [B, T, H, V] fp32; vn, do [B, T, H, V] (the output's value operand and
+    gradient). Returns (dv [B, T, H, V] in v's dtype, dbeta [B, T, H] fp32,
+    dkb [B, T, H, K] fp32 (the gradient of k exp(b)), dAk [slots * BT, H, BT] fp32 (the
+    gradient of the key scores, strictly lower), dAqk [slots * BT, H, BT] fp32
+    (= scale do vn^T, the gradient of Aqk, zero above the diagonal))."""
     B, T, H, K = k.shape
     V = v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -234,10 +242,11 @@ def wy_bwd(k, kb, v, beta, Tm, Ak, h, dvn, cu_seqlens, prec: str, prec32: str, a
     dbeta = alloc(beta.shape, torch.float32)
     dkb = alloc(k.shape, torch.float32)
     dAk = alloc((S * BT, H, BT), torch.float32)
+    dAqk = alloc((S * BT, H, BT), torch.float32)
     _wy_bwd_kernel[(S, H)](
-        k, kb, v, beta, Tm, Ak, h, dvn, dv, dbeta, dkb, dAk,
-        cu_seqlens if cu_seqlens is not None else beta, T, N, search_steps(N), H=H, K=K, V=V,
+        k, kb, v, beta, Tm, Ak, h, dvn, vn, do, dv, dbeta, dkb, dAk, dAqk,
+        cu_seqlens if cu_seqlens is not None else beta, scale, T, N, search_steps(N), H=H, K=K, V=V,
         BT=BT, BK=min(block(K), 32 if wide else 64), BV=min(block(V), 32 if wide else 64),
         IS_VARLEN=cu_seqlens is not None, SPLIT=not wide, PREC=prec, PREC32=prec32,
         num_warps=4, num_stages=1 if wide else 2)
-    return dv, dbeta, dkb, dAk
+    return dv, dbeta, dkb, dAk, dAqk
