@@ -59,8 +59,17 @@ class _ChunkKDA(torch.autograd.Function):
         scale = ctx.scale
         dh, dvn, dh0 = delta_state_bwd(qg, kg, w, Aqk, el, do, dht, scale, cu_seqlens,
                                        ctx.has_h0, prec, alloc)
-        dv, dbeta, dkb, dAk, dAqk = wy_bwd(k, kb, v, beta, Tm, Ak, h, dvn, vn, do, scale,
-                                           cu_seqlens, prec, prec32, alloc)
+        if q.dtype == torch.float16:
+            # fp32 copies: the fp16-operand WY backward is miscompiled on Hopper by Triton 3.6
+            # (see the gated delta rule's; DESIGN.md)
+            wy_in = [x.float() for x in (k, kb, v, h, vn, do)]
+            wy_prec = prec32
+        else:
+            wy_in, wy_prec = (k, kb, v, h, vn, do), prec
+        k_w, kb_w, v_w, h_w, vn_w, do_w = wy_in
+        dv, dbeta, dkb, dAk, dAqk = wy_bwd(k_w, kb_w, v_w, beta, Tm, Ak, h_w, dvn, vn_w, do_w,
+                                           scale, cu_seqlens, wy_prec, prec32, alloc,
+                                           dv_dtype=v.dtype)
         dq, dk, dg = delta_output_bwd(q, k, vn, do, h, dh, (ch, cl), dAqk, dAk, dkb, scale,
                                       cu_seqlens, prec, alloc)
         return dq, dk, dv, dg, dbeta, None, dh0, None, None

@@ -10,7 +10,8 @@ wy.wy_bwd. Per token and key channel:
     dk_a  = sum_{j < i} dAk_ij exp(b_i - b_j) k_j                 (rows)
           + sum_{i >= j} (dAqk_ij q_i + dAk_ij k_i) exp(b_i - b_j)  (columns, `dk_c`)
     dq = dq_s + dq_a,    dk = dk_s + dk_a + dkb exp(b)
-    x  = q dq + k (dk_rows - dk_c) + dkb k exp(b),   r = k dk_s
+    x  = q (dq_s + dq_a) + k (dk_rows - dk_c) + dkb k exp(b),   r = k dk_s
+         (the pairs i == j of Aqk left out of x: their q_i dAqk_ii k_i - k_i dAqk_ii q_i is 0)
     dg_s = exp(L) <h, dh>_row + sum_{t < s} r_t + sum_{t >= s} x_t
 (x: the gradient of b at the token, r: the part through exp(L - b) carried to L.)
 The score sums run per sub-chunk I of 16 rows: the other sub-chunks through the row just
@@ -88,7 +89,7 @@ def _intra(q, k, ch, cl, dAqk, dAk, q_f, k_f, hi_f, lo_f, c0, eos, base, i_h, o_
     if tl.max(-e_f) < SPAN:
         ef = tl.exp(e_f)
         p_d = p_rows + i0 + o_c[None, :]
-        aq_d = tl.where(o_c[:, None] >= o_c[None, :], tl.load(dAqk + p_d), 0.)
+        aq_d = tl.where(o_c[:, None] > o_c[None, :], tl.load(dAqk + p_d), 0.)
         ak_d = tl.where(o_c[:, None] > o_c[None, :], tl.load(dAk + p_d), 0.)
         k_u = k_I / ef
         dq_I += ef * tl.dot(aq_d, k_u, input_precision="tf32x3")
@@ -106,7 +107,7 @@ def _intra(q, k, ch, cl, dAqk, dAk, q_f, k_f, hi_f, lo_f, c0, eos, base, i_h, o_
             e = tl.where(o_c[:, None] >= j, gap(hi_I, lo_I, h_j[None, :], l_j[None, :]),
                          float("-inf"))
             x = k_j[None, :] * tl.exp(e)
-            dq_I += tl.where(o_c >= j, aq, 0.)[:, None] * x
+            dq_I += tl.where(o_c > j, aq, 0.)[:, None] * x
             dkr_I += tl.where(o_c > j, ak, 0.)[:, None] * x
             s_j = base + i0 + j
             aq2 = tl.load(dAqk + (s_j * H + i_h) * BT + i0 + o_c)
@@ -114,11 +115,14 @@ def _intra(q, k, ch, cl, dAqk, dAk, q_f, k_f, hi_f, lo_f, c0, eos, base, i_h, o_
             e2 = tl.where(o_c[:, None] <= j, gap(h_j[None, :], l_j[None, :], hi_I, lo_I),
                           float("-inf"))
             y = tl.exp(e2)
-            dkc_I += (tl.where(o_c <= j, aq2, 0.)[:, None] * q_j[None, :]
+            dkc_I += (tl.where(o_c < j, aq2, 0.)[:, None] * q_j[None, :]
                       + tl.where(o_c < j, ak2, 0.)[:, None] * k_j[None, :]) * y
+    # the pairs i == j of Aqk: in dq and dk, not in the gate gradient (q_i dA_ii k_i -
+    # k_i dA_ii q_i cancels exactly; formed, it would leave rounding of O(1) terms there)
+    d_ii = tl.load(dAqk + (s_I * H + i_h) * BT + i0 + o_c)[:, None]
     p_s = (s_I[:, None] * H + i_h) * K + o_k[None, :]
-    tl.store(s_dq + p_s, dq_I, mask=m_k[None, :])
-    tl.store(s_dk + p_s, dkr_I + dkc_I, mask=m_k[None, :])
+    tl.store(s_dq + p_s, dq_I + d_ii * k_I, mask=m_k[None, :])
+    tl.store(s_dk + p_s, dkr_I + dkc_I + d_ii * q_I, mask=m_k[None, :])
     tl.store(s_db + p_s, q_I * dq_I + k_I * (dkr_I - dkc_I), mask=m_k[None, :])
 
 
@@ -128,8 +132,11 @@ def _delta_output_bwd_kernel(q, k, vn, do, h, dh, ch, cl, dAqk, dAk, dkb, s_dq, 
                              K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                              BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                              IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
-    slot, i_hk = tl.program_id(0), tl.program_id(1)
-    i_h, i_kb = i_hk % H, i_hk // H
+    NKB: tl.constexpr = (K + BK - 1) // BK
+    pid = tl.program_id(0)
+    i_kb = pid % NKB
+    i_h = (pid // NKB) % H
+    slot = pid // (NKB * H)
     i_n, c0, eos = slot_chunk(cu_seqlens, slot, N, n_steps, T, BT, IS_VARLEN)
     o_t = tl.arange(0, BT)
     o_k = i_kb * BK + tl.arange(0, BK)
@@ -169,6 +176,10 @@ def _delta_output_bwd_kernel(q, k, vn, do, h, dh, ch, cl, dAqk, dAk, dkb, s_dq, 
         dk_s += tl.dot(b_vn, tl.trans(b_dh), input_precision=PREC)
         ct += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
     l_hi, l_lo = load_cum_row(ch, cl, base + BT - 1, i_h, o_k, m_k, H, K, 2)
+    # reloaded rather than kept live across the V loop (registers)
+    hi_f, lo_f = load_cum(ch, cl, s_f, i_h, o_k, m_k, H, K, 2, BT)
+    q_f = tl.load(q + p_f, mask=m_fk, other=0.).to(tl.float32)
+    k_f = tl.load(k + p_f, mask=m_fk, other=0.).to(tl.float32)
     e_b = tl.exp(hi_f + lo_f)
     dq_s = dq_s * (scale * e_b)
     dk_s = dk_s * tl.exp(gap(l_hi[None, :], l_lo[None, :], hi_f, lo_f))
@@ -198,7 +209,7 @@ def delta_output_bwd(q, k, vn, do, h, dh, cum, dAqk, dAk, dkb, scale: float, cu_
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     S = n_slots(B, T, N, BT, cu_seqlens is not None)
     wide = q.dtype == torch.float32
-    BK = min(block(K), 32)
+    BK = min(block(K), 32 if wide else 64)
     BV = min(block(V), 32 if wide else 64)
     s_dq = alloc((S * BT, H, K), torch.float32)
     s_dk = alloc((S * BT, H, K), torch.float32)
@@ -206,9 +217,11 @@ def delta_output_bwd(q, k, vn, do, h, dh, cum, dAqk, dAk, dkb, scale: float, cu_
     dq = alloc(q.shape, q.dtype)
     dk = alloc(k.shape, k.dtype)
     dg = alloc(q.shape, torch.float32)
-    _delta_output_bwd_kernel[(S, H * triton.cdiv(K, BK))](
+    # one program per (slot, head, K block), the K blocks of a chunk launched next to each
+    # other (they read the same dA, do, vn rows)
+    _delta_output_bwd_kernel[(S * H * triton.cdiv(K, BK),)](
         q, k, vn, do, h, dh, cum[0], cum[1], dAqk, dAk, dkb, s_dq, s_dk, s_db, dq, dk, dg,
         cu_seqlens if cu_seqlens is not None else q, scale, T, N, search_steps(N), H=H, K=K,
         V=V, BT=BT, BC=BC, BK=BK, BV=BV, IS_VARLEN=cu_seqlens is not None, PREC=prec,
-        num_warps=4, num_stages=1 if wide else 2)
+        num_warps=4 if wide else 8, num_stages=1 if wide else 2)
     return dq, dk, dg

@@ -225,20 +225,21 @@ def _wy_bwd_kernel(k, kb, v, beta, Tm, Ak, h, dvn, vn, do, dv, dbeta, dkb, dAk, 
 
 
 def wy_bwd(k, kb, v, beta, Tm, Ak, h, dvn, vn, do, scale: float, cu_seqlens, prec: str,
-           prec32: str, alloc):
+           prec32: str, alloc, dv_dtype=None):
     """k, kb = k exp(b) [B, T, H, K], v [B, T, H, V] (one dtype), beta [B, T, H] fp32,
     Tm and Ak [slots * BT, H, BT] fp32 (wy_fwd, scores), h [slots, H, K, V] (the state before
     each chunk), dvn [B, T, H, V] fp32; vn, do [B, T, H, V] (the output's value operand and
     gradient). Returns (dv [B, T, H, V] in v's dtype, dbeta [B, T, H] fp32,
     dkb [B, T, H, K] fp32 (the gradient of k exp(b)), dAk [slots * BT, H, BT] fp32 (the
     gradient of the key scores, strictly lower), dAqk [slots * BT, H, BT] fp32
-    (= scale do vn^T, the gradient of Aqk, zero above the diagonal))."""
+    (= scale do vn^T, the gradient of Aqk, zero above the diagonal)). dv_dtype: dv's dtype
+    when it is not v's (fp32 copies of fp16 operands, see kda/triton_chunk.py)."""
     B, T, H, K = k.shape
     V = v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     S = n_slots(B, T, N, BT, cu_seqlens is not None)
     wide = v.dtype == torch.float32
-    dv = alloc(v.shape, v.dtype)
+    dv = alloc(v.shape, dv_dtype or v.dtype)
     dbeta = alloc(beta.shape, torch.float32)
     dkb = alloc(k.shape, torch.float32)
     dAk = alloc((S * BT, H, BT), torch.float32)
@@ -248,5 +249,5 @@ def wy_bwd(k, kb, v, beta, Tm, Ak, h, dvn, vn, do, scale: float, cu_seqlens, pre
         cu_seqlens if cu_seqlens is not None else beta, scale, T, N, search_steps(N), H=H, K=K, V=V,
         BT=BT, BK=min(block(K), 32 if wide else 64), BV=min(block(V), 32 if wide else 64),
         IS_VARLEN=cu_seqlens is not None, SPLIT=not wide, PREC=prec, PREC32=prec32,
-        num_warps=4, num_stages=1 if wide else 2)
+        num_warps=8, num_stages=1 if wide else 2)
     return dv, dbeta, dkb, dAk, dAqk
