@@ -193,7 +193,9 @@ def _delta_output_bwd_kernel(q, k, vn, do, h, dh, ch, cl, dAqk, dAk, dkb, s_dq, 
     tl.store(dq + p_f, (dq_s + a_dq).to(dq.dtype.element_ty), mask=m_fk)
     tl.store(dk + p_f, (dk_s + a_dk + b_dkb * e_b).to(dk.dtype.element_ty), mask=m_fk)
     x = q_f * dq_s + a_db + b_dkb * k_f * e_b
-    r = k_f * dk_s
+    # r of the chunk's last token never enters dg (sum over t < s): kept out of the cumsum,
+    # where it would be added and subtracted again (its O(1) rounding left in dg)
+    r = tl.where(t_f[:, None] == tl.minimum(c0 + BT, eos) - 1, 0., k_f * dk_s)
     w = (ct * tl.exp(l_hi + l_lo))[None, :] + (tl.cumsum(r, axis=0) - r) \
         + (tl.sum(x, axis=0)[None, :] - tl.cumsum(x, axis=0) + x)
     tl.store(dg + p_f, w, mask=m_fk)
