@@ -1,9 +1,10 @@
 """GPU check of chunk_kda (Triton, chunk engine): parity against the float64 reference and
 timing against FLA. Run from the worktree root with PYTHONPATH=<root>:
-    python3 scratch/gpu_kda-fast.py [--skip-parity] [--skip-fla]
+    python3 scratch/gpu_kda-fast.py [--skip-parity] [--skip-fla] [--skip-tune]
 Prints PASS/FAIL lines (rel. RMS error vs parity_tests/cases.py TOLERANCE) and timings
 (median of 20 after warmup, ms) of ours and FLA's chunk_kda at B4 T4096 H16 K=V=128 bf16, and
-the top-10 CUDA kernels of one fwd+bwd of ours (torch.profiler)."""
+the top-10 CUDA kernels of one fwd+bwd of ours (torch.profiler), then TUNE lines: ours with
+one launch-table entry changed at a time. Sections run under time guards (SKIP lines)."""
 import statistics
 import sys
 import time
@@ -174,6 +175,48 @@ PARITY = [
 ]
 
 
+def tune(leaves, do, limit):
+    """fwd and fwd+bwd of ours with one launch-table entry changed at a time (the tables of
+    engine/delta_scores.py, wy.py, delta_state.py, delta_bwd.py)."""
+    from fla_torch.ops.common.engine import delta_bwd, delta_scores, delta_state, wy
+    variants = [
+        ("delta_scores", delta_scores.LAUNCH, dict(BK=32, num_warps=4)),
+        ("delta_scores", delta_scores.LAUNCH, dict(BK=64, num_warps=8)),
+        ("delta_bwd", delta_bwd.LAUNCH, dict(BK=64, BV=64, num_warps=4)),
+        ("delta_bwd", delta_bwd.LAUNCH, dict(BK=32, BV=64, num_warps=4)),
+        ("delta_bwd", delta_bwd.LAUNCH, dict(BK=64, BV=32, num_warps=8)),
+        ("delta_state.fwd", delta_state.LAUNCH["fwd"], dict(BV=32, num_warps=4)),
+        ("delta_state.bwd", delta_state.LAUNCH["bwd"], dict(BV=32, num_warps=4)),
+        ("delta_state.bwd", delta_state.LAUNCH["bwd"], dict(BV=64, num_warps=8)),
+        ("wy.fwd", wy.LAUNCH, dict(fwd_warps=8)),
+    ]
+    q, k, v, g, beta = leaves
+    call = lambda: chunk_kda(q, k, v, g, beta, impl="triton")[0]  # noqa: E731
+
+    def fb():
+        for x in leaves:
+            x.grad = None
+        call().backward(do)
+
+    def fw():
+        with torch.no_grad():
+            call()
+    for name, table, change in variants:
+        if elapsed() > limit:
+            print(f"SKIP TUNE {name} {change}: time guard ({elapsed():.0f} s)", flush=True)
+            continue
+        old = dict(table)
+        table.update(change)
+        try:
+            f, b = median_ms(fw, n=10, warm=2), median_ms(fb, n=10, warm=2)
+            print(f"TUNE {name} {change}: fwd {f:.3f} ms, fwd+bwd {b:.3f} ms (default {old})",
+                  flush=True)
+        except Exception as e:   # noqa: BLE001
+            print(f"TUNE {name} {change}: FAILED {e!r}", flush=True)
+        table.clear()
+        table.update(old)
+
+
 def run_parity(cases, limit):
     for c in cases:
         if elapsed() > limit:
@@ -202,8 +245,10 @@ def main(argv):
             print(f"FLA timed at {elapsed():.0f} s", flush=True)
         except Exception as e:   # noqa: BLE001
             print(f"SKIP FLA: {e!r}")
+    if "--skip-tune" not in argv:
+        tune(leaves, do, 90)
     if "--skip-parity" not in argv:
-        run_parity(PARITY[2:], 105)
+        run_parity(PARITY[2:], 110)
     print(f"done at {elapsed():.0f} s", flush=True)
 
 

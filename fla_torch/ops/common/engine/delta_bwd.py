@@ -32,6 +32,9 @@ from .varlen import n_slots, search_steps, slot_chunk
 
 BT = 64
 BC = 16
+# Launch parameters for 16-bit inputs (fp32: BK = BV = 32, 4 warps, one stage); a tuning script
+# may override entries.
+LAUNCH = dict(BK=64, BV=64, num_warps=8)
 
 
 @triton.jit
@@ -211,8 +214,8 @@ def delta_output_bwd(q, k, vn, do, h, dh, cum, dAqk, dAk, dkb, scale: float, cu_
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     S = n_slots(B, T, N, BT, cu_seqlens is not None)
     wide = q.dtype == torch.float32
-    BK = min(block(K), 32 if wide else 64)
-    BV = min(block(V), 32 if wide else 64)
+    BK = min(block(K), 32 if wide else LAUNCH["BK"])
+    BV = min(block(V), 32 if wide else LAUNCH["BV"])
     s_dq = alloc((S * BT, H, K), torch.float32)
     s_dk = alloc((S * BT, H, K), torch.float32)
     s_db = alloc((S * BT, H, K), torch.float32)
@@ -225,5 +228,5 @@ def delta_output_bwd(q, k, vn, do, h, dh, cum, dAqk, dAk, dkb, scale: float, cu_
         q, k, vn, do, h, dh, cum[0], cum[1], dAqk, dAk, dkb, s_dq, s_dk, s_db, dq, dk, dg,
         cu_seqlens if cu_seqlens is not None else q, scale, T, N, search_steps(N), H=H, K=K,
         V=V, BT=BT, BC=BC, BK=BK, BV=BV, IS_VARLEN=cu_seqlens is not None, PREC=prec,
-        num_warps=4 if wide else 8, num_stages=1 if wide else 2)
+        num_warps=4 if wide else LAUNCH["num_warps"], num_stages=1 if wide else 2)
     return dq, dk, dg

@@ -24,6 +24,9 @@ from .varlen import n_slots, search_steps, slot_chunk
 
 BT = 64
 BC = 16
+# Launch parameters for 16-bit inputs (fp32: BK 32, 4 warps, one stage); a tuning script may
+# override entries.
+LAUNCH = dict(BK=32, num_warps=8)
 
 
 @triton.jit
@@ -151,7 +154,9 @@ def delta_scores(q, k, cum, cu_seqlens, prec: str, alloc):
     kb = alloc(k.shape, k.dtype)
     _delta_scores_kernel[(S, H)](
         q, k, cum[0], cum[1], Aqk, Ak, qg, kb, cu_seqlens if cu_seqlens is not None else q, T,
-        N, search_steps(N), H=H, K=K, BT=BT, BC=BC, BK=min(block(K), 32),
-        IS_VARLEN=cu_seqlens is not None, PREC=prec, num_warps=8 if not wide else 4,
+        N, search_steps(N), H=H, K=K, BT=BT, BC=BC,
+        BK=min(block(K), 32 if wide else LAUNCH["BK"]),
+        IS_VARLEN=cu_seqlens is not None, PREC=prec,
+        num_warps=4 if wide else LAUNCH["num_warps"],
         num_stages=1 if wide else 2)
     return Aqk, Ak, qg, kb

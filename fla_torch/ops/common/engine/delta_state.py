@@ -22,14 +22,18 @@ from .launch import block
 from .varlen import chunk_slot, n_slots, seq_bounds
 
 BT = 64
+# Launch parameters for 16-bit inputs and K <= 128 (else BV 32, one stage); a tuning script may
+# override entries.
+LAUNCH = {"fwd": dict(BV=64, num_warps=4), "bwd": dict(BV=64, num_warps=4)}
 
 
-def _tiles(K, V, dtype):
+def _tiles(K, V, dtype, which):
     """(BK, BV, launch kwargs): the whole K, a block of V sized for the register tile."""
     BK = block(K)
     wide = BK > 128 or dtype == torch.float32
-    BV = min(block(V), 32 if wide else 64)
-    return BK, BV, dict(num_warps=4, num_stages=1 if wide else 2)
+    cfg = LAUNCH[which]
+    BV = min(block(V), 32 if wide else cfg["BV"])
+    return BK, BV, dict(num_warps=cfg["num_warps"], num_stages=1 if wide else 2)
 
 
 @triton.jit
@@ -127,7 +131,7 @@ def delta_state_fwd(kg, w, u, el, initial_state, output_final_state: bool, cu_se
     B, T, H, K = kg.shape
     V = u.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    BK, BV, kw = _tiles(K, V, kg.dtype)
+    BK, BV, kw = _tiles(K, V, kg.dtype, "fwd")
     h = alloc((n_slots(B, T, N, BT, cu_seqlens is not None), H, K, V), kg.dtype)
     vn = alloc(u.shape, u.dtype)
     ht = alloc((N, H, K, V), torch.float32) if output_final_state else None
@@ -146,7 +150,7 @@ def delta_state_bwd(qg, kg, w, Aqk, el, do, dht, scale: float, cu_seqlens, need_
     B, T, H, K = qg.shape
     V = do.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    BK, BV, kw = _tiles(K, V, qg.dtype)
+    BK, BV, kw = _tiles(K, V, qg.dtype, "bwd")
     dh = alloc((n_slots(B, T, N, BT, cu_seqlens is not None), H, K, V), qg.dtype)
     dvn = alloc(do.shape, torch.float32)
     dh0 = alloc((N, H, K, V), torch.float32) if need_dh0 else None

@@ -30,6 +30,8 @@ from .launch import block
 from .varlen import n_slots, search_steps, slot_chunk
 
 BT = 64
+# Launch parameters (fwd / bwd); a tuning script may override entries.
+LAUNCH = dict(fwd_warps=4, bwd_warps=8)
 
 
 @triton.jit
@@ -157,7 +159,8 @@ def wy_fwd(Ak, kb, v, beta, cu_seqlens, prec: str, prec32: str, alloc):
     _wy_fwd_kernel[(S, H)](
         Ak, kb, v, beta, Tm, w, u, cu_seqlens if cu_seqlens is not None else beta, T, N,
         search_steps(N), H=H, K=K, V=V, BT=BT, BK=min(block(K), 64), BV=min(block(V), 64),
-        IS_VARLEN=cu_seqlens is not None, PREC=prec, PREC32=prec32, num_warps=4,
+        IS_VARLEN=cu_seqlens is not None, PREC=prec, PREC32=prec32,
+        num_warps=LAUNCH["fwd_warps"],
         num_stages=1 if wide else 2)
     return Tm, w, u
 
@@ -249,5 +252,5 @@ def wy_bwd(k, kb, v, beta, Tm, Ak, h, dvn, vn, do, scale: float, cu_seqlens, pre
         cu_seqlens if cu_seqlens is not None else beta, scale, T, N, search_steps(N), H=H, K=K, V=V,
         BT=BT, BK=min(block(K), 32 if wide else 64), BV=min(block(V), 32 if wide else 64),
         IS_VARLEN=cu_seqlens is not None, SPLIT=not wide, PREC=prec, PREC32=prec32,
-        num_warps=8, num_stages=1 if wide else 2)
+        num_warps=LAUNCH["bwd_warps"], num_stages=1 if wide else 2)
     return dv, dbeta, dkb, dAk, dAqk
