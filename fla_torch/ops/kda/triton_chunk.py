@@ -39,26 +39,29 @@ class _ChunkKDA(torch.autograd.Function):
         alloc = alloc_on(q.device)
         prec, prec32 = dot_precision(q.dtype), fp32_dot_precision()
         cum, kg, el = chunk_cumsum(g, k, _GATE, cu_seqlens, BT, min(64, k.shape[3]), alloc)
-        Aqk, Ak, qg, kb = delta_scores(q, k, cum, cu_seqlens, prec, alloc)
+        # fp16: k exp(b), q exp(b) and w relative to the chunk's first row (strong gates make
+        # exp(b) subnormal in fp16; dh0 lost accuracy), exp(b_0) applied in fp32 (e0)
+        rel = q.dtype == torch.float16
+        Aqk, Ak, qg, kb, qgr, e0 = delta_scores(q, k, cum, cu_seqlens, prec, alloc, rel=rel)
         Tm, w, u = wy_fwd(Ak, kb, v, beta, cu_seqlens, prec, prec32, alloc)
         h, vn, ht = delta_state_fwd(kg, w, u, el, h0, output_final_state, cu_seqlens, prec,
-                                    alloc)
+                                    alloc, e0=e0)
         o = output_fwd(qg, vn, h, Aqk, scale, cu_seqlens, prec, alloc)
-        ctx.save_for_backward(q, k, v, beta, cum[0], cum[1], kg, el, Aqk, qg, Ak, kb, Tm, w,
-                              h, vn, cu_seqlens)
+        ctx.save_for_backward(q, k, v, beta, cum[0], cum[1], kg, el, Aqk,
+                              qgr if rel else qg, Ak, kb, Tm, w, h, vn, e0, cu_seqlens)
         ctx.scale, ctx.has_h0 = scale, h0 is not None
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, beta, ch, cl, kg, el, Aqk, qg, Ak, kb, Tm, w, h, vn, cu_seqlens = \
+        q, k, v, beta, ch, cl, kg, el, Aqk, qg, Ak, kb, Tm, w, h, vn, e0, cu_seqlens = \
             ctx.saved_tensors
         alloc = alloc_on(q.device)
         prec, prec32 = dot_precision(q.dtype), fp32_dot_precision()
         do, dht = do.contiguous(), _contig(dht)
         scale = ctx.scale
         dh, dvn, dh0 = delta_state_bwd(qg, kg, w, Aqk, el, do, dht, scale, cu_seqlens,
-                                       ctx.has_h0, prec, alloc)
+                                       ctx.has_h0, prec, alloc, e0=e0)
         if q.dtype == torch.float16:
             # fp32 copies: the fp16-operand WY backward is miscompiled on Hopper by Triton 3.6
             # (see the gated delta rule's; DESIGN.md)
@@ -69,9 +72,9 @@ class _ChunkKDA(torch.autograd.Function):
         k_w, kb_w, v_w, h_w, vn_w, do_w = wy_in
         dv, dbeta, dkb, dAk, dAqk = wy_bwd(k_w, kb_w, v_w, beta, Tm, Ak, h_w, dvn, vn_w, do_w,
                                            scale, cu_seqlens, wy_prec, prec32, alloc,
-                                           dv_dtype=v.dtype)
+                                           dv_dtype=v.dtype, e0=e0)
         dq, dk, dg = delta_output_bwd(q, k, vn, do, h, dh, (ch, cl), dAqk, dAk, dkb, scale,
-                                      cu_seqlens, prec, alloc)
+                                      cu_seqlens, prec, alloc, rel=e0 is not None)
         return dq, dk, dv, dg, dbeta, None, dh0, None, None
 
 

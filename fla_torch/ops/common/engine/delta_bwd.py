@@ -134,7 +134,7 @@ def _delta_output_bwd_kernel(q, k, vn, do, h, dh, ch, cl, dAqk, dAk, dkb, s_dq, 
                              dq, dk, dg, cu_seqlens, scale, T, N, n_steps, H: tl.constexpr,
                              K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                              BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                             IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
+                             REL: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
     NKB: tl.constexpr = (K + BK - 1) // BK
     pid = tl.program_id(0)
     i_kb = pid % NKB
@@ -184,6 +184,12 @@ def _delta_output_bwd_kernel(q, k, vn, do, h, dh, ch, cl, dAqk, dAk, dkb, s_dq, 
     q_f = tl.load(q + p_f, mask=m_fk, other=0.).to(tl.float32)
     k_f = tl.load(k + p_f, mask=m_fk, other=0.).to(tl.float32)
     e_b = tl.exp(hi_f + lo_f)
+    if REL:
+        # dkb is the gradient of k exp(b - b_0) (delta_scores' rel)
+        z_hi, z_lo = load_cum_row(ch, cl, base, i_h, o_k, m_k, H, K, 2)
+        e_k = tl.exp(gap(hi_f, lo_f, z_hi[None, :], z_lo[None, :]))
+    else:
+        e_k = e_b
     dq_s = dq_s * (scale * e_b)
     dk_s = dk_s * tl.exp(gap(l_hi[None, :], l_lo[None, :], hi_f, lo_f))
     # the score sums of every sub-chunk, stored above by this program
@@ -194,8 +200,8 @@ def _delta_output_bwd_kernel(q, k, vn, do, h, dh, ch, cl, dAqk, dAk, dkb, s_dq, 
     a_db = tl.load(s_db + p_s, mask=m_k[None, :], other=0., cache_modifier=".cg")
     b_dkb = tl.load(dkb + p_f, mask=m_fk, other=0.)
     tl.store(dq + p_f, (dq_s + a_dq).to(dq.dtype.element_ty), mask=m_fk)
-    tl.store(dk + p_f, (dk_s + a_dk + b_dkb * e_b).to(dk.dtype.element_ty), mask=m_fk)
-    x = q_f * dq_s + a_db + b_dkb * k_f * e_b
+    tl.store(dk + p_f, (dk_s + a_dk + b_dkb * e_k).to(dk.dtype.element_ty), mask=m_fk)
+    x = q_f * dq_s + a_db + b_dkb * k_f * e_k
     # r of the chunk's last token never enters dg (sum over t < s): kept out of the cumsum,
     # where it would be added and subtracted again (its O(1) rounding left in dg)
     r = tl.where(t_f[:, None] == tl.minimum(c0 + BT, eos) - 1, 0., k_f * dk_s)
@@ -205,10 +211,11 @@ def _delta_output_bwd_kernel(q, k, vn, do, h, dh, ch, cl, dAqk, dAk, dkb, s_dq, 
 
 
 def delta_output_bwd(q, k, vn, do, h, dh, cum, dAqk, dAk, dkb, scale: float, cu_seqlens,
-                     prec: str, alloc):
+                     prec: str, alloc, rel: bool = False):
     """(dq, dk [B, T, H, K] in q's dtype, dg [B, T, H, K] fp32): see the module docstring.
     q, k [B, T, H, K], vn, do [B, T, H, V] (one dtype); h, dh [slots, H, K, V]; cum = (hi, lo)
-    the split cumsum; dAqk, dAk [slots * BT, H, BT] fp32; dkb [B, T, H, K] fp32."""
+    the split cumsum; dAqk, dAk [slots * BT, H, BT] fp32; dkb [B, T, H, K] fp32 (with rel:
+    the gradient of k exp(b - b_0), delta_scores' rel)."""
     B, T, H, K = q.shape
     V = vn.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -227,6 +234,6 @@ def delta_output_bwd(q, k, vn, do, h, dh, cum, dAqk, dAk, dkb, scale: float, cu_
     _delta_output_bwd_kernel[(S * H * triton.cdiv(K, BK),)](
         q, k, vn, do, h, dh, cum[0], cum[1], dAqk, dAk, dkb, s_dq, s_dk, s_db, dq, dk, dg,
         cu_seqlens if cu_seqlens is not None else q, scale, T, N, search_steps(N), H=H, K=K,
-        V=V, BT=BT, BC=BC, BK=BK, BV=BV, IS_VARLEN=cu_seqlens is not None, PREC=prec,
+        V=V, BT=BT, BC=BC, BK=BK, BV=BV, REL=rel, IS_VARLEN=cu_seqlens is not None, PREC=prec,
         num_warps=4 if wide else LAUNCH["num_warps"], num_stages=1 if wide else 2)
     return dq, dk, dg

@@ -94,9 +94,10 @@ def _store_rows(A, base, i_h, I: tl.constexpr, off, dia, STRICT: tl.constexpr,
 
 
 @triton.jit
-def _delta_scores_kernel(q, k, ch, cl, Aqk, Ak, qg, kb, cu_seqlens, T, N, n_steps,
+def _delta_scores_kernel(q, k, ch, cl, Aqk, Ak, qg, kb, qgr, e0, cu_seqlens, T, N, n_steps,
                          H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                         BK: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
+                         BK: tl.constexpr, REL: tl.constexpr, IS_VARLEN: tl.constexpr,
+                         PREC: tl.constexpr):
     slot, i_h = tl.program_id(0), tl.program_id(1)
     i_n, c0, eos = slot_chunk(cu_seqlens, slot, N, n_steps, T, BT, IS_VARLEN)
     dt = q.dtype.element_ty
@@ -118,9 +119,18 @@ def _delta_scores_kernel(q, k, ch, cl, Aqk, Ak, qg, kb, cu_seqlens, T, N, n_step
         hi_f, lo_f = load_cum(ch, cl, base + o_t, i_h, o_k, m_k, H, K, 2, BT)
         e_b = tl.exp(hi_f + lo_f)
         k_f = tl.load(k + p_f, mask=m_fk, other=0.)
-        tl.store(kb + p_f, (k_f * e_b).to(dt), mask=m_fk)
         q_f = tl.load(q + p_f, mask=m_fk, other=0.)
         tl.store(qg + p_f, (q_f * e_b).to(dt), mask=m_fk)
+        if REL:
+            # relative to the chunk's first row: exp(b - b_0) and exp(b_0) (fp16 range)
+            z_hi, z_lo = load_cum_row(ch, cl, base, i_h, o_k, m_k, H, K, 2)
+            e_r = tl.exp(gap(hi_f, lo_f, z_hi[None, :], z_lo[None, :]))
+            tl.store(kb + p_f, (k_f * e_r).to(dt), mask=m_fk)
+            tl.store(qgr + p_f, (q_f * e_r).to(dt), mask=m_fk)
+            tl.store(e0 + (slot.to(tl.int64) * H + i_h) * K + o_k, tl.exp(z_hi + z_lo),
+                     mask=m_k)
+        else:
+            tl.store(kb + p_f, (k_f * e_b).to(dt), mask=m_fk)
         k_f = k_f.to(tl.float32)
         aq0, ak0, dq0, dk0 = _sub_chunk(q, k, ch, cl, k_f, hi_f, lo_f, c0, eos, base, i_h, o_k,
                                         m_k, 0, aq0, ak0, dq0, dk0, H, K, BT, BC, PREC)
@@ -140,10 +150,12 @@ def _delta_scores_kernel(q, k, ch, cl, Aqk, Ak, qg, kb, cu_seqlens, T, N, n_step
     _store_rows(Ak, base, i_h, 3, ak3, dk3, True, H, BT, BC)
 
 
-def delta_scores(q, k, cum, cu_seqlens, prec: str, alloc):
+def delta_scores(q, k, cum, cu_seqlens, prec: str, alloc, rel: bool = False):
     """(Aqk, Ak [slots * BT, H, BT] fp32, qg = q exp(b), kb = k exp(b) [B, T, H, K] in q's
-    dtype) from q, k [B, T, H, K] and the split cumsum cum = (hi, lo) of a per-key gate
-    (gates.chunk_cumsum)."""
+    dtype, qgr, e0) from q, k [B, T, H, K] and the split cumsum cum = (hi, lo) of a per-key
+    gate (gates.chunk_cumsum). rel (fp16: exp(b) of strong gates is subnormal there): kb is
+    k exp(b - b_0) instead, qgr = q exp(b - b_0) and e0 = exp(b_0) [slots, H, K] fp32 (b_0: b
+    at the chunk's first row); else qgr, e0 are None."""
     B, T, H, K = q.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     S = n_slots(B, T, N, BT, cu_seqlens is not None)
@@ -152,11 +164,14 @@ def delta_scores(q, k, cum, cu_seqlens, prec: str, alloc):
     Ak = alloc((S * BT, H, BT), torch.float32)
     qg = alloc(q.shape, q.dtype)
     kb = alloc(k.shape, k.dtype)
+    qgr = alloc(q.shape, q.dtype) if rel else None
+    e0 = alloc((S, H, K), torch.float32) if rel else None
     _delta_scores_kernel[(S, H)](
-        q, k, cum[0], cum[1], Aqk, Ak, qg, kb, cu_seqlens if cu_seqlens is not None else q, T,
-        N, search_steps(N), H=H, K=K, BT=BT, BC=BC,
+        q, k, cum[0], cum[1], Aqk, Ak, qg, kb, qgr if rel else qg, e0 if rel else Aqk,
+        cu_seqlens if cu_seqlens is not None else q, T, N, search_steps(N), H=H, K=K, BT=BT,
+        BC=BC, REL=rel,
         BK=min(block(K), 32 if wide else LAUNCH["BK"]),
         IS_VARLEN=cu_seqlens is not None, PREC=prec,
         num_warps=4 if wide else LAUNCH["num_warps"],
         num_stages=1 if wide else 2)
-    return Aqk, Ak, qg, kb
+    return Aqk, Ak, qg, kb, qgr, e0

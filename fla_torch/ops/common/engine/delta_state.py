@@ -37,10 +37,10 @@ def _tiles(K, V, dtype, which):
 
 
 @triton.jit
-def _delta_fwd_kernel(kg, w, u, el, h0, h, vn, ht, cu_seqlens, T, H: tl.constexpr,
+def _delta_fwd_kernel(kg, w, u, el, e0, h0, h, vn, ht, cu_seqlens, T, H: tl.constexpr,
                       K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                      BV: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
-                      IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
+                      BV: tl.constexpr, REL: tl.constexpr, USE_H0: tl.constexpr,
+                      STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
     i_vb, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     bos, eos = seq_bounds(cu_seqlens, i_n, T, IS_VARLEN)
@@ -64,7 +64,11 @@ def _delta_fwd_kernel(kg, w, u, el, h0, h, vn, ht, cu_seqlens, T, H: tl.constexp
         m_tv = m_t[:, None] & m_v[None, :]
         b_w = tl.load(w + row[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
         b_u = tl.load(u + row[:, None] * V + o_v[None, :], mask=m_tv, other=0.)
-        b_vn = b_u.to(tl.float32) - tl.dot(b_w, state.to(dt), input_precision=PREC)
+        if REL:
+            s_w = state * tl.load(e0 + (slot * H + i_h) * K + o_k, mask=m_k, other=0.)[:, None]
+        else:
+            s_w = state
+        b_vn = b_u.to(tl.float32) - tl.dot(b_w, s_w.to(dt), input_precision=PREC)
         b_vn = b_vn.to(dt)
         tl.store(vn + row[:, None] * V + o_v[None, :], b_vn, mask=m_tv)
         b_k = tl.load(kg + row[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
@@ -75,9 +79,10 @@ def _delta_fwd_kernel(kg, w, u, el, h0, h, vn, ht, cu_seqlens, T, H: tl.constexp
 
 
 @triton.jit
-def _delta_bwd_kernel(qg, kg, w, Aqk, el, do, dht, dh, dvn, dh0, cu_seqlens, scale, T,
+def _delta_bwd_kernel(qg, kg, w, Aqk, el, e0, do, dht, dh, dvn, dh0, cu_seqlens, scale, T,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                      BK: tl.constexpr, BV: tl.constexpr, USE_DHT: tl.constexpr,
+                      BK: tl.constexpr, BV: tl.constexpr, REL: tl.constexpr,
+                      USE_DHT: tl.constexpr,
                       STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
     i_vb, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
@@ -113,8 +118,13 @@ def _delta_bwd_kernel(qg, kg, w, Aqk, el, do, dht, dh, dvn, dh0, cu_seqlens, sca
         b_q = tl.load(qg + row[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
         b_w = tl.load(w + row[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
         dstate *= tl.load(el + (slot * H + i_h) * K + o_k, mask=m_k, other=0.)[:, None]
-        dstate += scale * tl.dot(tl.trans(b_q), b_do, input_precision=PREC)
-        dstate -= tl.dot(tl.trans(b_w), b_dvn.to(dt), input_precision=PREC)
+        if REL:
+            f0 = tl.load(e0 + (slot * H + i_h) * K + o_k, mask=m_k, other=0.)[:, None]
+            dstate += f0 * (scale * tl.dot(tl.trans(b_q), b_do, input_precision=PREC)
+                            - tl.dot(tl.trans(b_w), b_dvn.to(dt), input_precision=PREC))
+        else:
+            dstate += scale * tl.dot(tl.trans(b_q), b_do, input_precision=PREC)
+            dstate -= tl.dot(tl.trans(b_w), b_dvn.to(dt), input_precision=PREC)
     if STORE_DH0:
         tl.store(dh0 + i_nh.to(tl.int64) * K * V + p_kv, dstate, mask=m_kv)
 
@@ -124,9 +134,10 @@ def _dummy(x, fallback):
 
 
 def delta_state_fwd(kg, w, u, el, initial_state, output_final_state: bool, cu_seqlens,
-                    prec: str, alloc):
+                    prec: str, alloc, e0=None):
     """kg [B, T, H, K], w [B, T, H, K], u [B, T, H, V] (one dtype), el [slots, H, K] fp32,
-    initial_state [N, H, K, V] fp32 or None. Returns (h [slots, H, K, V] in kg's dtype,
+    initial_state [N, H, K, V] fp32 or None. e0 [slots, H, K] fp32 or None: w is stored as
+    w exp(-b_0) (delta_scores' rel) and the state rows are scaled by e0 = exp(b_0) for w h. Returns (h [slots, H, K, V] in kg's dtype,
     vn [B, T, H, V] in u's dtype, final state [N, H, K, V] fp32 or None)."""
     B, T, H, K = kg.shape
     V = u.shape[-1]
@@ -136,16 +147,18 @@ def delta_state_fwd(kg, w, u, el, initial_state, output_final_state: bool, cu_se
     vn = alloc(u.shape, u.dtype)
     ht = alloc((N, H, K, V), torch.float32) if output_final_state else None
     _delta_fwd_kernel[(triton.cdiv(V, BV), N * H)](
-        kg, w, u, el, _dummy(initial_state, el), h, vn, _dummy(ht, el), _dummy(cu_seqlens, el),
-        T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, USE_H0=initial_state is not None,
+        kg, w, u, el, _dummy(e0, el), _dummy(initial_state, el), h, vn, _dummy(ht, el),
+        _dummy(cu_seqlens, el), T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, REL=e0 is not None,
+        USE_H0=initial_state is not None,
         STORE_HT=ht is not None, IS_VARLEN=cu_seqlens is not None, PREC=prec, **kw)
     return h, vn, ht
 
 
 def delta_state_bwd(qg, kg, w, Aqk, el, do, dht, scale: float, cu_seqlens, need_dh0: bool,
-                    prec: str, alloc):
+                    prec: str, alloc, e0=None):
     """qg, kg, w [B, T, H, K] (one dtype), Aqk [slots * BT, H, BT] fp32, el [slots, H, K]
-    fp32, do [B, T, H, V], dht [N, H, K, V] fp32 or None. Returns (dh [slots, H, K, V] in
+    fp32, do [B, T, H, V], dht [N, H, K, V] fp32 or None. e0 [slots, H, K] fp32 or None: qg and
+    w relative to the chunk's first row (delta_scores' rel), their products scaled by e0. Returns (dh [slots, H, K, V] in
     qg's dtype, dvn [B, T, H, V] fp32, dh0 [N, H, K, V] fp32 or None)."""
     B, T, H, K = qg.shape
     V = do.shape[-1]
@@ -155,8 +168,9 @@ def delta_state_bwd(qg, kg, w, Aqk, el, do, dht, scale: float, cu_seqlens, need_
     dvn = alloc(do.shape, torch.float32)
     dh0 = alloc((N, H, K, V), torch.float32) if need_dh0 else None
     _delta_bwd_kernel[(triton.cdiv(V, BV), N * H)](
-        qg, kg, w, Aqk, el, do, _dummy(dht, el), dh, dvn, _dummy(dh0, el),
+        qg, kg, w, Aqk, el, _dummy(e0, el), do, _dummy(dht, el), dh, dvn, _dummy(dh0, el),
         _dummy(cu_seqlens, el), scale, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+        REL=e0 is not None,
         USE_DHT=dht is not None, STORE_DH0=dh0 is not None, IS_VARLEN=cu_seqlens is not None,
         PREC=prec, **kw)
     return dh, dvn, dh0

@@ -166,8 +166,8 @@ def wy_fwd(Ak, kb, v, beta, cu_seqlens, prec: str, prec32: str, alloc):
 
 
 @triton.jit
-def _wy_bwd_kernel(k, kb, v, beta, Tm, Ak, h, dvn, vn, do, dv, dbeta, dkb, dAk, dAqk,
-                   cu_seqlens, scale, T, N, n_steps, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def _wy_bwd_kernel(k, kb, v, beta, Tm, Ak, h, e0, dvn, vn, do, dv, dbeta, dkb, dAk, dAqk,
+                   cu_seqlens, scale, T, N, n_steps, REL: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    IS_VARLEN: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr,
                    PREC32: tl.constexpr):
@@ -209,6 +209,9 @@ def _wy_bwd_kernel(k, kb, v, beta, Tm, Ak, h, dvn, vn, do, dv, dbeta, dkb, dAk, 
                             mask=m_t[:, None] & m_v[None, :], other=0.)
             b_h = tl.load(p_h + o_k[:, None] * V + o_v[None, :],
                           mask=m_k[:, None] & m_v[None, :], other=0.)
+            if REL:
+                b_h = b_h.to(tl.float32) * tl.load(
+                    e0 + (slot.to(tl.int64) * H + i_h) * K + o_k, mask=m_k, other=0.)[:, None]
             b_dw -= split_dot_wide(b_dvn, tl.trans(b_h), PREC)
         m = m_t[:, None] & m_k[None, :]
         p = (t[:, None] * H + i_h) * K + o_k[None, :]
@@ -228,7 +231,7 @@ def _wy_bwd_kernel(k, kb, v, beta, Tm, Ak, h, dvn, vn, do, dv, dbeta, dkb, dAk, 
 
 
 def wy_bwd(k, kb, v, beta, Tm, Ak, h, dvn, vn, do, scale: float, cu_seqlens, prec: str,
-           prec32: str, alloc, dv_dtype=None):
+           prec32: str, alloc, dv_dtype=None, e0=None):
     """k, kb = k exp(b) [B, T, H, K], v [B, T, H, V] (one dtype), beta [B, T, H] fp32,
     Tm and Ak [slots * BT, H, BT] fp32 (wy_fwd, scores), h [slots, H, K, V] (the state before
     each chunk), dvn [B, T, H, V] fp32; vn, do [B, T, H, V] (the output's value operand and
@@ -236,7 +239,10 @@ def wy_bwd(k, kb, v, beta, Tm, Ak, h, dvn, vn, do, scale: float, cu_seqlens, pre
     dkb [B, T, H, K] fp32 (the gradient of k exp(b)), dAk [slots * BT, H, BT] fp32 (the
     gradient of the key scores, strictly lower), dAqk [slots * BT, H, BT] fp32
     (= scale do vn^T, the gradient of Aqk, zero above the diagonal)). dv_dtype: dv's dtype
-    when it is not v's (fp32 copies of fp16 operands, see kda/triton_chunk.py)."""
+    when it is not v's (fp32 copies of fp16 operands, see kda/triton_chunk.py). e0 [slots, H,
+    K] or None: kb and w relative to the chunk's first row (delta_scores' rel; h's rows are
+    scaled by e0 in dw, then the returned dkb is the gradient of the relative kb). With e0, h
+    must be fp32 (the scaled rows are an fp32 operand)."""
     B, T, H, K = k.shape
     V = v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -248,9 +254,10 @@ def wy_bwd(k, kb, v, beta, Tm, Ak, h, dvn, vn, do, scale: float, cu_seqlens, pre
     dAk = alloc((S * BT, H, BT), torch.float32)
     dAqk = alloc((S * BT, H, BT), torch.float32)
     _wy_bwd_kernel[(S, H)](
-        k, kb, v, beta, Tm, Ak, h, dvn, vn, do, dv, dbeta, dkb, dAk, dAqk,
-        cu_seqlens if cu_seqlens is not None else beta, scale, T, N, search_steps(N), H=H, K=K, V=V,
-        BT=BT, BK=min(block(K), 32 if wide else 64), BV=min(block(V), 32 if wide else 64),
+        k, kb, v, beta, Tm, Ak, h, e0 if e0 is not None else beta, dvn, vn, do, dv, dbeta, dkb,
+        dAk, dAqk, cu_seqlens if cu_seqlens is not None else beta, scale, T, N, search_steps(N),
+        REL=e0 is not None, H=H, K=K, V=V, BT=BT, BK=min(block(K), 32 if wide else 64),
+        BV=min(block(V), 32 if wide else 64),
         IS_VARLEN=cu_seqlens is not None, SPLIT=not wide, PREC=prec, PREC32=prec32,
         num_warps=LAUNCH["bwd_warps"], num_stages=1 if wide else 2)
     return dv, dbeta, dkb, dAk, dAqk
