@@ -11,6 +11,9 @@ Stages: gates.chunk_cumsum, delta_scores.delta_scores (Aqk and Ak in one pass), 
 delta_state.delta_state_fwd, output_stage.output_fwd. Backward: delta_state.delta_state_bwd
 (dh, dvn, dh0), wy.wy_bwd (dv, dbeta, the gradient of k exp(b), the score gradients dAk and
 dAqk), delta_bwd.delta_output_bwd (dq, dk, dg).
+fp16: k exp(b), q exp(b) (for the state pass) and w are kept relative to the chunk's first row
+and exp(b_0) is applied in fp32 (`rel` of delta_scores; exp(b) of strong gates is subnormal in
+fp16). The fp16 WY backward runs on fp32 copies (a Triton 3.6 Hopper miscompile, see DESIGN.md).
 Grouped heads: q and k are repeated to the HV value heads (their gradients summed back by
 autograd). use_qk_l2norm_in_kernel: q, k normalised by common/triton_l2norm.py first.
 """
