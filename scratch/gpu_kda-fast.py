@@ -223,16 +223,26 @@ def run_parity(cases, limit):
             print(f"SKIP parity {c['name']} {c['dtype']}: time guard ({elapsed():.0f} s)")
             continue
         c = dict(c)
-        parity(c.pop("name"), c.pop("dtype"), **c)
+        name, dtype = c.pop("name"), c.pop("dtype")
+        try:
+            parity(name, dtype, **c)
+        except Exception:   # noqa: BLE001
+            import traceback
+            print(f"FAIL parity {name} {dtype}: exception\n" + traceback.format_exc()[-2000:],
+                  flush=True)
 
 
 def main(argv):
     print(f"torch {torch.__version__}, device {torch.cuda.get_device_name()}", flush=True)
     leaves, do = bench_inputs(torch.bfloat16)
-    ours = timing("ours(triton)", lambda: chunk_kda(*leaves, impl="triton")[0], leaves, do)
-    print(f"ours timed at {elapsed():.0f} s", flush=True)
-    print("PROFILE ours fwd+bwd (top 10 CUDA kernels):", flush=True)
-    profile(ours)
+    try:
+        ours = timing("ours(triton)", lambda: chunk_kda(*leaves, impl="triton")[0], leaves, do)
+        print(f"ours timed at {elapsed():.0f} s", flush=True)
+        print("PROFILE ours fwd+bwd (top 10 CUDA kernels):", flush=True)
+        profile(ours)
+    except Exception:   # noqa: BLE001
+        import traceback
+        print("FAIL ours timing:\n" + traceback.format_exc()[-3000:], flush=True)
     if "--skip-parity" not in argv:
         run_parity(PARITY[:2], 200)
     if "--skip-fla" not in argv and elapsed() < 80:
