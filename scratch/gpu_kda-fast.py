@@ -250,9 +250,11 @@ def main(argv):
             import fla.ops.kda as fk
             prune_fla_autotune()
             q, k, v, g, beta = leaves
-            timing("FLA chunk_kda", lambda: fk.chunk_kda(q=q, k=k, v=v, g=g, beta=beta)[0],
-                   leaves, do)
+            fla_fb = timing("FLA chunk_kda",
+                            lambda: fk.chunk_kda(q=q, k=k, v=v, g=g, beta=beta)[0], leaves, do)
             print(f"FLA timed at {elapsed():.0f} s", flush=True)
+            print("PROFILE FLA fwd+bwd (top 10 CUDA kernels):", flush=True)
+            profile(fla_fb)
         except Exception as e:   # noqa: BLE001
             print(f"SKIP FLA: {e!r}")
     if "--skip-tune" not in argv:
