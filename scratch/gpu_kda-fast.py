@@ -182,6 +182,8 @@ def tune(leaves, do, limit):
     variants = [
         ("delta_scores", delta_scores.LAUNCH, dict(BK=32, num_warps=4)),
         ("delta_scores", delta_scores.LAUNCH, dict(BK=64, num_warps=8)),
+        ("delta_bwd", delta_bwd.LAUNCH, dict(SCRATCH=False)),
+        ("delta_bwd", delta_bwd.LAUNCH, dict(SCRATCH=False, BK=32, num_warps=4)),
         ("delta_bwd", delta_bwd.LAUNCH, dict(BK=64, BV=64, num_warps=4)),
         ("delta_bwd", delta_bwd.LAUNCH, dict(BK=32, BV=64, num_warps=4)),
         ("delta_bwd", delta_bwd.LAUNCH, dict(BK=64, BV=32, num_warps=8)),

@@ -34,7 +34,9 @@ BT = 64
 BC = 16
 # Launch parameters for 16-bit inputs (fp32: BK = BV = 32, 4 warps, one stage); a tuning script
 # may override entries.
-LAUNCH = dict(BK=64, BV=64, num_warps=8)
+# SCRATCH: the per-sub-chunk score sums go through fp32 scratch rows (else they are placed into
+# [BT, BK] register tiles with a broadcast-reshape-select).
+LAUNCH = dict(BK=64, BV=64, num_warps=8, SCRATCH=True)
 
 
 @triton.jit
@@ -46,8 +48,9 @@ def _row(x, t, i_h, eos, o_k, m_k, H: tl.constexpr, K: tl.constexpr):
 @triton.jit
 def _intra(q, k, ch, cl, dAqk, dAk, q_f, k_f, hi_f, lo_f, c0, eos, base, i_h, o_k, m_k,
            s_dq, s_dk, s_db, I: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
-           BT: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr):
-    """Score sums of sub-chunk I (its 16 rows), stored to the scratch rows s_dq, s_dk, s_db."""
+           BT: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, SCRATCH: tl.constexpr):
+    """Score sums (dq, dk, db) [BC, BK] of sub-chunk I (its 16 rows), returned and, with
+    SCRATCH, stored to the scratch rows s_dq, s_dk, s_db."""
     dt = q.dtype.element_ty
     NC: tl.constexpr = BT // BC
     i0 = I * BC
@@ -123,10 +126,24 @@ def _intra(q, k, ch, cl, dAqk, dAk, q_f, k_f, hi_f, lo_f, c0, eos, base, i_h, o_
     # the pairs i == j of Aqk: in dq and dk, not in the gate gradient (q_i dA_ii k_i -
     # k_i dA_ii q_i cancels exactly; formed, it would leave rounding of O(1) terms there)
     d_ii = tl.load(dAqk + (s_I * H + i_h) * BT + i0 + o_c)[:, None]
-    p_s = (s_I[:, None] * H + i_h) * K + o_k[None, :]
-    tl.store(s_dq + p_s, dq_I + d_ii * k_I, mask=m_k[None, :])
-    tl.store(s_dk + p_s, dkr_I + dkc_I + d_ii * q_I, mask=m_k[None, :])
-    tl.store(s_db + p_s, q_I * dq_I + k_I * (dkr_I - dkc_I), mask=m_k[None, :])
+    r_dq = dq_I + d_ii * k_I
+    r_dk = dkr_I + dkc_I + d_ii * q_I
+    r_db = q_I * dq_I + k_I * (dkr_I - dkc_I)
+    if SCRATCH:
+        p_s = (s_I[:, None] * H + i_h) * K + o_k[None, :]
+        tl.store(s_dq + p_s, r_dq, mask=m_k[None, :])
+        tl.store(s_dk + p_s, r_dk, mask=m_k[None, :])
+        tl.store(s_db + p_s, r_db, mask=m_k[None, :])
+    return r_dq, r_dk, r_db
+
+
+@triton.jit
+def _place(acc, x, I: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr):
+    """acc [BT, BK] with its rows of sub-chunk I replaced by x [BC, BK]."""
+    x3 = tl.broadcast_to(x[None, :, :], (BT // BC, BC, BK))
+    rows = tl.arange(0, BT)
+    sel = (rows >= I * BC) & (rows < I * BC + BC)
+    return tl.where(sel[:, None], tl.reshape(x3, (BT, BK)), acc)
 
 
 @triton.jit
@@ -134,7 +151,8 @@ def _delta_output_bwd_kernel(q, k, vn, do, h, dh, ch, cl, dAqk, dAk, dkb, s_dq, 
                              dq, dk, dg, cu_seqlens, scale, T, N, n_steps, H: tl.constexpr,
                              K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                              BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                             REL: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
+                             REL: tl.constexpr, SCRATCH: tl.constexpr,
+                             IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
     NKB: tl.constexpr = (K + BK - 1) // BK
     pid = tl.program_id(0)
     i_kb = pid % NKB
@@ -153,14 +171,33 @@ def _delta_output_bwd_kernel(q, k, vn, do, h, dh, ch, cl, dAqk, dAk, dkb, s_dq, 
     q_f = tl.load(q + p_f, mask=m_fk, other=0.).to(tl.float32)
     k_f = tl.load(k + p_f, mask=m_fk, other=0.).to(tl.float32)
     hi_f, lo_f = load_cum(ch, cl, s_f, i_h, o_k, m_k, H, K, 2, BT)
-    _intra(q, k, ch, cl, dAqk, dAk, q_f, k_f, hi_f, lo_f, c0, eos, base, i_h, o_k, m_k,
-           s_dq, s_dk, s_db, 0, H, K, BT, BC, PREC)
-    _intra(q, k, ch, cl, dAqk, dAk, q_f, k_f, hi_f, lo_f, c0, eos, base, i_h, o_k, m_k,
-           s_dq, s_dk, s_db, 1, H, K, BT, BC, PREC)
-    _intra(q, k, ch, cl, dAqk, dAk, q_f, k_f, hi_f, lo_f, c0, eos, base, i_h, o_k, m_k,
-           s_dq, s_dk, s_db, 2, H, K, BT, BC, PREC)
-    _intra(q, k, ch, cl, dAqk, dAk, q_f, k_f, hi_f, lo_f, c0, eos, base, i_h, o_k, m_k,
-           s_dq, s_dk, s_db, 3, H, K, BT, BC, PREC)
+    a_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    a_dk = a_dq
+    a_db = a_dq
+    x_q, x_k, x_b = _intra(q, k, ch, cl, dAqk, dAk, q_f, k_f, hi_f, lo_f, c0, eos, base, i_h,
+                           o_k, m_k, s_dq, s_dk, s_db, 0, H, K, BT, BC, PREC, SCRATCH)
+    if not SCRATCH:
+        a_dq = _place(a_dq, x_q, 0, BT, BC, BK)
+        a_dk = _place(a_dk, x_k, 0, BT, BC, BK)
+        a_db = _place(a_db, x_b, 0, BT, BC, BK)
+    x_q, x_k, x_b = _intra(q, k, ch, cl, dAqk, dAk, q_f, k_f, hi_f, lo_f, c0, eos, base, i_h,
+                           o_k, m_k, s_dq, s_dk, s_db, 1, H, K, BT, BC, PREC, SCRATCH)
+    if not SCRATCH:
+        a_dq = _place(a_dq, x_q, 1, BT, BC, BK)
+        a_dk = _place(a_dk, x_k, 1, BT, BC, BK)
+        a_db = _place(a_db, x_b, 1, BT, BC, BK)
+    x_q, x_k, x_b = _intra(q, k, ch, cl, dAqk, dAk, q_f, k_f, hi_f, lo_f, c0, eos, base, i_h,
+                           o_k, m_k, s_dq, s_dk, s_db, 2, H, K, BT, BC, PREC, SCRATCH)
+    if not SCRATCH:
+        a_dq = _place(a_dq, x_q, 2, BT, BC, BK)
+        a_dk = _place(a_dk, x_k, 2, BT, BC, BK)
+        a_db = _place(a_db, x_b, 2, BT, BC, BK)
+    x_q, x_k, x_b = _intra(q, k, ch, cl, dAqk, dAk, q_f, k_f, hi_f, lo_f, c0, eos, base, i_h,
+                           o_k, m_k, s_dq, s_dk, s_db, 3, H, K, BT, BC, PREC, SCRATCH)
+    if not SCRATCH:
+        a_dq = _place(a_dq, x_q, 3, BT, BC, BK)
+        a_dk = _place(a_dk, x_k, 3, BT, BC, BK)
+        a_db = _place(a_db, x_b, 3, BT, BC, BK)
     hoff = (slot.to(tl.int64) * H + i_h) * K * V
     dq_s = tl.zeros([BT, BK], dtype=tl.float32)
     dk_s = tl.zeros([BT, BK], dtype=tl.float32)
@@ -193,11 +230,12 @@ def _delta_output_bwd_kernel(q, k, vn, do, h, dh, ch, cl, dAqk, dAk, dkb, s_dq, 
     dq_s = dq_s * (scale * e_b)
     dk_s = dk_s * tl.exp(gap(l_hi[None, :], l_lo[None, :], hi_f, lo_f))
     # the score sums of every sub-chunk, stored above by this program
-    tl.debug_barrier()
-    p_s = (s_f[:, None] * H + i_h) * K + o_k[None, :]
-    a_dq = tl.load(s_dq + p_s, mask=m_k[None, :], other=0., cache_modifier=".cg")
-    a_dk = tl.load(s_dk + p_s, mask=m_k[None, :], other=0., cache_modifier=".cg")
-    a_db = tl.load(s_db + p_s, mask=m_k[None, :], other=0., cache_modifier=".cg")
+    if SCRATCH:
+        tl.debug_barrier()
+        p_s = (s_f[:, None] * H + i_h) * K + o_k[None, :]
+        a_dq = tl.load(s_dq + p_s, mask=m_k[None, :], other=0., cache_modifier=".cg")
+        a_dk = tl.load(s_dk + p_s, mask=m_k[None, :], other=0., cache_modifier=".cg")
+        a_db = tl.load(s_db + p_s, mask=m_k[None, :], other=0., cache_modifier=".cg")
     b_dkb = tl.load(dkb + p_f, mask=m_fk, other=0.)
     tl.store(dq + p_f, (dq_s + a_dq).to(dq.dtype.element_ty), mask=m_fk)
     tl.store(dk + p_f, (dk_s + a_dk + b_dkb * e_k).to(dk.dtype.element_ty), mask=m_fk)
@@ -223,9 +261,10 @@ def delta_output_bwd(q, k, vn, do, h, dh, cum, dAqk, dAk, dkb, scale: float, cu_
     wide = q.dtype == torch.float32
     BK = min(block(K), 32 if wide else LAUNCH["BK"])
     BV = min(block(V), 32 if wide else LAUNCH["BV"])
-    s_dq = alloc((S * BT, H, K), torch.float32)
-    s_dk = alloc((S * BT, H, K), torch.float32)
-    s_db = alloc((S * BT, H, K), torch.float32)
+    scratch = LAUNCH["SCRATCH"]
+    s_dq = alloc((S * BT, H, K), torch.float32) if scratch else q
+    s_dk = alloc((S * BT, H, K), torch.float32) if scratch else q
+    s_db = alloc((S * BT, H, K), torch.float32) if scratch else q
     dq = alloc(q.shape, q.dtype)
     dk = alloc(k.shape, k.dtype)
     dg = alloc(q.shape, torch.float32)
@@ -234,6 +273,7 @@ def delta_output_bwd(q, k, vn, do, h, dh, cum, dAqk, dAk, dkb, scale: float, cu_
     _delta_output_bwd_kernel[(S * H * triton.cdiv(K, BK),)](
         q, k, vn, do, h, dh, cum[0], cum[1], dAqk, dAk, dkb, s_dq, s_dk, s_db, dq, dk, dg,
         cu_seqlens if cu_seqlens is not None else q, scale, T, N, search_steps(N), H=H, K=K,
-        V=V, BT=BT, BC=BC, BK=BK, BV=BV, REL=rel, IS_VARLEN=cu_seqlens is not None, PREC=prec,
+        V=V, BT=BT, BC=BC, BK=BK, BV=BV, REL=rel, SCRATCH=scratch,
+        IS_VARLEN=cu_seqlens is not None, PREC=prec,
         num_warps=4 if wide else LAUNCH["num_warps"], num_stages=1 if wide else 2)
     return dq, dk, dg
