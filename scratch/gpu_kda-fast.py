@@ -203,6 +203,14 @@ def tune(leaves, do, limit):
     def fw():
         with torch.no_grad():
             call()
+
+    def outputs():
+        for x in leaves:
+            x.grad = None
+        o = call()
+        o.backward(do)
+        return [o.detach().float()] + [x.grad.detach().float().clone() for x in leaves]
+    base = outputs()
     for name, table, change in variants:
         if elapsed() > limit:
             print(f"SKIP TUNE {name} {change}: time guard ({elapsed():.0f} s)", flush=True)
@@ -211,8 +219,9 @@ def tune(leaves, do, limit):
         table.update(change)
         try:
             f, b = median_ms(fw, n=10, warm=2), median_ms(fb, n=10, warm=2)
-            print(f"TUNE {name} {change}: fwd {f:.3f} ms, fwd+bwd {b:.3f} ms (default {old})",
-                  flush=True)
+            diff = max(rel_rms(x, y) for x, y in zip(outputs(), base))
+            print(f"TUNE {name} {change}: fwd {f:.3f} ms, fwd+bwd {b:.3f} ms, max rel. RMS "
+                  f"diff of o and grads vs the default {diff:.1e} (default {old})", flush=True)
         except Exception as e:   # noqa: BLE001
             print(f"TUNE {name} {change}: FAILED {e!r}", flush=True)
         table.clear()
