@@ -180,17 +180,17 @@ def tune(leaves, do, limit):
     engine/delta_scores.py, wy.py, delta_state.py, delta_bwd.py)."""
     from fla_torch.ops.common.engine import delta_bwd, delta_scores, delta_state, wy
     variants = [
-        ("delta_scores", delta_scores.LAUNCH, dict(BK=32, num_warps=4)),
-        ("delta_scores", delta_scores.LAUNCH, dict(BK=64, num_warps=8)),
         ("delta_bwd", delta_bwd.LAUNCH, dict(SCRATCH=False)),
+        ("delta_state.bwd", delta_state.LAUNCH["bwd"], dict(BV=32, num_warps=4)),
+        ("delta_scores", delta_scores.LAUNCH, dict(BK=64, num_warps=8)),
+        ("delta_bwd", delta_bwd.LAUNCH, dict(BK=32, BV=64, num_warps=4)),
+        ("delta_state.fwd", delta_state.LAUNCH["fwd"], dict(BV=32, num_warps=4)),
+        ("delta_scores", delta_scores.LAUNCH, dict(BK=32, num_warps=4)),
         ("delta_bwd", delta_bwd.LAUNCH, dict(SCRATCH=False, BK=32, num_warps=4)),
         ("delta_bwd", delta_bwd.LAUNCH, dict(BK=64, BV=64, num_warps=4)),
-        ("delta_bwd", delta_bwd.LAUNCH, dict(BK=32, BV=64, num_warps=4)),
-        ("delta_bwd", delta_bwd.LAUNCH, dict(BK=64, BV=32, num_warps=8)),
-        ("delta_state.fwd", delta_state.LAUNCH["fwd"], dict(BV=32, num_warps=4)),
-        ("delta_state.bwd", delta_state.LAUNCH["bwd"], dict(BV=32, num_warps=4)),
         ("delta_state.bwd", delta_state.LAUNCH["bwd"], dict(BV=64, num_warps=8)),
         ("wy.fwd", wy.LAUNCH, dict(fwd_warps=8)),
+        ("delta_bwd", delta_bwd.LAUNCH, dict(BK=64, BV=32, num_warps=8)),
     ]
     q, k, v, g, beta = leaves
     call = lambda: chunk_kda(q, k, v, g, beta, impl="triton")[0]  # noqa: E731
@@ -254,9 +254,7 @@ def main(argv):
     except Exception:   # noqa: BLE001
         import traceback
         print("FAIL ours timing:\n" + traceback.format_exc()[-3000:], flush=True)
-    if "--skip-parity" not in argv:
-        run_parity(PARITY[:2], 200)
-    if "--skip-fla" not in argv and elapsed() < 80:
+    if "--skip-fla" not in argv:
         try:
             import fla.ops.kda as fk
             prune_fla_autotune()
@@ -268,10 +266,12 @@ def main(argv):
             profile(fla_fb)
         except Exception as e:   # noqa: BLE001
             print(f"SKIP FLA: {e!r}")
-    if "--skip-tune" not in argv:
-        tune(leaves, do, 90)
     if "--skip-parity" not in argv:
-        run_parity(PARITY[2:], 110)
+        run_parity(PARITY[:3], 95)
+    if "--skip-tune" not in argv:
+        tune(leaves, do, 100)
+    if "--skip-parity" not in argv:
+        run_parity(PARITY[3:], 110)
     print(f"done at {elapsed():.0f} s", flush=True)
 
 
