@@ -18,7 +18,8 @@ The score sums run per sub-chunk I of 16 rows: the other sub-chunks through the 
 before / after I (the 16-bit operand keeps its largest entries undecayed), the diagonal
 sub-block through I's first row when the decay across I stays under gates.SPAN (fp32-accurate
 dots), else exact per pair. They are parked in fp32 scratch rows (slot layout) and read back
-as one [BT, BK] tile after a barrier.
+as one [BT, BK] tile after a barrier (LAUNCH SCRATCH=True), or placed into [BT, BK] register
+tiles by a broadcast-reshape-select (SCRATCH=False).
 """
 from __future__ import annotations
 
