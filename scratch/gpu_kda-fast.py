@@ -181,11 +181,13 @@ def tune(leaves, do, limit):
     from fla_torch.ops.common.engine import delta_bwd, delta_scores, delta_state, wy
     variants = [
         ("delta_bwd", delta_bwd.LAUNCH, dict(SCRATCH=False)),
+        ("delta_scores", delta_scores.LAUNCH, dict(BK=32, num_warps=4)),
+        ("delta_state.fwd", delta_state.LAUNCH["fwd"], dict(num_stages=2)),
+        ("delta_state.bwd", delta_state.LAUNCH["bwd"], dict(num_stages=3)),
         ("delta_state.bwd", delta_state.LAUNCH["bwd"], dict(BV=32, num_warps=4)),
         ("delta_scores", delta_scores.LAUNCH, dict(BK=64, num_warps=8)),
         ("delta_bwd", delta_bwd.LAUNCH, dict(BK=32, BV=64, num_warps=4)),
         ("delta_state.fwd", delta_state.LAUNCH["fwd"], dict(BV=32, num_warps=4)),
-        ("delta_scores", delta_scores.LAUNCH, dict(BK=32, num_warps=4)),
         ("delta_bwd", delta_bwd.LAUNCH, dict(SCRATCH=False, BK=32, num_warps=4)),
         ("delta_bwd", delta_bwd.LAUNCH, dict(BK=64, BV=64, num_warps=4)),
         ("delta_state.bwd", delta_state.LAUNCH["bwd"], dict(BV=64, num_warps=8)),

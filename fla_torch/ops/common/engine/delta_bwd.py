@@ -95,14 +95,15 @@ def _intra(q, k, ch, cl, dAqk, dAk, q_f, k_f, hi_f, lo_f, c0, eos, base, i_h, o_
     e_f = gap(hi_I, lo_I, f_hi[None, :], f_lo[None, :])     # <= 0
     if tl.max(-e_f) < SPAN:
         ef = tl.exp(e_f)
+        fe = tl.exp(-e_f)
         p_d = p_rows + i0 + o_c[None, :]
         aq_d = tl.where(o_c[:, None] > o_c[None, :], tl.load(dAqk + p_d), 0.)
         ak_d = tl.where(o_c[:, None] > o_c[None, :], tl.load(dAk + p_d), 0.)
-        k_u = k_I / ef
+        k_u = k_I * fe
         dq_I += ef * tl.dot(aq_d, k_u, input_precision="tf32x3")
         dkr_I += ef * tl.dot(ak_d, k_u, input_precision="tf32x3")
         dkc_I += (tl.dot(tl.trans(aq_d), q_I * ef, input_precision="tf32x3")
-                  + tl.dot(tl.trans(ak_d), k_I * ef, input_precision="tf32x3")) / ef
+                  + tl.dot(tl.trans(ak_d), k_I * ef, input_precision="tf32x3")) * fe
     else:
         for j in range(BC):
             t_j = c0 + i0 + j

@@ -62,7 +62,7 @@ def _sub_chunk(q, k, ch, cl, k_f, hi_f, lo_f, c0, eos, base, i_h, o_k, m_k,
         aq += tl.dot((q_I * d_f).to(dt), k_c, input_precision=PREC)
         ak += tl.dot((k_I * d_f).to(dt), k_c, input_precision=PREC)
     if tl.max(-e_f) < SPAN:
-        k_u = tl.trans(k_I / d_f)
+        k_u = tl.trans(k_I * tl.exp(-e_f))
         dq += tl.dot(q_I * d_f, k_u, input_precision="tf32x3")
         dk += tl.dot(k_I * d_f, k_u, input_precision="tf32x3")
     else:

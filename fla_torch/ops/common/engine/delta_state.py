@@ -23,8 +23,10 @@ from .varlen import chunk_slot, n_slots, seq_bounds
 
 BT = 64
 # Launch parameters for 16-bit inputs and K <= 128 (else BV 32, one stage); a tuning script may
-# override entries.
-LAUNCH = {"fwd": dict(BV=64, num_warps=4), "bwd": dict(BV=64, num_warps=4)}
+# override entries. Three stages keep the next chunks' loads in flight while the state updates
+# (the GLA state pass: 0.126 vs 0.225 ms on the H100).
+LAUNCH = {"fwd": dict(BV=64, num_warps=4, num_stages=3),
+          "bwd": dict(BV=64, num_warps=4, num_stages=2)}
 
 
 def _tiles(K, V, dtype, which):
@@ -33,7 +35,7 @@ def _tiles(K, V, dtype, which):
     wide = BK > 128 or dtype == torch.float32
     cfg = LAUNCH[which]
     BV = min(block(V), 32 if wide else cfg["BV"])
-    return BK, BV, dict(num_warps=cfg["num_warps"], num_stages=1 if wide else 2)
+    return BK, BV, dict(num_warps=cfg["num_warps"], num_stages=1 if wide else cfg["num_stages"])
 
 
 @triton.jit
