@@ -25,6 +25,7 @@ from ..common.engine import GATE_KEY, chunk_cumsum, output_fwd
 from ..common.engine.delta_bwd import delta_output_bwd
 from ..common.engine.delta_scores import delta_scores
 from ..common.engine.delta_state import delta_state_bwd, delta_state_fwd
+from ..common.engine.launch import block
 from ..common.engine.wy import BT, wy_bwd, wy_fwd
 from ..common.kernel_alloc import alloc_on, contiguous as _contig
 from ..common.qk_inputs import expand_heads
@@ -41,7 +42,8 @@ class _ChunkKDA(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, scale, h0, output_final_state, cu_seqlens):
         alloc = alloc_on(q.device)
         prec, prec32 = dot_precision(q.dtype), fp32_dot_precision()
-        cum, kg, el = chunk_cumsum(g, k, _GATE, cu_seqlens, BT, min(64, k.shape[3]), alloc)
+        cum, kg, el = chunk_cumsum(g, k, _GATE, cu_seqlens, BT, block(k.shape[3], 64),
+                                   alloc)
         # fp16: k exp(b), q exp(b) and w relative to the chunk's first row (strong gates make
         # exp(b) subnormal in fp16; dh0 lost accuracy), exp(b_0) applied in fp32 (e0)
         rel = q.dtype == torch.float16

@@ -24,8 +24,8 @@ from .varlen import n_slots, search_steps, slot_chunk
 
 BT = 64
 BC = 16
-# Launch parameters for 16-bit inputs (fp32: BK 32, 4 warps, one stage); a tuning script may
-# override entries.
+# Launch parameters for 16-bit inputs (fp32: BK 16, 4 warps, one stage: the GLA engine's fp32
+# scores spilled registers at BK 32 on sm_90); a tuning script may override entries.
 LAUNCH = dict(BK=32, num_warps=8)
 
 
@@ -170,7 +170,7 @@ def delta_scores(q, k, cum, cu_seqlens, prec: str, alloc, rel: bool = False):
         q, k, cum[0], cum[1], Aqk, Ak, qg, kb, qgr if rel else qg, e0 if rel else Aqk,
         cu_seqlens if cu_seqlens is not None else q, T, N, search_steps(N), H=H, K=K, BT=BT,
         BC=BC, REL=rel,
-        BK=min(block(K), 32 if wide else LAUNCH["BK"]),
+        BK=min(block(K), 16 if wide else LAUNCH["BK"]),
         IS_VARLEN=cu_seqlens is not None, PREC=prec,
         num_warps=4 if wide else LAUNCH["num_warps"],
         num_stages=1 if wide else 2)
