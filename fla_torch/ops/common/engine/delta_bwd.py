@@ -110,21 +110,20 @@ def _intra(q, k, ch, cl, dAqk, dAk, q_f, k_f, hi_f, lo_f, c0, eos, base, i_h, o_
             h_j, l_j = load_cum_row(ch, cl, base + i0 + j, i_h, o_k, m_k, H, K, 2)
             k_j = _row(k, t_j, i_h, eos, o_k, m_k, H, K)
             q_j = _row(q, t_j, i_h, eos, o_k, m_k, H, K)
-            aq = tl.load(dAqk + (s_I * H + i_h) * BT + i0 + j)
-            ak = tl.load(dAk + (s_I * H + i_h) * BT + i0 + j)
-            e = tl.where(o_c[:, None] >= j, gap(hi_I, lo_I, h_j[None, :], l_j[None, :]),
-                         float("-inf"))
-            x = k_j[None, :] * tl.exp(e)
-            dq_I += tl.where(o_c > j, aq, 0.)[:, None] * x
-            dkr_I += tl.where(o_c > j, ak, 0.)[:, None] * x
+            c_q = tl.load(dAqk + (s_I * H + i_h) * BT + i0 + j)
+            c_k = tl.load(dAk + (s_I * H + i_h) * BT + i0 + j)
+            e_j = tl.where(o_c[:, None] >= j, gap(hi_I, lo_I, h_j[None, :], l_j[None, :]),
+                           float("-inf"))
+            x_j = k_j[None, :] * tl.exp(e_j)
+            dq_I += tl.where(o_c > j, c_q, 0.)[:, None] * x_j
+            dkr_I += tl.where(o_c > j, c_k, 0.)[:, None] * x_j
             s_j = base + i0 + j
-            aq2 = tl.load(dAqk + (s_j * H + i_h) * BT + i0 + o_c)
-            ak2 = tl.load(dAk + (s_j * H + i_h) * BT + i0 + o_c)
-            e2 = tl.where(o_c[:, None] <= j, gap(h_j[None, :], l_j[None, :], hi_I, lo_I),
-                          float("-inf"))
-            y = tl.exp(e2)
-            dkc_I += (tl.where(o_c < j, aq2, 0.)[:, None] * q_j[None, :]
-                      + tl.where(o_c < j, ak2, 0.)[:, None] * k_j[None, :]) * y
+            r_q = tl.load(dAqk + (s_j * H + i_h) * BT + i0 + o_c)
+            r_k = tl.load(dAk + (s_j * H + i_h) * BT + i0 + o_c)
+            e_c = tl.where(o_c[:, None] <= j, gap(h_j[None, :], l_j[None, :], hi_I, lo_I),
+                           float("-inf"))
+            dkc_I += (tl.where(o_c < j, r_q, 0.)[:, None] * q_j[None, :]
+                      + tl.where(o_c < j, r_k, 0.)[:, None] * k_j[None, :]) * tl.exp(e_c)
     # the pairs i == j of Aqk: in dq and dk, not in the gate gradient (q_i dA_ii k_i -
     # k_i dA_ii q_i cancels exactly; formed, it would leave rounding of O(1) terms there)
     d_ii = tl.load(dAqk + (s_I * H + i_h) * BT + i0 + o_c)[:, None]
