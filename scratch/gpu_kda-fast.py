@@ -4,7 +4,10 @@ timing against FLA. Run from the worktree root with PYTHONPATH=<root>:
 Prints PASS/FAIL lines (rel. RMS error vs parity_tests/cases.py TOLERANCE) and timings
 (median of 20 after warmup, ms) of ours and FLA's chunk_kda at B4 T4096 H16 K=V=128 bf16, and
 the top-10 CUDA kernels of one fwd+bwd of ours (torch.profiler), then TUNE lines: ours with
-one launch-table entry changed at a time. Sections run under time guards (SKIP lines)."""
+one launch-table entry changed at a time. Sections run under time guards (SKIP lines).
+Adopting a TUNE line = setting that entry as the default of the LAUNCH dict it names
+(fla_torch/ops/common/engine/{delta_scores,delta_bwd,delta_state,wy}.py); its "diff vs the
+default" must stay at bf16 rounding level (~1e-3)."""
 import statistics
 import sys
 import time
