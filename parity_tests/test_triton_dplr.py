@@ -29,6 +29,9 @@ DEVICE = "cuda" if os.environ.get("PARITY_DEVICE", "cpu") == "cuda" else "cpu"
 CHUNK = [("chunk_kda", "short_strong", "fp32"), ("chunk_kda", "uniform_strong", "bf16"),
          ("chunk_kda", "t63_kv_weak", "bf16"), ("chunk_rwkv7", "short_strong", "fp32"),
          ("chunk_rwkv7", "uniform_strong", "fp16"), ("chunk_rwkv7", "t63_kv_weak", "fp32")]
+# chunk_kda in fp16 under every decay in [-20, -10]: its chunk kernels keep k exp(b), q exp(b)
+# and w relative to the chunk's first row there (exp(b) is subnormal in fp16)
+CHUNK += [("chunk_kda", "uniform_strong", "fp16")]
 
 
 @pytest.mark.parametrize("op,case,dtype", CHUNK, ids=["-".join(c) for c in CHUNK])
