@@ -32,6 +32,7 @@ import triton.language as tl
 
 from ..kernel_alloc import alloc
 from ..triton_scalar_gate import block, fp32_dot_precision
+from .gates import SPAN
 
 
 @triton.jit
@@ -136,13 +137,40 @@ def _fwd_kernel(r, k, a, b, w, gbuf, Aab, Aak, Arb, Ark, rin, ain, bout, kout, t
                 o_rk += tl.dot(r_d, tl.trans(c_k), input_precision=PREC)
                 o_ab += tl.dot(a_d, tl.trans(c_b), input_precision=PREC)
                 o_ak += tl.dot(a_d, tl.trans(c_k), input_precision=PREC)
-            E = _ex(tl.where(tri[:, :, None], G_I[:, None, :] - G_I[None, :, :], float("-inf")))
-            xr3 = x_r[:, None, :] * E
-            xa3 = x_a[:, None, :] * E
-            d_rb += tl.sum(xr3 * y_b[None, :, :], axis=2)
-            d_rk += tl.sum(xr3 * y_k[None, :, :], axis=2)
-            d_ab += tl.sum(xa3 * y_b[None, :, :], axis=2)
-            d_ak += tl.sum(xa3 * y_k[None, :, :], axis=2)
+            G_f0 = tl.load(gbuf + (base * BT + i0) * K + o_k, mask=m_k, other=0.,
+                           cache_modifier=".cg")
+            G_l0 = tl.load(gbuf + (base * BT + i0 + BC - 1) * K + o_k, mask=m_k, other=0.,
+                           cache_modifier=".cg")
+            if tl.max(G_f0 - G_l0) < SPAN:
+                e_f = G_I - G_f0[None, :]                         # <= 0, > -SPAN
+                f_in = _ex(e_f)
+                f_out = _ex(-e_f)
+                r_f = x_r * f_in
+                a_f = x_a * f_in
+                b_f = tl.trans(y_b * f_out)
+                k_f = tl.trans(y_k * f_out)
+                d_rb += tl.dot(r_f, b_f, input_precision="tf32x3")
+                d_rk += tl.dot(r_f, k_f, input_precision="tf32x3")
+                d_ab += tl.dot(a_f, b_f, input_precision="tf32x3")
+                d_ak += tl.dot(a_f, k_f, input_precision="tf32x3")
+            else:
+                for j in range(BC):
+                    G_j = tl.load(gbuf + (base * BT + i0 + j) * K + o_k, mask=m_k, other=0.,
+                                  cache_modifier=".cg")
+                    e = _ex(tl.where(o_c[:, None] >= j, G_I - G_j[None, :], float("-inf")))
+                    yb_j = tl.load(b + (base * BT + i0 + j) * K + o_k, mask=m_k, other=0.)
+                    yk_j = tl.load(k + (base * BT + i0 + j) * K + o_k, mask=m_k, other=0.)
+                    xr_e = x_r * e
+                    xa_e = x_a * e
+                    at_j = o_c[None, :] == j
+                    d_rb += tl.where(at_j, tl.sum(xr_e * yb_j[None, :], axis=1)[:, None], 0.)
+                    d_rk += tl.where(at_j, tl.sum(xr_e * yk_j[None, :], axis=1)[:, None], 0.)
+                    d_ab += tl.where(at_j, tl.sum(xa_e * yb_j[None, :], axis=1)[:, None], 0.)
+                    d_ak += tl.where(at_j, tl.sum(xa_e * yk_j[None, :], axis=1)[:, None], 0.)
+        d_rb = tl.where(tri, d_rb, 0.)
+        d_rk = tl.where(tri, d_rk, 0.)
+        d_ab = tl.where(tri, d_ab, 0.)
+        d_ak = tl.where(tri, d_ak, 0.)
         off = (o_t[None, :] < i0) | (o_t[None, :] >= i0 + BC)
         p_r = (base * BT + rows)[:, None] * BT
         tl.store(Arb + p_r + o_t[None, :], o_rb, mask=m_r[:, None] & off)
@@ -239,21 +267,54 @@ def _bwd_kernel(r, k, a, b, w, gbuf, dAab, dAak, dArb, dArk, drin, dain, dbout, 
                              + tl.dot(tl.trans(tA_ab), w_a, input_precision=PREC))
                 g_k = e_l * (tl.dot(tl.trans(tA_rk), w_r, input_precision=PREC)
                              + tl.dot(tl.trans(tA_ak), w_a, input_precision=PREC))
-            # the diagonal sub-block: exact pairs, i > j here, i == j added below
+            # the diagonal sub-block, pairs i > j (i == j added below): one fp32-accurate dot
+            # through the sub-chunk's first row when its decay stays under SPAN, else per pair
             q_rb = _ldA(dArb, base, rows, m_r, cols, m_r, BT)
             q_rk = _ldA(dArk, base, rows, m_r, cols, m_r, BT)
             q_ab = _ldA(dAab, base, rows + 1, m_a, cols, m_r, BT)
             q_ak = _ldA(dAak, base, rows + 1, m_a, cols, m_r, BT)
-            E = _ex(tl.where(strict[:, :, None], G_I[:, None, :] - G_I[None, :, :],
-                             float("-inf")))
-            yb3 = y_b[None, :, :] * E
-            yk3 = y_k[None, :, :] * E
-            g_r += tl.sum(q_rb[:, :, None] * yb3 + q_rk[:, :, None] * yk3, axis=1)
-            g_a += tl.sum(q_ab[:, :, None] * yb3 + q_ak[:, :, None] * yk3, axis=1)
-            xr3 = x_r[:, None, :] * E
-            xa3 = x_a[:, None, :] * E
-            g_b += tl.sum(q_rb[:, :, None] * xr3 + q_ab[:, :, None] * xa3, axis=0)
-            g_k += tl.sum(q_rk[:, :, None] * xr3 + q_ak[:, :, None] * xa3, axis=0)
+            G_f0 = tl.load(gbuf + (base * BT + i0) * K + o_k, mask=m_k, other=0.,
+                           cache_modifier=".cg")
+            G_l0 = tl.load(gbuf + (base * BT + i0 + BC - 1) * K + o_k, mask=m_k, other=0.,
+                           cache_modifier=".cg")
+            if tl.max(G_f0 - G_l0) < SPAN:
+                e_f = G_I - G_f0[None, :]                         # <= 0, > -SPAN
+                f_in = _ex(e_f)
+                f_out = _ex(-e_f)
+                s_rb = tl.where(strict, q_rb, 0.)
+                s_rk = tl.where(strict, q_rk, 0.)
+                s_ab = tl.where(strict, q_ab, 0.)
+                s_ak = tl.where(strict, q_ak, 0.)
+                yb_f = y_b * f_out
+                yk_f = y_k * f_out
+                xr_f = x_r * f_in
+                xa_f = x_a * f_in
+                g_r += f_in * (tl.dot(s_rb, yb_f, input_precision="tf32x3")
+                               + tl.dot(s_rk, yk_f, input_precision="tf32x3"))
+                g_a += f_in * (tl.dot(s_ab, yb_f, input_precision="tf32x3")
+                               + tl.dot(s_ak, yk_f, input_precision="tf32x3"))
+                g_b += f_out * (tl.dot(tl.trans(s_rb), xr_f, input_precision="tf32x3")
+                                + tl.dot(tl.trans(s_ab), xa_f, input_precision="tf32x3"))
+                g_k += f_out * (tl.dot(tl.trans(s_rk), xr_f, input_precision="tf32x3")
+                                + tl.dot(tl.trans(s_ak), xa_f, input_precision="tf32x3"))
+            else:
+                for j in range(BC):
+                    p_j = (base * BT + i0 + j) * K + o_k
+                    G_j = tl.load(gbuf + p_j, mask=m_k, other=0., cache_modifier=".cg")
+                    e = _ex(tl.where(o_c[:, None] > j, G_I - G_j[None, :], float("-inf")))
+                    yb_j = tl.load(b + p_j, mask=m_k, other=0.)[None, :]
+                    yk_j = tl.load(k + p_j, mask=m_k, other=0.)[None, :]
+                    at_j = o_c[None, :] == j
+                    c_rb = tl.sum(tl.where(at_j, q_rb, 0.), axis=1)[:, None]
+                    c_rk = tl.sum(tl.where(at_j, q_rk, 0.), axis=1)[:, None]
+                    c_ab = tl.sum(tl.where(at_j, q_ab, 0.), axis=1)[:, None]
+                    c_ak = tl.sum(tl.where(at_j, q_ak, 0.), axis=1)[:, None]
+                    g_r += e * (c_rb * yb_j + c_rk * yk_j)
+                    g_a += e * (c_ab * yb_j + c_ak * yk_j)
+                    row_b = tl.sum(e * (c_rb * x_r + c_ab * x_a), axis=0)
+                    row_k = tl.sum(e * (c_rk * x_r + c_ak * x_a), axis=0)
+                    g_b += tl.where(o_c[:, None] == j, row_b[None, :], 0.)
+                    g_k += tl.where(o_c[:, None] == j, row_k[None, :], 0.)
             # boundary terms (pairs with the chunk's start)
             e_s = _ex(G_I)
             b_r = _ld(drin, base, rows, m_r, o_k, m_k, K, BT) * e_s
