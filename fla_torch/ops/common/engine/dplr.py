@@ -70,6 +70,7 @@ def dplr_chunk(r, k, v, w, a, b, scale, initial_state, output_final_state, cu_se
     final state [N, H, K, V] fp32 or None)."""
     from .dplr_scores import DplrScores
     from .dplr_state import DplrStatePass
+    from .dplr_wy import DplrWY
 
     B, T, H, K = k.shape
     V = v.shape[-1]
@@ -78,10 +79,7 @@ def dplr_chunk(r, k, v, w, a, b, scale, initial_state, output_final_state, cu_se
     rs, ks, vs, ws, as_, bs = (to_slots(x, row, S, varlen) for x in (r, k, v, w, a, b))
     A_ab, A_ak, A_rb, A_rk, r_in, a_in, b_out, k_out, tot = DplrScores.apply(rs, ks, as_, bs,
                                                                              ws)
-    eye = torch.eye(BT, dtype=torch.float32, device=r.device)
-    rhs = torch.cat([A_ak @ vs, a_in], dim=-1)
-    X = torch.linalg.solve_triangular(eye - A_ab, rhs, upper=False, unitriangular=True)
-    u, wy = X[..., :V].contiguous(), X[..., V:].contiguous()
+    u, wy = DplrWY.apply(A_ab, A_ak, vs, a_in)
     h0 = None if initial_state is None else initial_state.float().contiguous()
     res = DplrStatePass.apply(u, wy, b_out, k_out, vs, tot, h0, first, count,
                               bool(output_final_state))
