@@ -68,6 +68,7 @@ def dplr_chunk(r, k, v, w, a, b, scale, initial_state, output_final_state, cu_se
     """r, k: [B, T, H, K] and v [B, T, H, V] in one dtype; w, a, b [B, T, H, K] fp32;
     initial_state [N, H, K, V] fp32 or None. Returns (o [B, T, H, V] in r's dtype,
     final state [N, H, K, V] fp32 or None)."""
+    from .dplr_output import DplrOutput
     from .dplr_scores import DplrScores
     from .dplr_state import DplrStatePass
     from .dplr_wy import DplrWY
@@ -85,5 +86,7 @@ def dplr_chunk(r, k, v, w, a, b, scale, initial_state, output_final_state, cu_se
                               bool(output_final_state))
     U, S_in = res[0], res[1]
     ht = res[2] if output_final_state else None
-    o = scale * (r_in @ S_in + A_rb @ U + A_rk @ vs)
-    return from_slots(o, row, B, T, varlen).to(r.dtype), ht
+    tok = torch.full((S * BT,), -1, dtype=torch.int64, device=r.device)
+    tok[row] = torch.arange(B * T, device=r.device)
+    o = DplrOutput.apply(r_in, S_in, A_rb, U, A_rk, vs, tok, scale, B, T, r.dtype)
+    return o, ht
