@@ -77,16 +77,15 @@ def dplr_chunk(r, k, v, w, a, b, scale, initial_state, output_final_state, cu_se
     V = v.shape[-1]
     row, first, count, S = slot_rows(B, T, cu_seqlens, r.device)
     varlen = cu_seqlens is not None
-    rs, ks, vs, ws, as_, bs = (to_slots(x, row, S, varlen) for x in (r, k, v, w, a, b))
-    A_ab, A_ak, A_rb, A_rk, r_in, a_in, b_out, k_out, tot = DplrScores.apply(rs, ks, as_, bs,
-                                                                             ws)
+    vs = to_slots(v, row, S, varlen)
+    tok = torch.full((S * BT,), -1, dtype=torch.int64, device=r.device)
+    tok[row] = torch.arange(B * T, device=r.device)
+    A_ab, A_ak, A_rb, A_rk, r_in, a_in, b_out, k_out, tot = DplrScores.apply(r, k, a, b, w, tok)
     u, wy = DplrWY.apply(A_ab, A_ak, vs, a_in)
     h0 = None if initial_state is None else initial_state.float().contiguous()
     res = DplrStatePass.apply(u, wy, b_out, k_out, vs, tot, h0, first, count,
                               bool(output_final_state))
     U, S_in = res[0], res[1]
     ht = res[2] if output_final_state else None
-    tok = torch.full((S * BT,), -1, dtype=torch.int64, device=r.device)
-    tok[row] = torch.arange(B * T, device=r.device)
     o = DplrOutput.apply(r_in, S_in, A_rb, U, A_rk, vs, tok, scale, B, T, r.dtype)
     return o, ht

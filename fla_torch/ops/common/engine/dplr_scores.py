@@ -56,45 +56,72 @@ def _st(x, val, base, rows, m_r, o_k, m_k, K: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
+def _tk(tok, i_s, rows, m_r, BT: tl.constexpr):
+    """Flat token indices [len(rows)] of slot rows `rows` of slot i_s (-1: pad or masked)."""
+    return tl.load(tok + i_s * BT + rows, mask=m_r, other=-1)
+
+
+@triton.jit
+def _ldx(x, t, i_h, o_k, m_k, H: tl.constexpr, K: tl.constexpr):
+    """fp32 tile [len(t), BK] of x [B, T, H, K] at flat tokens t (0 where t < 0)."""
+    return tl.load(x + (t * H + i_h)[:, None] * K + o_k[None, :],
+                   mask=(t >= 0)[:, None] & m_k[None, :], other=0.).to(tl.float32)
+
+
+@triton.jit
+def _stx(x, val, t, i_h, o_k, m_k, H: tl.constexpr, K: tl.constexpr):
+    tl.store(x + (t * H + i_h)[:, None] * K + o_k[None, :], val.to(x.dtype.element_ty),
+             mask=(t >= 0)[:, None] & m_k[None, :])
+
+
+@triton.jit
+def _ldx_row(x, tok, i_s, r, i_h, o_k, m_k, H: tl.constexpr, K: tl.constexpr,
+             BT: tl.constexpr):
+    """fp32 row [BK] of x [B, T, H, K] at slot row r of slot i_s (0 on a pad row)."""
+    t = tl.load(tok + i_s * BT + r)
+    return tl.load(x + (t * H + i_h) * K + o_k, mask=m_k & (o_k * 0 + t >= 0),
+                   other=0.).to(tl.float32)
+
+
+@triton.jit
 def _ex(d):
     """exp of an fp64 exponent (<= 0) in fp32."""
     return tl.exp(d.to(tl.float32))
 
 
 @triton.jit
-def _cumsum_pass(w, gbuf, base, o_t, o_k, m_k, K: tl.constexpr, BT: tl.constexpr):
+def _cumsum_pass(w, t_all, i_h, gbuf, base, o_t, o_k, m_k, H: tl.constexpr, K: tl.constexpr,
+                 BT: tl.constexpr):
     """fp64 in-chunk cumsum G [BT, BK] of w (stored to gbuf) and its last row L [BK]."""
     m_t = o_t < BT
-    x = _ld(w, base, o_t, m_t, o_k, m_k, K, BT).to(tl.float64)
+    x = _ldx(w, t_all, i_h, o_k, m_k, H, K).to(tl.float64)
     G = tl.cumsum(x, axis=0)
     _st(gbuf, G, base, o_t, m_t, o_k, m_k, K, BT)
     return G, tl.sum(x, axis=0)
 
 
 @triton.jit
-def _fwd_kernel(r, k, a, b, w, gbuf, Aab, Aak, Arb, Ark, rin, ain, bout, kout, tot,
+def _fwd_kernel(r, k, a, b, w, tok, gbuf, Aab, Aak, Arb, Ark, rin, ain, bout, kout, tot,
                 H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                 BK: tl.constexpr, PREC: tl.constexpr):
-    i_s, i_h = tl.program_id(0), tl.program_id(1)
-    base = i_s.to(tl.int64) * H + i_h
+    i_s, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    base = i_s * H + i_h
     o_t = tl.arange(0, BT)
     o_c = tl.arange(0, BC)
     m_t = o_t < BT
+    t_all = _tk(tok, i_s, o_t, m_t, BT)
     NK: tl.constexpr = (K + BK - 1) // BK
     for kb in range(NK):
         o_k = kb * BK + tl.arange(0, BK)
         m_k = o_k < K
-        G, L = _cumsum_pass(w, gbuf, base, o_t, o_k, m_k, K, BT)
-        x = _ld(w, base, o_t, m_t, o_k, m_k, K, BT).to(tl.float64)
+        G, L = _cumsum_pass(w, t_all, i_h, gbuf, base, o_t, o_k, m_k, H, K, BT)
+        x = _ldx(w, t_all, i_h, o_k, m_k, H, K).to(tl.float64)
         e_end = _ex(L[None, :] - G)
-        _st(rin, _ld(r, base, o_t, m_t, o_k, m_k, K, BT) * _ex(G), base, o_t, m_t, o_k, m_k,
-            K, BT)
-        _st(ain, _ld(a, base, o_t, m_t, o_k, m_k, K, BT) * _ex(G - x), base, o_t, m_t, o_k,
-            m_k, K, BT)
-        _st(bout, _ld(b, base, o_t, m_t, o_k, m_k, K, BT) * e_end, base, o_t, m_t, o_k, m_k,
-            K, BT)
-        _st(kout, _ld(k, base, o_t, m_t, o_k, m_k, K, BT) * e_end, base, o_t, m_t, o_k, m_k,
-            K, BT)
+        _st(rin, _ldx(r, t_all, i_h, o_k, m_k, H, K) * _ex(G), base, o_t, m_t, o_k, m_k, K, BT)
+        _st(ain, _ldx(a, t_all, i_h, o_k, m_k, H, K) * _ex(G - x), base, o_t, m_t, o_k, m_k, K,
+            BT)
+        _st(bout, _ldx(b, t_all, i_h, o_k, m_k, H, K) * e_end, base, o_t, m_t, o_k, m_k, K, BT)
+        _st(kout, _ldx(k, t_all, i_h, o_k, m_k, H, K) * e_end, base, o_t, m_t, o_k, m_k, K, BT)
         tl.store(tot + base * K + o_k, _ex(L), mask=m_k)
     tl.debug_barrier()
     # row 0 of A_ab, A_ak (no j < 0)
@@ -107,6 +134,8 @@ def _fwd_kernel(r, k, a, b, w, gbuf, Aab, Aak, Arb, Ark, rin, ain, bout, kout, t
         rows = i0 + o_c
         m_r = rows < BT
         m_a = rows + 1 < BT
+        t_I = _tk(tok, i_s, rows, m_r, BT)
+        t_Ia = _tk(tok, i_s, rows + 1, m_a, BT)
         o_rb = tl.zeros([BC, BT], dtype=tl.float32)
         o_rk = tl.zeros([BC, BT], dtype=tl.float32)
         o_ab = tl.zeros([BC, BT], dtype=tl.float32)
@@ -118,18 +147,18 @@ def _fwd_kernel(r, k, a, b, w, gbuf, Aab, Aak, Arb, Ark, rin, ain, bout, kout, t
         for kb in range(NK):
             o_k = kb * BK + tl.arange(0, BK)
             m_k = o_k < K
-            x_r = _ld(r, base, rows, m_r, o_k, m_k, K, BT)
-            x_a = _ld(a, base, rows + 1, m_a, o_k, m_k, K, BT)
-            y_b = _ld(b, base, rows, m_r, o_k, m_k, K, BT)
-            y_k = _ld(k, base, rows, m_r, o_k, m_k, K, BT)
+            x_r = _ldx(r, t_I, i_h, o_k, m_k, H, K)
+            x_a = _ldx(a, t_Ia, i_h, o_k, m_k, H, K)
+            y_b = _ldx(b, t_I, i_h, o_k, m_k, H, K)
+            y_k = _ldx(k, t_I, i_h, o_k, m_k, H, K)
             G_I = _ld_cg(gbuf, base, rows, m_r, o_k, m_k, K, BT)
             if I > 0:
                 G_f = tl.load(gbuf + (base * BT + i0) * K + o_k, mask=m_k, other=0.,
                               cache_modifier=".cg")
                 G_a = _ld_cg(gbuf, base, o_t, m_t, o_k, m_k, K, BT)
                 e_c = _ex(tl.where(o_t[:, None] < i0, G_f[None, :] - G_a, float("-inf")))
-                c_b = _ld(b, base, o_t, m_t, o_k, m_k, K, BT) * e_c
-                c_k = _ld(k, base, o_t, m_t, o_k, m_k, K, BT) * e_c
+                c_b = _ldx(b, t_all, i_h, o_k, m_k, H, K) * e_c
+                c_k = _ldx(k, t_all, i_h, o_k, m_k, H, K) * e_c
                 e_r = _ex(G_I - G_f[None, :])
                 r_d = x_r * e_r
                 a_d = x_a * e_r
@@ -158,8 +187,8 @@ def _fwd_kernel(r, k, a, b, w, gbuf, Aab, Aak, Arb, Ark, rin, ain, bout, kout, t
                     G_j = tl.load(gbuf + (base * BT + i0 + j) * K + o_k, mask=m_k, other=0.,
                                   cache_modifier=".cg")
                     e = _ex(tl.where(o_c[:, None] >= j, G_I - G_j[None, :], float("-inf")))
-                    yb_j = tl.load(b + (base * BT + i0 + j) * K + o_k, mask=m_k, other=0.)
-                    yk_j = tl.load(k + (base * BT + i0 + j) * K + o_k, mask=m_k, other=0.)
+                    yb_j = _ldx_row(b, tok, i_s, i0 + j, i_h, o_k, m_k, H, K, BT)
+                    yk_j = _ldx_row(k, tok, i_s, i0 + j, i_h, o_k, m_k, H, K, BT)
                     xr_e = x_r * e
                     xa_e = x_a * e
                     at_j = o_c[None, :] == j
@@ -197,14 +226,16 @@ def _diag(x, o_c):
 
 
 @triton.jit
-def _bwd_kernel(r, k, a, b, w, gbuf, dAab, dAak, dArb, dArk, drin, dain, dbout, dkout, dtot,
-                dr, dk, da, db, dw, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+def _bwd_kernel(r, k, a, b, w, tok, gbuf, pm, dAab, dAak, dArb, dArk, drin, dain, dbout, dkout,
+                dtot, dr, dk, da, db, dw, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                 BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
-    i_s, i_h = tl.program_id(0), tl.program_id(1)
-    base = i_s.to(tl.int64) * H + i_h
+    i_s, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    base = i_s * H + i_h
     o_t = tl.arange(0, BT)
     o_c = tl.arange(0, BC)
     m_t = o_t < BT
+    t_all = _tk(tok, i_s, o_t, m_t, BT)
+    t_sh = _tk(tok, i_s, o_t + 1, o_t + 1 < BT, BT)
     NK: tl.constexpr = (K + BK - 1) // BK
     strict = o_c[:, None] > o_c[None, :]
     up_incl = tl.where(o_t[None, :] >= o_t[:, None], 1., 0.)     # [s, t]: t >= s
@@ -212,10 +243,12 @@ def _bwd_kernel(r, k, a, b, w, gbuf, dAab, dAak, dArb, dArk, drin, dain, dbout, 
     for kb in range(NK):
         o_k = kb * BK + tl.arange(0, BK)
         m_k = o_k < K
-        G, L = _cumsum_pass(w, gbuf, base, o_t, o_k, m_k, K, BT)
+        G, L = _cumsum_pass(w, t_all, i_h, gbuf, base, o_t, o_k, m_k, H, K, BT)
         # row 0 of da: a_0 enters a_in only, with exp(0)
-        tl.store(da + (base * BT) * K + o_k, tl.load(dain + (base * BT) * K + o_k, mask=m_k,
-                                                      other=0.), mask=m_k)
+        t_0 = tl.load(tok + i_s * BT)
+        tl.store(da + (t_0 * H + i_h) * K + o_k,
+                 tl.load(dain + (base * BT) * K + o_k, mask=m_k, other=0.).to(
+                     da.dtype.element_ty), mask=m_k & (o_k * 0 + t_0 >= 0))
         tl.debug_barrier()
         for I in tl.static_range(BT // BC):
             i0 = I * BC
@@ -223,10 +256,12 @@ def _bwd_kernel(r, k, a, b, w, gbuf, dAab, dAak, dArb, dArk, drin, dain, dbout, 
             m_r = rows < BT
             m_a = rows + 1 < BT
             cols = i0 + o_c
-            x_r = _ld(r, base, rows, m_r, o_k, m_k, K, BT)
-            x_a = _ld(a, base, rows + 1, m_a, o_k, m_k, K, BT)
-            y_b = _ld(b, base, rows, m_r, o_k, m_k, K, BT)
-            y_k = _ld(k, base, rows, m_r, o_k, m_k, K, BT)
+            t_I = _tk(tok, i_s, rows, m_r, BT)
+            t_Ia = _tk(tok, i_s, rows + 1, m_a, BT)
+            x_r = _ldx(r, t_I, i_h, o_k, m_k, H, K)
+            x_a = _ldx(a, t_Ia, i_h, o_k, m_k, H, K)
+            y_b = _ldx(b, t_I, i_h, o_k, m_k, H, K)
+            y_k = _ldx(k, t_I, i_h, o_k, m_k, H, K)
             G_I = _ld_cg(gbuf, base, rows, m_r, o_k, m_k, K, BT)
             # pairs with earlier sub-chunks: the rows of I (reference f = its first row)
             g_r = tl.zeros([BC, BK], dtype=tl.float32)
@@ -236,8 +271,8 @@ def _bwd_kernel(r, k, a, b, w, gbuf, dAab, dAak, dArb, dArk, drin, dain, dbout, 
                               cache_modifier=".cg")
                 G_a = _ld_cg(gbuf, base, o_t, m_t, o_k, m_k, K, BT)
                 e_c = _ex(tl.where(o_t[:, None] < i0, G_f[None, :] - G_a, float("-inf")))
-                c_b = _ld(b, base, o_t, m_t, o_k, m_k, K, BT) * e_c
-                c_k = _ld(k, base, o_t, m_t, o_k, m_k, K, BT) * e_c
+                c_b = _ldx(b, t_all, i_h, o_k, m_k, H, K) * e_c
+                c_k = _ldx(k, t_all, i_h, o_k, m_k, H, K) * e_c
                 e_r = _ex(G_I - G_f[None, :])
                 g_r = e_r * (tl.dot(_ldA(dArb, base, rows, m_r, o_t, m_t, BT), c_b,
                                     input_precision=PREC)
@@ -256,8 +291,8 @@ def _bwd_kernel(r, k, a, b, w, gbuf, dAab, dAak, dArb, dArk, drin, dain, dbout, 
                 G_a = _ld_cg(gbuf, base, o_t, m_t, o_k, m_k, K, BT)
                 e_w = _ex(tl.where(o_t[:, None] >= i0 + BC, G_a - G_l[None, :],
                                    float("-inf")))
-                w_r = _ld(r, base, o_t, m_t, o_k, m_k, K, BT) * e_w
-                w_a = _ld(a, base, o_t + 1, o_t + 1 < BT, o_k, m_k, K, BT) * e_w
+                w_r = _ldx(r, t_all, i_h, o_k, m_k, H, K) * e_w
+                w_a = _ldx(a, t_sh, i_h, o_k, m_k, H, K) * e_w
                 e_l = _ex(G_l[None, :] - G_I)
                 tA_rb = _ldA(dArb, base, o_t, m_t, cols, m_r, BT)           # [BT, BC]
                 tA_rk = _ldA(dArk, base, o_t, m_t, cols, m_r, BT)
@@ -302,8 +337,8 @@ def _bwd_kernel(r, k, a, b, w, gbuf, dAab, dAak, dArb, dArk, drin, dain, dbout, 
                     p_j = (base * BT + i0 + j) * K + o_k
                     G_j = tl.load(gbuf + p_j, mask=m_k, other=0., cache_modifier=".cg")
                     e = _ex(tl.where(o_c[:, None] > j, G_I - G_j[None, :], float("-inf")))
-                    yb_j = tl.load(b + p_j, mask=m_k, other=0.)[None, :]
-                    yk_j = tl.load(k + p_j, mask=m_k, other=0.)[None, :]
+                    yb_j = _ldx_row(b, tok, i_s, i0 + j, i_h, o_k, m_k, H, K, BT)[None, :]
+                    yk_j = _ldx_row(k, tok, i_s, i0 + j, i_h, o_k, m_k, H, K, BT)[None, :]
                     at_j = o_c[None, :] == j
                     c_rb = tl.sum(tl.where(at_j, q_rb, 0.), axis=1)[:, None]
                     c_rk = tl.sum(tl.where(at_j, q_rk, 0.), axis=1)[:, None]
@@ -321,36 +356,34 @@ def _bwd_kernel(r, k, a, b, w, gbuf, dAab, dAak, dArb, dArk, drin, dain, dbout, 
             b_a = _ld(dain, base, rows + 1, m_a, o_k, m_k, K, BT) * e_s
             P = x_r * (g_r + b_r) + x_a * (g_a + b_a)
             M = y_b * g_b + y_k * g_k
-            _st(dw, P - M, base, rows, m_r, o_k, m_k, K, BT)      # scratch, summed below
+            _st(pm, P - M, base, rows, m_r, o_k, m_k, K, BT)      # scratch, summed below
             # the pairs i == j (no gate) and the chunk-end terms
             s_rb = _diag(q_rb, o_c)[:, None]
             s_rk = _diag(q_rk, o_c)[:, None]
             s_ab = _diag(q_ab, o_c)[:, None]
             s_ak = _diag(q_ak, o_c)[:, None]
             e_e = _ex(L[None, :] - G_I)
-            _st(dr, g_r + b_r + s_rb * y_b + s_rk * y_k, base, rows, m_r, o_k, m_k, K, BT)
-            _st(da, g_a + b_a + s_ab * y_b + s_ak * y_k, base, rows + 1, m_a, o_k, m_k, K, BT)
-            _st(db, g_b + s_rb * x_r + s_ab * x_a
-                + _ld(dbout, base, rows, m_r, o_k, m_k, K, BT) * e_e,
-                base, rows, m_r, o_k, m_k, K, BT)
-            _st(dk, g_k + s_rk * x_r + s_ak * x_a
-                + _ld(dkout, base, rows, m_r, o_k, m_k, K, BT) * e_e,
-                base, rows, m_r, o_k, m_k, K, BT)
+            _stx(dr, g_r + b_r + s_rb * y_b + s_rk * y_k, t_I, i_h, o_k, m_k, H, K)
+            _stx(da, g_a + b_a + s_ab * y_b + s_ak * y_k, t_Ia, i_h, o_k, m_k, H, K)
+            _stx(db, g_b + s_rb * x_r + s_ab * x_a
+                 + _ld(dbout, base, rows, m_r, o_k, m_k, K, BT) * e_e, t_I, i_h, o_k, m_k, H, K)
+            _stx(dk, g_k + s_rk * x_r + s_ak * x_a
+                 + _ld(dkout, base, rows, m_r, o_k, m_k, K, BT) * e_e, t_I, i_h, o_k, m_k, H, K)
         tl.debug_barrier()
         e_end = _ex(L[None, :] - G)
-        c_end = (_ld(b, base, o_t, m_t, o_k, m_k, K, BT)
+        c_end = (_ldx(b, t_all, i_h, o_k, m_k, H, K)
                  * _ld(dbout, base, o_t, m_t, o_k, m_k, K, BT)
-                 + _ld(k, base, o_t, m_t, o_k, m_k, K, BT)
+                 + _ldx(k, t_all, i_h, o_k, m_k, H, K)
                  * _ld(dkout, base, o_t, m_t, o_k, m_k, K, BT)) * e_end
-        PM = _ld_cg(dw, base, o_t, m_t, o_k, m_k, K, BT)
+        PM = _ld_cg(pm, base, o_t, m_t, o_k, m_k, K, BT)
         g_tot = tl.load(dtot + base * K + o_k, mask=m_k, other=0.) * _ex(L)
         b_dw = (tl.dot(up_incl, PM, input_precision=PREC)
                 + tl.dot(lo_strict, c_end, input_precision=PREC) + g_tot[None, :])
-        tl.debug_barrier()
-        _st(dw, b_dw, base, o_t, m_t, o_k, m_k, K, BT)
+        _stx(dw, b_dw, t_all, i_h, o_k, m_k, H, K)
 
 
 BC = 16
+BT = 64
 
 
 def _bk(K):
@@ -358,31 +391,36 @@ def _bk(K):
 
 
 class DplrScores(torch.autograd.Function):
-    """(r, k, a, b, w) [S, H, BT, K] fp32 -> (A_ab, A_ak, A_rb, A_rk [S, H, BT, BT],
-    r_in, a_in, b_out, k_out [S, H, BT, K], tot [S, H, K]), all fp32."""
+    """(r, k, a, b, w [B, T, H, K] (token layout; r, k in one dtype, a, b, w fp32), tok
+    [S * BT] int64: the flat token of every slot row, -1 on pad rows) -> (A_ab, A_ak, A_rb,
+    A_rk [S, H, BT, BT], r_in, a_in, b_out, k_out [S, H, BT, K], tot [S, H, K]), all fp32 in
+    the slot layout. Gradients come back in the token layout, each in its input's dtype."""
 
     @staticmethod
-    def forward(ctx, r, k, a, b, w):
+    def forward(ctx, r, k, a, b, w, tok):
         r, k, a, b, w = (x.contiguous() for x in (r, k, a, b, w))
-        S, H, BT, K = r.shape
+        H, K = r.shape[2], r.shape[3]
+        S = tok.shape[0] // BT
         dev = r.device
         mats = [alloc((S, H, BT, BT), torch.float32, dev) for _ in range(4)]
         vecs = [alloc((S, H, BT, K), torch.float32, dev) for _ in range(4)]
         tot = alloc((S, H, K), torch.float32, dev)
         gbuf = alloc((S, H, BT, K), torch.float64, dev)
-        _fwd_kernel[(S, H)](r, k, a, b, w, gbuf, *mats, *vecs, tot, H=H, K=K, BT=BT, BC=BC,
+        _fwd_kernel[(S, H)](r, k, a, b, w, tok, gbuf, *mats, *vecs, tot, H=H, K=K, BT=BT, BC=BC,
                             BK=_bk(K), PREC=fp32_dot_precision(), num_warps=8, num_stages=1)
-        ctx.save_for_backward(r, k, a, b, w)
+        ctx.save_for_backward(r, k, a, b, w, tok)
         return (*mats, *vecs, tot)
 
     @staticmethod
     def backward(ctx, *grads):
-        r, k, a, b, w = ctx.saved_tensors
-        S, H, BT, K = r.shape
+        r, k, a, b, w, tok = ctx.saved_tensors
+        H, K = r.shape[2], r.shape[3]
+        S = tok.shape[0] // BT
         dev = r.device
         grads = [g.contiguous() for g in grads]
-        outs = [alloc((S, H, BT, K), torch.float32, dev) for _ in range(5)]
+        outs = [alloc(x.shape, x.dtype, dev) for x in (r, k, a, b, w)]
         gbuf = alloc((S, H, BT, K), torch.float64, dev)
-        _bwd_kernel[(S, H)](r, k, a, b, w, gbuf, *grads, *outs, H=H, K=K, BT=BT, BC=BC,
+        pm = alloc((S, H, BT, K), torch.float32, dev)
+        _bwd_kernel[(S, H)](r, k, a, b, w, tok, gbuf, pm, *grads, *outs, H=H, K=K, BT=BT, BC=BC,
                             BK=_bk(K), PREC=fp32_dot_precision(), num_warps=8, num_stages=1)
-        return tuple(outs)
+        return (*outs, None)
