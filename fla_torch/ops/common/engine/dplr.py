@@ -17,6 +17,11 @@ from __future__ import annotations
 
 import torch
 
+from .dplr_output import output_bwd, output_fwd
+from .dplr_scores import scores_bwd, scores_fwd
+from .dplr_state import state_bwd, state_fwd
+from .dplr_tail import tail_bwd
+from .dplr_wy import wy_fwd
 from .varlen import n_slots
 
 BT = 64
@@ -64,28 +69,47 @@ def from_slots(y, row, B, T, varlen: bool):
     return y.transpose(1, 2).reshape(S * BT, H, D).index_select(0, row).view(B, T, H, D)
 
 
+class _DplrChunk(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, r, k, v, w, a, b, h0, scale, output_final_state, cu_seqlens):
+        B, T = r.shape[0], r.shape[1]
+        row, first, count, S = slot_rows(B, T, cu_seqlens, r.device)
+        varlen = cu_seqlens is not None
+        tok = torch.full((S * BT,), -1, dtype=torch.int64, device=r.device)
+        tok[row] = torch.arange(B * T, device=r.device)
+        vs = to_slots(v, row, S, varlen)
+        A_ab, A_ak, A_rb, A_rk, r_in, a_in, b_out, k_out, tot = scores_fwd(r, k, a, b, w, tok)
+        Tm, u, wy = wy_fwd(A_ab, A_ak, vs, a_in)
+        U, S_in, ht = state_fwd(u, wy, b_out, k_out, vs, tot, h0, first, count,
+                                output_final_state, varlen)
+        o = output_fwd(r_in, S_in, A_rb, U, A_rk, vs, tok, scale, B, T, r.dtype)
+        ctx.save_for_backward(r, k, v, w, a, b, tok, first, count, vs, A_ak, A_rb, A_rk, r_in,
+                              b_out, k_out, tot, Tm, u, wy, U, S_in)
+        ctx.scale, ctx.varlen, ctx.has_h0 = scale, varlen, h0 is not None
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        (r, k, v, w, a, b, tok, first, count, vs, A_ak, A_rb, A_rk, r_in, b_out, k_out, tot,
+         Tm, u, wy, U, S_in) = ctx.saved_tensors
+        dr_in, dS_in, dA_rb, dU, dA_rk, dv_o = output_bwd(r_in, S_in, A_rb, U, A_rk, vs, tok,
+                                                          ctx.scale, do.contiguous())
+        du, dh, dh0 = state_bwd(wy, b_out, tot, dU, dS_in,
+                                None if dht is None else dht.contiguous(), first, count,
+                                ctx.has_h0, ctx.varlen)
+        dA_ab, dA_ak, da_in, db_out, dk_out, dtot, dv = tail_bwd(Tm, A_ak, u, wy, U, S_in, vs,
+                                                                k_out, du, dh, dv_o, tok, v)
+        dr, dk, da, db, dw = scores_bwd(r, k, a, b, w, tok, [dA_ab, dA_ak, dA_rb, dA_rk, dr_in,
+                                                              da_in, db_out, dk_out, dtot])
+        return dr, dk, dv, dw, da, db, dh0, None, None, None
+
+
 def dplr_chunk(r, k, v, w, a, b, scale, initial_state, output_final_state, cu_seqlens):
     """r, k: [B, T, H, K] and v [B, T, H, V] in one dtype; w, a, b [B, T, H, K] fp32;
     initial_state [N, H, K, V] fp32 or None. Returns (o [B, T, H, V] in r's dtype,
     final state [N, H, K, V] fp32 or None)."""
-    from .dplr_output import DplrOutput
-    from .dplr_scores import DplrScores
-    from .dplr_state import DplrStatePass
-    from .dplr_wy import DplrWY
-
-    B, T, H, K = k.shape
-    V = v.shape[-1]
-    row, first, count, S = slot_rows(B, T, cu_seqlens, r.device)
-    varlen = cu_seqlens is not None
-    vs = to_slots(v, row, S, varlen)
-    tok = torch.full((S * BT,), -1, dtype=torch.int64, device=r.device)
-    tok[row] = torch.arange(B * T, device=r.device)
-    A_ab, A_ak, A_rb, A_rk, r_in, a_in, b_out, k_out, tot = DplrScores.apply(r, k, a, b, w, tok)
-    u, wy = DplrWY.apply(A_ab, A_ak, vs, a_in)
+    r, k, v, w, a, b = (x.contiguous() for x in (r, k, v, w, a, b))
     h0 = None if initial_state is None else initial_state.float().contiguous()
-    res = DplrStatePass.apply(u, wy, b_out, k_out, vs, tot, h0, first, count,
-                              bool(output_final_state))
-    U, S_in = res[0], res[1]
-    ht = res[2] if output_final_state else None
-    o = DplrOutput.apply(r_in, S_in, A_rb, U, A_rk, vs, tok, scale, B, T, r.dtype)
-    return o, ht
+    o, ht = _DplrChunk.apply(r, k, v, w, a, b, h0, scale, bool(output_final_state), cu_seqlens)
+    return o, (ht if output_final_state else None)

@@ -109,33 +109,26 @@ def _tiles(K, V):
     return min(block(K), 64), min(block(V), 64)
 
 
-class DplrOutput(torch.autograd.Function):
-    """(r_in, S_in, A_rb, U, A_rk, v (slot layout, fp32), tok [S * BT] int64, scale, B, T,
-    dtype) -> o [B, T, H, V] in `dtype`."""
+def output_fwd(r_in, S_in, A_rb, U, A_rk, v, tok, scale, B, T, dtype):
+    """(slot layout, fp32, contiguous) -> o [B, T, H, V] in `dtype`."""
+    S, H, BT, V = v.shape
+    K = r_in.shape[-1]
+    BK, BV = _tiles(K, V)
+    o = alloc((B, T, H, V), dtype, v.device)
+    _fwd_kernel[(S, H, triton.cdiv(V, BV))](
+        r_in, S_in, A_rb, U, A_rk, v, tok, o, scale, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+        PREC=fp32_dot_precision(), num_warps=4, num_stages=1)
+    return o
 
-    @staticmethod
-    def forward(ctx, r_in, S_in, A_rb, U, A_rk, v, tok, scale, B, T, dtype):
-        r_in, S_in, A_rb, U, A_rk, v = (x.contiguous() for x in (r_in, S_in, A_rb, U, A_rk, v))
-        S, H, BT, V = v.shape
-        K = r_in.shape[-1]
-        BK, BV = _tiles(K, V)
-        o = alloc((B, T, H, V), dtype, v.device)
-        _fwd_kernel[(S, H, triton.cdiv(V, BV))](
-            r_in, S_in, A_rb, U, A_rk, v, tok, o, scale, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-            PREC=fp32_dot_precision(), num_warps=4, num_stages=1)
-        ctx.save_for_backward(r_in, S_in, A_rb, U, A_rk, v, tok)
-        ctx.scale = scale
-        return o
 
-    @staticmethod
-    def backward(ctx, do):
-        r_in, S_in, A_rb, U, A_rk, v, tok = ctx.saved_tensors
-        S, H, BT, V = v.shape
-        K = r_in.shape[-1]
-        BK, BV = _tiles(K, V)
-        dev = v.device
-        grads = [alloc(x.shape, torch.float32, dev) for x in (r_in, S_in, A_rb, U, A_rk, v)]
-        _bwd_kernel[(S, H)](r_in, S_in, A_rb, U, A_rk, v, tok, do.contiguous(), ctx.scale,
-                            *grads, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-                            PREC=fp32_dot_precision(), num_warps=8, num_stages=1)
-        return (*grads, None, None, None, None, None)
+def output_bwd(r_in, S_in, A_rb, U, A_rk, v, tok, scale, do):
+    """do [B, T, H, V] contiguous -> (dr_in, dS_in, dA_rb, dU, dA_rk, dv), fp32 slot layout."""
+    S, H, BT, V = v.shape
+    K = r_in.shape[-1]
+    BK, BV = _tiles(K, V)
+    dev = v.device
+    grads = [alloc(x.shape, torch.float32, dev) for x in (r_in, S_in, A_rb, U, A_rk, v)]
+    _bwd_kernel[(S, H)](r_in, S_in, A_rb, U, A_rk, v, tok, do, scale, *grads, H=H, K=K, V=V,
+                        BT=BT, BK=BK, BV=BV, PREC=fp32_dot_precision(), num_warps=8,
+                        num_stages=1)
+    return tuple(grads)

@@ -390,37 +390,32 @@ def _bk(K):
     return min(block(K), 32)
 
 
-class DplrScores(torch.autograd.Function):
-    """(r, k, a, b, w [B, T, H, K] (token layout; r, k in one dtype, a, b, w fp32), tok
-    [S * BT] int64: the flat token of every slot row, -1 on pad rows) -> (A_ab, A_ak, A_rb,
-    A_rk [S, H, BT, BT], r_in, a_in, b_out, k_out [S, H, BT, K], tot [S, H, K]), all fp32 in
-    the slot layout. Gradients come back in the token layout, each in its input's dtype."""
+def scores_fwd(r, k, a, b, w, tok):
+    """r, k, a, b, w [B, T, H, K] (token layout, contiguous; r, k in one dtype, a, b, w fp32),
+    tok [S * BT] int64: the flat token of every slot row, -1 on pad rows. Returns (A_ab, A_ak,
+    A_rb, A_rk [S, H, BT, BT], r_in, a_in, b_out, k_out [S, H, BT, K], tot [S, H, K]), fp32 in
+    the slot layout."""
+    H, K = r.shape[2], r.shape[3]
+    S = tok.shape[0] // BT
+    dev = r.device
+    mats = [alloc((S, H, BT, BT), torch.float32, dev) for _ in range(4)]
+    vecs = [alloc((S, H, BT, K), torch.float32, dev) for _ in range(4)]
+    tot = alloc((S, H, K), torch.float32, dev)
+    gbuf = alloc((S, H, BT, K), torch.float64, dev)
+    _fwd_kernel[(S, H)](r, k, a, b, w, tok, gbuf, *mats, *vecs, tot, H=H, K=K, BT=BT, BC=BC,
+                        BK=_bk(K), PREC=fp32_dot_precision(), num_warps=8, num_stages=1)
+    return (*mats, *vecs, tot)
 
-    @staticmethod
-    def forward(ctx, r, k, a, b, w, tok):
-        r, k, a, b, w = (x.contiguous() for x in (r, k, a, b, w))
-        H, K = r.shape[2], r.shape[3]
-        S = tok.shape[0] // BT
-        dev = r.device
-        mats = [alloc((S, H, BT, BT), torch.float32, dev) for _ in range(4)]
-        vecs = [alloc((S, H, BT, K), torch.float32, dev) for _ in range(4)]
-        tot = alloc((S, H, K), torch.float32, dev)
-        gbuf = alloc((S, H, BT, K), torch.float64, dev)
-        _fwd_kernel[(S, H)](r, k, a, b, w, tok, gbuf, *mats, *vecs, tot, H=H, K=K, BT=BT, BC=BC,
-                            BK=_bk(K), PREC=fp32_dot_precision(), num_warps=8, num_stages=1)
-        ctx.save_for_backward(r, k, a, b, w, tok)
-        return (*mats, *vecs, tot)
 
-    @staticmethod
-    def backward(ctx, *grads):
-        r, k, a, b, w, tok = ctx.saved_tensors
-        H, K = r.shape[2], r.shape[3]
-        S = tok.shape[0] // BT
-        dev = r.device
-        grads = [g.contiguous() for g in grads]
-        outs = [alloc(x.shape, x.dtype, dev) for x in (r, k, a, b, w)]
-        gbuf = alloc((S, H, BT, K), torch.float64, dev)
-        pm = alloc((S, H, BT, K), torch.float32, dev)
-        _bwd_kernel[(S, H)](r, k, a, b, w, tok, gbuf, pm, *grads, *outs, H=H, K=K, BT=BT, BC=BC,
-                            BK=_bk(K), PREC=fp32_dot_precision(), num_warps=8, num_stages=1)
-        return (*outs, None)
+def scores_bwd(r, k, a, b, w, tok, grads):
+    """grads: the gradients of scores_fwd's nine outputs (slot layout, fp32, contiguous).
+    Returns (dr, dk, da, db, dw) in the token layout, each in its input's dtype."""
+    H, K = r.shape[2], r.shape[3]
+    S = tok.shape[0] // BT
+    dev = r.device
+    outs = [alloc(x.shape, x.dtype, dev) for x in (r, k, a, b, w)]
+    gbuf = alloc((S, H, BT, K), torch.float64, dev)
+    pm = alloc((S, H, BT, K), torch.float32, dev)
+    _bwd_kernel[(S, H)](r, k, a, b, w, tok, gbuf, pm, *grads, *outs, H=H, K=K, BT=BT, BC=BC,
+                        BK=_bk(K), PREC=fp32_dot_precision(), num_warps=8, num_stages=1)
+    return tuple(outs)

@@ -26,7 +26,7 @@ from ..triton_scalar_gate import block, fp32_dot_precision
 
 
 @triton.jit
-def _fwd_kernel(u, w, bout, kv, tot, h0, U, S_in, ht, first, count,
+def _fwd_kernel(u, w, bout, kout, v, tot, h0, U, S_in, ht, first, count,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                 BK: tl.constexpr, BV: tl.constexpr, USE_H0: tl.constexpr,
                 STORE_HT: tl.constexpr, PREC: tl.constexpr):
@@ -55,8 +55,10 @@ def _fwd_kernel(u, w, bout, kv, tot, h0, U, S_in, ht, first, count,
         tl.store(U + p_v, b_U, mask=m_v[None, :])
         b_b = tl.load(bout + p_k, mask=m_k[None, :], other=0.)
         b_t = tl.load(tot + base * K + o_k, mask=m_k, other=0.)
+        b_k = tl.load(kout + p_k, mask=m_k[None, :], other=0.)
+        b_v = tl.load(v + p_v, mask=m_v[None, :], other=0.)
         S = (b_t[:, None] * S + tl.dot(tl.trans(b_b), b_U, input_precision=PREC)
-             + tl.load(kv + base * K * V + p_kv, mask=m_kv, other=0.))
+             + tl.dot(tl.trans(b_k), b_v, input_precision=PREC))
     if STORE_HT:
         tl.store(ht + i_nh.to(tl.int64) * K * V + p_kv, S, mask=m_kv)
 
@@ -106,52 +108,41 @@ def _tiles(K, V):
     return BK, BV
 
 
-class DplrStatePass(torch.autograd.Function):
-    """(u [S,H,BT,V], w, b_out, k_out [S,H,BT,K], v [S,H,BT,V], tot [S,H,K], h0 [N,H,K,V] or
-    None, first, count [N] int, output_final_state) -> (U [S,H,BT,V], S_in [S,H,K,V],
-    final state [N,H,K,V] or None), fp32."""
+def state_fwd(u, w, bout, kout, v, tot, h0, first, count, output_final_state, varlen):
+    """(U [S, H, BT, V], S_in [S, H, K, V], final state [N, H, K, V] or None), fp32. Slots of
+    no chunk (varlen gaps) hold zeros."""
+    S, H, BT, V = u.shape
+    K = w.shape[-1]
+    N = first.shape[0]
+    dev = u.device
+    BK, BV = _tiles(K, V)
+    make = torch.zeros if varlen else (lambda shape, dtype, device: alloc(shape, dtype, device))
+    U = make((S, H, BT, V), dtype=torch.float32, device=dev)
+    S_in = make((S, H, K, V), dtype=torch.float32, device=dev)
+    ht = alloc((N, H, K, V), torch.float32, dev) if output_final_state else None
+    _fwd_kernel[(triton.cdiv(V, BV), N * H)](
+        u, w, bout, kout, v, tot, h0 if h0 is not None else u, U, S_in,
+        ht if ht is not None else U, first, count, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+        USE_H0=h0 is not None, STORE_HT=ht is not None, PREC=fp32_dot_precision(),
+        num_warps=4, num_stages=1)
+    return U, S_in, ht
 
-    @staticmethod
-    def forward(ctx, u, w, bout, kout, v, tot, h0, first, count, output_final_state):
-        u, w, bout, kout, v, tot = (x.contiguous() for x in (u, w, bout, kout, v, tot))
-        S, H, BT, V = u.shape
-        K = w.shape[-1]
-        N = first.shape[0]
-        dev = u.device
-        BK, BV = _tiles(K, V)
-        U = torch.zeros((S, H, BT, V), dtype=torch.float32, device=dev)
-        kv = kout.transpose(-1, -2) @ v           # chunk-parallel part of the update
-        S_in = torch.zeros((S, H, K, V), dtype=torch.float32, device=dev)
-        ht = alloc((N, H, K, V), torch.float32, dev) if output_final_state else None
-        _fwd_kernel[(triton.cdiv(V, BV), N * H)](
-            u, w, bout, kv, tot, h0 if h0 is not None else u, U, S_in,
-            ht if ht is not None else U, first, count, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-            USE_H0=h0 is not None, STORE_HT=ht is not None, PREC=fp32_dot_precision(),
-            num_warps=4, num_stages=1)
-        ctx.save_for_backward(w, bout, kout, v, tot, U, S_in, first, count)
-        ctx.has_h0 = h0 is not None
-        if ht is None:
-            return U, S_in
-        return U, S_in, ht
 
-    @staticmethod
-    def backward(ctx, dU, dS_in, dht=None):
-        w, bout, kout, v, tot, U, S_in, first, count = ctx.saved_tensors
-        S, H, BT, V = U.shape
-        K = w.shape[-1]
-        N = first.shape[0]
-        dev = U.device
-        BK, BV = _tiles(K, V)
-        du = torch.zeros((S, H, BT, V), dtype=torch.float32, device=dev)
-        dh = torch.zeros((S, H, K, V), dtype=torch.float32, device=dev)
-        dh0 = alloc((N, H, K, V), torch.float32, dev) if ctx.has_h0 else None
-        _bwd_kernel[(triton.cdiv(V, BV), N * H)](
-            w, bout, tot, dU.contiguous(), dS_in.contiguous(),
-            dht.contiguous() if dht is not None else U, du, dh,
-            dh0 if dh0 is not None else du, first, count, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-            USE_DHT=dht is not None, STORE_DH0=dh0 is not None, PREC=fp32_dot_precision(),
-            num_warps=4, num_stages=1)
-        # the chunk-parallel rest: dh is the gradient of the state after each chunk
-        dh_t = dh.transpose(-1, -2)
-        return (du, du @ S_in.transpose(-1, -2), U @ dh_t, v @ dh_t, kout @ dh,
-                (S_in * dh).sum(-1), dh0, None, None, None)
+def state_bwd(w, bout, tot, dU, dS_in, dht, first, count, has_h0, varlen):
+    """(du [S, H, BT, V]: the gradient of the solved u (= of U), dh [S, H, K, V]: the gradient
+    of the state after each chunk, dh0 [N, H, K, V] or None), fp32."""
+    S, H, BT, V = dU.shape
+    K = w.shape[-1]
+    N = first.shape[0]
+    dev = dU.device
+    BK, BV = _tiles(K, V)
+    make = torch.zeros if varlen else (lambda shape, dtype, device: alloc(shape, dtype, device))
+    du = make((S, H, BT, V), dtype=torch.float32, device=dev)
+    dh = make((S, H, K, V), dtype=torch.float32, device=dev)
+    dh0 = alloc((N, H, K, V), torch.float32, dev) if has_h0 else None
+    _bwd_kernel[(triton.cdiv(V, BV), N * H)](
+        w, bout, tot, dU, dS_in, dht if dht is not None else dU, du, dh,
+        dh0 if dh0 is not None else du, first, count, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+        USE_DHT=dht is not None, STORE_DH0=dh0 is not None, PREC=fp32_dot_precision(),
+        num_warps=4, num_stages=1)
+    return du, dh, dh0

@@ -109,30 +109,17 @@ def _wy_kernel(Aab, Aak, v, ain, Tm, u, w, H: tl.constexpr, K: tl.constexpr, V: 
         tl.store(w + p_k, tl.dot(tm, b_a, input_precision=PREC), mask=m_k)
 
 
-class DplrWY(torch.autograd.Function):
-    """(A_ab, A_ak [S, H, BT, BT], v [S, H, BT, V], a_in [S, H, BT, K], fp32) -> (u, w)."""
-
-    @staticmethod
-    def forward(ctx, A_ab, A_ak, v, a_in):
-        A_ab, A_ak, v, a_in = (x.contiguous() for x in (A_ab, A_ak, v, a_in))
-        S, H, BT, V = v.shape
-        K = a_in.shape[-1]
-        assert BT == 64, "the block inversion is written for chunks of 64"
-        dev = v.device
-        Tm = alloc((S, H, BT, BT), torch.float32, dev)
-        u = alloc((S, H, BT, V), torch.float32, dev)
-        w = alloc((S, H, BT, K), torch.float32, dev)
-        _wy_kernel[(S, H)](A_ab, A_ak, v, a_in, Tm, u, w, H=H, K=K, V=V, BT=BT,
-                           BK=min(block(K), 64), BV=min(block(V), 64),
-                           PREC=fp32_dot_precision(), num_warps=4, num_stages=1)
-        ctx.save_for_backward(Tm, A_ak, v, u, w)
-        return u, w
-
-    @staticmethod
-    def backward(ctx, du, dw):
-        Tm, A_ak, v, u, w = ctx.saved_tensors
-        Tt = Tm.transpose(-1, -2)
-        dRu = Tt @ du
-        dRw = Tt @ dw
-        dA_ab = torch.tril(dRu @ u.transpose(-1, -2) + dRw @ w.transpose(-1, -2), diagonal=-1)
-        return dA_ab, dRu @ v.transpose(-1, -2), A_ak.transpose(-1, -2) @ dRu, dRw
+def wy_fwd(A_ab, A_ak, v, a_in):
+    """(A_ab, A_ak [S, H, BT, BT], v [S, H, BT, V], a_in [S, H, BT, K], fp32, contiguous) ->
+    (T [S, H, BT, BT], u [S, H, BT, V], w [S, H, BT, K]), fp32."""
+    S, H, BT, V = v.shape
+    K = a_in.shape[-1]
+    assert BT == 64, "the block inversion is written for chunks of 64"
+    dev = v.device
+    Tm = alloc((S, H, BT, BT), torch.float32, dev)
+    u = alloc((S, H, BT, V), torch.float32, dev)
+    w = alloc((S, H, BT, K), torch.float32, dev)
+    _wy_kernel[(S, H)](A_ab, A_ak, v, a_in, Tm, u, w, H=H, K=K, V=V, BT=BT,
+                       BK=min(block(K), 64), BV=min(block(V), 64),
+                       PREC=fp32_dot_precision(), num_warps=4, num_stages=1)
+    return Tm, u, w
