@@ -316,22 +316,22 @@ def _bwd_kernel(r, k, a, b, w, tok, gbuf, pm, dAab, dAak, dArb, dArk, drin, dain
                 e_f = G_I - G_f0[None, :]                         # <= 0, > -SPAN
                 f_in = _ex(e_f)
                 f_out = _ex(-e_f)
-                s_rb = tl.where(strict, q_rb, 0.)
-                s_rk = tl.where(strict, q_rk, 0.)
-                s_ab = tl.where(strict, q_ab, 0.)
-                s_ak = tl.where(strict, q_ak, 0.)
+                l_rb = tl.where(strict, q_rb, 0.)
+                l_rk = tl.where(strict, q_rk, 0.)
+                l_ab = tl.where(strict, q_ab, 0.)
+                l_ak = tl.where(strict, q_ak, 0.)
                 yb_f = y_b * f_out
                 yk_f = y_k * f_out
                 xr_f = x_r * f_in
                 xa_f = x_a * f_in
-                g_r += f_in * (tl.dot(s_rb, yb_f, input_precision="tf32x3")
-                               + tl.dot(s_rk, yk_f, input_precision="tf32x3"))
-                g_a += f_in * (tl.dot(s_ab, yb_f, input_precision="tf32x3")
-                               + tl.dot(s_ak, yk_f, input_precision="tf32x3"))
-                g_b += f_out * (tl.dot(tl.trans(s_rb), xr_f, input_precision="tf32x3")
-                                + tl.dot(tl.trans(s_ab), xa_f, input_precision="tf32x3"))
-                g_k += f_out * (tl.dot(tl.trans(s_rk), xr_f, input_precision="tf32x3")
-                                + tl.dot(tl.trans(s_ak), xa_f, input_precision="tf32x3"))
+                g_r += f_in * (tl.dot(l_rb, yb_f, input_precision="tf32x3")
+                               + tl.dot(l_rk, yk_f, input_precision="tf32x3"))
+                g_a += f_in * (tl.dot(l_ab, yb_f, input_precision="tf32x3")
+                               + tl.dot(l_ak, yk_f, input_precision="tf32x3"))
+                g_b += f_out * (tl.dot(tl.trans(l_rb), xr_f, input_precision="tf32x3")
+                                + tl.dot(tl.trans(l_ab), xa_f, input_precision="tf32x3"))
+                g_k += f_out * (tl.dot(tl.trans(l_rk), xr_f, input_precision="tf32x3")
+                                + tl.dot(tl.trans(l_ak), xa_f, input_precision="tf32x3"))
             else:
                 for j in range(BC):
                     p_j = (base * BT + i0 + j) * K + o_k
