@@ -48,10 +48,10 @@ which = sys.argv[3:] or ["sf", "sb", "wy", "of", "ob", "st", "sbk", "tail"]
 if "sf" in which:
     comp("scores_fwd", dplr_scores._fwd_kernel,
          dict(r=dt, k=dt, tok="i64", gbuf="fp64"), {},
-         dict(H=16, K=K, BT=64, BC=16, BK=min(K, 32), PREC=P), 8)
+         dict(H=16, K=K, BT=64, BC=16, BK=int(__import__("os").environ.get("SBK", 32)), PREC=P), int(__import__("os").environ.get("SW", 8)))
 if "sb" in which:
     comp("scores_bwd", dplr_scores._bwd_kernel, dict(r=dt, k=dt, tok="i64", gbuf="fp64", dr=dt, dk=dt),
-         {}, dict(H=16, K=K, BT=64, BC=16, BK=min(K, 32), PREC=P), 8)
+         {}, dict(H=16, K=K, BT=64, BC=16, BK=int(__import__("os").environ.get("SBK", 32)), PREC=P), int(__import__("os").environ.get("SW", 8)))
 if "wy" in which:
     comp("wy", dplr_wy._wy_kernel, {}, {}, dict(H=16, K=K, V=V, BT=64, BK=min(K, 64),
                                                 BV=min(V, 64), PREC=P), 4)

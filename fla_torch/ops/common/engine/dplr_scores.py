@@ -129,7 +129,7 @@ def _fwd_kernel(r, k, a, b, w, tok, gbuf, Aab, Aak, Arb, Ark, rin, ain, bout, ko
     tl.store(Aab + base * BT * BT + o_t, zrow)
     tl.store(Aak + base * BT * BT + o_t, zrow)
     tri = o_c[:, None] >= o_c[None, :]
-    for I in tl.static_range(BT // BC):
+    for I in range(BT // BC):
         i0 = I * BC
         rows = i0 + o_c
         m_r = rows < BT
@@ -238,8 +238,6 @@ def _bwd_kernel(r, k, a, b, w, tok, gbuf, pm, dAab, dAak, dArb, dArk, drin, dain
     t_sh = _tk(tok, i_s, o_t + 1, o_t + 1 < BT, BT)
     NK: tl.constexpr = (K + BK - 1) // BK
     strict = o_c[:, None] > o_c[None, :]
-    up_incl = tl.where(o_t[None, :] >= o_t[:, None], 1., 0.)     # [s, t]: t >= s
-    lo_strict = tl.where(o_t[None, :] < o_t[:, None], 1., 0.)    # [s, t]: t < s
     for kb in range(NK):
         o_k = kb * BK + tl.arange(0, BK)
         m_k = o_k < K
@@ -250,7 +248,7 @@ def _bwd_kernel(r, k, a, b, w, tok, gbuf, pm, dAab, dAak, dArb, dArk, drin, dain
                  tl.load(dain + (base * BT) * K + o_k, mask=m_k, other=0.).to(
                      da.dtype.element_ty), mask=m_k & (o_k * 0 + t_0 >= 0))
         tl.debug_barrier()
-        for I in tl.static_range(BT // BC):
+        for I in range(BT // BC):
             i0 = I * BC
             rows = i0 + o_c
             m_r = rows < BT
@@ -377,6 +375,8 @@ def _bwd_kernel(r, k, a, b, w, tok, gbuf, pm, dAab, dAak, dArb, dArk, drin, dain
                  * _ld(dkout, base, o_t, m_t, o_k, m_k, K, BT)) * e_end
         PM = _ld_cg(pm, base, o_t, m_t, o_k, m_k, K, BT)
         g_tot = tl.load(dtot + base * K + o_k, mask=m_k, other=0.) * _ex(L)
+        up_incl = tl.where(o_t[None, :] >= o_t[:, None], 1., 0.)     # [s, t]: t >= s
+        lo_strict = tl.where(o_t[None, :] < o_t[:, None], 1., 0.)    # [s, t]: t < s
         b_dw = (tl.dot(up_incl, PM, input_precision=PREC)
                 + tl.dot(lo_strict, c_end, input_precision=PREC) + g_tot[None, :])
         _stx(dw, b_dw, t_all, i_h, o_k, m_k, H, K)
@@ -386,8 +386,10 @@ BC = 16
 BT = 64
 
 
-def _bk(K):
-    return min(block(K), 32)
+def _bk(K, cap):
+    """Key block: an offline sm_90 compile (K = 64, 8 warps) spills 224 bytes in the forward at
+    16 (1248 at 32), about 2.2 KB in the backward at 16 or 32."""
+    return min(block(K), cap)
 
 
 def scores_fwd(r, k, a, b, w, tok):
@@ -403,7 +405,7 @@ def scores_fwd(r, k, a, b, w, tok):
     tot = alloc((S, H, K), torch.float32, dev)
     gbuf = alloc((S, H, BT, K), torch.float64, dev)
     _fwd_kernel[(S, H)](r, k, a, b, w, tok, gbuf, *mats, *vecs, tot, H=H, K=K, BT=BT, BC=BC,
-                        BK=_bk(K), PREC=fp32_dot_precision(), num_warps=8, num_stages=1)
+                        BK=_bk(K, 16), PREC=fp32_dot_precision(), num_warps=8, num_stages=1)
     return (*mats, *vecs, tot)
 
 
@@ -417,5 +419,5 @@ def scores_bwd(r, k, a, b, w, tok, grads):
     gbuf = alloc((S, H, BT, K), torch.float64, dev)
     pm = alloc((S, H, BT, K), torch.float32, dev)
     _bwd_kernel[(S, H)](r, k, a, b, w, tok, gbuf, pm, *grads, *outs, H=H, K=K, BT=BT, BC=BC,
-                        BK=_bk(K), PREC=fp32_dot_precision(), num_warps=8, num_stages=1)
+                        BK=_bk(K, 32), PREC=fp32_dot_precision(), num_warps=8, num_stages=1)
     return tuple(outs)
