@@ -60,7 +60,8 @@ if "of" in which:
          dict(H=16, K=K, V=V, BT=64, BK=min(K, 64), BV=min(V, 64), PREC=P), 4)
 if "ob" in which:
     comp("out_bwd", dplr_output._bwd_kernel, dict(tok="i64", do=dt), dict(scale="fp32"),
-         dict(H=16, K=K, V=V, BT=64, BK=min(K, 64), BV=min(V, 64), PREC=P), 8)
+         dict(H=16, K=K, V=V, BT=64, BK=min(K, 64), BV=min(V, 64), PREC=P),
+         int(__import__("os").environ.get("OW", 8)))
 if "st" in which:
     BK, BV = dplr_state._tiles(K, V)
     comp("state_fwd", dplr_state._fwd_kernel, dict(first="i32", count="i32"), {},
@@ -69,4 +70,5 @@ if "st" in which:
          dict(H=16, K=K, V=V, BT=64, BK=BK, BV=BV, USE_DHT=True, STORE_DH0=True, PREC=P), 4)
 if "tail" in which:
     comp("tail", dplr_tail._tail_kernel, dict(tok="i64", dv=dt), {},
-         dict(H=16, K=K, V=V, BT=64, BK=min(K, 64), BV=min(V, 64), PREC=P), 8)
+         dict(H=16, K=K, V=V, BT=64, BK=min(K, 64), BV=min(V, 64), PREC=P),
+         int(__import__("os").environ.get("TW", 8)))

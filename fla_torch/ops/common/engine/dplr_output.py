@@ -65,8 +65,6 @@ def _bwd_kernel(r_in, S_in, A_rb, U, A_rk, v, tok, do, scale, dr_in, dS_in, dA_r
     rows = base * BT + o_t
     p_a = rows[:, None] * BT + o_t[None, :]
     t = tl.load(tok + i_s.to(tl.int64) * BT + o_t)
-    a_rb = tl.load(A_rb + p_a)
-    a_rk = tl.load(A_rk + p_a)
     g_rb = tl.zeros([BT, BT], dtype=tl.float32)
     g_rk = tl.zeros([BT, BT], dtype=tl.float32)
     for vb in range(tl.cdiv(V, BV)):
@@ -78,9 +76,16 @@ def _bwd_kernel(r_in, S_in, A_rb, U, A_rk, v, tok, do, scale, dr_in, dS_in, dA_r
                        input_precision=PREC)
         g_rk += tl.dot(b_do, tl.trans(tl.load(v + p_v, mask=m_v[None, :], other=0.)),
                        input_precision=PREC)
-        tl.store(dU + p_v, tl.dot(tl.trans(a_rb), b_do, input_precision=PREC),
+    tl.store(dA_rb + p_a, g_rb)
+    tl.store(dA_rk + p_a, g_rk)
+    for vb in range(tl.cdiv(V, BV)):
+        o_v = vb * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        p_v = rows[:, None] * V + o_v[None, :]
+        b_do = _ld_do(do, t, i_h, o_v, m_v, scale, H, V)
+        tl.store(dU + p_v, tl.dot(tl.trans(tl.load(A_rb + p_a)), b_do, input_precision=PREC),
                  mask=m_v[None, :])
-        tl.store(dv + p_v, tl.dot(tl.trans(a_rk), b_do, input_precision=PREC),
+        tl.store(dv + p_v, tl.dot(tl.trans(tl.load(A_rk + p_a)), b_do, input_precision=PREC),
                  mask=m_v[None, :])
         for kb in range(tl.cdiv(K, BK)):
             o_k = kb * BK + tl.arange(0, BK)
@@ -89,8 +94,6 @@ def _bwd_kernel(r_in, S_in, A_rb, U, A_rk, v, tok, do, scale, dr_in, dS_in, dA_r
             tl.store(dS_in + (base * K + o_k)[:, None] * V + o_v[None, :],
                      tl.dot(tl.trans(b_r), b_do, input_precision=PREC),
                      mask=m_k[:, None] & m_v[None, :])
-    tl.store(dA_rb + p_a, g_rb)
-    tl.store(dA_rk + p_a, g_rk)
     for kb in range(tl.cdiv(K, BK)):
         o_k = kb * BK + tl.arange(0, BK)
         m_k = o_k < K
