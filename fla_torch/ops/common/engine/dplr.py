@@ -1,17 +1,21 @@
-"""The DPLR chunk pipeline (Triton stages + torch ops), forward and backward by autograd.
+"""The DPLR chunk pipeline (Triton kernels), forward and backward (one autograd.Function).
 
     S_t = (diag(exp(w_t)) + b_t a_t^T) S_{t-1} + k_t v_t^T,   o_t = scale * r_t S_t
 (RWKV-7; KDA is a = exp(g) k, b = -beta k, write key beta k.) The chunk form is the one of
-common/dplr_chunked.py with chunks of BT = 64:
- 1. slot layout: every input to fp32 [S, H, BT, D], one slot per chunk (engine/varlen.py's
-    slots: no host synchronisation for cu_seqlens), pad rows zero;
- 2. dplr_scores.DplrScores: the per-key-decay scores A_ab, A_ak, A_rb, A_rk and the decayed
-    vectors r_in, a_in, b_out, k_out, tot (Triton, fp64 gate cumsum, exact pairs);
- 3. the WY terms [u | w] = (I - A_ab)^-1 [A_ak v | a_in] (batched triangular solve, fp32);
- 4. dplr_state.DplrStatePass: U = u + w S_in and the states S_in per chunk (Triton);
- 5. o = scale (r_in S_in + A_rb U + A_rk v), back to the token layout in r's dtype.
-fp32 matmuls of steps 3 and 5 run fp32-accurately (torch's default; inside allow_tf32() the
-caller's setting applies).
+common/dplr_chunked.py with chunks of BT = 64, one slot per chunk (engine/varlen.py's slots: no
+host synchronisation for cu_seqlens); `tok` maps every slot row to its token (-1: pad row).
+Forward:
+ 1. dplr_scores.scores_fwd: reads r, k, a, b, w in the token layout; the per-key-decay scores
+    A_ab, A_ak, A_rb, A_rk and the decayed vectors r_in, a_in, b_out, k_out, tot (fp32 slot
+    layout; fp64 gate cumsum; diagonal sub-blocks by one fp32-accurate dot under gates.SPAN);
+ 2. dplr_wy.wy_fwd: T = (I - A_ab)^-1 (16x16 block inversion), u = T A_ak v, w = T a_in;
+ 3. dplr_state.state_fwd: U = u + w S_in and the state S_in entering every chunk (sequential);
+ 4. dplr_output.output_fwd: o = scale (r_in S_in + A_rb U + A_rk v), written to the token
+    layout in r's dtype.
+Backward: output_bwd, state_bwd (sequential), dplr_tail.tail_bwd (the state pass's chunk
+products and the WY backward; dv to the token layout), scores_bwd (dr, dk, da, db, dw to the
+token layout). Only v is copied to the slot layout (fp32). Every dot on fp32 operands is
+fp32-accurate (tf32x3) unless allow_tf32() is active.
 """
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The output of a DPLR chunk (Triton, chunk-parallel), forward and backward
-(autograd.Function).
+"""The output of a DPLR chunk (Triton, chunk-parallel), forward and backward.
 
 Slot layout (dplr.py), fp32: r_in [S, H, BT, K], S_in [S, H, K, V], A_rb, A_rk [S, H, BT, BT],
 U, v [S, H, BT, V]. Per chunk and head

@@ -1,7 +1,9 @@
-"""Per-key-decay scores of a DPLR chunk (Triton), forward and backward (autograd.Function).
+"""Per-key-decay scores of a DPLR chunk (Triton), forward and backward.
 
-Inputs in the slot layout [S, H, BT, K] fp32 (dplr.py): r, k, a, b and the log-decay w
-(pad rows zero). Per chunk, with G_i = w_1 + ... + w_i (fp64 cumsum inside the chunk, per key),
+Inputs in the token layout [B, T, H, K] (r, k in their dtype, a, b and the log-decay w fp32),
+read through dplr.py's slot-row -> token map (pad rows read as zero); outputs fp32 in the slot
+layout [S, H, BT, *]; the backward writes dr, dk, da, db, dw to the token layout, each in its
+input's dtype. Per chunk, with G_i = w_1 + ... + w_i (fp64 cumsum inside the chunk, per key),
 Gx_i = G_{i-1} and L = G at the chunk's last row:
     A_ab[i, j] = sum_c a_ic b_jc exp(Gx_ic - G_jc)    (j < i)     A_ak likewise with k_j
     A_rb[i, j] = sum_c r_ic b_jc exp(G_ic - G_jc)      (j <= i)    A_rk likewise with k_j
@@ -13,8 +15,11 @@ vector y in {b, k} through exp(G_i - G_j), j <= i.
 
 Sub-chunks of BC rows: the pairs of earlier sub-chunks factor through a reference row between
 them (x_i exp(G_i - G_f), y_j exp(G_f - G_j): every exponent <= 0) into tensor-core dots
-(fp32 operands, fp32-accurate); the diagonal sub-block is exact per pair ([BC, BC, BK]
-products). Every exponent is a difference of fp64 cumsums taken before the cast to fp32 and
+(fp32 operands, fp32-accurate). The diagonal sub-block factors through its own first row f
+when the decay across it stays under gates.SPAN (every channel's G_f - G_last < SPAN: the
+factors exp(G_i - G_f) >= e^-SPAN and exp(G_f - G_j) <= e^SPAN are exact fp32 numbers, so one
+fp32-accurate dot gives every pair to fp32 accuracy), forward and backward; beyond the span it
+is exact per pair (a loop over the sub-chunk's columns). Every exponent is a difference of fp64 cumsums taken before the cast to fp32 and
 masked to -inf outside the causal part before exp: no overflow at gates of -20.
 
 Backward: the gradients of r, k, a, b by the same pairs, and dw per chunk without carrying

@@ -1,19 +1,16 @@
-"""Inter-chunk state pass of a DPLR recurrence (Triton), forward and backward
-(autograd.Function).
+"""Inter-chunk state pass of a DPLR recurrence (Triton), forward and backward.
 
 Slot layout [S, H, BT, D] fp32 (dplr.py). Per sequence n, its chunks are the slots
 first[n] .. first[n] + count[n] - 1. One program per (sequence, head, V block) carries the
 state S [K, BV] fp32 (the whole K) through them:
     S_in[slot] = S;   U = u + w S;   S <- diag(tot) S + b_out^T U + k_out^T v
-(k_out^T v per chunk by a batched matmul first)
 (u, w: the chunk's solved WY terms; b_out, k_out, tot from dplr_scores.py). Backward, dS the
 gradient of the state after the chunk (dht at the end):
     dU = dU_ext + b_out dS;   du = dU;   dv = k_out dS;   dw = dU S_in^T;
     db_out = U dS^T;   dk_out = v dS^T;   dtot = rowsum(S_in * dS);
     dS <- diag(tot) dS + w^T dU + dS_in_ext[slot];   dh0 = dS before the first chunk.
 The kernel carries dS and stores it per chunk (dh) with dU; dw, db_out, dk_out, dv, dtot are
-chunk-parallel products of dh, done by batched matmuls (fp32).
-Slots of no chunk (varlen gaps) are left as zeros.
+chunk-parallel products of dh (dplr_tail.py). Slots of no chunk (varlen gaps) hold zeros.
 """
 from __future__ import annotations
 

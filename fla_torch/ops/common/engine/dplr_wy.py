@@ -1,4 +1,4 @@
-"""The WY terms of a DPLR chunk (Triton forward, torch backward; autograd.Function).
+"""The WY terms of a DPLR chunk (Triton; the backward is part of dplr_tail.py).
 
 Slot layout (dplr.py), fp32: A_ab, A_ak [S, H, BT, BT] (A_ab strictly lower), v [S, H, BT, V],
 a_in [S, H, BT, K]. Per chunk, with T = (I - A_ab)^-1 (unit lower triangular):
@@ -8,9 +8,7 @@ of 16 rows):
     T_ii = (I - A_ii)^-1                        forward substitution, 16 steps
     T_ij = T_ii sum_{j <= m < i} A_im T_mj      (i > j), fp32-accurate 16x16 products,
 stores T (kept for the backward), re-reads it as one [BT, BT] tile after a barrier and forms
-u, w by fp32-accurate dots (tf32x3 unless allow_tf32()). Backward, with dR = T^T [du | dw]:
-    dA_ab = strict_lower(dR_u u^T + dR_w w^T),  dA_ak = dR_u v^T,  dv = A_ak^T dR_u,
-    da_in = dR_w    (batched fp32 matmuls).
+u, w by fp32-accurate dots (tf32x3 unless allow_tf32()).
 """
 from __future__ import annotations
 
