@@ -38,7 +38,7 @@ def parity():
                 families=fam)]
     for c in new:
         cases.CASES[c.name] = c
-    jobs = [("chunk_rwkv7", c.name, d) for c in new for d in ("bf16", "fp16", "fp32")]
+    jobs = [("chunk_rwkv7", c.name, d) for d in ("bf16", "fp32", "fp16") for c in new]
     jobs += [("chunk_kda", "g_b2", "bf16"), ("chunk_kda", "g_strong", "fp32")]
     if DEV == "cpu":
         jobs = [("chunk_rwkv7", "g_varlen", "fp16")]
@@ -112,15 +112,52 @@ def bench():
     if "ours" in res and "fla" in res:
         print(f"RATIO ours/fla: fwd {res['ours'][0] / res['fla'][0]:.2f}x, "
               f"fwd+bwd {res['ours'][1] / res['fla'][1]:.2f}x")
+    return x
+
+
+def variants(x):
+    """Tile choices of ours, timed the same way (monkeypatched; each compiles anew)."""
+    from benchmarks.run import torch_case
+    from fla_torch import dtypes
+    from fla_torch.ops.common.engine import dplr_scores, dplr_state
+    st_tiles, sc_bk = dplr_state._tiles, dplr_scores._bk
+    cases = [("state BV=16", lambda: setattr(dplr_state, "_tiles", lambda K, V: (st_tiles(K, V)[0], 16))),
+             ("state BV=64", lambda: setattr(dplr_state, "_tiles", lambda K, V: (st_tiles(K, V)[0], 64))),
+             ("scores BK fwd 32 / bwd 16", lambda: setattr(dplr_scores, "_bk", lambda K, cap: min(K, 48 - cap))),
+             ("allow_tf32 (tf32 dots)", None)]
+    for name, patch in cases:
+        if time.time() - T0 > 150:
+            print(f"SKIP variant {name}: time")
+            continue
+        try:
+            dplr_state._tiles, dplr_scores._bk = st_tiles, sc_bk
+            if patch is not None:
+                patch()
+            fwd, fwdbwd, params = torch_case("rwkv7", x, "bf16", "triton")
+            if patch is None:
+                with dtypes.allow_tf32():
+                    fwdbwd()
+                    ms = (_time(fwd, params, 10), _time(fwdbwd, params, 10))
+            else:
+                fwdbwd()
+                ms = (_time(fwd, params, 10), _time(fwdbwd, params, 10))
+            print(f"VARIANT {name}: fwd {ms[0]:.3f} ms, fwd+bwd {ms[1]:.3f} ms", flush=True)
+        except Exception as e:  # noqa: BLE001
+            print(f"FAIL variant {name}: {type(e).__name__}: {e}", flush=True)
+    dplr_state._tiles, dplr_scores._bk = st_tiles, sc_bk
 
 
 if __name__ == "__main__":
     print(torch.__version__, torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu")
-    which = sys.argv[1:] or ["bench", "parity"]
+    which = sys.argv[1:] or ["bench", "parity", "variants"]
+    x = None
     if "bench" in which:
         section("timing")
-        bench()
+        x = bench()
     if "parity" in which:
         section("parity vs fp64 reference")
         parity()
+    if "variants" in which and x is not None:
+        section("variants of ours")
+        variants(x)
     section("done")
