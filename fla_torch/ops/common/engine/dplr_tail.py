@@ -9,7 +9,8 @@ dv_o [BT, V]. One program per (slot, head) forms
     dR_u = T^T du,  dR_w = T^T dw,  da_in = dR_w,
     dA_ab = strict_lower(dR_u u^T + dR_w w^T),  dA_ak = dR_u v^T,
     dv = dv_o + k_out dh + A_ak^T dR_u      (written to the token layout in v's dtype)
-by fp32-accurate dots (tf32x3 unless allow_tf32()).
+by fp32-accurate dots (tf32x3 unless allow_tf32()), in three phases with small live sets:
+the products with dh; dR_w and dR_u (stored over du) with dA_ab; dA_ak and dv.
 """
 from __future__ import annotations
 
@@ -43,40 +44,57 @@ def _tail_kernel(Tm, Aak, u, w, U, S_in, v, kout, du, dh, dvo, tok, dAab, dAak, 
     o_t = tl.arange(0, BT)
     rows = base * BT + o_t
     p_a = rows[:, None] * BT + o_t[None, :]
-    tT = tl.trans(tl.load(Tm + p_a))
-    g_ab = tl.zeros([BT, BT], dtype=tl.float32)
+    # the state pass's products with dh
     for kb in range(tl.cdiv(K, BK)):
         o_k = kb * BK + tl.arange(0, BK)
         m_k = o_k < K
-        g_w = tl.zeros([BT, BK], dtype=tl.float32)
         g_b = tl.zeros([BT, BK], dtype=tl.float32)
         g_k = tl.zeros([BT, BK], dtype=tl.float32)
         g_t = tl.zeros([BK], dtype=tl.float32)
         for vb in range(tl.cdiv(V, BV)):
             o_v = vb * BV + tl.arange(0, BV)
             m_v = o_v < V
-            b_S = _kv(S_in, base, o_k, m_k, o_v, m_v, K, V)
             b_dh = _kv(dh, base, o_k, m_k, o_v, m_v, K, V)
-            g_w += tl.dot(_rows(du, rows, o_v, m_v, V), tl.trans(b_S), input_precision=PREC)
             g_b += tl.dot(_rows(U, rows, o_v, m_v, V), tl.trans(b_dh), input_precision=PREC)
             g_k += tl.dot(_rows(v, rows, o_v, m_v, V), tl.trans(b_dh), input_precision=PREC)
-            g_t += tl.sum(b_S * b_dh, axis=1)
+            g_t += tl.sum(_kv(S_in, base, o_k, m_k, o_v, m_v, K, V) * b_dh, axis=1)
         tl.store(dbout + rows[:, None] * K + o_k[None, :], g_b, mask=m_k[None, :])
         tl.store(dkout + rows[:, None] * K + o_k[None, :], g_k, mask=m_k[None, :])
         tl.store(dtot + base * K + o_k, g_t, mask=m_k)
+    # the WY backward through T: dR_w, then dR_u (stored over du, which nothing reads after)
+    tT = tl.trans(tl.load(Tm + p_a))
+    g_ab = tl.zeros([BT, BT], dtype=tl.float32)
+    for kb in range(tl.cdiv(K, BK)):
+        o_k = kb * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        g_w = tl.zeros([BT, BK], dtype=tl.float32)
+        for vb in range(tl.cdiv(V, BV)):
+            o_v = vb * BV + tl.arange(0, BV)
+            m_v = o_v < V
+            g_w += tl.dot(_rows(du, rows, o_v, m_v, V),
+                          tl.trans(_kv(S_in, base, o_k, m_k, o_v, m_v, K, V)),
+                          input_precision=PREC)
         dR_w = tl.dot(tT, g_w, input_precision=PREC)
         tl.store(dain + rows[:, None] * K + o_k[None, :], dR_w, mask=m_k[None, :])
         g_ab += tl.dot(dR_w, tl.trans(_rows(w, rows, o_k, m_k, K)), input_precision=PREC)
+    for vb in range(tl.cdiv(V, BV)):
+        o_v = vb * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        dR_u = tl.dot(tT, _rows(du, rows, o_v, m_v, V), input_precision=PREC)
+        g_ab += tl.dot(dR_u, tl.trans(_rows(u, rows, o_v, m_v, V)), input_precision=PREC)
+        tl.store(du + rows[:, None] * V + o_v[None, :], dR_u, mask=m_v[None, :])
+    tl.store(dAab + p_a, tl.where(o_t[:, None] > o_t[None, :], g_ab, 0.))
+    tl.debug_barrier()
+    # dA_ak and dv
     tA_ak = tl.trans(tl.load(Aak + p_a))
     g_ak = tl.zeros([BT, BT], dtype=tl.float32)
     t = tl.load(tok + i_s * BT + o_t)
     for vb in range(tl.cdiv(V, BV)):
         o_v = vb * BV + tl.arange(0, BV)
         m_v = o_v < V
-        b_v = _rows(v, rows, o_v, m_v, V)
-        dR_u = tl.dot(tT, _rows(du, rows, o_v, m_v, V), input_precision=PREC)
-        g_ab += tl.dot(dR_u, tl.trans(_rows(u, rows, o_v, m_v, V)), input_precision=PREC)
-        g_ak += tl.dot(dR_u, tl.trans(b_v), input_precision=PREC)
+        dR_u = tl.load(du + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.,
+                       cache_modifier=".cg")
+        g_ak += tl.dot(dR_u, tl.trans(_rows(v, rows, o_v, m_v, V)), input_precision=PREC)
         b_dv = _rows(dvo, rows, o_v, m_v, V) + tl.dot(tA_ak, dR_u, input_precision=PREC)
         for kb in range(tl.cdiv(K, BK)):
             o_k = kb * BK + tl.arange(0, BK)
@@ -85,12 +103,11 @@ def _tail_kernel(Tm, Aak, u, w, U, S_in, v, kout, du, dh, dvo, tok, dAab, dAak, 
                            input_precision=PREC)
         tl.store(dv + (t * H + i_h)[:, None] * V + o_v[None, :], b_dv.to(dv.dtype.element_ty),
                  mask=(t >= 0)[:, None] & m_v[None, :])
-    tl.store(dAab + p_a, tl.where(o_t[:, None] > o_t[None, :], g_ab, 0.))
     tl.store(dAak + p_a, g_ak)
 
 
 def tail_bwd(Tm, A_ak, u, w, U, S_in, v, kout, du, dh, dv_o, tok, v_tokens):
-    """Returns (dA_ab, dA_ak [S, H, BT, BT], da_in, db_out, dk_out [S, H, BT, K], dtot
+    """du is overwritten (with T^T du). Returns (dA_ab, dA_ak [S, H, BT, BT], da_in, db_out, dk_out [S, H, BT, K], dtot
     [S, H, K], all fp32, dv: the total gradient of v in the token layout and dtype of
     v_tokens [B, T, H, V])."""
     S, H, BT, V = v.shape
