@@ -24,7 +24,7 @@ def comp(name, fn, ptrs, scalars, consts, num_warps):
     t = time.time()
     try:
         k = triton.compile(ASTSource(fn, sig, consts), target=TGT,
-                           options=dict(num_warps=num_warps, num_stages=1))
+                           options=dict(num_warps=num_warps, num_stages=int(__import__("os").environ.get("STG", 1))))
         md = k.metadata
         import os
         import subprocess
@@ -43,7 +43,7 @@ def comp(name, fn, ptrs, scalars, consts, num_warps):
 
 K = V = int(sys.argv[1]) if len(sys.argv) > 1 else 64
 dt = sys.argv[2] if len(sys.argv) > 2 else "bf16"
-P = "tf32x3"
+P = __import__("os").environ.get("PREC", "tf32x3")
 which = sys.argv[3:] or ["sf", "sb", "wy", "of", "ob", "st", "sbk", "tail"]
 if "sf" in which:
     comp("scores_fwd", dplr_scores._fwd_kernel,

@@ -96,6 +96,9 @@ def _bwd_kernel(w, bout, tot, dU, dS_in, dht, du, dh, dh0, first, count, H: tl.c
         tl.store(dh0 + i_nh.to(tl.int64) * K * V + p_kv, dS, mask=m_kv)
 
 
+STAGES = 1     # software-pipelining stages of the two kernels' chunk loops
+
+
 def _tiles(K, V):
     """(BK: the whole K, BV). An offline sm_90a compile (4 warps, fp32 tf32x3 dots) spills
     0 bytes at K = 64 / BV = 32, 312 at K = 128 / BV = 32 (1408 with BV = 64), 1112 at
@@ -121,7 +124,7 @@ def state_fwd(u, w, bout, kout, v, tot, h0, first, count, output_final_state, va
         u, w, bout, kout, v, tot, h0 if h0 is not None else u, U, S_in,
         ht if ht is not None else U, first, count, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
         USE_H0=h0 is not None, STORE_HT=ht is not None, PREC=fp32_dot_precision(),
-        num_warps=4, num_stages=1)
+        num_warps=4, num_stages=STAGES)
     return U, S_in, ht
 
 
@@ -141,5 +144,5 @@ def state_bwd(w, bout, tot, dU, dS_in, dht, first, count, has_h0, varlen):
         w, bout, tot, dU, dS_in, dht if dht is not None else dU, du, dh,
         dh0 if dh0 is not None else du, first, count, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
         USE_DHT=dht is not None, STORE_DH0=dh0 is not None, PREC=fp32_dot_precision(),
-        num_warps=4, num_stages=1)
+        num_warps=4, num_stages=STAGES)
     return du, dh, dh0
