@@ -389,6 +389,7 @@ def _bwd_kernel(r, k, a, b, w, tok, gbuf, pm, dAab, dAak, dArb, dArk, drin, dain
 
 BC = 16
 BT = 64
+WARPS = 8      # warps of the forward and the backward kernel
 
 
 def _bk(K, cap):
@@ -410,7 +411,7 @@ def scores_fwd(r, k, a, b, w, tok):
     tot = alloc((S, H, K), torch.float32, dev)
     gbuf = alloc((S, H, BT, K), torch.float64, dev)
     _fwd_kernel[(S, H)](r, k, a, b, w, tok, gbuf, *mats, *vecs, tot, H=H, K=K, BT=BT, BC=BC,
-                        BK=_bk(K, 16), PREC=fp32_dot_precision(), num_warps=8, num_stages=1)
+                        BK=_bk(K, 16), PREC=fp32_dot_precision(), num_warps=WARPS, num_stages=1)
     return (*mats, *vecs, tot)
 
 
@@ -424,5 +425,5 @@ def scores_bwd(r, k, a, b, w, tok, grads):
     gbuf = alloc((S, H, BT, K), torch.float64, dev)
     pm = alloc((S, H, BT, K), torch.float32, dev)
     _bwd_kernel[(S, H)](r, k, a, b, w, tok, gbuf, pm, *grads, *outs, H=H, K=K, BT=BT, BC=BC,
-                        BK=_bk(K, 32), PREC=fp32_dot_precision(), num_warps=8, num_stages=1)
+                        BK=_bk(K, 32), PREC=fp32_dot_precision(), num_warps=WARPS, num_stages=1)
     return tuple(outs)
