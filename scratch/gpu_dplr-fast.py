@@ -128,7 +128,7 @@ def variants(x):
              ("scores 4 warps", lambda: setattr(dplr_scores, "WARPS", 4)),
              ("allow_tf32 (tf32 dots)", None)]
     for name, patch in cases:
-        if time.time() - T0 > 150:
+        if time.time() - T0 > 110:
             print(f"SKIP variant {name}: time")
             continue
         try:
