@@ -14,8 +14,8 @@ Forward:
     layout in r's dtype.
 Backward: output_bwd, state_bwd (sequential), dplr_tail.tail_bwd (the state pass's chunk
 products and the WY backward; dv to the token layout), scores_bwd (dr, dk, da, db, dw to the
-token layout). Only v is copied to the slot layout (fp32). Every dot on fp32 operands is
-fp32-accurate (tf32x3) unless allow_tf32() is active.
+token layout). No input is copied: every kernel reads r, k, v, w, a, b in the token layout.
+Every dot on fp32 operands is fp32-accurate (tf32x3) unless allow_tf32() is active.
 """
 from __future__ import annotations
 
@@ -53,26 +53,6 @@ def slot_rows(B: int, T: int, cu_seqlens, device):
     return row, first, count, n_slots(1, T, N, BT, True)
 
 
-def to_slots(x, row, S, varlen: bool):
-    """[B, T, H, D] -> fp32 [S, H, BT, D] (pad rows zero; differentiable)."""
-    B, T, H, D = x.shape
-    if not varlen:
-        NT = S // B
-        x = torch.nn.functional.pad(x.float(), (0, 0, 0, 0, 0, NT * BT - T))
-        return x.view(B, NT, BT, H, D).transpose(2, 3).reshape(S, H, BT, D).contiguous()
-    flat = x.reshape(B * T, H, D).float()
-    z = torch.zeros((S * BT, H, D), dtype=torch.float32, device=x.device)
-    return z.index_copy(0, row, flat).view(S, BT, H, D).transpose(1, 2).contiguous()
-
-
-def from_slots(y, row, B, T, varlen: bool):
-    """[S, H, BT, D] -> [B, T, H, D] (differentiable)."""
-    S, H, _, D = y.shape
-    if not varlen:
-        return y.view(B, S // B, H, BT, D).transpose(2, 3).reshape(B, -1, H, D)[:, :T]
-    return y.transpose(1, 2).reshape(S * BT, H, D).index_select(0, row).view(B, T, H, D)
-
-
 class _DplrChunk(torch.autograd.Function):
 
     @staticmethod
@@ -82,28 +62,27 @@ class _DplrChunk(torch.autograd.Function):
         varlen = cu_seqlens is not None
         tok = torch.full((S * BT,), -1, dtype=torch.int64, device=r.device)
         tok[row] = torch.arange(B * T, device=r.device)
-        vs = to_slots(v, row, S, varlen)
         A_ab, A_ak, A_rb, A_rk, r_in, a_in, b_out, k_out, tot = scores_fwd(r, k, a, b, w, tok)
-        Tm, u, wy = wy_fwd(A_ab, A_ak, vs, a_in)
-        U, S_in, ht = state_fwd(u, wy, b_out, k_out, vs, tot, h0, first, count,
+        Tm, u, wy = wy_fwd(A_ab, A_ak, v, tok, a_in)
+        U, S_in, ht = state_fwd(u, wy, b_out, k_out, v, tok, tot, h0, first, count,
                                 output_final_state, varlen)
-        o = output_fwd(r_in, S_in, A_rb, U, A_rk, vs, tok, scale, B, T, r.dtype)
-        ctx.save_for_backward(r, k, v, w, a, b, tok, first, count, vs, A_ak, A_rb, A_rk, r_in,
+        o = output_fwd(r_in, S_in, A_rb, U, A_rk, v, tok, scale, B, T, r.dtype)
+        ctx.save_for_backward(r, k, v, w, a, b, tok, first, count, A_ak, A_rb, A_rk, r_in,
                               b_out, k_out, tot, Tm, u, wy, U, S_in)
         ctx.scale, ctx.varlen, ctx.has_h0 = scale, varlen, h0 is not None
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        (r, k, v, w, a, b, tok, first, count, vs, A_ak, A_rb, A_rk, r_in, b_out, k_out, tot,
+        (r, k, v, w, a, b, tok, first, count, A_ak, A_rb, A_rk, r_in, b_out, k_out, tot,
          Tm, u, wy, U, S_in) = ctx.saved_tensors
-        dr_in, dS_in, dA_rb, dU, dA_rk, dv_o = output_bwd(r_in, S_in, A_rb, U, A_rk, vs, tok,
+        dr_in, dS_in, dA_rb, dU, dA_rk, dv_o = output_bwd(r_in, S_in, A_rb, U, A_rk, v, tok,
                                                           ctx.scale, do.contiguous())
         du, dh, dh0 = state_bwd(wy, b_out, tot, dU, dS_in,
                                 None if dht is None else dht.contiguous(), first, count,
                                 ctx.has_h0, ctx.varlen)
-        dA_ab, dA_ak, da_in, db_out, dk_out, dtot, dv = tail_bwd(Tm, A_ak, u, wy, U, S_in, vs,
-                                                                k_out, du, dh, dv_o, tok, v)
+        dA_ab, dA_ak, da_in, db_out, dk_out, dtot, dv = tail_bwd(Tm, A_ak, u, wy, U, S_in, v,
+                                                                k_out, du, dh, dv_o, tok)
         dr, dk, da, db, dw = scores_bwd(r, k, a, b, w, tok, [dA_ab, dA_ak, dA_rb, dA_rk, dr_in,
                                                               da_in, db_out, dk_out, dtot])
         return dr, dk, dv, dw, da, db, dh0, None, None, None

@@ -1,7 +1,7 @@
 """The output of a DPLR chunk (Triton, chunk-parallel), forward and backward.
 
 Slot layout (dplr.py), fp32: r_in [S, H, BT, K], S_in [S, H, K, V], A_rb, A_rk [S, H, BT, BT],
-U, v [S, H, BT, V]. Per chunk and head
+U [S, H, BT, V]; v [B, T, H, V] read from the token layout. Per chunk and head
     o = scale (r_in S_in + A_rb U + A_rk v)
 written straight to the token layout [B, T, H, V] in the output dtype: `tok` [S * BT] int64
 holds the flat token index (b * T + t) of every slot row, -1 on pad rows. Backward, with
@@ -18,6 +18,7 @@ import triton.language as tl
 
 from ..kernel_alloc import alloc
 from ..triton_scalar_gate import block, fp32_dot_precision
+from .dplr_scores import _ldx
 
 
 @triton.jit
@@ -32,10 +33,10 @@ def _fwd_kernel(r_in, S_in, A_rb, U, A_rk, v, tok, o, scale, H: tl.constexpr, K:
     rows = base * BT + o_t
     p_a = rows[:, None] * BT + o_t[None, :]
     p_v = rows[:, None] * V + o_v[None, :]
+    t = tl.load(tok + i_s.to(tl.int64) * BT + o_t)
     acc = tl.dot(tl.load(A_rb + p_a), tl.load(U + p_v, mask=m_v[None, :], other=0.),
                  input_precision=PREC)
-    acc += tl.dot(tl.load(A_rk + p_a), tl.load(v + p_v, mask=m_v[None, :], other=0.),
-                  input_precision=PREC)
+    acc += tl.dot(tl.load(A_rk + p_a), _ldx(v, t, i_h, o_v, m_v, H, V), input_precision=PREC)
     for kb in range(tl.cdiv(K, BK)):
         o_k = kb * BK + tl.arange(0, BK)
         m_k = o_k < K
@@ -43,7 +44,6 @@ def _fwd_kernel(r_in, S_in, A_rb, U, A_rk, v, tok, o, scale, H: tl.constexpr, K:
         b_S = tl.load(S_in + (base * K + o_k)[:, None] * V + o_v[None, :],
                       mask=m_k[:, None] & m_v[None, :], other=0.)
         acc += tl.dot(b_r, b_S, input_precision=PREC)
-    t = tl.load(tok + i_s.to(tl.int64) * BT + o_t)
     tl.store(o + (t * H + i_h)[:, None] * V + o_v[None, :], (acc * scale).to(o.dtype.element_ty),
              mask=(t >= 0)[:, None] & m_v[None, :])
 
@@ -73,8 +73,7 @@ def _bwd_kernel(r_in, S_in, A_rb, U, A_rk, v, tok, do, scale, dr_in, dS_in, dA_r
         b_do = _ld_do(do, t, i_h, o_v, m_v, scale, H, V)
         g_rb += tl.dot(b_do, tl.trans(tl.load(U + p_v, mask=m_v[None, :], other=0.)),
                        input_precision=PREC)
-        g_rk += tl.dot(b_do, tl.trans(tl.load(v + p_v, mask=m_v[None, :], other=0.)),
-                       input_precision=PREC)
+        g_rk += tl.dot(b_do, tl.trans(_ldx(v, t, i_h, o_v, m_v, H, V)), input_precision=PREC)
     tl.store(dA_rb + p_a, g_rb)
     tl.store(dA_rk + p_a, g_rk)
     for vb in range(tl.cdiv(V, BV)):
@@ -112,24 +111,25 @@ def _tiles(K, V):
 
 
 def output_fwd(r_in, S_in, A_rb, U, A_rk, v, tok, scale, B, T, dtype):
-    """(slot layout, fp32, contiguous) -> o [B, T, H, V] in `dtype`."""
-    S, H, BT, V = v.shape
-    K = r_in.shape[-1]
+    """Slot layout fp32 (contiguous) except v [B, T, H, V] (token layout) -> o [B, T, H, V] in
+    `dtype`."""
+    S, H, BT, K = r_in.shape
+    V = v.shape[-1]
     BK, BV = _tiles(K, V)
     o = alloc((B, T, H, V), dtype, v.device)
     _fwd_kernel[(S, H, triton.cdiv(V, BV))](
         r_in, S_in, A_rb, U, A_rk, v, tok, o, scale, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-        PREC=fp32_dot_precision(), num_warps=4, num_stages=1)
+        PREC=fp32_dot_precision(), num_warps=8, num_stages=1)
     return o
 
 
 def output_bwd(r_in, S_in, A_rb, U, A_rk, v, tok, scale, do):
     """do [B, T, H, V] contiguous -> (dr_in, dS_in, dA_rb, dU, dA_rk, dv), fp32 slot layout."""
-    S, H, BT, V = v.shape
-    K = r_in.shape[-1]
+    S, H, BT, K = r_in.shape
+    V = v.shape[-1]
     BK, BV = _tiles(K, V)
     dev = v.device
-    grads = [alloc(x.shape, torch.float32, dev) for x in (r_in, S_in, A_rb, U, A_rk, v)]
+    grads = [alloc(x.shape, torch.float32, dev) for x in (r_in, S_in, A_rb, U, A_rk, U)]
     _bwd_kernel[(S, H)](r_in, S_in, A_rb, U, A_rk, v, tok, do, scale, *grads, H=H, K=K, V=V,
                         BT=BT, BK=BK, BV=BV, PREC=fp32_dot_precision(), num_warps=8,
                         num_stages=1)

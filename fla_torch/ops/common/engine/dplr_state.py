@@ -20,10 +20,11 @@ import triton.language as tl
 
 from ..kernel_alloc import alloc
 from ..triton_scalar_gate import block, fp32_dot_precision
+from .dplr_scores import _ldx
 
 
 @triton.jit
-def _fwd_kernel(u, w, bout, kout, v, tot, h0, U, S_in, ht, first, count,
+def _fwd_kernel(u, w, bout, kout, v, tok, tot, h0, U, S_in, ht, first, count,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                 BK: tl.constexpr, BV: tl.constexpr, USE_H0: tl.constexpr,
                 STORE_HT: tl.constexpr, PREC: tl.constexpr):
@@ -53,7 +54,7 @@ def _fwd_kernel(u, w, bout, kout, v, tot, h0, U, S_in, ht, first, count,
         b_b = tl.load(bout + p_k, mask=m_k[None, :], other=0.)
         b_t = tl.load(tot + base * K + o_k, mask=m_k, other=0.)
         b_k = tl.load(kout + p_k, mask=m_k[None, :], other=0.)
-        b_v = tl.load(v + p_v, mask=m_v[None, :], other=0.)
+        b_v = _ldx(v, tl.load(tok + (s0 + c) * BT + o_t), i_h, o_v, m_v, H, V)
         S = (b_t[:, None] * S + tl.dot(tl.trans(b_b), b_U, input_precision=PREC)
              + tl.dot(tl.trans(b_k), b_v, input_precision=PREC))
     if STORE_HT:
@@ -108,8 +109,9 @@ def _tiles(K, V):
     return BK, BV
 
 
-def state_fwd(u, w, bout, kout, v, tot, h0, first, count, output_final_state, varlen):
-    """(U [S, H, BT, V], S_in [S, H, K, V], final state [N, H, K, V] or None), fp32. Slots of
+def state_fwd(u, w, bout, kout, v, tok, tot, h0, first, count, output_final_state, varlen):
+    """v [B, T, H, V] in the token layout (tok: dplr.py's slot-row map), the rest in the slot
+    layout. Returns (U [S, H, BT, V], S_in [S, H, K, V], final state [N, H, K, V] or None), fp32. Slots of
     no chunk (varlen gaps) hold zeros."""
     S, H, BT, V = u.shape
     K = w.shape[-1]
@@ -121,7 +123,7 @@ def state_fwd(u, w, bout, kout, v, tot, h0, first, count, output_final_state, va
     S_in = make((S, H, K, V), dtype=torch.float32, device=dev)
     ht = alloc((N, H, K, V), torch.float32, dev) if output_final_state else None
     _fwd_kernel[(triton.cdiv(V, BV), N * H)](
-        u, w, bout, kout, v, tot, h0 if h0 is not None else u, U, S_in,
+        u, w, bout, kout, v, tok, tot, h0 if h0 is not None else u, U, S_in,
         ht if ht is not None else U, first, count, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
         USE_H0=h0 is not None, STORE_HT=ht is not None, PREC=fp32_dot_precision(),
         num_warps=4, num_stages=STAGES)

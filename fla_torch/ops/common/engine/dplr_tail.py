@@ -20,6 +20,7 @@ import triton.language as tl
 
 from ..kernel_alloc import alloc
 from ..triton_scalar_gate import block, fp32_dot_precision
+from .dplr_scores import _ldx
 
 
 @triton.jit
@@ -44,6 +45,7 @@ def _tail_kernel(Tm, Aak, u, w, U, S_in, v, kout, du, dh, dvo, tok, dAab, dAak, 
     o_t = tl.arange(0, BT)
     rows = base * BT + o_t
     p_a = rows[:, None] * BT + o_t[None, :]
+    t = tl.load(tok + i_s * BT + o_t)
     # the state pass's products with dh
     for kb in range(tl.cdiv(K, BK)):
         o_k = kb * BK + tl.arange(0, BK)
@@ -56,7 +58,7 @@ def _tail_kernel(Tm, Aak, u, w, U, S_in, v, kout, du, dh, dvo, tok, dAab, dAak, 
             m_v = o_v < V
             b_dh = _kv(dh, base, o_k, m_k, o_v, m_v, K, V)
             g_b += tl.dot(_rows(U, rows, o_v, m_v, V), tl.trans(b_dh), input_precision=PREC)
-            g_k += tl.dot(_rows(v, rows, o_v, m_v, V), tl.trans(b_dh), input_precision=PREC)
+            g_k += tl.dot(_ldx(v, t, i_h, o_v, m_v, H, V), tl.trans(b_dh), input_precision=PREC)
             g_t += tl.sum(_kv(S_in, base, o_k, m_k, o_v, m_v, K, V) * b_dh, axis=1)
         tl.store(dbout + rows[:, None] * K + o_k[None, :], g_b, mask=m_k[None, :])
         tl.store(dkout + rows[:, None] * K + o_k[None, :], g_k, mask=m_k[None, :])
@@ -88,13 +90,12 @@ def _tail_kernel(Tm, Aak, u, w, U, S_in, v, kout, du, dh, dvo, tok, dAab, dAak, 
     # dA_ak and dv
     tA_ak = tl.trans(tl.load(Aak + p_a))
     g_ak = tl.zeros([BT, BT], dtype=tl.float32)
-    t = tl.load(tok + i_s * BT + o_t)
     for vb in range(tl.cdiv(V, BV)):
         o_v = vb * BV + tl.arange(0, BV)
         m_v = o_v < V
         dR_u = tl.load(du + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.,
                        cache_modifier=".cg")
-        g_ak += tl.dot(dR_u, tl.trans(_rows(v, rows, o_v, m_v, V)), input_precision=PREC)
+        g_ak += tl.dot(dR_u, tl.trans(_ldx(v, t, i_h, o_v, m_v, H, V)), input_precision=PREC)
         b_dv = _rows(dvo, rows, o_v, m_v, V) + tl.dot(tA_ak, dR_u, input_precision=PREC)
         for kb in range(tl.cdiv(K, BK)):
             o_k = kb * BK + tl.arange(0, BK)
@@ -106,18 +107,17 @@ def _tail_kernel(Tm, Aak, u, w, U, S_in, v, kout, du, dh, dvo, tok, dAab, dAak, 
     tl.store(dAak + p_a, g_ak)
 
 
-def tail_bwd(Tm, A_ak, u, w, U, S_in, v, kout, du, dh, dv_o, tok, v_tokens):
+def tail_bwd(Tm, A_ak, u, w, U, S_in, v, kout, du, dh, dv_o, tok):
     """du is overwritten (with T^T du). Returns (dA_ab, dA_ak [S, H, BT, BT], da_in, db_out, dk_out [S, H, BT, K], dtot
-    [S, H, K], all fp32, dv: the total gradient of v in the token layout and dtype of
-    v_tokens [B, T, H, V])."""
-    S, H, BT, V = v.shape
-    K = w.shape[-1]
+    [S, H, K], all fp32, dv: the total gradient of v [B, T, H, V] (token layout, v's dtype))."""
+    S, H, BT, K = w.shape
+    V = v.shape[-1]
     dev = v.device
     dA_ab = alloc((S, H, BT, BT), torch.float32, dev)
     dA_ak = alloc((S, H, BT, BT), torch.float32, dev)
     vecs = [alloc((S, H, BT, K), torch.float32, dev) for _ in range(3)]
     dtot = alloc((S, H, K), torch.float32, dev)
-    dv = alloc(v_tokens.shape, v_tokens.dtype, dev)
+    dv = alloc(v.shape, v.dtype, dev)
     _tail_kernel[(S, H)](Tm, A_ak, u, w, U, S_in, v, kout, du, dh, dv_o, tok, dA_ab, dA_ak,
                          *vecs, dtot, dv, H=H, K=K, V=V, BT=BT, BK=min(block(K), 64),
                          BV=min(block(V), 64), PREC=fp32_dot_precision(), num_warps=8,

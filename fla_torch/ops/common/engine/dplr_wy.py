@@ -1,7 +1,8 @@
 """The WY terms of a DPLR chunk (Triton; the backward is part of dplr_tail.py).
 
-Slot layout (dplr.py), fp32: A_ab, A_ak [S, H, BT, BT] (A_ab strictly lower), v [S, H, BT, V],
-a_in [S, H, BT, K]. Per chunk, with T = (I - A_ab)^-1 (unit lower triangular):
+Slot layout (dplr.py), fp32: A_ab, A_ak [S, H, BT, BT] (A_ab strictly lower), a_in
+[S, H, BT, K]; v [B, T, H, V] read from the token layout. Per chunk, with T = (I - A_ab)^-1
+(unit lower triangular):
     u = T (A_ak v)  [S, H, BT, V],     w = T a_in  [S, H, BT, K].
 One program per (slot, head) inverts I - A_ab blockwise in registers (BT = 64 as four blocks
 of 16 rows):
@@ -18,6 +19,7 @@ import triton.language as tl
 
 from ..kernel_alloc import alloc
 from ..triton_scalar_gate import block, fp32_dot_precision
+from .dplr_scores import _ldx
 
 
 @triton.jit
@@ -47,7 +49,7 @@ def _put(Tm, val, base, I: tl.constexpr, J: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _wy_kernel(Aab, Aak, v, ain, Tm, u, w, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def _wy_kernel(Aab, Aak, v, tok, ain, Tm, u, w, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
     i_s, i_h = tl.program_id(0), tl.program_id(1)
     base = i_s.to(tl.int64) * H + i_h
@@ -93,11 +95,12 @@ def _wy_kernel(Aab, Aak, v, ain, Tm, u, w, H: tl.constexpr, K: tl.constexpr, V: 
     p_t = (base * BT + o_t)[:, None] * BT + o_t[None, :]
     tm = tl.load(Tm + p_t, cache_modifier=".cg")
     m_ak = tl.dot(tm, tl.load(Aak + p_t), input_precision=PREC)        # T A_ak
+    t = tl.load(tok + i_s.to(tl.int64) * BT + o_t)
     for vb in range(tl.cdiv(V, BV)):
         o_v = vb * BV + tl.arange(0, BV)
         p_v = (base * BT + o_t)[:, None] * V + o_v[None, :]
         m_v = (o_v < V)[None, :]
-        b_v = tl.load(v + p_v, mask=m_v, other=0.)
+        b_v = _ldx(v, t, i_h, o_v, o_v < V, H, V)
         tl.store(u + p_v, tl.dot(m_ak, b_v, input_precision=PREC), mask=m_v)
     for kb in range(tl.cdiv(K, BK)):
         o_k = kb * BK + tl.arange(0, BK)
@@ -107,17 +110,18 @@ def _wy_kernel(Aab, Aak, v, ain, Tm, u, w, H: tl.constexpr, K: tl.constexpr, V: 
         tl.store(w + p_k, tl.dot(tm, b_a, input_precision=PREC), mask=m_k)
 
 
-def wy_fwd(A_ab, A_ak, v, a_in):
-    """(A_ab, A_ak [S, H, BT, BT], v [S, H, BT, V], a_in [S, H, BT, K], fp32, contiguous) ->
-    (T [S, H, BT, BT], u [S, H, BT, V], w [S, H, BT, K]), fp32."""
-    S, H, BT, V = v.shape
-    K = a_in.shape[-1]
+def wy_fwd(A_ab, A_ak, v, tok, a_in):
+    """(A_ab, A_ak [S, H, BT, BT], a_in [S, H, BT, K] fp32 slot layout, v [B, T, H, V] token
+    layout, tok [S * BT]; contiguous) -> (T [S, H, BT, BT], u [S, H, BT, V], w [S, H, BT, K]),
+    fp32."""
+    S, H, BT, K = a_in.shape
+    V = v.shape[-1]
     assert BT == 64, "the block inversion is written for chunks of 64"
     dev = v.device
     Tm = alloc((S, H, BT, BT), torch.float32, dev)
     u = alloc((S, H, BT, V), torch.float32, dev)
     w = alloc((S, H, BT, K), torch.float32, dev)
-    _wy_kernel[(S, H)](A_ab, A_ak, v, a_in, Tm, u, w, H=H, K=K, V=V, BT=BT,
+    _wy_kernel[(S, H)](A_ab, A_ak, v, tok, a_in, Tm, u, w, H=H, K=K, V=V, BT=BT,
                        BK=min(block(K), 64), BV=min(block(V), 64),
                        PREC=fp32_dot_precision(), num_warps=4, num_stages=1)
     return Tm, u, w
