@@ -119,20 +119,22 @@ def variants(x):
     """Tile choices of ours, timed the same way (monkeypatched; each compiles anew)."""
     from benchmarks.run import torch_case
     from fla_torch import dtypes
-    from fla_torch.ops.common.engine import dplr_scores, dplr_state
+    from fla_torch.ops.common.engine import dplr_scores, dplr_scores_bwd, dplr_state
     st_tiles, sc_bk = dplr_state._tiles, dplr_scores._bk
     cases = [("state BV=16", lambda: setattr(dplr_state, "_tiles", lambda K, V: (st_tiles(K, V)[0], 16))),
              ("state BV=64", lambda: setattr(dplr_state, "_tiles", lambda K, V: (st_tiles(K, V)[0], 64))),
-             ("scores BK fwd 32 / bwd 16", lambda: setattr(dplr_scores, "_bk", lambda K, cap: min(K, 48 - cap))),
+             ("scores forward BK 32", lambda: setattr(dplr_scores, "_bk", lambda K, cap: min(K, 32))),
              ("state num_stages=2", lambda: setattr(dplr_state, "STAGES", 2)),
-             ("scores 4 warps", lambda: setattr(dplr_scores, "WARPS", 4)),
+             ("scores 4 warps", lambda: (setattr(dplr_scores, "WARPS", 4),
+                                         setattr(dplr_scores_bwd, "WARPS", 4))),
              ("allow_tf32 (tf32 dots)", None)]
     for name, patch in cases:
         if time.time() - T0 > 110:
             print(f"SKIP variant {name}: time")
             continue
         try:
-            dplr_state._tiles, dplr_scores._bk, dplr_state.STAGES, dplr_scores.WARPS = st_tiles, sc_bk, 1, 8
+            dplr_state._tiles, dplr_scores._bk, dplr_state.STAGES = st_tiles, sc_bk, 1
+            dplr_scores.WARPS = dplr_scores_bwd.WARPS = 8
             if patch is not None:
                 patch()
             fwd, fwdbwd, params = torch_case("rwkv7", x, "bf16", "triton")
@@ -146,7 +148,8 @@ def variants(x):
             print(f"VARIANT {name}: fwd {ms[0]:.3f} ms, fwd+bwd {ms[1]:.3f} ms", flush=True)
         except Exception as e:  # noqa: BLE001
             print(f"FAIL variant {name}: {type(e).__name__}: {e}", flush=True)
-    dplr_state._tiles, dplr_scores._bk, dplr_state.STAGES, dplr_scores.WARPS = st_tiles, sc_bk, 1, 8
+    dplr_state._tiles, dplr_scores._bk, dplr_state.STAGES = st_tiles, sc_bk, 1
+    dplr_scores.WARPS = dplr_scores_bwd.WARPS = 8
 
 
 if __name__ == "__main__":

@@ -50,8 +50,13 @@ if "sf" in which:
          dict(r=dt, k=dt, tok="i64", gbuf="fp64"), {},
          dict(H=16, K=K, BT=64, BC=16, BK=int(__import__("os").environ.get("SBK", 32)), PREC=P), int(__import__("os").environ.get("SW", 8)))
 if "sb" in which:
-    comp("scores_bwd", dplr_scores._bwd_kernel, dict(r=dt, k=dt, tok="i64", gbuf="fp64", dr=dt, dk=dt),
-         {}, dict(H=16, K=K, BT=64, BC=16, BK=int(__import__("os").environ.get("SBK", 32)), PREC=P), int(__import__("os").environ.get("SW", 8)))
+    from fla_torch.ops.common.engine import dplr_scores_bwd
+    comp("scores_bwd_row", dplr_scores_bwd._row_kernel,
+         dict(r=dt, k=dt, tok="i64", gbuf="fp64", dr=dt), {},
+         dict(H=16, K=K, BT=64, BC=16, BK=min(K, 32), PREC=P), 8)
+    comp("scores_bwd_col", dplr_scores_bwd._col_kernel,
+         dict(r=dt, k=dt, tok="i64", gbuf="fp64", dk=dt), {},
+         dict(H=16, K=K, BT=64, BC=16, BK=min(K, 32), PREC=P), 8)
 if "wy" in which:
     comp("wy", dplr_wy._wy_kernel, dict(tok="i64", v=dt), {}, dict(H=16, K=K, V=V, BT=64, BK=min(K, 64),
                                                 BV=min(V, 64), PREC=P), 4)

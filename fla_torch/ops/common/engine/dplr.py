@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 
 from .dplr_output import output_bwd, output_fwd
-from .dplr_scores import scores_bwd, scores_fwd
+from .dplr_scores import scores_fwd
+from .dplr_scores_bwd import scores_bwd
 from .dplr_state import state_bwd, state_fwd
 from .dplr_tail import tail_bwd
 from .dplr_wy import wy_fwd

@@ -1,4 +1,5 @@
-"""Per-key-decay scores of a DPLR chunk (Triton), forward and backward.
+"""Per-key-decay scores of a DPLR chunk (Triton): the forward, and the helpers its backward
+(dplr_scores_bwd.py) shares.
 
 Inputs in the token layout [B, T, H, K] (r, k in their dtype, a, b and the log-decay w fp32),
 read through dplr.py's slot-row -> token map (pad rows read as zero); outputs fp32 in the slot
@@ -19,15 +20,16 @@ them (x_i exp(G_i - G_f), y_j exp(G_f - G_j): every exponent <= 0) into tensor-c
 when the decay across it stays under gates.SPAN (every channel's G_f - G_last < SPAN: the
 factors exp(G_i - G_f) >= e^-SPAN and exp(G_f - G_j) <= e^SPAN are exact fp32 numbers, so one
 fp32-accurate dot gives every pair to fp32 accuracy), forward and backward; beyond the span it
-is exact per pair (a loop over the sub-chunk's columns). Every exponent is a difference of fp64 cumsums taken before the cast to fp32 and
-masked to -inf outside the causal part before exp: no overflow at gates of -20.
+is exact per pair (a loop over the sub-chunk's columns). Every exponent is a difference of
+fp64 cumsums taken before the cast to fp32 and masked to -inf outside the causal part before
+exp: no overflow at gates of -20.
 
-Backward: the gradients of r, k, a, b by the same pairs, and dw per chunk without carrying
-anything across chunks: each pair (i, j), i > j, gives its coefficient c = dA_ij x_i y_j exp(.)
-to every w_s with j < s <= i, gathered as P_i (row side) and M_j (column side),
-dw_s = sum_{t >= s} (P_t - M_t); the pairs i == j depend on no gate and are left out, so no
-O(1) term is formed and cancelled under strong gates. The boundary terms go the same way
-(prefix / suffix sums as dots with triangular 0/1 matrices).
+Backward (dplr_scores_bwd.py): the gradients of r, k, a, b by the same pairs, and dw per
+chunk without carrying anything across chunks: each pair (i, j), i > j, gives its coefficient
+c = dA_ij x_i y_j exp(.) to every w_s with j < s <= i, gathered as P_i (row side) and M_j
+(column side), dw_s = sum_{t >= s} (P_t - M_t); the pairs i == j depend on no gate and are left
+out, so no O(1) term is formed and cancelled under strong gates. The boundary terms go the same
+way.
 """
 from __future__ import annotations
 
@@ -230,171 +232,14 @@ def _diag(x, o_c):
     return tl.sum(tl.where(o_c[:, None] == o_c[None, :], x, 0.), axis=1)
 
 
-@triton.jit
-def _bwd_kernel(r, k, a, b, w, tok, gbuf, pm, dAab, dAak, dArb, dArk, drin, dain, dbout, dkout,
-                dtot, dr, dk, da, db, dw, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
-    i_s, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    base = i_s * H + i_h
-    o_t = tl.arange(0, BT)
-    o_c = tl.arange(0, BC)
-    m_t = o_t < BT
-    t_all = _tk(tok, i_s, o_t, m_t, BT)
-    t_sh = _tk(tok, i_s, o_t + 1, o_t + 1 < BT, BT)
-    NK: tl.constexpr = (K + BK - 1) // BK
-    strict = o_c[:, None] > o_c[None, :]
-    for kb in range(NK):
-        o_k = kb * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        L = _cumsum_pass(w, t_all, i_h, gbuf, base, o_t, o_k, m_k, H, K, BT)[1]
-        # row 0 of da: a_0 enters a_in only, with exp(0)
-        t_0 = tl.load(tok + i_s * BT)
-        tl.store(da + (t_0 * H + i_h) * K + o_k,
-                 tl.load(dain + (base * BT) * K + o_k, mask=m_k, other=0.).to(
-                     da.dtype.element_ty), mask=m_k & (o_k * 0 + t_0 >= 0))
-        tl.debug_barrier()
-        for I in range(BT // BC):
-            i0 = I * BC
-            rows = i0 + o_c
-            m_r = rows < BT
-            m_a = rows + 1 < BT
-            cols = i0 + o_c
-            t_I = _tk(tok, i_s, rows, m_r, BT)
-            t_Ia = _tk(tok, i_s, rows + 1, m_a, BT)
-            x_r = _ldx(r, t_I, i_h, o_k, m_k, H, K)
-            x_a = _ldx(a, t_Ia, i_h, o_k, m_k, H, K)
-            y_b = _ldx(b, t_I, i_h, o_k, m_k, H, K)
-            y_k = _ldx(k, t_I, i_h, o_k, m_k, H, K)
-            G_I = _ld_cg(gbuf, base, rows, m_r, o_k, m_k, K, BT)
-            # pairs with earlier sub-chunks: the rows of I (reference f = its first row)
-            g_r = tl.zeros([BC, BK], dtype=tl.float32)
-            g_a = tl.zeros([BC, BK], dtype=tl.float32)
-            if I > 0:
-                G_f = tl.load(gbuf + (base * BT + i0) * K + o_k, mask=m_k, other=0.,
-                              cache_modifier=".cg")
-                G_a = _ld_cg(gbuf, base, o_t, m_t, o_k, m_k, K, BT)
-                e_c = _ex(tl.where(o_t[:, None] < i0, G_f[None, :] - G_a, float("-inf")))
-                c_b = _ldx(b, t_all, i_h, o_k, m_k, H, K) * e_c
-                c_k = _ldx(k, t_all, i_h, o_k, m_k, H, K) * e_c
-                e_r = _ex(G_I - G_f[None, :])
-                g_r = e_r * (tl.dot(_ldA(dArb, base, rows, m_r, o_t, m_t, BT), c_b,
-                                    input_precision=PREC)
-                             + tl.dot(_ldA(dArk, base, rows, m_r, o_t, m_t, BT), c_k,
-                                      input_precision=PREC))
-                g_a = e_r * (tl.dot(_ldA(dAab, base, rows + 1, m_a, o_t, m_t, BT), c_b,
-                                    input_precision=PREC)
-                             + tl.dot(_ldA(dAak, base, rows + 1, m_a, o_t, m_t, BT), c_k,
-                                      input_precision=PREC))
-            # pairs with later sub-chunks: the columns of I (reference l = its last row)
-            g_b = tl.zeros([BC, BK], dtype=tl.float32)
-            g_k = tl.zeros([BC, BK], dtype=tl.float32)
-            if I < BT // BC - 1:
-                G_l = tl.load(gbuf + (base * BT + i0 + BC - 1) * K + o_k, mask=m_k,
-                              other=0., cache_modifier=".cg")
-                G_a = _ld_cg(gbuf, base, o_t, m_t, o_k, m_k, K, BT)
-                e_w = _ex(tl.where(o_t[:, None] >= i0 + BC, G_a - G_l[None, :],
-                                   float("-inf")))
-                w_r = _ldx(r, t_all, i_h, o_k, m_k, H, K) * e_w
-                w_a = _ldx(a, t_sh, i_h, o_k, m_k, H, K) * e_w
-                e_l = _ex(G_l[None, :] - G_I)
-                tA_rb = _ldA(dArb, base, o_t, m_t, cols, m_r, BT)           # [BT, BC]
-                tA_rk = _ldA(dArk, base, o_t, m_t, cols, m_r, BT)
-                tA_ab = _ldA(dAab, base, o_t + 1, o_t + 1 < BT, cols, m_r, BT)
-                tA_ak = _ldA(dAak, base, o_t + 1, o_t + 1 < BT, cols, m_r, BT)
-                g_b = e_l * (tl.dot(tl.trans(tA_rb), w_r, input_precision=PREC)
-                             + tl.dot(tl.trans(tA_ab), w_a, input_precision=PREC))
-                g_k = e_l * (tl.dot(tl.trans(tA_rk), w_r, input_precision=PREC)
-                             + tl.dot(tl.trans(tA_ak), w_a, input_precision=PREC))
-            # the diagonal sub-block, pairs i > j (i == j added below): one fp32-accurate dot
-            # through the sub-chunk's first row when its decay stays under SPAN, else per pair
-            q_rb = _ldA(dArb, base, rows, m_r, cols, m_r, BT)
-            q_rk = _ldA(dArk, base, rows, m_r, cols, m_r, BT)
-            q_ab = _ldA(dAab, base, rows + 1, m_a, cols, m_r, BT)
-            q_ak = _ldA(dAak, base, rows + 1, m_a, cols, m_r, BT)
-            G_f0 = tl.load(gbuf + (base * BT + i0) * K + o_k, mask=m_k, other=0.,
-                           cache_modifier=".cg")
-            G_l0 = tl.load(gbuf + (base * BT + i0 + BC - 1) * K + o_k, mask=m_k, other=0.,
-                           cache_modifier=".cg")
-            if tl.max(G_f0 - G_l0) < SPAN:
-                e_f = G_I - G_f0[None, :]                         # <= 0, > -SPAN
-                f_in = _ex(e_f)
-                f_out = _ex(-e_f)
-                l_rb = tl.where(strict, q_rb, 0.)
-                l_rk = tl.where(strict, q_rk, 0.)
-                l_ab = tl.where(strict, q_ab, 0.)
-                l_ak = tl.where(strict, q_ak, 0.)
-                yb_f = y_b * f_out
-                yk_f = y_k * f_out
-                xr_f = x_r * f_in
-                xa_f = x_a * f_in
-                g_r += f_in * (tl.dot(l_rb, yb_f, input_precision="tf32x3")
-                               + tl.dot(l_rk, yk_f, input_precision="tf32x3"))
-                g_a += f_in * (tl.dot(l_ab, yb_f, input_precision="tf32x3")
-                               + tl.dot(l_ak, yk_f, input_precision="tf32x3"))
-                g_b += f_out * (tl.dot(tl.trans(l_rb), xr_f, input_precision="tf32x3")
-                                + tl.dot(tl.trans(l_ab), xa_f, input_precision="tf32x3"))
-                g_k += f_out * (tl.dot(tl.trans(l_rk), xr_f, input_precision="tf32x3")
-                                + tl.dot(tl.trans(l_ak), xa_f, input_precision="tf32x3"))
-            else:
-                for j in range(BC):
-                    p_j = (base * BT + i0 + j) * K + o_k
-                    G_j = tl.load(gbuf + p_j, mask=m_k, other=0., cache_modifier=".cg")
-                    e = _ex(tl.where(o_c[:, None] > j, G_I - G_j[None, :], float("-inf")))
-                    yb_j = _ldx_row(b, tok, i_s, i0 + j, i_h, o_k, m_k, H, K, BT)[None, :]
-                    yk_j = _ldx_row(k, tok, i_s, i0 + j, i_h, o_k, m_k, H, K, BT)[None, :]
-                    at_j = o_c[None, :] == j
-                    c_rb = tl.sum(tl.where(at_j, q_rb, 0.), axis=1)[:, None]
-                    c_rk = tl.sum(tl.where(at_j, q_rk, 0.), axis=1)[:, None]
-                    c_ab = tl.sum(tl.where(at_j, q_ab, 0.), axis=1)[:, None]
-                    c_ak = tl.sum(tl.where(at_j, q_ak, 0.), axis=1)[:, None]
-                    g_r += e * (c_rb * yb_j + c_rk * yk_j)
-                    g_a += e * (c_ab * yb_j + c_ak * yk_j)
-                    row_b = tl.sum(e * (c_rb * x_r + c_ab * x_a), axis=0)
-                    row_k = tl.sum(e * (c_rk * x_r + c_ak * x_a), axis=0)
-                    g_b += tl.where(o_c[:, None] == j, row_b[None, :], 0.)
-                    g_k += tl.where(o_c[:, None] == j, row_k[None, :], 0.)
-            # boundary terms (pairs with the chunk's start)
-            e_s = _ex(G_I)
-            b_r = _ld(drin, base, rows, m_r, o_k, m_k, K, BT) * e_s
-            b_a = _ld(dain, base, rows + 1, m_a, o_k, m_k, K, BT) * e_s
-            P = x_r * (g_r + b_r) + x_a * (g_a + b_a)
-            M = y_b * g_b + y_k * g_k
-            _st(pm, P - M, base, rows, m_r, o_k, m_k, K, BT)      # scratch, summed below
-            # the pairs i == j (no gate) and the chunk-end terms
-            s_rb = _diag(q_rb, o_c)[:, None]
-            s_rk = _diag(q_rk, o_c)[:, None]
-            s_ab = _diag(q_ab, o_c)[:, None]
-            s_ak = _diag(q_ak, o_c)[:, None]
-            e_e = _ex(L[None, :] - G_I)
-            _stx(dr, g_r + b_r + s_rb * y_b + s_rk * y_k, t_I, i_h, o_k, m_k, H, K)
-            _stx(da, g_a + b_a + s_ab * y_b + s_ak * y_k, t_Ia, i_h, o_k, m_k, H, K)
-            _stx(db, g_b + s_rb * x_r + s_ab * x_a
-                 + _ld(dbout, base, rows, m_r, o_k, m_k, K, BT) * e_e, t_I, i_h, o_k, m_k, H, K)
-            _stx(dk, g_k + s_rk * x_r + s_ak * x_a
-                 + _ld(dkout, base, rows, m_r, o_k, m_k, K, BT) * e_e, t_I, i_h, o_k, m_k, H, K)
-        tl.debug_barrier()
-        e_end = _ex(L[None, :] - _ld_cg(gbuf, base, o_t, m_t, o_k, m_k, K, BT))
-        c_end = (_ldx(b, t_all, i_h, o_k, m_k, H, K)
-                 * _ld(dbout, base, o_t, m_t, o_k, m_k, K, BT)
-                 + _ldx(k, t_all, i_h, o_k, m_k, H, K)
-                 * _ld(dkout, base, o_t, m_t, o_k, m_k, K, BT)) * e_end
-        PM = _ld_cg(pm, base, o_t, m_t, o_k, m_k, K, BT)
-        g_tot = tl.load(dtot + base * K + o_k, mask=m_k, other=0.) * _ex(L)
-        up_incl = tl.where(o_t[None, :] >= o_t[:, None], 1., 0.)     # [s, t]: t >= s
-        lo_strict = tl.where(o_t[None, :] < o_t[:, None], 1., 0.)    # [s, t]: t < s
-        b_dw = (tl.dot(up_incl, PM, input_precision=PREC)
-                + tl.dot(lo_strict, c_end, input_precision=PREC) + g_tot[None, :])
-        _stx(dw, b_dw, t_all, i_h, o_k, m_k, H, K)
-
-
 BC = 16
 BT = 64
-WARPS = 8      # warps of the forward and the backward kernel
+WARPS = 8      # warps of the forward kernel
 
 
 def _bk(K, cap):
     """Key block: an offline sm_90 compile (K = 64, 8 warps) spills 224 bytes in the forward at
-    16 (1248 at 32), about 2.2 KB in the backward at 16 or 32."""
+    16 (1248 at 32)."""
     return min(block(K), cap)
 
 
@@ -413,17 +258,3 @@ def scores_fwd(r, k, a, b, w, tok):
     _fwd_kernel[(S, H)](r, k, a, b, w, tok, gbuf, *mats, *vecs, tot, H=H, K=K, BT=BT, BC=BC,
                         BK=_bk(K, 16), PREC=fp32_dot_precision(), num_warps=WARPS, num_stages=1)
     return (*mats, *vecs, tot)
-
-
-def scores_bwd(r, k, a, b, w, tok, grads):
-    """grads: the gradients of scores_fwd's nine outputs (slot layout, fp32, contiguous).
-    Returns (dr, dk, da, db, dw) in the token layout, each in its input's dtype."""
-    H, K = r.shape[2], r.shape[3]
-    S = tok.shape[0] // BT
-    dev = r.device
-    outs = [alloc(x.shape, x.dtype, dev) for x in (r, k, a, b, w)]
-    gbuf = alloc((S, H, BT, K), torch.float64, dev)
-    pm = alloc((S, H, BT, K), torch.float32, dev)
-    _bwd_kernel[(S, H)](r, k, a, b, w, tok, gbuf, pm, *grads, *outs, H=H, K=K, BT=BT, BC=BC,
-                        BK=_bk(K, 32), PREC=fp32_dot_precision(), num_warps=WARPS, num_stages=1)
-    return tuple(outs)
