@@ -213,7 +213,8 @@ def _col_kernel(r, k, a, b, tok, gbuf, pm, dAab, dAak, dArb, dArk, dbout, dkout,
         # prefix sum of c_end shifted down one row (no inclusive sum minus its own term)
         m_p = o_t >= 1
         t_p = _tk(tok, i_s, o_t - 1, m_p, BT)
-        c_prev = (_ldx(b, t_p, i_h, o_k, m_k, H, K) * _ld(dbout, base, o_t - 1, m_p, o_k, m_k, K, BT)
+        c_prev = (_ldx(b, t_p, i_h, o_k, m_k, H, K)
+                  * _ld(dbout, base, o_t - 1, m_p, o_k, m_k, K, BT)
                   + _ldx(k, t_p, i_h, o_k, m_k, H, K)
                   * _ld(dkout, base, o_t - 1, m_p, o_k, m_k, K, BT)) * _ex(
                       L[None, :] - _ld(gbuf, base, o_t - 1, m_p, o_k, m_k, K, BT))

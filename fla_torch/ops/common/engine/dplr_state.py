@@ -111,8 +111,8 @@ def _tiles(K, V):
 
 def state_fwd(u, w, bout, kout, v, tok, tot, h0, first, count, output_final_state, varlen):
     """v [B, T, H, V] in the token layout (tok: dplr.py's slot-row map), the rest in the slot
-    layout. Returns (U [S, H, BT, V], S_in [S, H, K, V], final state [N, H, K, V] or None), fp32. Slots of
-    no chunk (varlen gaps) hold zeros."""
+    layout. Returns (U [S, H, BT, V], S_in [S, H, K, V], final state [N, H, K, V] or None),
+    fp32; slots of no chunk (varlen gaps) hold zeros."""
     S, H, BT, V = u.shape
     K = w.shape[-1]
     N = first.shape[0]

@@ -108,8 +108,9 @@ def _tail_kernel(Tm, Aak, u, w, U, S_in, v, kout, du, dh, dvo, tok, dAab, dAak, 
 
 
 def tail_bwd(Tm, A_ak, u, w, U, S_in, v, kout, du, dh, dv_o, tok):
-    """du is overwritten (with T^T du). Returns (dA_ab, dA_ak [S, H, BT, BT], da_in, db_out, dk_out [S, H, BT, K], dtot
-    [S, H, K], all fp32, dv: the total gradient of v [B, T, H, V] (token layout, v's dtype))."""
+    """Slot layout fp32 except v [B, T, H, V] (token layout); du is overwritten (with T^T du).
+    Returns (dA_ab, dA_ak [S, H, BT, BT], da_in, db_out, dk_out [S, H, BT, K], dtot [S, H, K],
+    fp32, and dv: the total gradient of v [B, T, H, V] in v's dtype)."""
     S, H, BT, K = w.shape
     V = v.shape[-1]
     dev = v.device
