@@ -38,8 +38,9 @@ def parity():
                 families=fam)]
     for c in new:
         cases.CASES[c.name] = c
-    jobs = [("chunk_rwkv7", c.name, d) for d in ("bf16", "fp32", "fp16") for c in new]
-    jobs += [("chunk_kda", "g_b2", "bf16"), ("chunk_kda", "g_strong", "fp32")]
+    jobs = [("chunk_rwkv7", c.name, "bf16") for c in new]
+    jobs += [("chunk_rwkv7", c, d) for c in ("g_varlen", "g_strong") for d in ("fp32", "fp16")]
+    jobs += [("chunk_rwkv7", "g_uniform", "fp16"), ("chunk_kda", "g_strong", "fp32")]
     if DEV == "cpu":
         jobs = [("chunk_rwkv7", "g_varlen", "fp16")]
     for op, case, dt in jobs:
@@ -86,16 +87,20 @@ def _profile(name, fn, params):
                 p.grad = None
             fn()
         torch.cuda.synchronize()
-    print(f"--- {name}: top 10 kernels, fwd+bwd x3 ---")
-    print(prof.key_averages().table(sort_by="device_time_total", row_limit=10, max_name_column_width=70))
+    print(f"--- {name}: top 12 kernels, fwd+bwd x3 (device ms total, calls) ---")
+    evs = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:12]
+    for e in evs:
+        print(f"  {e.device_time_total / 1e3:9.3f} ms  {e.count:4d}  {e.key[:90]}")
 
 
-def bench():
+def bench(labels=("ours",)):
     sys.path.insert(0, os.getcwd())
     from benchmarks.run import SHAPES, make_numpy, torch_case
     x = make_numpy("rwkv7", SHAPES["B4T4096K64"])
     res = {}
     for label, fla in (("ours", False), ("fla", True)):
+        if label not in labels:
+            continue
         try:
             t = time.time()
             fwd, fwdbwd, params = torch_case("rwkv7", x, "bf16", "triton", fla=fla)
@@ -121,15 +126,15 @@ def variants(x):
     from fla_torch import dtypes
     from fla_torch.ops.common.engine import dplr_scores, dplr_scores_bwd, dplr_state
     st_tiles, sc_bk = dplr_state._tiles, dplr_scores._bk
-    cases = [("state BV=16", lambda: setattr(dplr_state, "_tiles", lambda K, V: (st_tiles(K, V)[0], 16))),
+    cases = [("scores 4 warps", lambda: (setattr(dplr_scores, "WARPS", 4),
+                                         setattr(dplr_scores_bwd, "WARPS", 4))),
+             ("state BV=16", lambda: setattr(dplr_state, "_tiles", lambda K, V: (st_tiles(K, V)[0], 16))),
              ("state BV=64", lambda: setattr(dplr_state, "_tiles", lambda K, V: (st_tiles(K, V)[0], 64))),
              ("scores forward BK 32", lambda: setattr(dplr_scores, "_bk", lambda K, cap: min(K, 32))),
              ("state num_stages=2", lambda: setattr(dplr_state, "STAGES", 2)),
-             ("scores 4 warps", lambda: (setattr(dplr_scores, "WARPS", 4),
-                                         setattr(dplr_scores_bwd, "WARPS", 4))),
              ("allow_tf32 (tf32 dots)", None)]
     for name, patch in cases:
-        if time.time() - T0 > 110:
+        if time.time() - T0 > 90:
             print(f"SKIP variant {name}: time")
             continue
         try:
@@ -154,7 +159,7 @@ def variants(x):
 
 if __name__ == "__main__":
     print(torch.__version__, torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu")
-    which = sys.argv[1:] or ["bench", "parity", "variants"]
+    which = sys.argv[1:] or ["bench", "parity", "variants", "fla"]
     x = None
     if "bench" in which:
         section("timing")
@@ -165,4 +170,7 @@ if __name__ == "__main__":
     if "variants" in which and x is not None:
         section("variants of ours")
         variants(x)
+    if "fla" in which:
+        section("FLA (its first call autotunes)")
+        bench(("fla",))
     section("done")

@@ -46,35 +46,35 @@ dt = sys.argv[2] if len(sys.argv) > 2 else "bf16"
 P = __import__("os").environ.get("PREC", "tf32x3")
 which = sys.argv[3:] or ["sf", "sb", "wy", "of", "ob", "st", "sbk", "tail"]
 if "sf" in which:
-    comp("scores_fwd", dplr_scores._fwd_kernel,
+    comp("scores_fwd", dplr_scores._dplr_scores_fwd,
          dict(r=dt, k=dt, tok="i64", gbuf="fp64"), {},
          dict(H=16, K=K, BT=64, BC=16, BK=int(__import__("os").environ.get("SBK", 32)), PREC=P), int(__import__("os").environ.get("SW", 8)))
 if "sb" in which:
     from fla_torch.ops.common.engine import dplr_scores_bwd
-    comp("scores_bwd_row", dplr_scores_bwd._row_kernel,
+    comp("scores_bwd_row", dplr_scores_bwd._dplr_scores_bwd_row,
          dict(r=dt, k=dt, tok="i64", gbuf="fp64", dr=dt), {},
          dict(H=16, K=K, BT=64, BC=16, BK=min(K, 32), PREC=P), 8)
-    comp("scores_bwd_col", dplr_scores_bwd._col_kernel,
+    comp("scores_bwd_col", dplr_scores_bwd._dplr_scores_bwd_col,
          dict(r=dt, k=dt, tok="i64", gbuf="fp64", dk=dt), {},
          dict(H=16, K=K, BT=64, BC=16, BK=min(K, 32), PREC=P), 8)
 if "wy" in which:
-    comp("wy", dplr_wy._wy_kernel, dict(tok="i64", v=dt), {}, dict(H=16, K=K, V=V, BT=64, BK=min(K, 64),
+    comp("wy", dplr_wy._dplr_wy_fwd, dict(tok="i64", v=dt), {}, dict(H=16, K=K, V=V, BT=64, BK=min(K, 64),
                                                 BV=min(V, 64), PREC=P), 4)
 if "of" in which:
-    comp("out_fwd", dplr_output._fwd_kernel, dict(tok="i64", o=dt, v=dt), dict(scale="fp32"),
+    comp("out_fwd", dplr_output._dplr_out_fwd, dict(tok="i64", o=dt, v=dt), dict(scale="fp32"),
          dict(H=16, K=K, V=V, BT=64, BK=min(K, 64), BV=min(V, 64), PREC=P),
          int(__import__("os").environ.get("FW", 8)))
 if "ob" in which:
-    comp("out_bwd", dplr_output._bwd_kernel, dict(tok="i64", do=dt, v=dt), dict(scale="fp32"),
+    comp("out_bwd", dplr_output._dplr_out_bwd, dict(tok="i64", do=dt, v=dt), dict(scale="fp32"),
          dict(H=16, K=K, V=V, BT=64, BK=min(K, 64), BV=min(V, 64), PREC=P),
          int(__import__("os").environ.get("OW", 8)))
 if "st" in which:
     BK, BV = dplr_state._tiles(K, V)
-    comp("state_fwd", dplr_state._fwd_kernel, dict(first="i32", count="i32", tok="i64", v=dt), {},
+    comp("state_fwd", dplr_state._dplr_state_fwd, dict(first="i32", count="i32", tok="i64", v=dt), {},
          dict(H=16, K=K, V=V, BT=64, BK=BK, BV=BV, USE_H0=True, STORE_HT=True, PREC=P), 4)
-    comp("state_bwd", dplr_state._bwd_kernel, dict(first="i32", count="i32"), {},
+    comp("state_bwd", dplr_state._dplr_state_bwd, dict(first="i32", count="i32"), {},
          dict(H=16, K=K, V=V, BT=64, BK=BK, BV=BV, USE_DHT=True, STORE_DH0=True, PREC=P), 4)
 if "tail" in which:
-    comp("tail", dplr_tail._tail_kernel, dict(tok="i64", dv=dt, v=dt), {},
+    comp("tail", dplr_tail._dplr_tail_bwd, dict(tok="i64", dv=dt, v=dt), {},
          dict(H=16, K=K, V=V, BT=64, BK=min(K, 64), BV=min(V, 64), PREC=P),
          int(__import__("os").environ.get("TW", 8)))

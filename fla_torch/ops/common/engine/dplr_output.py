@@ -22,7 +22,7 @@ from .dplr_scores import _ldx
 
 
 @triton.jit
-def _fwd_kernel(r_in, S_in, A_rb, U, A_rk, v, tok, o, scale, H: tl.constexpr, K: tl.constexpr,
+def _dplr_out_fwd(r_in, S_in, A_rb, U, A_rk, v, tok, o, scale, H: tl.constexpr, K: tl.constexpr,
                 V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                 PREC: tl.constexpr):
     i_s, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -55,7 +55,7 @@ def _ld_do(do, t, i_h, o_v, m_v, scale, H: tl.constexpr, V: tl.constexpr):
 
 
 @triton.jit
-def _bwd_kernel(r_in, S_in, A_rb, U, A_rk, v, tok, do, scale, dr_in, dS_in, dA_rb, dU, dA_rk,
+def _dplr_out_bwd(r_in, S_in, A_rb, U, A_rk, v, tok, do, scale, dr_in, dS_in, dA_rb, dU, dA_rk,
                 dv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                 BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
     i_s, i_h = tl.program_id(0), tl.program_id(1)
@@ -117,7 +117,7 @@ def output_fwd(r_in, S_in, A_rb, U, A_rk, v, tok, scale, B, T, dtype):
     V = v.shape[-1]
     BK, BV = _tiles(K, V)
     o = alloc((B, T, H, V), dtype, v.device)
-    _fwd_kernel[(S, H, triton.cdiv(V, BV))](
+    _dplr_out_fwd[(S, H, triton.cdiv(V, BV))](
         r_in, S_in, A_rb, U, A_rk, v, tok, o, scale, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
         PREC=fp32_dot_precision(), num_warps=8, num_stages=1)
     return o
@@ -130,7 +130,7 @@ def output_bwd(r_in, S_in, A_rb, U, A_rk, v, tok, scale, do):
     BK, BV = _tiles(K, V)
     dev = v.device
     grads = [alloc(x.shape, torch.float32, dev) for x in (r_in, S_in, A_rb, U, A_rk, U)]
-    _bwd_kernel[(S, H)](r_in, S_in, A_rb, U, A_rk, v, tok, do, scale, *grads, H=H, K=K, V=V,
+    _dplr_out_bwd[(S, H)](r_in, S_in, A_rb, U, A_rk, v, tok, do, scale, *grads, H=H, K=K, V=V,
                         BT=BT, BK=BK, BV=BV, PREC=fp32_dot_precision(), num_warps=8,
                         num_stages=1)
     return tuple(grads)

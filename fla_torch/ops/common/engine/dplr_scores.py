@@ -108,7 +108,7 @@ def _cumsum_pass(w, t_all, i_h, gbuf, base, o_t, o_k, m_k, H: tl.constexpr, K: t
 
 
 @triton.jit
-def _fwd_kernel(r, k, a, b, w, tok, gbuf, Aab, Aak, Arb, Ark, rin, ain, bout, kout, tot,
+def _dplr_scores_fwd(r, k, a, b, w, tok, gbuf, Aab, Aak, Arb, Ark, rin, ain, bout, kout, tot,
                 H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                 BK: tl.constexpr, PREC: tl.constexpr):
     i_s, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
@@ -255,6 +255,6 @@ def scores_fwd(r, k, a, b, w, tok):
     vecs = [alloc((S, H, BT, K), torch.float32, dev) for _ in range(4)]
     tot = alloc((S, H, K), torch.float32, dev)
     gbuf = alloc((S, H, BT, K), torch.float64, dev)
-    _fwd_kernel[(S, H)](r, k, a, b, w, tok, gbuf, *mats, *vecs, tot, H=H, K=K, BT=BT, BC=BC,
+    _dplr_scores_fwd[(S, H)](r, k, a, b, w, tok, gbuf, *mats, *vecs, tot, H=H, K=K, BT=BT, BC=BC,
                         BK=_bk(K, 16), PREC=fp32_dot_precision(), num_warps=WARPS, num_stages=1)
     return (*mats, *vecs, tot)

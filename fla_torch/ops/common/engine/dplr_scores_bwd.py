@@ -3,12 +3,12 @@ side, each with half the live state of one kernel doing both.
 
 With the notation of dplr_scores.py (x in {r, a shifted up} the row vectors, y in {b, k} the
 column vectors, pairs (i, j), j <= i, through exp(G_i - G_j)):
- 1. _row_kernel (per slot and head): the in-chunk cumsum (stored to gbuf), the gradients of
+ 1. _dplr_scores_bwd_row (per slot and head): the in-chunk cumsum (stored to gbuf), the gradients of
     the row vectors g_x[i] = sum_{j < i} dA_ij y_j exp(G_i - G_j) (earlier sub-chunks through
     a reference row, the diagonal sub-block by one dot under gates.SPAN or per pair) plus the
     boundary terms and the gate-free pairs i == j -> dr, da; and P_i = sum_x x_i (g_x + b_x)
     (pm);
- 2. _col_kernel: g_y[j] = sum_{i > j} dA_ij x_i exp(G_i - G_j) likewise -> db, dk (with the
+ 2. _dplr_scores_bwd_col: g_y[j] = sum_{i > j} dA_ij x_i exp(G_i - G_j) likewise -> db, dk (with the
     chunk-end terms), M_j = sum_y y_j g_y, and dw_s = sum_{t >= s} (P_t - M_t) plus the
     chunk-end and total-decay terms (prefix / suffix sums by tl.cumsum).
 No O(1) term is formed and cancelled: the pairs i == j depend on no gate and stay out of dw.
@@ -29,7 +29,7 @@ WARPS = 8      # warps of each kernel
 
 
 @triton.jit
-def _row_kernel(r, k, a, b, w, tok, gbuf, pm, dAab, dAak, dArb, dArk, drin, dain, dr, da,
+def _dplr_scores_bwd_row(r, k, a, b, w, tok, gbuf, pm, dAab, dAak, dArb, dArk, drin, dain, dr, da,
                 H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                 BK: tl.constexpr, PREC: tl.constexpr):
     i_s, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
@@ -124,7 +124,7 @@ def _row_kernel(r, k, a, b, w, tok, gbuf, pm, dAab, dAak, dArb, dArk, drin, dain
 
 
 @triton.jit
-def _col_kernel(r, k, a, b, tok, gbuf, pm, dAab, dAak, dArb, dArk, dbout, dkout, dtot, db, dk,
+def _dplr_scores_bwd_col(r, k, a, b, tok, gbuf, pm, dAab, dAak, dArb, dArk, dbout, dkout, dtot, db, dk,
                 dw, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                 BK: tl.constexpr, PREC: tl.constexpr):
     i_s, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
@@ -236,10 +236,10 @@ def scores_bwd(r, k, a, b, w, tok, grads):
     gbuf = alloc((S, H, BT, K), torch.float64, dev)
     pm = alloc((S, H, BT, K), torch.float32, dev)
     BK = min(block(K), 32)
-    _row_kernel[(S, H)](r, k, a, b, w, tok, gbuf, pm, dAab, dAak, dArb, dArk, drin, dain, dr,
+    _dplr_scores_bwd_row[(S, H)](r, k, a, b, w, tok, gbuf, pm, dAab, dAak, dArb, dArk, drin, dain, dr,
                         da, H=H, K=K, BT=BT, BC=BC, BK=BK, PREC=fp32_dot_precision(),
                         num_warps=WARPS, num_stages=1)
-    _col_kernel[(S, H)](r, k, a, b, tok, gbuf, pm, dAab, dAak, dArb, dArk, dbout, dkout, dtot,
+    _dplr_scores_bwd_col[(S, H)](r, k, a, b, tok, gbuf, pm, dAab, dAak, dArb, dArk, dbout, dkout, dtot,
                         db, dk, dw, H=H, K=K, BT=BT, BC=BC, BK=BK, PREC=fp32_dot_precision(),
                         num_warps=WARPS, num_stages=1)
     return dr, dk, da, db, dw

@@ -24,7 +24,7 @@ from .dplr_scores import _ldx
 
 
 @triton.jit
-def _fwd_kernel(u, w, bout, kout, v, tok, tot, h0, U, S_in, ht, first, count,
+def _dplr_state_fwd(u, w, bout, kout, v, tok, tot, h0, U, S_in, ht, first, count,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                 BK: tl.constexpr, BV: tl.constexpr, USE_H0: tl.constexpr,
                 STORE_HT: tl.constexpr, PREC: tl.constexpr):
@@ -62,7 +62,7 @@ def _fwd_kernel(u, w, bout, kout, v, tok, tot, h0, U, S_in, ht, first, count,
 
 
 @triton.jit
-def _bwd_kernel(w, bout, tot, dU, dS_in, dht, du, dh, dh0, first, count, H: tl.constexpr,
+def _dplr_state_bwd(w, bout, tot, dU, dS_in, dht, du, dh, dh0, first, count, H: tl.constexpr,
                 K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
                 PREC: tl.constexpr):
@@ -122,7 +122,7 @@ def state_fwd(u, w, bout, kout, v, tok, tot, h0, first, count, output_final_stat
     U = make((S, H, BT, V), dtype=torch.float32, device=dev)
     S_in = make((S, H, K, V), dtype=torch.float32, device=dev)
     ht = alloc((N, H, K, V), torch.float32, dev) if output_final_state else None
-    _fwd_kernel[(triton.cdiv(V, BV), N * H)](
+    _dplr_state_fwd[(triton.cdiv(V, BV), N * H)](
         u, w, bout, kout, v, tok, tot, h0 if h0 is not None else u, U, S_in,
         ht if ht is not None else U, first, count, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
         USE_H0=h0 is not None, STORE_HT=ht is not None, PREC=fp32_dot_precision(),
@@ -142,7 +142,7 @@ def state_bwd(w, bout, tot, dU, dS_in, dht, first, count, has_h0, varlen):
     du = make((S, H, BT, V), dtype=torch.float32, device=dev)
     dh = make((S, H, K, V), dtype=torch.float32, device=dev)
     dh0 = alloc((N, H, K, V), torch.float32, dev) if has_h0 else None
-    _bwd_kernel[(triton.cdiv(V, BV), N * H)](
+    _dplr_state_bwd[(triton.cdiv(V, BV), N * H)](
         w, bout, tot, dU, dS_in, dht if dht is not None else dU, du, dh,
         dh0 if dh0 is not None else du, first, count, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
         USE_DHT=dht is not None, STORE_DH0=dh0 is not None, PREC=fp32_dot_precision(),

@@ -37,7 +37,7 @@ def _kv(x, base, o_k, m_k, o_v, m_v, K: tl.constexpr, V: tl.constexpr):
 
 
 @triton.jit
-def _tail_kernel(Tm, Aak, u, w, U, S_in, v, kout, du, dh, dvo, tok, dAab, dAak, dain, dbout,
+def _dplr_tail_bwd(Tm, Aak, u, w, U, S_in, v, kout, du, dh, dvo, tok, dAab, dAak, dain, dbout,
                  dkout, dtot, dv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
     i_s, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
@@ -119,7 +119,7 @@ def tail_bwd(Tm, A_ak, u, w, U, S_in, v, kout, du, dh, dv_o, tok):
     vecs = [alloc((S, H, BT, K), torch.float32, dev) for _ in range(3)]
     dtot = alloc((S, H, K), torch.float32, dev)
     dv = alloc(v.shape, v.dtype, dev)
-    _tail_kernel[(S, H)](Tm, A_ak, u, w, U, S_in, v, kout, du, dh, dv_o, tok, dA_ab, dA_ak,
+    _dplr_tail_bwd[(S, H)](Tm, A_ak, u, w, U, S_in, v, kout, du, dh, dv_o, tok, dA_ab, dA_ak,
                          *vecs, dtot, dv, H=H, K=K, V=V, BT=BT, BK=min(block(K), 64),
                          BV=min(block(V), 64), PREC=fp32_dot_precision(), num_warps=8,
                          num_stages=1)

@@ -49,7 +49,7 @@ def _put(Tm, val, base, I: tl.constexpr, J: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _wy_kernel(Aab, Aak, v, tok, ain, Tm, u, w, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def _dplr_wy_fwd(Aab, Aak, v, tok, ain, Tm, u, w, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
     i_s, i_h = tl.program_id(0), tl.program_id(1)
     base = i_s.to(tl.int64) * H + i_h
@@ -121,7 +121,7 @@ def wy_fwd(A_ab, A_ak, v, tok, a_in):
     Tm = alloc((S, H, BT, BT), torch.float32, dev)
     u = alloc((S, H, BT, V), torch.float32, dev)
     w = alloc((S, H, BT, K), torch.float32, dev)
-    _wy_kernel[(S, H)](A_ab, A_ak, v, tok, a_in, Tm, u, w, H=H, K=K, V=V, BT=BT,
+    _dplr_wy_fwd[(S, H)](A_ab, A_ak, v, tok, a_in, Tm, u, w, H=H, K=K, V=V, BT=BT,
                        BK=min(block(K), 64), BV=min(block(V), 64),
                        PREC=fp32_dot_precision(), num_warps=4, num_stages=1)
     return Tm, u, w
