@@ -1,7 +1,10 @@
-"""Per-key-decay scores of a DPLR chunk (Triton), forward and backward (autograd.Function).
+"""Per-key-decay scores of a DPLR chunk (Triton): the forward, and the helpers its backward
+(dplr_scores_bwd.py) shares.
 
-Inputs in the slot layout [S, H, BT, K] fp32 (dplr.py): r, k, a, b and the log-decay w
-(pad rows zero). Per chunk, with G_i = w_1 + ... + w_i (fp64 cumsum inside the chunk, per key),
+Inputs in the token layout [B, T, H, K] (r, k in their dtype, a, b and the log-decay w fp32),
+read through dplr.py's slot-row -> token map (pad rows read as zero); outputs fp32 in the slot
+layout [S, H, BT, *]; the backward writes dr, dk, da, db, dw to the token layout, each in its
+input's dtype. Per chunk, with G_i = w_1 + ... + w_i (fp64 cumsum inside the chunk, per key),
 Gx_i = G_{i-1} and L = G at the chunk's last row:
     A_ab[i, j] = sum_c a_ic b_jc exp(Gx_ic - G_jc)    (j < i)     A_ak likewise with k_j
     A_rb[i, j] = sum_c r_ic b_jc exp(G_ic - G_jc)      (j <= i)    A_rk likewise with k_j
@@ -13,16 +16,20 @@ vector y in {b, k} through exp(G_i - G_j), j <= i.
 
 Sub-chunks of BC rows: the pairs of earlier sub-chunks factor through a reference row between
 them (x_i exp(G_i - G_f), y_j exp(G_f - G_j): every exponent <= 0) into tensor-core dots
-(fp32 operands, fp32-accurate); the diagonal sub-block is exact per pair ([BC, BC, BK]
-products). Every exponent is a difference of fp64 cumsums taken before the cast to fp32 and
-masked to -inf outside the causal part before exp: no overflow at gates of -20.
+(fp32 operands, fp32-accurate). The diagonal sub-block factors through its own first row f
+when the decay across it stays under gates.SPAN (every channel's G_f - G_last < SPAN: the
+factors exp(G_i - G_f) >= e^-SPAN and exp(G_f - G_j) <= e^SPAN are exact fp32 numbers, so one
+fp32-accurate dot gives every pair to fp32 accuracy), forward and backward; beyond the span it
+is exact per pair (a loop over the sub-chunk's columns). Every exponent is a difference of
+fp64 cumsums taken before the cast to fp32 and masked to -inf outside the causal part before
+exp: no overflow at gates of -20.
 
-Backward: the gradients of r, k, a, b by the same pairs, and dw per chunk without carrying
-anything across chunks: each pair (i, j), i > j, gives its coefficient c = dA_ij x_i y_j exp(.)
-to every w_s with j < s <= i, gathered as P_i (row side) and M_j (column side),
-dw_s = sum_{t >= s} (P_t - M_t); the pairs i == j depend on no gate and are left out, so no
-O(1) term is formed and cancelled under strong gates. The boundary terms go the same way
-(prefix / suffix sums as dots with triangular 0/1 matrices).
+Backward (dplr_scores_bwd.py): the gradients of r, k, a, b by the same pairs, and dw per
+chunk without carrying anything across chunks: each pair (i, j), i > j, gives its coefficient
+c = dA_ij x_i y_j exp(.) to every w_s with j < s <= i, gathered as P_i (row side) and M_j
+(column side), dw_s = sum_{t >= s} (P_t - M_t); the pairs i == j depend on no gate and are left
+out, so no O(1) term is formed and cancelled under strong gates. The boundary terms go the same
+way.
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ import triton.language as tl
 
 from ..kernel_alloc import alloc
 from ..triton_scalar_gate import block, fp32_dot_precision
+from .gates import SPAN
 
 
 @triton.jit
@@ -55,45 +63,72 @@ def _st(x, val, base, rows, m_r, o_k, m_k, K: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
+def _tk(tok, i_s, rows, m_r, BT: tl.constexpr):
+    """Flat token indices [len(rows)] of slot rows `rows` of slot i_s (-1: pad or masked)."""
+    return tl.load(tok + i_s * BT + rows, mask=m_r, other=-1)
+
+
+@triton.jit
+def _ldx(x, t, i_h, o_k, m_k, H: tl.constexpr, K: tl.constexpr):
+    """fp32 tile [len(t), BK] of x [B, T, H, K] at flat tokens t (0 where t < 0)."""
+    return tl.load(x + (t * H + i_h)[:, None] * K + o_k[None, :],
+                   mask=(t >= 0)[:, None] & m_k[None, :], other=0.).to(tl.float32)
+
+
+@triton.jit
+def _stx(x, val, t, i_h, o_k, m_k, H: tl.constexpr, K: tl.constexpr):
+    tl.store(x + (t * H + i_h)[:, None] * K + o_k[None, :], val.to(x.dtype.element_ty),
+             mask=(t >= 0)[:, None] & m_k[None, :])
+
+
+@triton.jit
+def _ldx_row(x, tok, i_s, r, i_h, o_k, m_k, H: tl.constexpr, K: tl.constexpr,
+             BT: tl.constexpr):
+    """fp32 row [BK] of x [B, T, H, K] at slot row r of slot i_s (0 on a pad row)."""
+    t = tl.load(tok + i_s * BT + r)
+    return tl.load(x + (t * H + i_h) * K + o_k, mask=m_k & (o_k * 0 + t >= 0),
+                   other=0.).to(tl.float32)
+
+
+@triton.jit
 def _ex(d):
     """exp of an fp64 exponent (<= 0) in fp32."""
     return tl.exp(d.to(tl.float32))
 
 
 @triton.jit
-def _cumsum_pass(w, gbuf, base, o_t, o_k, m_k, K: tl.constexpr, BT: tl.constexpr):
+def _cumsum_pass(w, t_all, i_h, gbuf, base, o_t, o_k, m_k, H: tl.constexpr, K: tl.constexpr,
+                 BT: tl.constexpr):
     """fp64 in-chunk cumsum G [BT, BK] of w (stored to gbuf) and its last row L [BK]."""
     m_t = o_t < BT
-    x = _ld(w, base, o_t, m_t, o_k, m_k, K, BT).to(tl.float64)
+    x = _ldx(w, t_all, i_h, o_k, m_k, H, K).to(tl.float64)
     G = tl.cumsum(x, axis=0)
     _st(gbuf, G, base, o_t, m_t, o_k, m_k, K, BT)
     return G, tl.sum(x, axis=0)
 
 
 @triton.jit
-def _fwd_kernel(r, k, a, b, w, gbuf, Aab, Aak, Arb, Ark, rin, ain, bout, kout, tot,
+def _dplr_scores_fwd(r, k, a, b, w, tok, gbuf, Aab, Aak, Arb, Ark, rin, ain, bout, kout, tot,
                 H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                 BK: tl.constexpr, PREC: tl.constexpr):
-    i_s, i_h = tl.program_id(0), tl.program_id(1)
-    base = i_s.to(tl.int64) * H + i_h
+    i_s, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    base = i_s * H + i_h
     o_t = tl.arange(0, BT)
     o_c = tl.arange(0, BC)
     m_t = o_t < BT
+    t_all = _tk(tok, i_s, o_t, m_t, BT)
     NK: tl.constexpr = (K + BK - 1) // BK
     for kb in range(NK):
         o_k = kb * BK + tl.arange(0, BK)
         m_k = o_k < K
-        G, L = _cumsum_pass(w, gbuf, base, o_t, o_k, m_k, K, BT)
-        x = _ld(w, base, o_t, m_t, o_k, m_k, K, BT).to(tl.float64)
+        G, L = _cumsum_pass(w, t_all, i_h, gbuf, base, o_t, o_k, m_k, H, K, BT)
+        x = _ldx(w, t_all, i_h, o_k, m_k, H, K).to(tl.float64)
         e_end = _ex(L[None, :] - G)
-        _st(rin, _ld(r, base, o_t, m_t, o_k, m_k, K, BT) * _ex(G), base, o_t, m_t, o_k, m_k,
-            K, BT)
-        _st(ain, _ld(a, base, o_t, m_t, o_k, m_k, K, BT) * _ex(G - x), base, o_t, m_t, o_k,
-            m_k, K, BT)
-        _st(bout, _ld(b, base, o_t, m_t, o_k, m_k, K, BT) * e_end, base, o_t, m_t, o_k, m_k,
-            K, BT)
-        _st(kout, _ld(k, base, o_t, m_t, o_k, m_k, K, BT) * e_end, base, o_t, m_t, o_k, m_k,
-            K, BT)
+        _st(rin, _ldx(r, t_all, i_h, o_k, m_k, H, K) * _ex(G), base, o_t, m_t, o_k, m_k, K, BT)
+        _st(ain, _ldx(a, t_all, i_h, o_k, m_k, H, K) * _ex(G - x), base, o_t, m_t, o_k, m_k, K,
+            BT)
+        _st(bout, _ldx(b, t_all, i_h, o_k, m_k, H, K) * e_end, base, o_t, m_t, o_k, m_k, K, BT)
+        _st(kout, _ldx(k, t_all, i_h, o_k, m_k, H, K) * e_end, base, o_t, m_t, o_k, m_k, K, BT)
         tl.store(tot + base * K + o_k, _ex(L), mask=m_k)
     tl.debug_barrier()
     # row 0 of A_ab, A_ak (no j < 0)
@@ -101,11 +136,13 @@ def _fwd_kernel(r, k, a, b, w, gbuf, Aab, Aak, Arb, Ark, rin, ain, bout, kout, t
     tl.store(Aab + base * BT * BT + o_t, zrow)
     tl.store(Aak + base * BT * BT + o_t, zrow)
     tri = o_c[:, None] >= o_c[None, :]
-    for I in tl.static_range(BT // BC):
+    for I in range(BT // BC):
         i0 = I * BC
         rows = i0 + o_c
         m_r = rows < BT
         m_a = rows + 1 < BT
+        t_I = _tk(tok, i_s, rows, m_r, BT)
+        t_Ia = _tk(tok, i_s, rows + 1, m_a, BT)
         o_rb = tl.zeros([BC, BT], dtype=tl.float32)
         o_rk = tl.zeros([BC, BT], dtype=tl.float32)
         o_ab = tl.zeros([BC, BT], dtype=tl.float32)
@@ -117,18 +154,18 @@ def _fwd_kernel(r, k, a, b, w, gbuf, Aab, Aak, Arb, Ark, rin, ain, bout, kout, t
         for kb in range(NK):
             o_k = kb * BK + tl.arange(0, BK)
             m_k = o_k < K
-            x_r = _ld(r, base, rows, m_r, o_k, m_k, K, BT)
-            x_a = _ld(a, base, rows + 1, m_a, o_k, m_k, K, BT)
-            y_b = _ld(b, base, rows, m_r, o_k, m_k, K, BT)
-            y_k = _ld(k, base, rows, m_r, o_k, m_k, K, BT)
+            x_r = _ldx(r, t_I, i_h, o_k, m_k, H, K)
+            x_a = _ldx(a, t_Ia, i_h, o_k, m_k, H, K)
+            y_b = _ldx(b, t_I, i_h, o_k, m_k, H, K)
+            y_k = _ldx(k, t_I, i_h, o_k, m_k, H, K)
             G_I = _ld_cg(gbuf, base, rows, m_r, o_k, m_k, K, BT)
             if I > 0:
                 G_f = tl.load(gbuf + (base * BT + i0) * K + o_k, mask=m_k, other=0.,
                               cache_modifier=".cg")
                 G_a = _ld_cg(gbuf, base, o_t, m_t, o_k, m_k, K, BT)
                 e_c = _ex(tl.where(o_t[:, None] < i0, G_f[None, :] - G_a, float("-inf")))
-                c_b = _ld(b, base, o_t, m_t, o_k, m_k, K, BT) * e_c
-                c_k = _ld(k, base, o_t, m_t, o_k, m_k, K, BT) * e_c
+                c_b = _ldx(b, t_all, i_h, o_k, m_k, H, K) * e_c
+                c_k = _ldx(k, t_all, i_h, o_k, m_k, H, K) * e_c
                 e_r = _ex(G_I - G_f[None, :])
                 r_d = x_r * e_r
                 a_d = x_a * e_r
@@ -136,13 +173,40 @@ def _fwd_kernel(r, k, a, b, w, gbuf, Aab, Aak, Arb, Ark, rin, ain, bout, kout, t
                 o_rk += tl.dot(r_d, tl.trans(c_k), input_precision=PREC)
                 o_ab += tl.dot(a_d, tl.trans(c_b), input_precision=PREC)
                 o_ak += tl.dot(a_d, tl.trans(c_k), input_precision=PREC)
-            E = _ex(tl.where(tri[:, :, None], G_I[:, None, :] - G_I[None, :, :], float("-inf")))
-            xr3 = x_r[:, None, :] * E
-            xa3 = x_a[:, None, :] * E
-            d_rb += tl.sum(xr3 * y_b[None, :, :], axis=2)
-            d_rk += tl.sum(xr3 * y_k[None, :, :], axis=2)
-            d_ab += tl.sum(xa3 * y_b[None, :, :], axis=2)
-            d_ak += tl.sum(xa3 * y_k[None, :, :], axis=2)
+            G_f0 = tl.load(gbuf + (base * BT + i0) * K + o_k, mask=m_k, other=0.,
+                           cache_modifier=".cg")
+            G_l0 = tl.load(gbuf + (base * BT + i0 + BC - 1) * K + o_k, mask=m_k, other=0.,
+                           cache_modifier=".cg")
+            if tl.max(G_f0 - G_l0) < SPAN:
+                e_f = G_I - G_f0[None, :]                         # <= 0, > -SPAN
+                f_in = _ex(e_f)
+                f_out = _ex(-e_f)
+                r_f = x_r * f_in
+                a_f = x_a * f_in
+                b_f = tl.trans(y_b * f_out)
+                k_f = tl.trans(y_k * f_out)
+                d_rb += tl.dot(r_f, b_f, input_precision="tf32x3")
+                d_rk += tl.dot(r_f, k_f, input_precision="tf32x3")
+                d_ab += tl.dot(a_f, b_f, input_precision="tf32x3")
+                d_ak += tl.dot(a_f, k_f, input_precision="tf32x3")
+            else:
+                for j in range(BC):
+                    G_j = tl.load(gbuf + (base * BT + i0 + j) * K + o_k, mask=m_k, other=0.,
+                                  cache_modifier=".cg")
+                    e = _ex(tl.where(o_c[:, None] >= j, G_I - G_j[None, :], float("-inf")))
+                    yb_j = _ldx_row(b, tok, i_s, i0 + j, i_h, o_k, m_k, H, K, BT)
+                    yk_j = _ldx_row(k, tok, i_s, i0 + j, i_h, o_k, m_k, H, K, BT)
+                    xr_e = x_r * e
+                    xa_e = x_a * e
+                    at_j = o_c[None, :] == j
+                    d_rb += tl.where(at_j, tl.sum(xr_e * yb_j[None, :], axis=1)[:, None], 0.)
+                    d_rk += tl.where(at_j, tl.sum(xr_e * yk_j[None, :], axis=1)[:, None], 0.)
+                    d_ab += tl.where(at_j, tl.sum(xa_e * yb_j[None, :], axis=1)[:, None], 0.)
+                    d_ak += tl.where(at_j, tl.sum(xa_e * yk_j[None, :], axis=1)[:, None], 0.)
+        d_rb = tl.where(tri, d_rb, 0.)
+        d_rk = tl.where(tri, d_rk, 0.)
+        d_ab = tl.where(tri, d_ab, 0.)
+        d_ak = tl.where(tri, d_ak, 0.)
         off = (o_t[None, :] < i0) | (o_t[None, :] >= i0 + BC)
         p_r = (base * BT + rows)[:, None] * BT
         tl.store(Arb + p_r + o_t[None, :], o_rb, mask=m_r[:, None] & off)
@@ -168,160 +232,29 @@ def _diag(x, o_c):
     return tl.sum(tl.where(o_c[:, None] == o_c[None, :], x, 0.), axis=1)
 
 
-@triton.jit
-def _bwd_kernel(r, k, a, b, w, gbuf, dAab, dAak, dArb, dArk, drin, dain, dbout, dkout, dtot,
-                dr, dk, da, db, dw, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
-    i_s, i_h = tl.program_id(0), tl.program_id(1)
-    base = i_s.to(tl.int64) * H + i_h
-    o_t = tl.arange(0, BT)
-    o_c = tl.arange(0, BC)
-    m_t = o_t < BT
-    NK: tl.constexpr = (K + BK - 1) // BK
-    strict = o_c[:, None] > o_c[None, :]
-    up_incl = tl.where(o_t[None, :] >= o_t[:, None], 1., 0.)     # [s, t]: t >= s
-    lo_strict = tl.where(o_t[None, :] < o_t[:, None], 1., 0.)    # [s, t]: t < s
-    for kb in range(NK):
-        o_k = kb * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        G, L = _cumsum_pass(w, gbuf, base, o_t, o_k, m_k, K, BT)
-        # row 0 of da: a_0 enters a_in only, with exp(0)
-        tl.store(da + (base * BT) * K + o_k, tl.load(dain + (base * BT) * K + o_k, mask=m_k,
-                                                      other=0.), mask=m_k)
-        tl.debug_barrier()
-        for I in tl.static_range(BT // BC):
-            i0 = I * BC
-            rows = i0 + o_c
-            m_r = rows < BT
-            m_a = rows + 1 < BT
-            cols = i0 + o_c
-            x_r = _ld(r, base, rows, m_r, o_k, m_k, K, BT)
-            x_a = _ld(a, base, rows + 1, m_a, o_k, m_k, K, BT)
-            y_b = _ld(b, base, rows, m_r, o_k, m_k, K, BT)
-            y_k = _ld(k, base, rows, m_r, o_k, m_k, K, BT)
-            G_I = _ld_cg(gbuf, base, rows, m_r, o_k, m_k, K, BT)
-            # pairs with earlier sub-chunks: the rows of I (reference f = its first row)
-            g_r = tl.zeros([BC, BK], dtype=tl.float32)
-            g_a = tl.zeros([BC, BK], dtype=tl.float32)
-            if I > 0:
-                G_f = tl.load(gbuf + (base * BT + i0) * K + o_k, mask=m_k, other=0.,
-                              cache_modifier=".cg")
-                G_a = _ld_cg(gbuf, base, o_t, m_t, o_k, m_k, K, BT)
-                e_c = _ex(tl.where(o_t[:, None] < i0, G_f[None, :] - G_a, float("-inf")))
-                c_b = _ld(b, base, o_t, m_t, o_k, m_k, K, BT) * e_c
-                c_k = _ld(k, base, o_t, m_t, o_k, m_k, K, BT) * e_c
-                e_r = _ex(G_I - G_f[None, :])
-                g_r = e_r * (tl.dot(_ldA(dArb, base, rows, m_r, o_t, m_t, BT), c_b,
-                                    input_precision=PREC)
-                             + tl.dot(_ldA(dArk, base, rows, m_r, o_t, m_t, BT), c_k,
-                                      input_precision=PREC))
-                g_a = e_r * (tl.dot(_ldA(dAab, base, rows + 1, m_a, o_t, m_t, BT), c_b,
-                                    input_precision=PREC)
-                             + tl.dot(_ldA(dAak, base, rows + 1, m_a, o_t, m_t, BT), c_k,
-                                      input_precision=PREC))
-            # pairs with later sub-chunks: the columns of I (reference l = its last row)
-            g_b = tl.zeros([BC, BK], dtype=tl.float32)
-            g_k = tl.zeros([BC, BK], dtype=tl.float32)
-            if I < BT // BC - 1:
-                G_l = tl.load(gbuf + (base * BT + i0 + BC - 1) * K + o_k, mask=m_k,
-                              other=0., cache_modifier=".cg")
-                G_a = _ld_cg(gbuf, base, o_t, m_t, o_k, m_k, K, BT)
-                e_w = _ex(tl.where(o_t[:, None] >= i0 + BC, G_a - G_l[None, :],
-                                   float("-inf")))
-                w_r = _ld(r, base, o_t, m_t, o_k, m_k, K, BT) * e_w
-                w_a = _ld(a, base, o_t + 1, o_t + 1 < BT, o_k, m_k, K, BT) * e_w
-                e_l = _ex(G_l[None, :] - G_I)
-                tA_rb = _ldA(dArb, base, o_t, m_t, cols, m_r, BT)           # [BT, BC]
-                tA_rk = _ldA(dArk, base, o_t, m_t, cols, m_r, BT)
-                tA_ab = _ldA(dAab, base, o_t + 1, o_t + 1 < BT, cols, m_r, BT)
-                tA_ak = _ldA(dAak, base, o_t + 1, o_t + 1 < BT, cols, m_r, BT)
-                g_b = e_l * (tl.dot(tl.trans(tA_rb), w_r, input_precision=PREC)
-                             + tl.dot(tl.trans(tA_ab), w_a, input_precision=PREC))
-                g_k = e_l * (tl.dot(tl.trans(tA_rk), w_r, input_precision=PREC)
-                             + tl.dot(tl.trans(tA_ak), w_a, input_precision=PREC))
-            # the diagonal sub-block: exact pairs, i > j here, i == j added below
-            q_rb = _ldA(dArb, base, rows, m_r, cols, m_r, BT)
-            q_rk = _ldA(dArk, base, rows, m_r, cols, m_r, BT)
-            q_ab = _ldA(dAab, base, rows + 1, m_a, cols, m_r, BT)
-            q_ak = _ldA(dAak, base, rows + 1, m_a, cols, m_r, BT)
-            E = _ex(tl.where(strict[:, :, None], G_I[:, None, :] - G_I[None, :, :],
-                             float("-inf")))
-            yb3 = y_b[None, :, :] * E
-            yk3 = y_k[None, :, :] * E
-            g_r += tl.sum(q_rb[:, :, None] * yb3 + q_rk[:, :, None] * yk3, axis=1)
-            g_a += tl.sum(q_ab[:, :, None] * yb3 + q_ak[:, :, None] * yk3, axis=1)
-            xr3 = x_r[:, None, :] * E
-            xa3 = x_a[:, None, :] * E
-            g_b += tl.sum(q_rb[:, :, None] * xr3 + q_ab[:, :, None] * xa3, axis=0)
-            g_k += tl.sum(q_rk[:, :, None] * xr3 + q_ak[:, :, None] * xa3, axis=0)
-            # boundary terms (pairs with the chunk's start)
-            e_s = _ex(G_I)
-            b_r = _ld(drin, base, rows, m_r, o_k, m_k, K, BT) * e_s
-            b_a = _ld(dain, base, rows + 1, m_a, o_k, m_k, K, BT) * e_s
-            P = x_r * (g_r + b_r) + x_a * (g_a + b_a)
-            M = y_b * g_b + y_k * g_k
-            _st(dw, P - M, base, rows, m_r, o_k, m_k, K, BT)      # scratch, summed below
-            # the pairs i == j (no gate) and the chunk-end terms
-            s_rb = _diag(q_rb, o_c)[:, None]
-            s_rk = _diag(q_rk, o_c)[:, None]
-            s_ab = _diag(q_ab, o_c)[:, None]
-            s_ak = _diag(q_ak, o_c)[:, None]
-            e_e = _ex(L[None, :] - G_I)
-            _st(dr, g_r + b_r + s_rb * y_b + s_rk * y_k, base, rows, m_r, o_k, m_k, K, BT)
-            _st(da, g_a + b_a + s_ab * y_b + s_ak * y_k, base, rows + 1, m_a, o_k, m_k, K, BT)
-            _st(db, g_b + s_rb * x_r + s_ab * x_a
-                + _ld(dbout, base, rows, m_r, o_k, m_k, K, BT) * e_e,
-                base, rows, m_r, o_k, m_k, K, BT)
-            _st(dk, g_k + s_rk * x_r + s_ak * x_a
-                + _ld(dkout, base, rows, m_r, o_k, m_k, K, BT) * e_e,
-                base, rows, m_r, o_k, m_k, K, BT)
-        tl.debug_barrier()
-        e_end = _ex(L[None, :] - G)
-        c_end = (_ld(b, base, o_t, m_t, o_k, m_k, K, BT)
-                 * _ld(dbout, base, o_t, m_t, o_k, m_k, K, BT)
-                 + _ld(k, base, o_t, m_t, o_k, m_k, K, BT)
-                 * _ld(dkout, base, o_t, m_t, o_k, m_k, K, BT)) * e_end
-        PM = _ld_cg(dw, base, o_t, m_t, o_k, m_k, K, BT)
-        g_tot = tl.load(dtot + base * K + o_k, mask=m_k, other=0.) * _ex(L)
-        b_dw = (tl.dot(up_incl, PM, input_precision=PREC)
-                + tl.dot(lo_strict, c_end, input_precision=PREC) + g_tot[None, :])
-        tl.debug_barrier()
-        _st(dw, b_dw, base, o_t, m_t, o_k, m_k, K, BT)
-
-
 BC = 16
+BT = 64
+WARPS = 8      # warps of the forward kernel
 
 
-def _bk(K):
-    return min(block(K), 32)
+def _bk(K, cap):
+    """Key block: an offline sm_90 compile (K = 64, 8 warps) spills 224 bytes in the forward at
+    16 (1248 at 32)."""
+    return min(block(K), cap)
 
 
-class DplrScores(torch.autograd.Function):
-    """(r, k, a, b, w) [S, H, BT, K] fp32 -> (A_ab, A_ak, A_rb, A_rk [S, H, BT, BT],
-    r_in, a_in, b_out, k_out [S, H, BT, K], tot [S, H, K]), all fp32."""
-
-    @staticmethod
-    def forward(ctx, r, k, a, b, w):
-        r, k, a, b, w = (x.contiguous() for x in (r, k, a, b, w))
-        S, H, BT, K = r.shape
-        dev = r.device
-        mats = [alloc((S, H, BT, BT), torch.float32, dev) for _ in range(4)]
-        vecs = [alloc((S, H, BT, K), torch.float32, dev) for _ in range(4)]
-        tot = alloc((S, H, K), torch.float32, dev)
-        gbuf = alloc((S, H, BT, K), torch.float64, dev)
-        _fwd_kernel[(S, H)](r, k, a, b, w, gbuf, *mats, *vecs, tot, H=H, K=K, BT=BT, BC=BC,
-                            BK=_bk(K), PREC=fp32_dot_precision(), num_warps=8, num_stages=1)
-        ctx.save_for_backward(r, k, a, b, w)
-        return (*mats, *vecs, tot)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        r, k, a, b, w = ctx.saved_tensors
-        S, H, BT, K = r.shape
-        dev = r.device
-        grads = [g.contiguous() for g in grads]
-        outs = [alloc((S, H, BT, K), torch.float32, dev) for _ in range(5)]
-        gbuf = alloc((S, H, BT, K), torch.float64, dev)
-        _bwd_kernel[(S, H)](r, k, a, b, w, gbuf, *grads, *outs, H=H, K=K, BT=BT, BC=BC,
-                            BK=_bk(K), PREC=fp32_dot_precision(), num_warps=8, num_stages=1)
-        return tuple(outs)
+def scores_fwd(r, k, a, b, w, tok):
+    """r, k, a, b, w [B, T, H, K] (token layout, contiguous; r, k in one dtype, a, b, w fp32),
+    tok [S * BT] int64: the flat token of every slot row, -1 on pad rows. Returns (A_ab, A_ak,
+    A_rb, A_rk [S, H, BT, BT], r_in, a_in, b_out, k_out [S, H, BT, K], tot [S, H, K]), fp32 in
+    the slot layout."""
+    H, K = r.shape[2], r.shape[3]
+    S = tok.shape[0] // BT
+    dev = r.device
+    mats = [alloc((S, H, BT, BT), torch.float32, dev) for _ in range(4)]
+    vecs = [alloc((S, H, BT, K), torch.float32, dev) for _ in range(4)]
+    tot = alloc((S, H, K), torch.float32, dev)
+    gbuf = alloc((S, H, BT, K), torch.float64, dev)
+    _dplr_scores_fwd[(S, H)](r, k, a, b, w, tok, gbuf, *mats, *vecs, tot, H=H, K=K, BT=BT, BC=BC,
+                        BK=_bk(K, 16), PREC=fp32_dot_precision(), num_warps=WARPS, num_stages=1)
+    return (*mats, *vecs, tot)

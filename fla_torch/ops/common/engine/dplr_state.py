@@ -1,19 +1,16 @@
-"""Inter-chunk state pass of a DPLR recurrence (Triton), forward and backward
-(autograd.Function).
+"""Inter-chunk state pass of a DPLR recurrence (Triton), forward and backward.
 
 Slot layout [S, H, BT, D] fp32 (dplr.py). Per sequence n, its chunks are the slots
 first[n] .. first[n] + count[n] - 1. One program per (sequence, head, V block) carries the
 state S [K, BV] fp32 (the whole K) through them:
     S_in[slot] = S;   U = u + w S;   S <- diag(tot) S + b_out^T U + k_out^T v
-(k_out^T v per chunk by a batched matmul first)
 (u, w: the chunk's solved WY terms; b_out, k_out, tot from dplr_scores.py). Backward, dS the
 gradient of the state after the chunk (dht at the end):
     dU = dU_ext + b_out dS;   du = dU;   dv = k_out dS;   dw = dU S_in^T;
     db_out = U dS^T;   dk_out = v dS^T;   dtot = rowsum(S_in * dS);
     dS <- diag(tot) dS + w^T dU + dS_in_ext[slot];   dh0 = dS before the first chunk.
 The kernel carries dS and stores it per chunk (dh) with dU; dw, db_out, dk_out, dv, dtot are
-chunk-parallel products of dh, done by batched matmuls (fp32).
-Slots of no chunk (varlen gaps) are left as zeros.
+chunk-parallel products of dh (dplr_tail.py). Slots of no chunk (varlen gaps) hold zeros.
 """
 from __future__ import annotations
 
@@ -23,10 +20,11 @@ import triton.language as tl
 
 from ..kernel_alloc import alloc
 from ..triton_scalar_gate import block, fp32_dot_precision
+from .dplr_scores import _ldx
 
 
 @triton.jit
-def _fwd_kernel(u, w, bout, kv, tot, h0, U, S_in, ht, first, count,
+def _dplr_state_fwd(u, w, bout, kout, v, tok, tot, h0, U, S_in, ht, first, count,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                 BK: tl.constexpr, BV: tl.constexpr, USE_H0: tl.constexpr,
                 STORE_HT: tl.constexpr, PREC: tl.constexpr):
@@ -55,14 +53,16 @@ def _fwd_kernel(u, w, bout, kv, tot, h0, U, S_in, ht, first, count,
         tl.store(U + p_v, b_U, mask=m_v[None, :])
         b_b = tl.load(bout + p_k, mask=m_k[None, :], other=0.)
         b_t = tl.load(tot + base * K + o_k, mask=m_k, other=0.)
+        b_k = tl.load(kout + p_k, mask=m_k[None, :], other=0.)
+        b_v = _ldx(v, tl.load(tok + (s0 + c) * BT + o_t), i_h, o_v, m_v, H, V)
         S = (b_t[:, None] * S + tl.dot(tl.trans(b_b), b_U, input_precision=PREC)
-             + tl.load(kv + base * K * V + p_kv, mask=m_kv, other=0.))
+             + tl.dot(tl.trans(b_k), b_v, input_precision=PREC))
     if STORE_HT:
         tl.store(ht + i_nh.to(tl.int64) * K * V + p_kv, S, mask=m_kv)
 
 
 @triton.jit
-def _bwd_kernel(w, bout, tot, dU, dS_in, dht, du, dh, dh0, first, count, H: tl.constexpr,
+def _dplr_state_bwd(w, bout, tot, dU, dS_in, dht, du, dh, dh0, first, count, H: tl.constexpr,
                 K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
                 PREC: tl.constexpr):
@@ -97,6 +97,9 @@ def _bwd_kernel(w, bout, tot, dU, dS_in, dht, du, dh, dh0, first, count, H: tl.c
         tl.store(dh0 + i_nh.to(tl.int64) * K * V + p_kv, dS, mask=m_kv)
 
 
+STAGES = 1     # software-pipelining stages of the two kernels' chunk loops
+
+
 def _tiles(K, V):
     """(BK: the whole K, BV). An offline sm_90a compile (4 warps, fp32 tf32x3 dots) spills
     0 bytes at K = 64 / BV = 32, 312 at K = 128 / BV = 32 (1408 with BV = 64), 1112 at
@@ -106,52 +109,42 @@ def _tiles(K, V):
     return BK, BV
 
 
-class DplrStatePass(torch.autograd.Function):
-    """(u [S,H,BT,V], w, b_out, k_out [S,H,BT,K], v [S,H,BT,V], tot [S,H,K], h0 [N,H,K,V] or
-    None, first, count [N] int, output_final_state) -> (U [S,H,BT,V], S_in [S,H,K,V],
-    final state [N,H,K,V] or None), fp32."""
+def state_fwd(u, w, bout, kout, v, tok, tot, h0, first, count, output_final_state, varlen):
+    """v [B, T, H, V] in the token layout (tok: dplr.py's slot-row map), the rest in the slot
+    layout. Returns (U [S, H, BT, V], S_in [S, H, K, V], final state [N, H, K, V] or None),
+    fp32; slots of no chunk (varlen gaps) hold zeros."""
+    S, H, BT, V = u.shape
+    K = w.shape[-1]
+    N = first.shape[0]
+    dev = u.device
+    BK, BV = _tiles(K, V)
+    make = torch.zeros if varlen else (lambda shape, dtype, device: alloc(shape, dtype, device))
+    U = make((S, H, BT, V), dtype=torch.float32, device=dev)
+    S_in = make((S, H, K, V), dtype=torch.float32, device=dev)
+    ht = alloc((N, H, K, V), torch.float32, dev) if output_final_state else None
+    _dplr_state_fwd[(triton.cdiv(V, BV), N * H)](
+        u, w, bout, kout, v, tok, tot, h0 if h0 is not None else u, U, S_in,
+        ht if ht is not None else U, first, count, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+        USE_H0=h0 is not None, STORE_HT=ht is not None, PREC=fp32_dot_precision(),
+        num_warps=4, num_stages=STAGES)
+    return U, S_in, ht
 
-    @staticmethod
-    def forward(ctx, u, w, bout, kout, v, tot, h0, first, count, output_final_state):
-        u, w, bout, kout, v, tot = (x.contiguous() for x in (u, w, bout, kout, v, tot))
-        S, H, BT, V = u.shape
-        K = w.shape[-1]
-        N = first.shape[0]
-        dev = u.device
-        BK, BV = _tiles(K, V)
-        U = torch.zeros((S, H, BT, V), dtype=torch.float32, device=dev)
-        kv = kout.transpose(-1, -2) @ v           # chunk-parallel part of the update
-        S_in = torch.zeros((S, H, K, V), dtype=torch.float32, device=dev)
-        ht = alloc((N, H, K, V), torch.float32, dev) if output_final_state else None
-        _fwd_kernel[(triton.cdiv(V, BV), N * H)](
-            u, w, bout, kv, tot, h0 if h0 is not None else u, U, S_in,
-            ht if ht is not None else U, first, count, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-            USE_H0=h0 is not None, STORE_HT=ht is not None, PREC=fp32_dot_precision(),
-            num_warps=4, num_stages=1)
-        ctx.save_for_backward(w, bout, kout, v, tot, U, S_in, first, count)
-        ctx.has_h0 = h0 is not None
-        if ht is None:
-            return U, S_in
-        return U, S_in, ht
 
-    @staticmethod
-    def backward(ctx, dU, dS_in, dht=None):
-        w, bout, kout, v, tot, U, S_in, first, count = ctx.saved_tensors
-        S, H, BT, V = U.shape
-        K = w.shape[-1]
-        N = first.shape[0]
-        dev = U.device
-        BK, BV = _tiles(K, V)
-        du = torch.zeros((S, H, BT, V), dtype=torch.float32, device=dev)
-        dh = torch.zeros((S, H, K, V), dtype=torch.float32, device=dev)
-        dh0 = alloc((N, H, K, V), torch.float32, dev) if ctx.has_h0 else None
-        _bwd_kernel[(triton.cdiv(V, BV), N * H)](
-            w, bout, tot, dU.contiguous(), dS_in.contiguous(),
-            dht.contiguous() if dht is not None else U, du, dh,
-            dh0 if dh0 is not None else du, first, count, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-            USE_DHT=dht is not None, STORE_DH0=dh0 is not None, PREC=fp32_dot_precision(),
-            num_warps=4, num_stages=1)
-        # the chunk-parallel rest: dh is the gradient of the state after each chunk
-        dh_t = dh.transpose(-1, -2)
-        return (du, du @ S_in.transpose(-1, -2), U @ dh_t, v @ dh_t, kout @ dh,
-                (S_in * dh).sum(-1), dh0, None, None, None)
+def state_bwd(w, bout, tot, dU, dS_in, dht, first, count, has_h0, varlen):
+    """(du [S, H, BT, V]: the gradient of the solved u (= of U), dh [S, H, K, V]: the gradient
+    of the state after each chunk, dh0 [N, H, K, V] or None), fp32."""
+    S, H, BT, V = dU.shape
+    K = w.shape[-1]
+    N = first.shape[0]
+    dev = dU.device
+    BK, BV = _tiles(K, V)
+    make = torch.zeros if varlen else (lambda shape, dtype, device: alloc(shape, dtype, device))
+    du = make((S, H, BT, V), dtype=torch.float32, device=dev)
+    dh = make((S, H, K, V), dtype=torch.float32, device=dev)
+    dh0 = alloc((N, H, K, V), torch.float32, dev) if has_h0 else None
+    _dplr_state_bwd[(triton.cdiv(V, BV), N * H)](
+        w, bout, tot, dU, dS_in, dht if dht is not None else dU, du, dh,
+        dh0 if dh0 is not None else du, first, count, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+        USE_DHT=dht is not None, STORE_DH0=dh0 is not None, PREC=fp32_dot_precision(),
+        num_warps=4, num_stages=STAGES)
+    return du, dh, dh0

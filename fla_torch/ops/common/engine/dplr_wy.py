@@ -1,0 +1,127 @@
+"""The WY terms of a DPLR chunk (Triton; the backward is part of dplr_tail.py).
+
+Slot layout (dplr.py), fp32: A_ab, A_ak [S, H, BT, BT] (A_ab strictly lower), a_in
+[S, H, BT, K]; v [B, T, H, V] read from the token layout. Per chunk, with T = (I - A_ab)^-1
+(unit lower triangular):
+    u = T (A_ak v)  [S, H, BT, V],     w = T a_in  [S, H, BT, K].
+One program per (slot, head) inverts I - A_ab blockwise in registers (BT = 64 as four blocks
+of 16 rows):
+    T_ii = (I - A_ii)^-1                        forward substitution, 16 steps
+    T_ij = T_ii sum_{j <= m < i} A_im T_mj      (i > j), fp32-accurate 16x16 products,
+stores T (kept for the backward), re-reads it as one [BT, BT] tile after a barrier and forms
+u, w by fp32-accurate dots (tf32x3 unless allow_tf32()).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..kernel_alloc import alloc
+from ..triton_scalar_gate import block, fp32_dot_precision
+from .dplr_scores import _ldx
+
+
+@triton.jit
+def _blk(A, base, I: tl.constexpr, J: tl.constexpr, BT: tl.constexpr):
+    """Block (I, J) [16, 16] of A [S, H, BT, BT] (program row base `base`)."""
+    o = tl.arange(0, 16)
+    return tl.load(A + (base * BT + I * 16 + o)[:, None] * BT + J * 16 + o[None, :])
+
+
+@triton.jit
+def _inv_diag(a):
+    """(I - a)^-1 of a strictly lower [16, 16] block by forward substitution."""
+    o = tl.arange(0, 16)
+    t = tl.zeros([16, 16], dtype=tl.float32)
+    for i in range(16):
+        at_i = o[:, None] == i
+        a_i = tl.sum(tl.where(at_i, a, 0.), axis=0)                 # row i of a: [16]
+        row = tl.where(o == i, 1., 0.) + tl.sum(a_i[:, None] * t, axis=0)
+        t = tl.where(at_i, row[None, :], t)
+    return t
+
+
+@triton.jit
+def _put(Tm, val, base, I: tl.constexpr, J: tl.constexpr, BT: tl.constexpr):
+    o = tl.arange(0, 16)
+    tl.store(Tm + (base * BT + I * 16 + o)[:, None] * BT + J * 16 + o[None, :], val)
+
+
+@triton.jit
+def _dplr_wy_fwd(Aab, Aak, v, tok, ain, Tm, u, w, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+               BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+    i_s, i_h = tl.program_id(0), tl.program_id(1)
+    base = i_s.to(tl.int64) * H + i_h
+    t00 = _inv_diag(_blk(Aab, base, 0, 0, BT))
+    t11 = _inv_diag(_blk(Aab, base, 1, 1, BT))
+    t22 = _inv_diag(_blk(Aab, base, 2, 2, BT))
+    t33 = _inv_diag(_blk(Aab, base, 3, 3, BT))
+    a10 = _blk(Aab, base, 1, 0, BT)
+    a20 = _blk(Aab, base, 2, 0, BT)
+    a21 = _blk(Aab, base, 2, 1, BT)
+    a30 = _blk(Aab, base, 3, 0, BT)
+    a31 = _blk(Aab, base, 3, 1, BT)
+    a32 = _blk(Aab, base, 3, 2, BT)
+    t10 = tl.dot(t11, tl.dot(a10, t00, input_precision=PREC), input_precision=PREC)
+    t21 = tl.dot(t22, tl.dot(a21, t11, input_precision=PREC), input_precision=PREC)
+    t32 = tl.dot(t33, tl.dot(a32, t22, input_precision=PREC), input_precision=PREC)
+    t20 = tl.dot(t22, tl.dot(a20, t00, input_precision=PREC)
+                 + tl.dot(a21, t10, input_precision=PREC), input_precision=PREC)
+    t31 = tl.dot(t33, tl.dot(a31, t11, input_precision=PREC)
+                 + tl.dot(a32, t21, input_precision=PREC), input_precision=PREC)
+    t30 = tl.dot(t33, tl.dot(a30, t00, input_precision=PREC)
+                 + tl.dot(a31, t10, input_precision=PREC)
+                 + tl.dot(a32, t20, input_precision=PREC), input_precision=PREC)
+    z = tl.zeros([16, 16], dtype=tl.float32)
+    _put(Tm, t00, base, 0, 0, BT)
+    _put(Tm, z, base, 0, 1, BT)
+    _put(Tm, z, base, 0, 2, BT)
+    _put(Tm, z, base, 0, 3, BT)
+    _put(Tm, t10, base, 1, 0, BT)
+    _put(Tm, t11, base, 1, 1, BT)
+    _put(Tm, z, base, 1, 2, BT)
+    _put(Tm, z, base, 1, 3, BT)
+    _put(Tm, t20, base, 2, 0, BT)
+    _put(Tm, t21, base, 2, 1, BT)
+    _put(Tm, t22, base, 2, 2, BT)
+    _put(Tm, z, base, 2, 3, BT)
+    _put(Tm, t30, base, 3, 0, BT)
+    _put(Tm, t31, base, 3, 1, BT)
+    _put(Tm, t32, base, 3, 2, BT)
+    _put(Tm, t33, base, 3, 3, BT)
+    tl.debug_barrier()
+    o_t = tl.arange(0, BT)
+    p_t = (base * BT + o_t)[:, None] * BT + o_t[None, :]
+    tm = tl.load(Tm + p_t, cache_modifier=".cg")
+    m_ak = tl.dot(tm, tl.load(Aak + p_t), input_precision=PREC)        # T A_ak
+    t = tl.load(tok + i_s.to(tl.int64) * BT + o_t)
+    for vb in range(tl.cdiv(V, BV)):
+        o_v = vb * BV + tl.arange(0, BV)
+        p_v = (base * BT + o_t)[:, None] * V + o_v[None, :]
+        m_v = (o_v < V)[None, :]
+        b_v = _ldx(v, t, i_h, o_v, o_v < V, H, V)
+        tl.store(u + p_v, tl.dot(m_ak, b_v, input_precision=PREC), mask=m_v)
+    for kb in range(tl.cdiv(K, BK)):
+        o_k = kb * BK + tl.arange(0, BK)
+        p_k = (base * BT + o_t)[:, None] * K + o_k[None, :]
+        m_k = (o_k < K)[None, :]
+        b_a = tl.load(ain + p_k, mask=m_k, other=0.)
+        tl.store(w + p_k, tl.dot(tm, b_a, input_precision=PREC), mask=m_k)
+
+
+def wy_fwd(A_ab, A_ak, v, tok, a_in):
+    """(A_ab, A_ak [S, H, BT, BT], a_in [S, H, BT, K] fp32 slot layout, v [B, T, H, V] token
+    layout, tok [S * BT]; contiguous) -> (T [S, H, BT, BT], u [S, H, BT, V], w [S, H, BT, K]),
+    fp32."""
+    S, H, BT, K = a_in.shape
+    V = v.shape[-1]
+    assert BT == 64, "the block inversion is written for chunks of 64"
+    dev = v.device
+    Tm = alloc((S, H, BT, BT), torch.float32, dev)
+    u = alloc((S, H, BT, V), torch.float32, dev)
+    w = alloc((S, H, BT, K), torch.float32, dev)
+    _dplr_wy_fwd[(S, H)](A_ab, A_ak, v, tok, a_in, Tm, u, w, H=H, K=K, V=V, BT=BT,
+                       BK=min(block(K), 64), BV=min(block(V), 64),
+                       PREC=fp32_dot_precision(), num_warps=4, num_stages=1)
+    return Tm, u, w
