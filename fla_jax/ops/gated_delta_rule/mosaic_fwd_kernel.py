@@ -1,0 +1,163 @@
+"""Mosaic GPU (sm_90) forward of the chunked gated delta rule: the sequential state pass
+fused with the output, one CTA (one warpgroup) per (sequence, value head, 64 value columns).
+
+Per chunk of C = 64 tokens (one sequence's rows of the chunk-aligned layout), with S^T
+[BV, K] fp32 carried in registers, G the chunk-local cumsum of g, Gamma = exp(G),
+T0 = (I + tril(beta k k^T, -1))^-1 (the gate-free inverse, given) and
+Ag = T0 * exp(G_i - G_j) * beta_j (i >= j; the gated inverse times diag(beta)):
+    v_new^T = (v^T - (S^T k^T) Gamma) Ag^T           (= u - w S of the WY form)
+    o       = scale ((Gamma q) S + P v_new),   P = tril(q k^T) * exp(G_i - G_j)
+    S^T     = exp(G_last) S^T + (v_new^T exp(G_last - G)) k
+Every matmul runs on wgmma with an fp32 accumulator and 16-bit operands (S^T and v_new go
+through shared memory in the input dtype, as FLA keeps h and v_new). The TMA loads of chunk c + 1 are issued before chunk c is computed.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from .mosaic_tiles import (CHUNK, COLS, F32, ROWS, WGMMA, by_cols, by_rows, causal_decay, load, mma, tr, zeros,
+                           mma2,
+                           swizzled)
+
+C = CHUNK
+BV = 64
+TABLE_WIDTH = 32   # int32 entries per sequence row: a 128-byte TMA copy
+SMEM_BUDGET = 200 * 1024
+
+
+def _stages(K: int, dtype) -> int:
+    """Input buffers in flight: 2 where they fit shared memory."""
+    isz = jnp.dtype(dtype).itemsize
+    per_stage = 2 * C * K * isz + C * BV * isz + C * C * isz + 4 * 4 * C
+    fixed = 2 * C * BV * isz + 2 * C * C * isz + BV * K * 4 + 1024
+    return 2 if fixed + 2 * per_stage <= SMEM_BUDGET else 1
+
+
+def fused_forward(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float, group: int,
+                  interpret=None):
+    """q, k: [R, H, K]; v: [R, HV, V] (16-bit, one dtype; R a multiple of 64, every sequence
+    starting at a chunk boundary, padding rows zero); t0: [HV, R, C] (q's dtype);
+    gcum, gsuf, beta: [HV, R] fp32 (chunk-local cumsum G, G_last - G, beta); table: [N, TABLE_WIDTH]
+    int32 (column 0: first chunk of sequence n, column 1: its chunk count); h0t: None or
+    [N, HV, V, K] fp32 (transposed initial states). Returns o [R, HV, V] in q's dtype and the
+    transposed final states [N, HV, V, K] fp32."""
+    R, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    N = table.shape[0]
+    dtype = q.dtype
+    has_h0 = h0t is not None
+    stages = _stages(K, dtype)
+    vec = plgpu.SMEM((stages, C), F32)
+    scratch = dict(
+        q_s=swizzled((stages, C, K), dtype),
+        k_s=swizzled((stages, C, K), dtype),
+        v_s=swizzled((stages, C, BV), dtype),
+        t_s=swizzled((stages, C, C), dtype),
+        g_c=vec, g_r=vec, s_c=vec, b_c=vec,
+        ag_s=swizzled((C, C), dtype),
+        s_s=swizzled((BV, K), dtype),
+        vn_s=swizzled((BV, C), dtype),
+        o_s=swizzled((2, C, BV), dtype),
+        st_s=plgpu.SMEM((BV, K), F32),
+        tab_s=plgpu.SMEM((TABLE_WIDTH,), jnp.int32),
+        in_bar=plgpu.Barrier(num_arrivals=8, num_barriers=stages),
+        one_bar=plgpu.Barrier(num_arrivals=1, num_barriers=2),
+    )
+    out_type = (jax.ShapeDtypeStruct((R, HV, V), dtype),
+                jax.ShapeDtypeStruct((N, HV, V, K), F32))
+
+    def body(*refs, q_s, k_s, v_s, t_s, g_c, g_r, s_c, b_c, ag_s, s_s, vn_s, o_s, st_s, tab_s,
+             in_bar, one_bar):
+        refs = list(refs)
+        q_ref, k_ref, v_ref, t_ref, gc_ref, gs_ref, b_ref, tab_ref = refs[:8]
+        h0_ref = refs[8] if has_h0 else None
+        o_ref, ht_ref = refs[-2:]
+        n, hv, iv = lax.axis_index("n"), lax.axis_index("hv"), lax.axis_index("v")
+        h = lax.div(hv, group)
+        cols = pl.ds(iv * BV, BV)
+
+        plgpu.copy_gmem_to_smem(tab_ref.at[n], tab_s, one_bar.at[0])
+        plgpu.barrier_wait(one_bar.at[0])
+        first, count = tab_s[0], tab_s[1]
+
+        def issue(i, slot):
+            rows = pl.ds((first + i) * C, C)
+            bar = in_bar.at[slot]
+            plgpu.copy_gmem_to_smem(q_ref.at[rows, h], q_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(k_ref.at[rows, h], k_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(v_ref.at[rows, hv, cols], v_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(t_ref.at[hv, rows], t_s.at[slot], bar)
+            for src, dst in ((gc_ref, g_c), (gc_ref, g_r), (gs_ref, s_c), (b_ref, b_c)):
+                plgpu.copy_gmem_to_smem(src.at[hv, rows], dst.at[slot], bar)
+
+        @pl.when(count > 0)
+        def _():
+            issue(0, 0)
+
+        if has_h0:
+            plgpu.copy_gmem_to_smem(h0_ref.at[n, hv, cols], st_s, one_bar.at[1])
+            plgpu.barrier_wait(one_bar.at[1])
+            s0 = load(st_s, WGMMA, optimized=False)
+        else:
+            s0 = zeros((BV, K))
+
+        sq, tile = (C, C), (BV, C)
+
+        def step(i, s_t):
+            slot = lax.rem(i, stages) if stages > 1 else 0
+            plgpu.barrier_wait(in_bar.at[slot])
+            if stages > 1:
+                @pl.when(i + 1 < count)
+                def _():
+                    plgpu.commit_smem()
+                    issue(i + 1, 1 - slot)
+
+            g_col = load(g_c.at[slot], COLS)
+            g_row = load(g_r.at[slot], ROWS)
+            s_lo = s_t.astype(dtype)
+            s_s[...] = s_lo
+            ks = mma(s_lo, tr(k_s.at[slot]), tile)                          # S^T k^T
+            decay = causal_decay(g_row, g_col, C)
+            t0 = load(t_s.at[slot], WGMMA).astype(F32)
+            beta_c = load(b_c.at[slot], COLS)
+            ag_s[...] = (t0 * decay * by_cols(beta_c, sq)).astype(dtype)  # Tg diag(beta)
+            p_lo = (mma(q_s.at[slot], tr(k_s.at[slot]), sq) * decay).astype(dtype)
+            plgpu.commit_smem()
+            w_lo = (ks * by_cols(-jnp.exp(g_col), tile)).astype(dtype)    # -(S^T k^T) Gamma
+            vn = mma2(tr(v_s.at[slot]), tr(ag_s), w_lo, tr(ag_s), tile)         # v_new^T
+            vn_s[...] = vn.astype(dtype)
+            plgpu.commit_smem()
+            o = mma(q_s.at[slot], tr(s_s), (C, BV)) * by_rows(jnp.exp(g_row), (C, BV))
+            o = mma(p_lo, tr(vn_s), (C, BV), init=o) * scale
+            oslot = lax.rem(i, 2)
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+            o_s.at[oslot][...] = o.astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(o_s.at[oslot], o_ref.at[pl.ds((first + i) * C, C), hv, cols])
+            g_last = g_c[slot, C - 1]
+            kd = jnp.exp(load(s_c.at[slot], COLS))
+            vd_lo = (vn * by_cols(kd, tile)).astype(dtype)
+            s_new = mma(vd_lo, k_s.at[slot], (BV, K), init=s_t * jnp.exp(g_last))
+            if stages == 1:
+                @pl.when(i + 1 < count)
+                def _():
+                    plgpu.commit_smem()
+                    issue(i + 1, 0)
+            return s_new
+
+        s_t = lax.fori_loop(0, count, step, s0)
+        st_s[...] = s_t
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(st_s, ht_ref.at[n, hv, cols])
+        plgpu.wait_smem_to_gmem(0)
+
+    args = [q, k, v, t0, gcum, gsuf, beta, table] + ([h0t] if has_h0 else [])
+    kernel = plgpu.kernel(body, out_type=out_type, scratch_types=scratch,
+                          grid=(N, HV, V // BV), grid_names=("n", "hv", "v"),
+                          compiler_params=plgpu.CompilerParams(approx_math=False),
+                          interpret=interpret)
+    return kernel(*args)
