@@ -18,3 +18,7 @@ AUTO_KERNEL = {"chunk_simple_gla": ("bf16", "fp16", "fp32"),
                "fused_recurrent_delta_rule": ("bf16", "fp16"),
                "fused_recurrent_gated_delta_rule": ("bf16", "fp16"),
                "chunk_gla": ("bf16", "fp16")}
+
+# impl='auto' on a Hopper GPU (fla_jax only): op -> q dtypes whose Pallas Mosaic GPU kernels
+# passed a GPU parity run. Fail closed: empty until one has.
+AUTO_MOSAIC: dict = {}

@@ -17,8 +17,10 @@ from fla_contract.auto_kernel import AUTO_KERNEL
 
 IMPLS = ("auto", "reference", "chunked", "pallas")
 KERNEL_IMPL = "pallas"
+MOSAIC_IMPL = "mosaic"          # Pallas Mosaic GPU kernels (Hopper only): fla_jax.ops.common.mosaic
+KERNEL_IMPLS = (KERNEL_IMPL, MOSAIC_IMPL)
 ALLOWED_DTYPES = {"reference": ACTIVATION_DTYPES, "chunked": ACTIVATION_DTYPES,
-                  "pallas": KERNEL_DTYPES}
+                  "pallas": KERNEL_DTYPES, "mosaic": KERNEL_DTYPES}
 
 
 def on_gpu() -> bool:

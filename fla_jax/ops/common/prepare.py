@@ -15,7 +15,7 @@ from fla_contract import (OpSpec, check_cu_seqlens_values, check_head_dims, chec
 from fla_contract.op_spec import ACTIVATION, GATE_DTYPE, STATE
 
 from ... import dtypes
-from .dispatch import ALLOWED_DTYPES, KERNEL_IMPL, load_impl, resolve_impl
+from .dispatch import ALLOWED_DTYPES, KERNEL_IMPLS, load_impl, resolve_impl
 from .sharding import shard_kernel
 
 
@@ -32,7 +32,7 @@ def impl_fn(spec: OpSpec, registry: dict, name: str, q, cu_seqlens, output_final
     partition it by itself (sharding.shard_kernel: a Pallas call; any impl under Explicit
     mesh axes)."""
     return shard_kernel(spec, load_impl(registry, name), q, cu_seqlens, output_final_state,
-                        kernel=name == KERNEL_IMPL)
+                        kernel=name in KERNEL_IMPLS)
 
 
 def run_op(spec: OpSpec, registry: dict, impl: str, *, scale=None,
@@ -57,7 +57,7 @@ def run_op(spec: OpSpec, registry: dict, impl: str, *, scale=None,
         values = concrete_values(cu_seqlens)
         if values is not None:
             check_cu_seqlens_values(op, values.tolist(), dims.T)
-    if name == KERNEL_IMPL:
+    if name in KERNEL_IMPLS:
         check_head_dims(op, name, dims.sizes)
     scale = dims.K ** -0.5 if scale is None else check_scale(op, scale)
     if use_qk_l2norm_in_kernel and not spec.l2norm:

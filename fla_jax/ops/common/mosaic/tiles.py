@@ -1,0 +1,151 @@
+"""Small building blocks of the Mosaic GPU (sm_90) chunk kernels: swizzled SMEM tiles, WGMMA
+matmuls with fp32 accumulators, row/column broadcasts and the causal decay matrix.
+
+Layouts: a [M, N] register tile is in the WGMMA layout (M = 64 rows per warpgroup); a
+per-row vector is in ROWS (WGMMA reduced over columns), a per-column vector in COLS.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+F32 = jnp.float32
+LOG2E = math.log2(math.e)
+WGMMA = plgpu.Layout.WGMMA
+ROWS = plgpu.Layout.WGMMA.reduce(1)
+COLS = plgpu.Layout.WGMMA.reduce(0)
+
+
+def smem_tile(shape, dtype):
+    """SMEM buffer tiled and swizzled for TMA copies and WGMMA operands (minor dim last)."""
+    dtype = jnp.dtype(dtype)
+    swizzle = plgpu.find_swizzle(shape[-1] * dtype.itemsize * 8)
+    return plgpu.SMEM(tuple(shape), dtype, transforms=(
+        plgpu.TilingTransform((8, swizzle // dtype.itemsize)), plgpu.SwizzleTransform(swizzle)))
+
+
+def union(*groups):
+    """SMEM buffers (trees) of disjoint lifetimes sharing memory (plgpu.RefUnion); separate
+    buffers under gpu_interpret(), which has no aliasing."""
+    if interpreting():
+        return tuple(groups)
+    return plgpu.RefUnion(*groups)
+
+
+def matmul(a, b, shape, init=None, ta=False, tb=False):
+    """init + op(a) @ op(b), fp32 accumulation on the tensor cores (op: transpose where ta /
+    tb). a: SMEM ref or 16-bit register tile (WGMMA layout; ta needs a ref); b: SMEM ref
+    (transposes of 16-bit refs only). The result passes an optimization barrier so that no
+    arithmetic on it is scheduled before the wgmma wait."""
+    if interpreting():    # transposed refs, run_state and register operands do not interpret
+        av = a[...] if hasattr(a, "at") else a
+        av = av.T if ta else av
+        bv = b[...].T if tb else b[...]
+        out = jnp.dot(av.astype(F32), bv.astype(F32), precision=lax.Precision.HIGHEST)
+        return out if init is None else init + out
+    a = a.T if ta else a
+    b = b.T if tb else b
+    if init is None:
+        def scoped(acc):
+            plgpu.wgmma(acc, a, b)
+            return acc[...]
+        out = pl.run_scoped(scoped, plgpu.ACC(tuple(shape), F32))
+    else:
+        def body(acc):
+            plgpu.wgmma(acc, a, b)
+        out = pl.run_state(body)(plgpu.ACC.init(init))
+    return lax.optimization_barrier(out)
+
+
+def iota(shape, dim):
+    if interpreting():
+        return lax.broadcasted_iota(jnp.int32, shape, dim)
+    return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=WGMMA)
+
+
+def rows_of(vec, shape):
+    """vec[i] along row i (vec in ROWS)."""
+    return lax.broadcast_in_dim(vec, shape, [0])
+
+
+def cols_of(vec, shape):
+    """vec[j] along column j (vec in COLS)."""
+    return lax.broadcast_in_dim(vec, shape, [1])
+
+
+def causal_decay(g_row, g_col, shape, transposed=False):
+    """exp2(g_i - g_j) for j <= i, 0 elsewhere ([i, j]); transposed: the [j, i] tile
+    (g_row indexes j, g_col indexes i, kept where i >= j). The exponent is masked before exp2."""
+    r, c = iota(shape, 0), iota(shape, 1)
+    if transposed:
+        keep = c >= r
+        expo = cols_of(g_col, shape) - rows_of(g_row, shape)
+    else:
+        keep = r >= c
+        expo = rows_of(g_row, shape) - cols_of(g_col, shape)
+    return jnp.exp2(jnp.where(keep, expo, -jnp.inf))
+
+
+def compiler_params():
+    return plgpu.CompilerParams(approx_math=False)
+
+
+_INTERPRET = [None]
+
+
+@contextlib.contextmanager
+def gpu_interpret():
+    """Run the Mosaic GPU kernels built inside on the CPU with JAX's GPU interpret mode
+    (simulated SMEM, TMA, barriers and wgmma; slow: tests only). Register layouts do not
+    exist there: loads drop them."""
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+    _INTERPRET[0] = InterpretGPUParams()
+    try:
+        yield
+    finally:
+        _INTERPRET[0] = None
+
+
+def interpreting() -> bool:
+    return _INTERPRET[0] is not None
+
+
+def build(body, *, name, out_type, scratch, grid, grid_names):
+    """plgpu.kernel of one warpgroup per CTA."""
+    if interpreting():
+        return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
+                            grid_names=grid_names, interpret=_INTERPRET[0])
+    return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
+                        grid_names=grid_names, compiler_params=compiler_params(),
+                        kernel_name=name)
+
+
+def zeros_wgmma(shape):
+    if interpreting():
+        return jnp.zeros(shape, F32)
+    return plgpu.layout_cast(jnp.zeros(shape, F32), WGMMA)
+
+
+def load(ref, layout):
+    """ref's value in registers of the given layout."""
+    if interpreting():
+        return ref[...]
+    return plgpu.load(ref, (), layout=layout)
+
+
+def load_wgmma(ref):
+    return load(ref, WGMMA)
+
+
+def load_vec(ref, layout):
+    return load(ref, layout)
+
+
+__all__ = ["F32", "LOG2E", "WGMMA", "ROWS", "COLS", "smem_tile", "matmul", "iota", "rows_of",
+           "cols_of", "causal_decay", "build", "zeros_wgmma", "load_wgmma", "load_vec", "jax"]

@@ -1,0 +1,115 @@
+"""chunk_simple_gla impl='mosaic' (Pallas Mosaic GPU kernels) on a CPU machine.
+
+- Lowering: every kernel (forward, and the backward through the vjp) lowers for CUDA with
+  jax.export (the Mosaic GPU lowering checks layouts, wgmma shapes, barriers, TMA and SMEM
+  size) for K = V in {64, 128, 256}, bf16/fp16, h0, varlen.
+- Numerics: JAX's GPU interpret mode (tiles.gpu_interpret: simulated SMEM, TMA, barriers)
+  runs the kernels against the float64 recurrence of test_pallas_simple_gla (it checks the
+  data flow: indices, packing, pipelining, masking; not the register layouts of a real GPU).
+- Dispatch: what impl='mosaic' raises off a Hopper GPU, what impl='auto' picks.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from fla_jax.ops.common.mosaic import dispatch as mdispatch
+from fla_jax.ops.common.mosaic import export_for_cuda
+from fla_jax.ops.common.mosaic.tiles import gpu_interpret
+from fla_jax.ops.simple_gla import chunk_simple_gla, mosaic_chunk, mosaic_unsupported_reason
+
+from .test_pallas_simple_gla import run_case
+
+S = jax.ShapeDtypeStruct
+DT = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
+
+
+def _lower(K, dtype, varlen, backward, T=300, H=2):
+    B, N = (1, 3) if varlen else (2, 2)
+    dt = DT[dtype]
+    args = [S((B, T, H, K), dt), S((B, T, H, K), dt), S((B, T, H, K), dt),
+            S((B, T, H), jnp.float32), S((N, H, K, K), jnp.float32)]
+    args += [S((N + 1,), jnp.int32)] if varlen else []
+
+    def f(q, k, v, g, h0, cu=None):
+        return chunk_simple_gla(q, k, v, g=g, initial_state=h0, output_final_state=True,
+                                cu_seqlens=cu, impl="mosaic")
+
+    fn = f
+    if backward:
+        def fn(*a):
+            o, ht = f(*a)
+            return jax.vjp(f, *a)[1]((jnp.ones_like(o), jnp.ones_like(ht)))
+    return export_for_cuda(fn, *args)
+
+
+@pytest.mark.parametrize("K", [64, 128, 256])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_forward_lowers(K, dtype):
+    text = _lower(K, dtype, varlen=False, backward=False)
+    assert "mosaic_gpu" in text
+
+
+@pytest.mark.parametrize("K", [64, 256])
+def test_varlen_vjp_lowers(K):
+    for backward in mosaic_chunk.BACKWARDS:
+        old = mosaic_chunk.BACKWARD
+        mosaic_chunk.BACKWARD = backward
+        try:
+            text = _lower(K, "bf16", varlen=True, backward=True)
+        finally:
+            mosaic_chunk.BACKWARD = old
+        assert "custom_call" in text, backward
+
+
+CASES = {
+    "g_h0_t150": dict(B=1, T=150, H=1, K=64, V=64),
+    "gamma_varlen": dict(B=1, T=140, H=1, K=64, V=128, use_g=False, use_gamma=True,
+                         cu=[0, 7, 7, 100, 140]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_interpreted_against_float64(case):
+    """Mosaic forward (and the selected backward) in the GPU interpreter vs float64."""
+    with gpu_interpret():
+        run_case(mosaic_chunk.chunk_simple_gla_mosaic, "bf16", **CASES[case])
+
+
+def test_mosaic_needs_hopper():
+    q = jnp.zeros((1, 64, 1, 64), jnp.bfloat16)
+    with pytest.raises(ValueError, match="needs a Hopper GPU"):
+        chunk_simple_gla(q, q, q, impl="mosaic")
+
+
+def test_unsupported_reasons():
+    q = jnp.zeros((1, 64, 1, 64), jnp.bfloat16)
+    assert mosaic_unsupported_reason(q, q, q) is None
+    assert "float32" in mosaic_unsupported_reason(q.astype(jnp.float32), q, q)
+    odd = jnp.zeros((1, 64, 1, 96), jnp.bfloat16)
+    assert "K=96" in mosaic_unsupported_reason(odd, odd, q)
+    big = jnp.zeros((1, 64, 1, 512), jnp.bfloat16)
+    assert "V=512" in mosaic_unsupported_reason(q, q, big)
+
+
+def test_auto_picks(monkeypatch):
+    """'auto' takes mosaic only on Hopper, for a GPU-proven op/dtype, when the call fits."""
+    q = jnp.zeros((1, 64, 1, 64), jnp.bfloat16)
+    ok = lambda: None  # noqa: E731
+    assert mdispatch.mosaic_or("chunk_simple_gla", "auto", q, ok) == "auto"   # CPU
+    monkeypatch.setattr(mdispatch, "on_hopper", lambda: True)
+    assert mdispatch.mosaic_or("chunk_simple_gla", "auto", q, ok) == "auto"   # not proven
+    monkeypatch.setitem(mdispatch.AUTO_MOSAIC, "chunk_simple_gla", ("bf16",))
+    assert mdispatch.mosaic_or("chunk_simple_gla", "auto", q, ok) == "mosaic"
+    assert mdispatch.mosaic_or("chunk_simple_gla", "auto", q, lambda: "K=96") == "auto"
+    assert mdispatch.mosaic_or("chunk_simple_gla", "auto", q.astype(jnp.float16), ok) == "auto"
+    assert mdispatch.mosaic_or("chunk_simple_gla", "pallas", q, ok) == "pallas"
+    # on CPU impl='auto' still runs (chunked path), it never reaches the Mosaic kernels
+    monkeypatch.setattr(mdispatch, "on_hopper", lambda: False)
+    o, _ = chunk_simple_gla(q, q, q, impl="auto")
+    assert o.shape == q.shape
