@@ -17,23 +17,14 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from ..common.mosaic import check_mosaic
 from .mosaic_fwd_kernel import fused_forward
-from .mosaic_layout import (from_rows, gate_free_inverse, gate_vectors, l2norm, make_layout,
-                            to_rows)
+from .mosaic_layout import from_rows, gate_free_inverse, gate_vectors, l2norm, plan, to_rows
 from .pallas_chunk import chunk_gated_delta_rule_pallas
 
 F32 = jnp.float32
 DTYPES = ("bfloat16", "float16")
 MAX_HEAD = 256
-
-
-def on_hopper() -> bool:
-    """True when the default JAX device is an sm_90 GPU."""
-    try:
-        dev = jax.devices()[0]
-    except RuntimeError:
-        return False
-    return dev.platform == "gpu" and str(getattr(dev, "compute_capability", "")) == "9.0"
 
 
 def mosaic_unsupported_reason(q, k, v, g=None, beta=None, initial_state=None,
@@ -51,32 +42,28 @@ def mosaic_unsupported_reason(q, k, v, g=None, beta=None, initial_state=None,
     return None
 
 
-def _check_call(q, k, v, cu_seqlens):
-    reason = mosaic_unsupported_reason(q, k, v, cu_seqlens=cu_seqlens)
-    if reason is not None:
-        raise ValueError(f"chunk_gated_delta_rule impl='mosaic': {reason}")
+OP = "chunk_gated_delta_rule"
 
 
 def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool):
-    """The Mosaic forward (no backend check; lowers for CUDA on any machine).
+    """The Mosaic forward (lowers for CUDA on any machine: common/mosaic/lowering.py).
     q, k: [B, T, H, K]; v: [B, T, HV, V]; g: None or [B, T, HV]; beta: [B, T, HV];
     h0: None or [N, HV, K, V] fp32. Returns o [B, T, HV, V] (q's dtype) and the final
     states [N, HV, K, V] fp32."""
-    _check_call(q, k, v, cu_seqlens)
     B, T, H, K = q.shape
     HV = v.shape[2]
     if l2:
         q, k = l2norm(q), l2norm(k)
-    lay = make_layout(B, T, cu_seqlens)
+    lay, table = plan(B, T, cu_seqlens)
     qr, kr, vr = to_rows(q, lay), to_rows(k, lay), to_rows(v, lay)
     br = to_rows(beta.astype(F32), lay)                                  # [R, HV]
     gr = None if g is None else to_rows(g.astype(F32), lay)
-    G, later = gate_vectors(gr, lay.rows, HV)
+    G, later = gate_vectors(gr, qr.shape[0], HV)
     t0 = gate_free_inverse(kr, br, HV // H, q.dtype)
     h0t = None if h0 is None else jnp.swapaxes(h0.astype(F32), -1, -2)
-    o, ht = fused_forward(qr, kr, vr, t0, G, later, br.T, lay.table, h0t, scale=scale,
+    o, ht = fused_forward(qr, kr, vr, t0, G, later, br.T, table, h0t, scale=scale,
                           group=HV // H)
-    return from_rows(o, lay), jnp.swapaxes(ht, -1, -2)
+    return from_rows(o, lay, B), jnp.swapaxes(ht, -1, -2)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
@@ -117,12 +104,7 @@ def chunk_gated_delta_rule_mosaic(q, k, v, *, g, beta, scale, initial_state,
         o [B, T, HV, V] in q's dtype; final_state [N, HV, K, V] fp32, or None unless
         output_final_state. Differentiable w.r.t. q, k, v, g, beta, initial_state.
     """
-    _check_call(q, k, v, cu_seqlens)
-    if not on_hopper():
-        raise ValueError(
-            "chunk_gated_delta_rule impl='mosaic': the Mosaic GPU kernels need a Hopper (sm_90) "
-            f"GPU and cannot be interpreted; default backend is {jax.default_backend()!r}; "
-            "use impl='pallas' or impl='auto'")
+    check_mosaic(OP, mosaic_unsupported_reason(q, k, v))
     o, ht = _gdn(q, k, v, g, beta, initial_state, cu_seqlens, float(scale),
                  bool(use_qk_l2norm_in_kernel))
     return o, (ht if output_final_state else None)

@@ -2,12 +2,12 @@
 fused with the output, one CTA (one warpgroup) per (sequence, value head, 64 value columns).
 
 Per chunk of C = 64 tokens (one sequence's rows of the chunk-aligned layout), with S^T
-[BV, K] fp32 carried in registers, G the chunk-local cumsum of g, Gamma = exp(G),
+[BV, K] fp32 carried in registers, G the chunk-local cumsum of g (log2 units), Gamma = exp2(G),
 T0 = (I + tril(beta k k^T, -1))^-1 (the gate-free inverse, given) and
-Ag = T0 * exp(G_i - G_j) * beta_j (i >= j; the gated inverse times diag(beta)):
+Ag = T0 * exp2(G_i - G_j) * beta_j (i >= j; the gated inverse times diag(beta)):
     v_new^T = (v^T - (S^T k^T) Gamma) Ag^T           (= u - w S of the WY form)
-    o       = scale ((Gamma q) S + P v_new),   P = tril(q k^T) * exp(G_i - G_j)
-    S^T     = exp(G_last) S^T + (v_new^T exp(G_last - G)) k
+    o       = scale ((Gamma q) S + P v_new),   P = tril(q k^T) * exp2(G_i - G_j)
+    S^T     = exp2(G_last) S^T + (v_new^T exp2(G_last - G)) k
 Every matmul runs on wgmma with an fp32 accumulator and 16-bit operands (S^T and v_new go
 through shared memory in the input dtype, as FLA keeps h and v_new). The TMA loads of chunk c + 1 are issued before chunk c is computed.
 """
@@ -19,11 +19,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from .mosaic_tiles import (CHUNK, COLS, F32, ROWS, WGMMA, by_cols, by_rows, causal_decay, load, mma, tr, zeros,
-                           mma2,
-                           swizzled)
+from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of, load,
+                                  matmul, rows_of, smem_tile, zeros_wgmma)
 
-C = CHUNK
+C = 64
 BV = 64
 TABLE_WIDTH = 32   # int32 entries per sequence row: a 128-byte TMA copy
 SMEM_BUDGET = 200 * 1024
@@ -37,11 +36,11 @@ def _stages(K: int, dtype) -> int:
     return 2 if fixed + 2 * per_stage <= SMEM_BUDGET else 1
 
 
-def fused_forward(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float, group: int,
-                  interpret=None):
+def fused_forward(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float, group: int):
     """q, k: [R, H, K]; v: [R, HV, V] (16-bit, one dtype; R a multiple of 64, every sequence
     starting at a chunk boundary, padding rows zero); t0: [HV, R, C] (q's dtype);
-    gcum, gsuf, beta: [HV, R] fp32 (chunk-local cumsum G, G_last - G, beta); table: [N, TABLE_WIDTH]
+    gcum, gsuf, beta: [HV, R] fp32 (chunk-local cumsum G and G_last - G, both in log2
+    units, and beta); table: [N, TABLE_WIDTH]
     int32 (column 0: first chunk of sequence n, column 1: its chunk count); h0t: None or
     [N, HV, V, K] fp32 (transposed initial states). Returns o [R, HV, V] in q's dtype and the
     transposed final states [N, HV, V, K] fp32."""
@@ -53,16 +52,16 @@ def fused_forward(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float, gr
     stages = _stages(K, dtype)
     vec = plgpu.SMEM((stages, C), F32)
     scratch = dict(
-        q_s=swizzled((stages, C, K), dtype),
-        k_s=swizzled((stages, C, K), dtype),
-        v_s=swizzled((stages, C, BV), dtype),
-        t_s=swizzled((stages, C, C), dtype),
+        q_s=smem_tile((stages, C, K), dtype),
+        k_s=smem_tile((stages, C, K), dtype),
+        v_s=smem_tile((stages, C, BV), dtype),
+        t_s=smem_tile((stages, C, C), dtype),
         g_c=vec, g_r=vec, s_c=vec, b_c=vec,
-        ag_s=swizzled((C, C), dtype),
-        s_s=swizzled((BV, K), dtype),
-        vn_s=swizzled((BV, C), dtype),
-        o_s=swizzled((2, C, BV), dtype),
-        st_s=plgpu.SMEM((BV, K), F32),
+        ag_s=smem_tile((C, C), dtype),
+        s_s=smem_tile((BV, K), dtype),
+        vn_s=smem_tile((BV, C), dtype),
+        o_s=smem_tile((2, C, BV), dtype),
+        st_s=smem_tile((BV, K), F32),
         tab_s=plgpu.SMEM((TABLE_WIDTH,), jnp.int32),
         in_bar=plgpu.Barrier(num_arrivals=8, num_barriers=stages),
         one_bar=plgpu.Barrier(num_arrivals=1, num_barriers=2),
@@ -101,9 +100,9 @@ def fused_forward(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float, gr
         if has_h0:
             plgpu.copy_gmem_to_smem(h0_ref.at[n, hv, cols], st_s, one_bar.at[1])
             plgpu.barrier_wait(one_bar.at[1])
-            s0 = load(st_s, WGMMA, optimized=False)
+            s0 = load(st_s, WGMMA)
         else:
-            s0 = zeros((BV, K))
+            s0 = zeros_wgmma((BV, K))
 
         sq, tile = (C, C), (BV, C)
 
@@ -120,28 +119,29 @@ def fused_forward(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float, gr
             g_row = load(g_r.at[slot], ROWS)
             s_lo = s_t.astype(dtype)
             s_s[...] = s_lo
-            ks = mma(s_lo, tr(k_s.at[slot]), tile)                          # S^T k^T
-            decay = causal_decay(g_row, g_col, C)
+            ks = matmul(s_lo, k_s.at[slot], tile, tb=True)                  # S^T k^T
+            decay = causal_decay(g_row, g_col, sq)
             t0 = load(t_s.at[slot], WGMMA).astype(F32)
             beta_c = load(b_c.at[slot], COLS)
-            ag_s[...] = (t0 * decay * by_cols(beta_c, sq)).astype(dtype)  # Tg diag(beta)
-            p_lo = (mma(q_s.at[slot], tr(k_s.at[slot]), sq) * decay).astype(dtype)
+            ag_s[...] = (t0 * decay * cols_of(beta_c, sq)).astype(dtype)  # Tg diag(beta)
+            p_lo = (matmul(q_s.at[slot], k_s.at[slot], sq, tb=True) * decay).astype(dtype)
             plgpu.commit_smem()
-            w_lo = (ks * by_cols(-jnp.exp(g_col), tile)).astype(dtype)    # -(S^T k^T) Gamma
-            vn = mma2(tr(v_s.at[slot]), tr(ag_s), w_lo, tr(ag_s), tile)         # v_new^T
+            w_lo = (ks * cols_of(-jnp.exp2(g_col), tile)).astype(dtype)   # -(S^T k^T) Gamma
+            vn = matmul(v_s.at[slot], ag_s, tile, ta=True, tb=True)        # v_new^T
+            vn = matmul(w_lo, ag_s, tile, init=vn, tb=True)
             vn_s[...] = vn.astype(dtype)
             plgpu.commit_smem()
-            o = mma(q_s.at[slot], tr(s_s), (C, BV)) * by_rows(jnp.exp(g_row), (C, BV))
-            o = mma(p_lo, tr(vn_s), (C, BV), init=o) * scale
+            o = matmul(q_s.at[slot], s_s, (C, BV), tb=True) * rows_of(jnp.exp2(g_row), (C, BV))
+            o = matmul(p_lo, vn_s, (C, BV), init=o, tb=True) * scale
             oslot = lax.rem(i, 2)
             plgpu.wait_smem_to_gmem(1, wait_read_only=True)
             o_s.at[oslot][...] = o.astype(dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(o_s.at[oslot], o_ref.at[pl.ds((first + i) * C, C), hv, cols])
             g_last = g_c[slot, C - 1]
-            kd = jnp.exp(load(s_c.at[slot], COLS))
-            vd_lo = (vn * by_cols(kd, tile)).astype(dtype)
-            s_new = mma(vd_lo, k_s.at[slot], (BV, K), init=s_t * jnp.exp(g_last))
+            kd = jnp.exp2(load(s_c.at[slot], COLS))
+            vd_lo = (vn * cols_of(kd, tile)).astype(dtype)
+            s_new = matmul(vd_lo, k_s.at[slot], (BV, K), init=s_t * jnp.exp2(g_last))
             if stages == 1:
                 @pl.when(i + 1 < count)
                 def _():
@@ -156,8 +156,6 @@ def fused_forward(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float, gr
         plgpu.wait_smem_to_gmem(0)
 
     args = [q, k, v, t0, gcum, gsuf, beta, table] + ([h0t] if has_h0 else [])
-    kernel = plgpu.kernel(body, out_type=out_type, scratch_types=scratch,
-                          grid=(N, HV, V // BV), grid_names=("n", "hv", "v"),
-                          compiler_params=plgpu.CompilerParams(approx_math=False),
-                          interpret=interpret)
+    kernel = build(body, name="gdn_fwd", out_type=out_type, scratch=scratch,
+                   grid=(N, HV, V // BV), grid_names=("n", "hv", "v"))
     return kernel(*args)
