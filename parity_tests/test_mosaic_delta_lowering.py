@@ -52,8 +52,8 @@ def _lower(K, dtype, varlen, backward, gated=True, T=300, H=2, HV=4):
     fn = f
     if backward:
         def fn(*a):
-            o, ht = f(*a)
-            return jax.vjp(f, *a)[1]((jnp.ones_like(o), jnp.ones_like(ht)))
+            (o, ht), vjp = jax.vjp(f, *a)
+            return o, ht, vjp((jnp.ones_like(o), jnp.ones_like(ht)))
     return export_for_cuda(fn, *args)
 
 
@@ -66,12 +66,12 @@ def test_forward_lowers(K, dtype):
 @pytest.mark.parametrize("gated", [True, False])
 def test_varlen_vjp_lowers(gated):
     text = _lower(128, "bf16", varlen=True, backward=True, gated=gated)
-    assert "mosaic_gpu" in text
+    assert "mosaic_gpu" in text and "triton" in text
 
 
 CASES = {
     # several chunks, a tail, GQA, h0, l2norm, strong gates, beta in (0, 2)
-    "gqa_h0_t150": dict(B=2, T=150, H=1, HV=2, K=64, V=64, cu=None, g_min=-5,
+    "gqa_h0_t100": dict(B=2, T=100, H=1, HV=2, K=64, V=64, cu=None, g_min=-5,
                         beta=(0.0, 2.0), h0=True, l2norm=True),
     # varlen with an empty sequence and a sequence ending mid-chunk; V = 128 (2 value blocks)
     "varlen": dict(B=1, T=140, H=1, HV=1, K=64, V=128, cu=[0, 7, 7, 100, 140], g_min=0,
@@ -79,8 +79,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("family", ["gdn", "delta"])
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("family,case", [("gdn", "gqa_h0_t100"), ("gdn", "varlen"),
+                                         ("delta", "gqa_h0_t100")])
 def test_interpreted_against_float64(case, family):
     c = CASES[case]
     gated = family == "gdn"
