@@ -23,7 +23,8 @@ print("devices", jax.devices(), "jax", jax.__version__, flush=True)
 DRYRUN = os.environ.get("GDN_DRYRUN") == "1"   # CPU check of this script: GPU interpreter, tiny shapes
 if DRYRUN:
     from fla_jax.ops.common.mosaic.tiles import gpu_interpret
-    gpu_interpret().__enter__()
+    _INTERP = gpu_interpret()
+    _INTERP.__enter__()
 DT = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
 
 
@@ -71,7 +72,7 @@ def call(family, impl, x, dt, cu=None, l2=False, with_h0=True):
 def grads(f, args, x, dt):
     (o, ht), vjp = jax.vjp(f, *args)
     do = jnp.asarray(x["do"], o.dtype)
-    dht = jnp.asarray(x["dht"], jnp.float32)
+    dht = jnp.asarray(x["dht"], ht.dtype)
     names = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
     out = {"o": o, "ht": ht}
     for n, gr in zip(names, vjp((do, dht))):
@@ -217,7 +218,10 @@ PLAN = [
     ("ref gdn bf16 K=V=256", lambda: check_reference("gdn", "bf16", 256, None, False,
                                                      "gdn bf16 B2 T300 H4 K=V=256 h0")),
 ]
+ONLY = os.environ.get("GDN_ONLY")   # run only the checks whose label contains this
 for label, fn in PLAN:
+    if ONLY and ONLY not in label:
+        continue
     if elapsed() > 95 and not DRYRUN:
         print(f"SKIP {label}: time budget ({elapsed():.0f}s)", flush=True)
         continue
