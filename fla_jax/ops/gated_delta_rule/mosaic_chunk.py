@@ -18,12 +18,15 @@ import jax
 import jax.numpy as jnp
 
 from ..common.mosaic import check_mosaic
+from . import mosaic_bwd
 from .mosaic_fwd_kernel import fused_forward
 from .mosaic_layout import from_rows, gate_free_inverse, gate_vectors, l2norm, plan, to_rows
 from .pallas_chunk import chunk_gated_delta_rule_pallas
 
 F32 = jnp.float32
 DTYPES = ("bfloat16", "float16")
+BACKWARDS = ("pallas", "mosaic")
+BACKWARD = "pallas"   # "mosaic": Mosaic reverse state pass + chunk-parallel XLA (mosaic_bwd.py)
 MAX_HEAD = 256
 
 
@@ -66,17 +69,20 @@ def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool):
     return from_rows(o, lay, B), jnp.swapaxes(ht, -1, -2)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
-def _gdn(q, k, v, g, beta, h0, cu, scale, l2):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
+def _gdn(q, k, v, g, beta, h0, cu, scale, l2, backward):
     return forward(q, k, v, g, beta, h0, cu, scale=scale, l2=l2)
 
 
-def _gdn_fwd(q, k, v, g, beta, h0, cu, scale, l2):
-    return _gdn(q, k, v, g, beta, h0, cu, scale, l2), (q, k, v, g, beta, h0, cu)
+def _gdn_fwd(q, k, v, g, beta, h0, cu, scale, l2, backward):
+    return _gdn(q, k, v, g, beta, h0, cu, scale, l2, backward), (q, k, v, g, beta, h0, cu)
 
 
-def _gdn_bwd(scale, l2, res, cts):
+def _gdn_bwd(scale, l2, backward, res, cts):
     q, k, v, g, beta, h0, cu = res
+    if backward == "mosaic":
+        return (*mosaic_bwd.backward(q, k, v, g, beta, h0, cu, cts[0], cts[1], scale=scale,
+                                     l2=l2), None)
 
     def pallas(q, k, v, g, beta, h0):
         return chunk_gated_delta_rule_pallas(q, k, v, g=g, beta=beta, scale=scale,
@@ -105,6 +111,8 @@ def chunk_gated_delta_rule_mosaic(q, k, v, *, g, beta, scale, initial_state,
         output_final_state. Differentiable w.r.t. q, k, v, g, beta, initial_state.
     """
     check_mosaic(OP, mosaic_unsupported_reason(q, k, v))
+    if BACKWARD not in BACKWARDS:
+        raise ValueError(f"mosaic_chunk.BACKWARD: got {BACKWARD!r}, expected one of {BACKWARDS}")
     o, ht = _gdn(q, k, v, g, beta, initial_state, cu_seqlens, float(scale),
-                 bool(use_qk_l2norm_in_kernel))
+                 bool(use_qk_l2norm_in_kernel), BACKWARD)
     return o, (ht if output_final_state else None)

@@ -36,14 +36,16 @@ def _stages(K: int, dtype) -> int:
     return 2 if fixed + 2 * per_stage <= SMEM_BUDGET else 1
 
 
-def fused_forward(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float, group: int):
+def fused_forward(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float, group: int,
+                  residuals: bool = False):
     """q, k: [R, H, K]; v: [R, HV, V] (16-bit, one dtype; R a multiple of 64, every sequence
     starting at a chunk boundary, padding rows zero); t0: [HV, R, C] (q's dtype);
     gcum, gsuf, beta: [HV, R] fp32 (chunk-local cumsum G and G_last - G, both in log2
     units, and beta); table: [N, TABLE_WIDTH]
     int32 (column 0: first chunk of sequence n, column 1: its chunk count); h0t: None or
     [N, HV, V, K] fp32 (transposed initial states). Returns o [R, HV, V] in q's dtype and the
-    transposed final states [N, HV, V, K] fp32."""
+    transposed final states [N, HV, V, K] fp32; with `residuals` also the transposed state
+    entering each chunk hs [R // C, HV, V, K] and v_new^T [HV, V, R], both in q's dtype."""
     R, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     N = table.shape[0]
@@ -66,15 +68,19 @@ def fused_forward(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float, gr
         in_bar=plgpu.Barrier(num_arrivals=8, num_barriers=stages),
         one_bar=plgpu.Barrier(num_arrivals=1, num_barriers=2),
     )
-    out_type = (jax.ShapeDtypeStruct((R, HV, V), dtype),
-                jax.ShapeDtypeStruct((N, HV, V, K), F32))
+    out_type = [jax.ShapeDtypeStruct((R, HV, V), dtype),
+                jax.ShapeDtypeStruct((N, HV, V, K), F32)]
+    if residuals:
+        out_type += [jax.ShapeDtypeStruct((R // C, HV, V, K), dtype),
+                     jax.ShapeDtypeStruct((HV, V, R), dtype)]
 
     def body(*refs, q_s, k_s, v_s, t_s, g_c, g_r, s_c, b_c, ag_s, s_s, vn_s, o_s, st_s, tab_s,
              in_bar, one_bar):
         refs = list(refs)
         q_ref, k_ref, v_ref, t_ref, gc_ref, gs_ref, b_ref, tab_ref = refs[:8]
         h0_ref = refs[8] if has_h0 else None
-        o_ref, ht_ref = refs[-2:]
+        o_ref, ht_ref = refs[-4:-2] if residuals else refs[-2:]
+        hs_ref, vn_ref = refs[-2:] if residuals else (None, None)
         n, hv, iv = lax.axis_index("n"), lax.axis_index("hv"), lax.axis_index("v")
         h = lax.div(hv, group)
         cols = pl.ds(iv * BV, BV)
@@ -118,6 +124,8 @@ def fused_forward(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float, gr
             g_col = load(g_c.at[slot], COLS)
             g_row = load(g_r.at[slot], ROWS)
             s_lo = s_t.astype(dtype)
+            if residuals:   # s_s and vn_s of the previous chunk have been stored
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             s_s[...] = s_lo
             ks = matmul(s_lo, k_s.at[slot], tile, tb=True)                  # S^T k^T
             decay = causal_decay(g_row, g_col, sq)
@@ -131,6 +139,11 @@ def fused_forward(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float, gr
             vn = matmul(w_lo, ag_s, tile, init=vn, tb=True)
             vn_s[...] = vn.astype(dtype)
             plgpu.commit_smem()
+            if residuals:
+                plgpu.copy_smem_to_gmem(s_s, hs_ref.at[first + i, hv, cols], commit_group=False)
+                plgpu.copy_smem_to_gmem(vn_s, vn_ref.at[hv, cols, pl.ds((first + i) * C, C)],
+                                        commit_group=False)
+                plgpu.commit_smem_to_gmem_group()
             o = matmul(q_s.at[slot], s_s, (C, BV), tb=True) * rows_of(jnp.exp2(g_row), (C, BV))
             o = matmul(p_lo, vn_s, (C, BV), init=o, tb=True) * scale
             oslot = lax.rem(i, 2)
