@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fla_jax.ops.delta_rule import chunk_delta_rule
-from fla_jax.ops.gated_delta_rule import chunk_gated_delta_rule
+from fla_jax.ops.gated_delta_rule import chunk_gated_delta_rule, mosaic_chunk
 
 print("devices", jax.devices(), "jax", jax.__version__, flush=True)
 DRYRUN = os.environ.get("GDN_DRYRUN") == "1"   # CPU check of this script: GPU interpreter, tiny shapes
@@ -52,7 +52,7 @@ def inputs(seed, B, T, H, HV, K, V, N, g_min=-0.2):
     return x
 
 
-def call(family, impl, x, dt, cu=None, l2=False, with_h0=True):
+def call(family, impl, x, dt, cu=None, l2=False, with_h0=True, backward="pallas"):
     q, k, v = (jnp.asarray(x[n], dt) for n in ("q", "k", "v"))
     beta = jnp.asarray(x["beta"], jnp.float32)
     g = jnp.asarray(x["g"], jnp.float32)
@@ -60,6 +60,7 @@ def call(family, impl, x, dt, cu=None, l2=False, with_h0=True):
     cu = None if cu is None else jnp.asarray(cu, jnp.int32)
 
     def f(q, k, v, g, beta, h0):
+        mosaic_chunk.BACKWARD = backward   # read when the vjp is traced
         if family == "gdn":
             return chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
                                           output_final_state=True, cu_seqlens=cu,
@@ -99,7 +100,8 @@ except Exception:  # noqa: BLE001
     tolerance = None
 
 
-def check_reference(family, dtype, K, cu, l2, label):
+def check_reference(family, dtype, K, cu, l2, label, backward="pallas"):
+    label = f"{label} bwd={backward}"
     B = 1 if cu is not None else 2
     T = 300
     if DRYRUN:
@@ -107,7 +109,7 @@ def check_reference(family, dtype, K, cu, l2, label):
     N = B if cu is None else len(cu) - 1
     x = inputs(1, B, T, 4, 4, K, K, N, g_min=-3.0)
     dt = DT[dtype]
-    f, args = call(family, "mosaic", x, dt, cu=cu, l2=l2)
+    f, args = call(family, "mosaic", x, dt, cu=cu, l2=l2, backward=backward)
     t0 = time.perf_counter()
     got = to64(jax.block_until_ready(grads(f, args, x, dt)))
     first = time.perf_counter() - t0
@@ -159,26 +161,45 @@ def bench(family, dtype, B=4, T=4096, H=16, HV=16, K=128):
     x = inputs(2, B, T, H, HV, K, K, B)
     dt = DT[dtype]
     res = {}
-    for impl in ("mosaic", "pallas"):
-        f, args = call(family, impl, x, dt, with_h0=False)
+    variants = {"mosaic": ("mosaic", "pallas"), "mosaic+mbwd": ("mosaic", "mosaic"),
+                "pallas": ("pallas", "pallas")}
+    for name, (impl, bw) in variants.items():
+        f, args = call(family, impl, x, dt, with_h0=False, backward=bw)
         f2 = lambda *a, f=f: f(*a[:5], None)  # noqa: E731
         args = args[:5]
         do = jnp.asarray(x["do"], dt)
         fwd = jax.jit(lambda *a, f2=f2: f2(*a)[0])
         fb = jax.jit(lambda *a, f2=f2: jax.vjp(lambda *p: f2(*p)[0], *a)[1](do))
-        res[impl] = (fwd, fb, args)
+        res[name] = (fwd, fb, args)
     o_m = np.asarray(res["mosaic"][0](*res["mosaic"][2]).astype(jnp.float32))
     o_p = np.asarray(res["pallas"][0](*res["pallas"][2]).astype(jnp.float32))
     mx, rr = rel(o_m, o_p)
     ok = np.all(np.isfinite(o_m)) and rr <= (TOL[dtype] * 2)
     print(f"{'PASS' if ok else 'FAIL'} vs-pallas {family} {dtype} B{B} T{T} H{H} HV{HV} K=V={K} "
           f"o max_abs={mx:.4g} rel_rms={rr:.4g}", flush=True)
+    gp = res["pallas"][1](*res["pallas"][2])
+    for name in ("mosaic", "mosaic+mbwd"):
+        gm = res[name][1](*res[name][2])
+        errs = {}
+        for n, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), gm, gp):
+            if a is None or (family == "delta" and n == "dg"):
+                continue
+            a64 = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+            b64 = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
+            errs[n] = (round(rel(a64, b64)[1], 5), bool(np.all(np.isfinite(a64))))
+        ok = all(fin and e <= TOL[dtype] * 2 for e, fin in errs.values())
+        print(f"{'PASS' if ok else 'FAIL'} grads-vs-pallas {name} {family} {dtype} B{B} T{T} "
+              f"H{H} HV{HV} K=V={K} (rel_rms, finite)={errs}", flush=True)
     line = []
-    for impl in ("mosaic", "pallas"):
-        fwd, fb, args = res[impl]
+    for name in ("mosaic", "mosaic+mbwd", "pallas"):
+        fwd, fb, args = res[name]
+        if name == "mosaic+mbwd":
+            msb, firstb = time_fn(lambda: fb(*args))
+            line.append(f"{name} fwd+bwd {msb:.3f} ms (first {firstb:.1f}s)")
+            continue
         ms, first = time_fn(lambda: fwd(*args))
         msb, firstb = time_fn(lambda: fb(*args))
-        line.append(f"{impl} fwd {ms:.3f} ms (first {first:.1f}s) fwd+bwd {msb:.3f} ms "
+        line.append(f"{name} fwd {ms:.3f} ms (first {first:.1f}s) fwd+bwd {msb:.3f} ms "
                     f"(first {firstb:.1f}s)")
     try:
         from jla.ops import linear_attention
@@ -204,19 +225,24 @@ def bench(family, dtype, B=4, T=4096, H=16, HV=16, K=128):
 PLAN = [
     ("ref gdn bf16 K=V=128 h0", lambda: check_reference("gdn", "bf16", 128, None, False,
                                                         "gdn bf16 B2 T300 H4 K=V=128 h0")),
+    ("ref gdn bf16 K=V=128 h0 mbwd", lambda: check_reference(
+        "gdn", "bf16", 128, None, False, "gdn bf16 B2 T300 H4 K=V=128 h0", "mosaic")),
     ("bench gdn bf16", lambda: bench("gdn", "bf16")),
+    ("ref gdn bf16 varlen l2norm mbwd", lambda: check_reference(
+        "gdn", "bf16", 128, [0, 37, 37, 200, 300], True,
+        "gdn bf16 varlen[0,37,37,200,300] K=V=128 l2norm h0", "mosaic")),
+    ("bench gdn fp16", lambda: bench("gdn", "fp16")),
+    ("ref gdn fp16 K=V=64 h0 mbwd", lambda: check_reference(
+        "gdn", "fp16", 64, None, False, "gdn fp16 B2 T300 H4 K=V=64 h0", "mosaic")),
+    ("ref delta bf16 K=V=128 h0 mbwd", lambda: check_reference(
+        "delta", "bf16", 128, None, False, "delta bf16 B2 T300 H4 K=V=128 h0", "mosaic")),
+    ("bench delta bf16", lambda: bench("delta", "bf16")),
+    ("bench gdn bf16 GQA H8 HV16", lambda: bench("gdn", "bf16", H=8, HV=16)),
+    ("ref gdn bf16 K=V=256 mbwd", lambda: check_reference(
+        "gdn", "bf16", 256, None, False, "gdn bf16 B2 T300 H4 K=V=256 h0", "mosaic")),
     ("ref gdn bf16 varlen l2norm", lambda: check_reference(
         "gdn", "bf16", 128, [0, 37, 37, 200, 300], True,
         "gdn bf16 varlen[0,37,37,200,300] K=V=128 l2norm h0")),
-    ("bench gdn fp16", lambda: bench("gdn", "fp16")),
-    ("ref gdn fp16 K=V=64 h0", lambda: check_reference("gdn", "fp16", 64, None, False,
-                                                       "gdn fp16 B2 T300 H4 K=V=64 h0")),
-    ("ref delta bf16 K=V=128 h0", lambda: check_reference("delta", "bf16", 128, None, False,
-                                                          "delta bf16 B2 T300 H4 K=V=128 h0")),
-    ("bench delta bf16", lambda: bench("delta", "bf16")),
-    ("bench gdn bf16 GQA H8 HV16", lambda: bench("gdn", "bf16", H=8, HV=16)),
-    ("ref gdn bf16 K=V=256", lambda: check_reference("gdn", "bf16", 256, None, False,
-                                                     "gdn bf16 B2 T300 H4 K=V=256 h0")),
 ]
 ONLY = os.environ.get("GDN_ONLY")   # run only the checks whose label contains this
 for label, fn in PLAN:
