@@ -1,9 +1,9 @@
 """chunk_gated_delta_rule / chunk_delta_rule impl='mosaic' (Pallas Mosaic GPU kernels) on a
 CPU machine.
 
-- Lowering: the forward kernel (and the vjp, whose backward is the Pallas Triton-lowering
-  kernels) lowers for CUDA with jax.export for K = V in {64, 128, 256}, bf16/fp16, h0,
-  varlen, GQA.
+- Lowering: the forward kernel (and the vjp with either backward: the Pallas Triton-lowering
+  kernels, or mosaic_chunk.BACKWARD = "mosaic") lowers for CUDA with jax.export for
+  K = V in {64, 128, 256}, bf16/fp16, h0, varlen, GQA.
 - Numerics: JAX's GPU interpret mode (common/mosaic/tiles.gpu_interpret) runs the forward
   kernel against the float64 reference of test_pallas_delta (every output and gradient):
   indices, packing, pipelining and masking; not the register layouts of a real GPU.
@@ -24,7 +24,8 @@ from fla_jax.ops.common.mosaic import export_for_cuda
 from fla_jax.ops.common.mosaic.tiles import gpu_interpret
 from fla_jax.ops.delta_rule import chunk_delta_rule
 from fla_jax.ops.delta_rule.mosaic_chunk import chunk_delta_rule_mosaic
-from fla_jax.ops.gated_delta_rule import chunk_gated_delta_rule, mosaic_unsupported_reason
+from fla_jax.ops.gated_delta_rule import (chunk_gated_delta_rule, mosaic_chunk,
+                                           mosaic_unsupported_reason)
 from fla_jax.ops.gated_delta_rule.mosaic_chunk import chunk_gated_delta_rule_mosaic
 
 from .test_pallas_delta import _compare, _inputs
@@ -63,10 +64,21 @@ def test_forward_lowers(K, dtype):
     assert "mosaic_gpu" in _lower(K, dtype, varlen=False, backward=False)
 
 
+@pytest.fixture
+def mosaic_backward(monkeypatch):
+    monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
+
+
 @pytest.mark.parametrize("gated", [True, False])
 def test_varlen_vjp_lowers(gated):
     text = _lower(128, "bf16", varlen=True, backward=True, gated=gated)
     assert "mosaic_gpu" in text and "triton" in text
+
+
+@pytest.mark.parametrize("K", [64, 256])
+def test_mosaic_backward_lowers(K, mosaic_backward):
+    text = _lower(K, "bf16", varlen=K == 64, backward=True)
+    assert "mosaic_gpu" in text and "triton" not in text
 
 
 CASES = {
@@ -79,9 +91,11 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("family,case", [("gdn", "gqa_h0_t100"), ("gdn", "varlen"),
-                                         ("delta", "gqa_h0_t100")])
-def test_interpreted_against_float64(case, family):
+@pytest.mark.parametrize("family,case,backward", [
+    ("gdn", "gqa_h0_t100", "pallas"), ("gdn", "varlen", "mosaic"),
+    ("delta", "gqa_h0_t100", "mosaic")])
+def test_interpreted_against_float64(case, family, backward, monkeypatch):
+    monkeypatch.setattr(mosaic_chunk, "BACKWARD", backward)
     c = CASES[case]
     gated = family == "gdn"
     N = c["B"] if c["cu"] is None else len(c["cu"]) - 1
@@ -91,7 +105,8 @@ def test_interpreted_against_float64(case, family):
         x["k"] = x["k"] / np.sqrt(c["K"])
     fn = chunk_gated_delta_rule_mosaic if gated else chunk_delta_rule_mosaic
     with gpu_interpret():
-        _compare(fn, x, "bf16", f"mosaic/{family}/{case}", gated=gated, scale=c["K"] ** -0.5,
+        _compare(fn, x, "bf16", f"mosaic/{family}/{case}/{backward}", gated=gated,
+                 scale=c["K"] ** -0.5,
                  l2norm=c["l2norm"], cu=c["cu"], h0=c["h0"])
 
 
