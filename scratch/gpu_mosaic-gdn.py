@@ -222,12 +222,82 @@ def bench(family, dtype, B=4, T=4096, H=16, HV=16, K=128):
     print(f"TIME {family} {dtype} B{B} T{T} H{H} HV{HV} K=V={K}: " + " | ".join(line), flush=True)
 
 
+def profile(dtype="bf16", B=4, T=4096, H=16, HV=16, K=128):
+    """Where the time of impl='mosaic' goes: each stage jitted and timed alone."""
+    from fla_jax.ops.gated_delta_rule import mosaic_bwd, mosaic_layout as ml
+    from fla_jax.ops.gated_delta_rule.mosaic_bwd_kernel import reverse_states
+    from fla_jax.ops.gated_delta_rule.mosaic_fwd_kernel import fused_forward
+    if DRYRUN:
+        B, T, H, HV, K = 1, 128, 1, 1, 64
+    x = inputs(3, B, T, H, HV, K, K, B)
+    dt = DT[dtype]
+    q, k, v = (jnp.asarray(x[n], dt) for n in ("q", "k", "v"))
+    beta = jnp.asarray(x["beta"], jnp.float32)
+    g = jnp.asarray(x["g"], jnp.float32)
+    do = jnp.asarray(x["do"], dt)
+    scale = K ** -0.5
+
+    def prep(q, k, v, g, beta):
+        lay, table = ml.plan(B, T, None)
+        qr, kr, vr = ml.to_rows(q, lay), ml.to_rows(k, lay), ml.to_rows(v, lay)
+        br = ml.to_rows(beta, lay)
+        G, later = ml.gate_vectors(ml.to_rows(g, lay), qr.shape[0], HV)
+        t0 = ml.gate_free_inverse(kr, br, HV // H, dt)
+        return qr, kr, vr, t0, G, later, br.T, table
+
+    jprep = jax.jit(prep)
+    ins = jax.block_until_ready(jprep(q, k, v, g, beta))
+    out = []
+    ms, _ = time_fn(lambda: jprep(q, k, v, g, beta))
+    out.append(f"xla prep+T0 {ms:.3f}")
+    jt0 = jax.jit(lambda kr, br: ml.gate_free_inverse(kr, br, HV // H, dt))
+    ms, _ = time_fn(lambda: jt0(ins[1], ins[6].T))
+    out.append(f"xla T0 alone {ms:.3f}")
+
+    def t0_trsm(kr, br):
+        Rr, Hh, Kk = kr.shape
+        kc = kr.reshape(Rr // 64, 64, Hh, Kk)
+        kk = jnp.einsum("nihk,njhk->nhij", kc, kc, preferred_element_type=jnp.float32)
+        kk = jnp.repeat(kk, HV // H, axis=1)
+        bb = br.reshape(Rr // 64, 64, HV).transpose(0, 2, 1)
+        a0 = jnp.tril(kk * bb[..., :, None], -1) + jnp.eye(64, dtype=jnp.float32)
+        eye = jnp.broadcast_to(jnp.eye(64, dtype=jnp.float32), a0.shape)
+        t = jax.scipy.linalg.solve_triangular(a0, eye, lower=True, unit_diagonal=True)
+        return t.astype(dt).transpose(1, 0, 2, 3).reshape(HV, Rr, 64)
+    jt1 = jax.jit(t0_trsm)
+    ms, _ = time_fn(lambda: jt1(ins[1], ins[6].T))
+    err = float(jnp.max(jnp.abs(jt1(ins[1], ins[6].T).astype(jnp.float32)
+                                - jt0(ins[1], ins[6].T).astype(jnp.float32))))
+    out.append(f"xla T0 via solve_triangular {ms:.3f} (max diff {err:.3g})")
+    jf = jax.jit(lambda *a: fused_forward(*a, None, scale=scale, group=HV // H))
+    ms, _ = time_fn(lambda: jf(*ins))
+    out.append(f"fwd kernel {ms:.3f}")
+    jfr = jax.jit(lambda *a: fused_forward(*a, None, scale=scale, group=HV // H,
+                                           residuals=True))
+    ms, _ = time_fn(lambda: jfr(*ins))
+    out.append(f"fwd kernel+residuals {ms:.3f}")
+    R = ins[0].shape[0]
+    wneg = jnp.zeros((HV, R, K), dt)
+    doT = ml.to_rows(do, ml.plan(B, T, None)[0]).transpose(1, 2, 0)
+    jr = jax.jit(lambda *a: reverse_states(*a, None, scale=scale, group=HV // H))
+    ms, _ = time_fn(lambda: jr(ins[0], ins[1], wneg, doT, ins[4], ins[5], ins[7]))
+    out.append(f"reverse kernel {ms:.3f}")
+    dht = jnp.zeros((B, HV, K, K), jnp.float32)
+    jb = jax.jit(lambda q, k, v, g, beta, do: mosaic_bwd.backward(
+        q, k, v, g, beta, None, None, do, dht, scale=scale, l2=False))
+    ms, _ = time_fn(lambda: jb(q, k, v, g, beta, do))
+    out.append(f"whole mosaic backward {ms:.3f}")
+    print(f"PROFILE gdn {dtype} B{B} T{T} H{H} HV{HV} K=V={K} (ms): " + " | ".join(out),
+          flush=True)
+
+
 PLAN = [
     ("ref gdn bf16 K=V=128 h0", lambda: check_reference("gdn", "bf16", 128, None, False,
                                                         "gdn bf16 B2 T300 H4 K=V=128 h0")),
     ("ref gdn bf16 K=V=128 h0 mbwd", lambda: check_reference(
         "gdn", "bf16", 128, None, False, "gdn bf16 B2 T300 H4 K=V=128 h0", "mosaic")),
     ("bench gdn bf16", lambda: bench("gdn", "bf16")),
+    ("profile gdn bf16", lambda: profile()),
     ("ref gdn bf16 varlen l2norm mbwd", lambda: check_reference(
         "gdn", "bf16", 128, [0, 37, 37, 200, 300], True,
         "gdn bf16 varlen[0,37,37,200,300] K=V=128 l2norm h0", "mosaic")),
