@@ -53,6 +53,8 @@ def inputs(seed, B, T, H, HV, K, V, N, g_min=-0.2):
 
 
 def call(family, impl, x, dt, cu=None, l2=False, with_h0=True, backward="pallas"):
+    """backward: "pallas", "mosaic" (fp32 chunk-local matmuls) or "mosaic16" (16-bit)."""
+    from fla_jax.ops.gated_delta_rule import mosaic_bwd
     q, k, v = (jnp.asarray(x[n], dt) for n in ("q", "k", "v"))
     beta = jnp.asarray(x["beta"], jnp.float32)
     g = jnp.asarray(x["g"], jnp.float32)
@@ -60,7 +62,8 @@ def call(family, impl, x, dt, cu=None, l2=False, with_h0=True, backward="pallas"
     cu = None if cu is None else jnp.asarray(cu, jnp.int32)
 
     def f(q, k, v, g, beta, h0):
-        mosaic_chunk.BACKWARD = backward   # read when the vjp is traced
+        mosaic_chunk.BACKWARD = backward[:6]   # read when the vjp is traced
+        mosaic_bwd.LOCAL_MATMUL = "input" if backward == "mosaic16" else "fp32"
         if family == "gdn":
             return chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
                                           output_final_state=True, cu_seqlens=cu,
@@ -162,7 +165,7 @@ def bench(family, dtype, B=4, T=4096, H=16, HV=16, K=128):
     dt = DT[dtype]
     res = {}
     variants = {"mosaic": ("mosaic", "pallas"), "mosaic+mbwd": ("mosaic", "mosaic"),
-                "pallas": ("pallas", "pallas")}
+                "mosaic+mbwd16": ("mosaic", "mosaic16"), "pallas": ("pallas", "pallas")}
     for name, (impl, bw) in variants.items():
         f, args = call(family, impl, x, dt, with_h0=False, backward=bw)
         f2 = lambda *a, f=f: f(*a[:5], None)  # noqa: E731
@@ -178,7 +181,7 @@ def bench(family, dtype, B=4, T=4096, H=16, HV=16, K=128):
     print(f"{'PASS' if ok else 'FAIL'} vs-pallas {family} {dtype} B{B} T{T} H{H} HV{HV} K=V={K} "
           f"o max_abs={mx:.4g} rel_rms={rr:.4g}", flush=True)
     gp = res["pallas"][1](*res["pallas"][2])
-    for name in ("mosaic", "mosaic+mbwd"):
+    for name in ("mosaic", "mosaic+mbwd", "mosaic+mbwd16"):
         gm = res[name][1](*res[name][2])
         errs = {}
         for n, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), gm, gp):
@@ -191,9 +194,9 @@ def bench(family, dtype, B=4, T=4096, H=16, HV=16, K=128):
         print(f"{'PASS' if ok else 'FAIL'} grads-vs-pallas {name} {family} {dtype} B{B} T{T} "
               f"H{H} HV{HV} K=V={K} (rel_rms, finite)={errs}", flush=True)
     line = []
-    for name in ("mosaic", "mosaic+mbwd", "pallas"):
+    for name in ("mosaic", "mosaic+mbwd", "mosaic+mbwd16", "pallas"):
         fwd, fb, args = res[name]
-        if name == "mosaic+mbwd":
+        if name.startswith("mosaic+"):
             msb, firstb = time_fn(lambda: fb(*args))
             line.append(f"{name} fwd+bwd {msb:.3f} ms (first {firstb:.1f}s)")
             continue
@@ -283,10 +286,15 @@ def profile(dtype="bf16", B=4, T=4096, H=16, HV=16, K=128):
     ms, _ = time_fn(lambda: jr(ins[0], ins[1], wneg, doT, ins[4], ins[5], ins[7]))
     out.append(f"reverse kernel {ms:.3f}")
     dht = jnp.zeros((B, HV, K, K), jnp.float32)
-    jb = jax.jit(lambda q, k, v, g, beta, do: mosaic_bwd.backward(
-        q, k, v, g, beta, None, None, do, dht, scale=scale, l2=False))
-    ms, _ = time_fn(lambda: jb(q, k, v, g, beta, do))
-    out.append(f"whole mosaic backward {ms:.3f}")
+    for local in ("fp32", "input"):
+        def bwd(q, k, v, g, beta, do, local=local):
+            mosaic_bwd.LOCAL_MATMUL = local
+            return mosaic_bwd.backward(q, k, v, g, beta, None, None, do, dht, scale=scale,
+                                       l2=False)
+        jb = jax.jit(bwd)
+        ms, _ = time_fn(lambda: jb(q, k, v, g, beta, do))
+        out.append(f"whole mosaic backward (local matmuls {local}) {ms:.3f}")
+    mosaic_bwd.LOCAL_MATMUL = "fp32"
     print(f"PROFILE gdn {dtype} B{B} T{T} H{H} HV{HV} K=V={K} (ms): " + " | ".join(out),
           flush=True)
 
@@ -298,10 +306,14 @@ PLAN = [
         "gdn", "bf16", 128, None, False, "gdn bf16 B2 T300 H4 K=V=128 h0", "mosaic")),
     ("bench gdn bf16", lambda: bench("gdn", "bf16")),
     ("profile gdn bf16", lambda: profile()),
+    ("ref gdn bf16 K=V=128 h0 mbwd16", lambda: check_reference(
+        "gdn", "bf16", 128, None, False, "gdn bf16 B2 T300 H4 K=V=128 h0", "mosaic16")),
     ("ref gdn bf16 varlen l2norm mbwd", lambda: check_reference(
         "gdn", "bf16", 128, [0, 37, 37, 200, 300], True,
         "gdn bf16 varlen[0,37,37,200,300] K=V=128 l2norm h0", "mosaic")),
     ("bench gdn fp16", lambda: bench("gdn", "fp16")),
+    ("ref gdn fp16 K=V=64 h0 mbwd16", lambda: check_reference(
+        "gdn", "fp16", 64, None, False, "gdn fp16 B2 T300 H4 K=V=64 h0", "mosaic16")),
     ("ref gdn fp16 K=V=64 h0 mbwd", lambda: check_reference(
         "gdn", "fp16", 64, None, False, "gdn fp16 B2 T300 H4 K=V=64 h0", "mosaic")),
     ("ref delta bf16 K=V=128 h0 mbwd", lambda: check_reference(

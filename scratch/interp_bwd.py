@@ -4,6 +4,9 @@ from fla_jax.ops.common.mosaic.tiles import gpu_interpret
 from fla_jax.ops.gated_delta_rule import mosaic_chunk
 from parity_tests.test_pallas_delta import _compare, _inputs
 mosaic_chunk.BACKWARD = "mosaic"
+import os
+from fla_jax.ops.gated_delta_rule import mosaic_bwd
+mosaic_bwd.LOCAL_MATMUL = os.environ.get("LOCAL_MATMUL", "fp32")
 case = sys.argv[1] if len(sys.argv) > 1 else "base"
 gated = True
 if case == "base":

@@ -11,6 +11,8 @@ precision) turns them and do into dq, dk, dv, dbeta and dG (then dg by a reverse
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -23,6 +25,40 @@ from .mosaic_layout import (LOG2E, from_rows, gate_free_inverse, gate_vectors, l
                             to_rows)
 
 F32 = jnp.float32
+LOCAL_MATMUL = "fp32"   # "input": the chunk-local matmuls take operands (and cotangents) in
+#                         q's dtype with fp32 accumulation, as FLA's kernels do
+
+
+def _dot16(spec, a, b):
+    """einsum of 16-bit a, b with fp32 accumulation (XLA:CPU has no 16-bit x 16-bit -> fp32
+    dot: there the rounded operands are multiplied in fp32, which gives the same products)."""
+    if jax.default_backend() == "cpu":
+        return jnp.einsum(spec, a.astype(F32), b.astype(F32), precision=jax.lax.Precision.HIGHEST)
+    return jnp.einsum(spec, a, b, preferred_element_type=F32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
+def _mm16(spec, a, b, cdt):
+    """einsum(spec, a, b) of fp32 a, b with operands rounded to cdt, fp32 accumulation; its
+    vjp rounds the cotangent to cdt as well."""
+    return _dot16(spec, a.astype(cdt), b.astype(cdt))
+
+
+def _mm16_fwd(spec, a, b, cdt):
+    return _mm16(spec, a, b, cdt), (a.astype(cdt), b.astype(cdt))
+
+
+def _mm16_bwd(spec, cdt, res, ct):
+    a, b = res
+    ins, z = spec.split("->")
+    x, y = ins.split(",")
+    ct = ct.astype(cdt)
+    da = _dot16(f"{z},{y}->{x}", ct, b)
+    db = _dot16(f"{x},{z}->{y}", a, ct)
+    return da, db
+
+
+_mm16.defvjp(_mm16_fwd, _mm16_bwd)
 
 
 def _chunks(x):
@@ -30,25 +66,27 @@ def _chunks(x):
     return x.reshape(x.shape[0] // C, C, *x.shape[1:])
 
 
-def _local(q, k, v, b, G, S, vn, *, scale):
+def _local(q, k, v, b, G, S, vn, *, scale, cdt=None):
     """The per-chunk factors, all [NC, C, HV, ...] fp32 (S: [NC, HV, K, V] entering states,
-    vn: [NC, C, HV, V] v_new, both held constant). Returns (o_loc, w, u, kd, gam)."""
+    vn: [NC, C, HV, V] v_new, both held constant). Returns (o_loc, w, u, kd, gam).
+    cdt: None (fp32 matmuls at the library's precision) or the 16-bit operand dtype."""
+    mm = einsum if cdt is None else (lambda spec, x, y: _mm16(spec, x, y, cdt))
     idx = jnp.arange(C)
     keep = idx[:, None] >= idx[None, :]
     Gh = jnp.moveaxis(G, 1, -1)                                          # [NC, HV, C]
     D = jnp.exp(jnp.where(keep, Gh[..., :, None] - Gh[..., None, :], -jnp.inf))
-    kk = einsum("nihk,njhk->nhij", k, k)
+    kk = mm("nihk,njhk->nhij", k, k)
     bh = jnp.moveaxis(b, 1, -1)
     t0 = unit_lower_inverse(kk * bh[..., :, None])
     tg = t0 * D
     gam_tok = jnp.exp(G)[..., None]                                     # [NC, C, HV, 1]
-    w = einsum("nhij,njhk->nihk", tg, (b[..., None] * gam_tok) * k)
-    u = einsum("nhij,njhv->nihv", tg, b[..., None] * v)
+    w = mm("nhij,njhk->nihk", tg, (b[..., None] * gam_tok) * k)
+    u = mm("nhij,njhv->nihv", tg, b[..., None] * v)
     g_last = G[:, -1:, :]                                               # [NC, 1, HV]
     kd = k * jnp.exp(g_last - G)[..., None]
     gam = jnp.exp(G[:, -1, :])                                          # [NC, HV]
-    p = einsum("nihk,njhk->nhij", q, k) * D
-    o = gam_tok * einsum("nihk,nhkv->nihv", q, S) + einsum("nhij,njhv->nihv", p, vn)
+    p = mm("nihk,njhk->nhij", q, k) * D
+    o = gam_tok * mm("nihk,nhkv->nihv", q, S) + mm("nhij,njhv->nihv", p, vn)
     return o * scale, w, u, kd, gam
 
 
@@ -78,7 +116,8 @@ def backward(q, k, v, g, beta, h0, cu_seqlens, do, dht, *, scale: float, l2: boo
     ve, be = _chunks(vr).astype(F32), _chunks(br)
     S = jnp.swapaxes(hs.astype(F32), -1, -2)                            # [NC, HV, K, V]
     vn = vnT.astype(F32).reshape(HV, V, R // C, C).transpose(2, 3, 0, 1)   # [NC, C, HV, V]
-    _, w, _, _, _ = _local(qe, ke, ve, be, Gn, S, vn, scale=scale)
+    cdt = None if LOCAL_MATMUL == "fp32" else dtype
+    _, w, _, _, _ = _local(qe, ke, ve, be, Gn, S, vn, scale=scale, cdt=cdt)
     wneg = (-w).astype(dtype).reshape(R, HV, K).transpose(1, 0, 2)      # [HV, R, K]
     dor = to_rows(do.astype(dtype), lay)                                # [R, HV, V]
     doT = dor.transpose(1, 2, 0)
@@ -87,11 +126,12 @@ def backward(q, k, v, g, beta, h0, cu_seqlens, do, dht, *, scale: float, l2: boo
                                       scale=scale, group=G_)
     lam = jnp.swapaxes(lamT, -1, -2)                                    # [NC, HV, K, V]
     dvn = dvnT.reshape(HV, V, R // C, C).transpose(2, 3, 0, 1)         # [NC, C, HV, V]
-    dw = -einsum("nihv,nhkv->nihk", dvn, S)
-    dkd = einsum("nihv,nhkv->nihk", vn, lam)
+    mm = einsum if cdt is None else (lambda spec, x, y: _mm16(spec, x, y, cdt))
+    dw = -mm("nihv,nhkv->nihk", dvn, S)
+    dkd = mm("nihv,nhkv->nihk", vn, lam)
     dgam = jnp.sum(lam * S, axis=(-2, -1))
     _, vjp = jax.vjp(lambda q_, k_, v_, b_, G_l: _local(q_, k_, v_, b_, G_l, S, vn,
-                                                         scale=scale),
+                                                         scale=scale, cdt=cdt),
                      qe, ke, ve, be, Gn)
     dq, dk, dv, db, dG = vjp((_chunks(dor).astype(F32), dw, dvn, dkd, dgam))
     dg = jnp.cumsum(dG[:, ::-1], axis=1)[:, ::-1]                       # through the cumsum
