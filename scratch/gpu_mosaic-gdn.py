@@ -52,9 +52,11 @@ def inputs(seed, B, T, H, HV, K, V, N, g_min=-0.2):
     return x
 
 
-def call(family, impl, x, dt, cu=None, l2=False, with_h0=True, backward="pallas"):
-    """backward: "pallas", "mosaic" (fp32 chunk-local matmuls) or "mosaic16" (16-bit)."""
-    from fla_jax.ops.gated_delta_rule import mosaic_bwd
+def call(family, impl, x, dt, cu=None, l2=False, with_h0=True, backward="pallas",
+         overlap=True):
+    """backward: "pallas", "mosaic" (fp32 chunk-local matmuls) or "mosaic16" (16-bit);
+    overlap: mosaic_fwd_kernel.OVERLAP (independent wgmmas issued together)."""
+    from fla_jax.ops.gated_delta_rule import mosaic_bwd, mosaic_fwd_kernel
     q, k, v = (jnp.asarray(x[n], dt) for n in ("q", "k", "v"))
     beta = jnp.asarray(x["beta"], jnp.float32)
     g = jnp.asarray(x["g"], jnp.float32)
@@ -62,7 +64,8 @@ def call(family, impl, x, dt, cu=None, l2=False, with_h0=True, backward="pallas"
     cu = None if cu is None else jnp.asarray(cu, jnp.int32)
 
     def f(q, k, v, g, beta, h0):
-        mosaic_chunk.BACKWARD = backward[:6]   # read when the vjp is traced
+        mosaic_chunk.BACKWARD = backward[:6]   # read when traced
+        mosaic_fwd_kernel.OVERLAP = overlap
         mosaic_bwd.LOCAL_MATMUL = "input" if backward == "mosaic16" else "fp32"
         if family == "gdn":
             return chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
@@ -103,8 +106,8 @@ except Exception:  # noqa: BLE001
     tolerance = None
 
 
-def check_reference(family, dtype, K, cu, l2, label, backward="pallas"):
-    label = f"{label} bwd={backward}"
+def check_reference(family, dtype, K, cu, l2, label, backward="pallas", overlap=True):
+    label = f"{label} bwd={backward} overlap={overlap}"
     B = 1 if cu is not None else 2
     T = 300
     if DRYRUN:
@@ -112,7 +115,7 @@ def check_reference(family, dtype, K, cu, l2, label, backward="pallas"):
     N = B if cu is None else len(cu) - 1
     x = inputs(1, B, T, 4, 4, K, K, N, g_min=-3.0)
     dt = DT[dtype]
-    f, args = call(family, "mosaic", x, dt, cu=cu, l2=l2, backward=backward)
+    f, args = call(family, "mosaic", x, dt, cu=cu, l2=l2, backward=backward, overlap=overlap)
     t0 = time.perf_counter()
     got = to64(jax.block_until_ready(grads(f, args, x, dt)))
     first = time.perf_counter() - t0
@@ -164,22 +167,25 @@ def bench(family, dtype, B=4, T=4096, H=16, HV=16, K=128):
     x = inputs(2, B, T, H, HV, K, K, B)
     dt = DT[dtype]
     res = {}
-    variants = {"mosaic": ("mosaic", "pallas"), "mosaic+mbwd": ("mosaic", "mosaic"),
-                "mosaic+mbwd16": ("mosaic", "mosaic16"), "pallas": ("pallas", "pallas")}
-    for name, (impl, bw) in variants.items():
-        f, args = call(family, impl, x, dt, with_h0=False, backward=bw)
+    variants = {"mosaic": ("mosaic", "pallas", True), "mosaic+mbwd": ("mosaic", "mosaic", True),
+                "mosaic+mbwd16": ("mosaic", "mosaic16", True),
+                "mosaic-nooverlap": ("mosaic", "pallas", False),
+                "pallas": ("pallas", "pallas", True)}
+    for name, (impl, bw, ov) in variants.items():
+        f, args = call(family, impl, x, dt, with_h0=False, backward=bw, overlap=ov)
         f2 = lambda *a, f=f: f(*a[:5], None)  # noqa: E731
         args = args[:5]
         do = jnp.asarray(x["do"], dt)
         fwd = jax.jit(lambda *a, f2=f2: f2(*a)[0])
         fb = jax.jit(lambda *a, f2=f2: jax.vjp(lambda *p: f2(*p)[0], *a)[1](do))
         res[name] = (fwd, fb, args)
-    o_m = np.asarray(res["mosaic"][0](*res["mosaic"][2]).astype(jnp.float32))
     o_p = np.asarray(res["pallas"][0](*res["pallas"][2]).astype(jnp.float32))
-    mx, rr = rel(o_m, o_p)
-    ok = np.all(np.isfinite(o_m)) and rr <= (TOL[dtype] * 2)
-    print(f"{'PASS' if ok else 'FAIL'} vs-pallas {family} {dtype} B{B} T{T} H{H} HV{HV} K=V={K} "
-          f"o max_abs={mx:.4g} rel_rms={rr:.4g}", flush=True)
+    for name in ("mosaic", "mosaic-nooverlap"):
+        o_m = np.asarray(res[name][0](*res[name][2]).astype(jnp.float32))
+        mx, rr = rel(o_m, o_p)
+        ok = np.all(np.isfinite(o_m)) and rr <= (TOL[dtype] * 2)
+        print(f"{'PASS' if ok else 'FAIL'} vs-pallas {name} {family} {dtype} B{B} T{T} H{H} "
+              f"HV{HV} K=V={K} o max_abs={mx:.4g} rel_rms={rr:.4g}", flush=True)
     gp = res["pallas"][1](*res["pallas"][2])
     for name in ("mosaic", "mosaic+mbwd", "mosaic+mbwd16"):
         gm = res[name][1](*res[name][2])
@@ -194,8 +200,12 @@ def bench(family, dtype, B=4, T=4096, H=16, HV=16, K=128):
         print(f"{'PASS' if ok else 'FAIL'} grads-vs-pallas {name} {family} {dtype} B{B} T{T} "
               f"H{H} HV{HV} K=V={K} (rel_rms, finite)={errs}", flush=True)
     line = []
-    for name in ("mosaic", "mosaic+mbwd", "mosaic+mbwd16", "pallas"):
+    for name in ("mosaic", "mosaic-nooverlap", "mosaic+mbwd", "mosaic+mbwd16", "pallas"):
         fwd, fb, args = res[name]
+        if name == "mosaic-nooverlap":
+            ms, first = time_fn(lambda: fwd(*args))
+            line.append(f"{name} fwd {ms:.3f} ms (first {first:.1f}s)")
+            continue
         if name.startswith("mosaic+"):
             msb, firstb = time_fn(lambda: fb(*args))
             line.append(f"{name} fwd+bwd {msb:.3f} ms (first {firstb:.1f}s)")
@@ -301,7 +311,8 @@ def profile(dtype="bf16", B=4, T=4096, H=16, HV=16, K=128):
 
 PLAN = [
     ("ref gdn bf16 K=V=128 h0", lambda: check_reference("gdn", "bf16", 128, None, False,
-                                                        "gdn bf16 B2 T300 H4 K=V=128 h0")),
+                                                        "gdn bf16 B2 T300 H4 K=V=128 h0",
+                                                        overlap=False)),
     ("ref gdn bf16 K=V=128 h0 mbwd", lambda: check_reference(
         "gdn", "bf16", 128, None, False, "gdn bf16 B2 T300 H4 K=V=128 h0", "mosaic")),
     ("bench gdn bf16", lambda: bench("gdn", "bf16")),

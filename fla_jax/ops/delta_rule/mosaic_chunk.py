@@ -13,4 +13,4 @@ def chunk_delta_rule_mosaic(q, k, v, *, beta, scale, initial_state, output_final
     return chunk_gated_delta_rule_mosaic(
         q, k, v, g=None, beta=beta, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, op="chunk_delta_rule")

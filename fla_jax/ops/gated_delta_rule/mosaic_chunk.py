@@ -98,7 +98,7 @@ _gdn.defvjp(_gdn_fwd, _gdn_bwd)
 
 def chunk_gated_delta_rule_mosaic(q, k, v, *, g, beta, scale, initial_state,
                                   output_final_state, cu_seqlens,
-                                  use_qk_l2norm_in_kernel=False):
+                                  use_qk_l2norm_in_kernel=False, op=OP):
     """Chunked gated delta rule as Mosaic GPU kernels (Hopper only).
 
     Args:
@@ -110,7 +110,7 @@ def chunk_gated_delta_rule_mosaic(q, k, v, *, g, beta, scale, initial_state,
         o [B, T, HV, V] in q's dtype; final_state [N, HV, K, V] fp32, or None unless
         output_final_state. Differentiable w.r.t. q, k, v, g, beta, initial_state.
     """
-    check_mosaic(OP, mosaic_unsupported_reason(q, k, v))
+    check_mosaic(op, mosaic_unsupported_reason(q, k, v))
     if BACKWARD not in BACKWARDS:
         raise ValueError(f"mosaic_chunk.BACKWARD: got {BACKWARD!r}, expected one of {BACKWARDS}")
     o, ht = _gdn(q, k, v, g, beta, initial_state, cu_seqlens, float(scale),

@@ -21,11 +21,29 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of, load,
                                   matmul, rows_of, smem_tile, zeros_wgmma)
+from ..common.mosaic.tiles import interpreting
+
+OVERLAP = True   # issue a chunk's independent wgmmas together (3 waits per chunk, not 7); K <= 128
 
 C = 64
 BV = 64
 TABLE_WIDTH = 32   # int32 entries per sequence row: a 128-byte TMA copy
 SMEM_BUDGET = 200 * 1024
+
+
+def matmuls(*ops):
+    """Independent products issued together, one wait: each op is (a, b, shape, init, ta, tb)
+    as for tiles.matmul (init None: zero). Returns their fp32 results."""
+    if interpreting():
+        return tuple(matmul(a, b, shape, init=init, ta=ta, tb=tb)
+                     for a, b, shape, init, ta, tb in ops)
+    inits = tuple(plgpu.ACC.init(zeros_wgmma(shape) if init is None else init)
+                  for _, _, shape, init, _, _ in ops)
+
+    def body(accs):
+        for acc, (a, b, _, _, ta, tb) in zip(accs, ops):
+            plgpu.wgmma(acc, a.T if ta else a, b.T if tb else b)
+    return lax.optimization_barrier(pl.run_state(body)(inits))
 
 
 def _stages(K: int, dtype) -> int:
@@ -52,6 +70,7 @@ def fused_forward(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float, gr
     dtype = q.dtype
     has_h0 = h0t is not None
     stages = _stages(K, dtype)
+    overlap = OVERLAP and K <= 128
     vec = plgpu.SMEM((stages, C), F32)
     scratch = dict(
         q_s=smem_tile((stages, C, K), dtype),
@@ -127,16 +146,24 @@ def fused_forward(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float, gr
             if residuals:   # s_s and vn_s of the previous chunk have been stored
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             s_s[...] = s_lo
-            ks = matmul(s_lo, k_s.at[slot], tile, tb=True)                  # S^T k^T
             decay = causal_decay(g_row, g_col, sq)
             t0 = load(t_s.at[slot], WGMMA).astype(F32)
             beta_c = load(b_c.at[slot], COLS)
             ag_s[...] = (t0 * decay * cols_of(beta_c, sq)).astype(dtype)  # Tg diag(beta)
-            p_lo = (matmul(q_s.at[slot], k_s.at[slot], sq, tb=True) * decay).astype(dtype)
             plgpu.commit_smem()
+            g_last = g_c[slot, C - 1]
+            kd = jnp.exp2(load(s_c.at[slot], COLS))
+            if overlap:
+                ks, p, vn = matmuls((s_lo, k_s.at[slot], tile, None, False, True),
+                                    (q_s.at[slot], k_s.at[slot], sq, None, False, True),
+                                    (v_s.at[slot], ag_s, tile, None, True, True))
+            else:
+                ks = matmul(s_lo, k_s.at[slot], tile, tb=True)              # S^T k^T
+                p = matmul(q_s.at[slot], k_s.at[slot], sq, tb=True)
+                vn = matmul(v_s.at[slot], ag_s, tile, ta=True, tb=True)
+            p_lo = (p * decay).astype(dtype)
             w_lo = (ks * cols_of(-jnp.exp2(g_col), tile)).astype(dtype)   # -(S^T k^T) Gamma
-            vn = matmul(v_s.at[slot], ag_s, tile, ta=True, tb=True)        # v_new^T
-            vn = matmul(w_lo, ag_s, tile, init=vn, tb=True)
+            vn = matmul(w_lo, ag_s, tile, init=vn, tb=True)                 # v_new^T
             vn_s[...] = vn.astype(dtype)
             plgpu.commit_smem()
             if residuals:
@@ -144,17 +171,23 @@ def fused_forward(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float, gr
                 plgpu.copy_smem_to_gmem(vn_s, vn_ref.at[hv, cols, pl.ds((first + i) * C, C)],
                                         commit_group=False)
                 plgpu.commit_smem_to_gmem_group()
-            o = matmul(q_s.at[slot], s_s, (C, BV), tb=True) * rows_of(jnp.exp2(g_row), (C, BV))
-            o = matmul(p_lo, vn_s, (C, BV), init=o, tb=True) * scale
+            vd_lo = (vn * cols_of(kd, tile)).astype(dtype)
+            s_decayed = s_t * jnp.exp2(g_last)
+            if overlap:
+                oq, pv, s_new = matmuls((q_s.at[slot], s_s, (C, BV), None, False, True),
+                                        (p_lo, vn_s, (C, BV), None, False, True),
+                                        (vd_lo, k_s.at[slot], (BV, K), s_decayed, False, False))
+                o = (oq * rows_of(jnp.exp2(g_row), (C, BV)) + pv) * scale
+            else:
+                o = matmul(q_s.at[slot], s_s, (C, BV), tb=True) * rows_of(jnp.exp2(g_row),
+                                                                          (C, BV))
+                o = matmul(p_lo, vn_s, (C, BV), init=o, tb=True) * scale
+                s_new = matmul(vd_lo, k_s.at[slot], (BV, K), init=s_decayed)
             oslot = lax.rem(i, 2)
             plgpu.wait_smem_to_gmem(1, wait_read_only=True)
             o_s.at[oslot][...] = o.astype(dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(o_s.at[oslot], o_ref.at[pl.ds((first + i) * C, C), hv, cols])
-            g_last = g_c[slot, C - 1]
-            kd = jnp.exp2(load(s_c.at[slot], COLS))
-            vd_lo = (vn * cols_of(kd, tile)).astype(dtype)
-            s_new = matmul(vd_lo, k_s.at[slot], (BV, K), init=s_t * jnp.exp2(g_last))
             if stages == 1:
                 @pl.when(i + 1 < count)
                 def _():
