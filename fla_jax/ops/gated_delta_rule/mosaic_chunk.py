@@ -4,8 +4,10 @@
 Forward: XLA prepares the chunk-aligned token layout (mosaic_layout.py), the gate vectors
 and the gate-free inverse T0 per chunk (batched matmuls, fp32); one Mosaic kernel
 (mosaic_fwd_kernel.py) then runs the sequential state pass fused with the output.
-Backward (jax.custom_vjp): the Pallas Triton-lowering backward of pallas_chunk.py, from its
-own recomputed forward residuals; every gradient in its input's dtype.
+Backward (jax.custom_vjp; every gradient in its input's dtype), chosen by BACKWARD:
+"pallas" (default until a GPU run proves the other): the Pallas Triton-lowering backward of
+pallas_chunk.py, from its own recomputed forward residuals; "mosaic": mosaic_bwd.py (the
+forward kernel again with residuals, a Mosaic reverse state pass, chunk-parallel XLA).
 
 Takes q/k/v in bf16 or fp16 with K and V in {64, 128, 256} (other multiples of 64 up to 256
 too); `mosaic_unsupported_reason` says why a call is refused (fp32: use impl="pallas").
