@@ -117,7 +117,9 @@ def backward(q, k, v, g, beta, h0, cu_seqlens, do, dht, *, scale: float, l2: boo
     S = jnp.swapaxes(hs.astype(F32), -1, -2)                            # [NC, HV, K, V]
     vn = vnT.astype(F32).reshape(HV, V, R // C, C).transpose(2, 3, 0, 1)   # [NC, C, HV, V]
     cdt = None if LOCAL_MATMUL == "fp32" else dtype
-    _, w, _, _, _ = _local(qe, ke, ve, be, Gn, S, vn, scale=scale, cdt=cdt)
+    (_, w, _, _, _), vjp = jax.vjp(
+        lambda q_, k_, v_, b_, G_l: _local(q_, k_, v_, b_, G_l, S, vn, scale=scale, cdt=cdt),
+        qe, ke, ve, be, Gn)
     wneg = (-w).astype(dtype).reshape(R, HV, K).transpose(1, 0, 2)      # [HV, R, K]
     dor = to_rows(do.astype(dtype), lay)                                # [R, HV, V]
     doT = dor.transpose(1, 2, 0)
@@ -130,9 +132,6 @@ def backward(q, k, v, g, beta, h0, cu_seqlens, do, dht, *, scale: float, l2: boo
     dw = -mm("nihv,nhkv->nihk", dvn, S)
     dkd = mm("nihv,nhkv->nihk", vn, lam)
     dgam = jnp.sum(lam * S, axis=(-2, -1))
-    _, vjp = jax.vjp(lambda q_, k_, v_, b_, G_l: _local(q_, k_, v_, b_, G_l, S, vn,
-                                                         scale=scale, cdt=cdt),
-                     qe, ke, ve, be, Gn)
     dq, dk, dv, db, dG = vjp((_chunks(dor).astype(F32), dw, dvn, dkd, dgam))
     dg = jnp.cumsum(dG[:, ::-1], axis=1)[:, ::-1]                       # through the cumsum
     dq = dq.reshape(R, H, G_, K).sum(2)
