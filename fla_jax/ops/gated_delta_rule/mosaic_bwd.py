@@ -1,5 +1,5 @@
-"""Backward of the Mosaic GPU gated delta rule: the forward kernel again with its residuals
-(states entering each chunk, v_new), the Mosaic reverse state pass
+"""Backward of the Mosaic GPU gated delta rule: the forward kernel's residuals (states
+entering each chunk, v_new; saved by the forward, else recomputed), the Mosaic reverse pass
 (mosaic_bwd_kernel.py), then chunk-parallel XLA for everything local to a chunk.
 
 Per chunk the op is  o = scale (Gamma q S + P v_new),  v_new = u - w S,
@@ -90,10 +90,12 @@ def _local(q, k, v, b, G, S, vn, *, scale, cdt=None):
     return o * scale, w, u, kd, gam
 
 
-def backward(q, k, v, g, beta, h0, cu_seqlens, do, dht, *, scale: float, l2: bool):
+def backward(q, k, v, g, beta, h0, cu_seqlens, do, dht, *, scale: float, l2: bool,
+             resid=None):
     """Cotangents (dq, dk, dv, dg or None, dbeta, dh0 or None) of the Mosaic forward, each in
     its input's dtype; shapes as in mosaic_chunk.forward. do: [B, T, HV, V];
-    dht: [N, HV, K, V] fp32."""
+    dht: [N, HV, K, V] fp32. resid: None (run the forward kernel again) or its residuals
+    (hs [NC, HV, V, K], vnT [HV, V, R]) from mosaic_chunk.forward(..., residuals=True)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     G_ = HV // H
@@ -105,10 +107,13 @@ def backward(q, k, v, g, beta, h0, cu_seqlens, do, dht, *, scale: float, l2: boo
     gr = to_rows(g.astype(F32), lay) if g is not None else jnp.zeros(br.shape, F32)
     R = qr.shape[0]
     G2, later2 = gate_vectors(gr, R, HV)
-    t0 = gate_free_inverse(kr, br, G_, dtype)
-    h0t = None if h0 is None else jnp.swapaxes(h0.astype(F32), -1, -2)
-    _, _, hs, vnT = fused_forward(qr, kr, vr, t0, G2, later2, br.T, table, h0t, scale=scale,
-                                  group=G_, residuals=True)
+    if resid is None:
+        t0 = gate_free_inverse(kr, br, G_, dtype)
+        h0t = None if h0 is None else jnp.swapaxes(h0.astype(F32), -1, -2)
+        _, _, hs, vnT = fused_forward(qr, kr, vr, t0, G2, later2, br.T, table, h0t,
+                                      scale=scale, group=G_, residuals=True)
+    else:
+        hs, vnT = resid
     # local factors in fp32 on chunks [NC, C, HV, ...]
     Gn = (G2 / LOG2E).T.reshape(R // C, C, HV)
     qe = jnp.repeat(_chunks(qr), G_, axis=2).astype(F32)

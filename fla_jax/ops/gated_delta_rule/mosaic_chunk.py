@@ -50,11 +50,13 @@ def mosaic_unsupported_reason(q, k, v, g=None, beta=None, initial_state=None,
 OP = "chunk_gated_delta_rule"
 
 
-def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool):
+def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool,
+            residuals: bool = False):
     """The Mosaic forward (lowers for CUDA on any machine: common/mosaic/lowering.py).
     q, k: [B, T, H, K]; v: [B, T, HV, V]; g: None or [B, T, HV]; beta: [B, T, HV];
     h0: None or [N, HV, K, V] fp32. Returns o [B, T, HV, V] (q's dtype) and the final
-    states [N, HV, K, V] fp32."""
+    states [N, HV, K, V] fp32; with `residuals` also (hs, vnT) of the forward kernel, the
+    residuals of mosaic_bwd.backward."""
     B, T, H, K = q.shape
     HV = v.shape[2]
     if l2:
@@ -66,9 +68,10 @@ def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool):
     G, later = gate_vectors(gr, qr.shape[0], HV)
     t0 = gate_free_inverse(kr, br, HV // H, q.dtype)
     h0t = None if h0 is None else jnp.swapaxes(h0.astype(F32), -1, -2)
-    o, ht = fused_forward(qr, kr, vr, t0, G, later, br.T, table, h0t, scale=scale,
-                          group=HV // H)
-    return from_rows(o, lay, B), jnp.swapaxes(ht, -1, -2)
+    outs = fused_forward(qr, kr, vr, t0, G, later, br.T, table, h0t, scale=scale,
+                         group=HV // H, residuals=residuals)
+    o, ht = from_rows(outs[0], lay, B), jnp.swapaxes(outs[1], -1, -2)
+    return (o, ht, tuple(outs[2:])) if residuals else (o, ht)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
@@ -77,14 +80,17 @@ def _gdn(q, k, v, g, beta, h0, cu, scale, l2, backward):
 
 
 def _gdn_fwd(q, k, v, g, beta, h0, cu, scale, l2, backward):
+    if backward == "mosaic":   # the forward kernel's residuals feed the Mosaic backward
+        o, ht, extra = forward(q, k, v, g, beta, h0, cu, scale=scale, l2=l2, residuals=True)
+        return (o, ht), (q, k, v, g, beta, h0, cu, extra)
     return _gdn(q, k, v, g, beta, h0, cu, scale, l2, backward), (q, k, v, g, beta, h0, cu)
 
 
 def _gdn_bwd(scale, l2, backward, res, cts):
-    q, k, v, g, beta, h0, cu = res
+    q, k, v, g, beta, h0, cu = res[:7]
     if backward == "mosaic":
         return (*mosaic_bwd.backward(q, k, v, g, beta, h0, cu, cts[0], cts[1], scale=scale,
-                                     l2=l2), None)
+                                     l2=l2, resid=res[7]), None)
 
     def pallas(q, k, v, g, beta, h0):
         return chunk_gated_delta_rule_pallas(q, k, v, g=g, beta=beta, scale=scale,
