@@ -19,9 +19,24 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of, load,
-                                  matmul, smem_tile, zeros_wgmma)
-from .mosaic_fwd_kernel import BV, C, SMEM_BUDGET, TABLE_WIDTH
+from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of,
+                                  interpreting, load, matmul, smem_tile, zeros_wgmma)
+from . import mosaic_fwd_kernel
+from .mosaic_fwd_kernel import BV, C, SMEM_BUDGET, TABLE_WIDTH, matmuls
+
+
+def _chain(init, *pairs, shape):
+    """init + sum of a @ b over pairs, one accumulator, one wait."""
+    if interpreting():
+        out = init
+        for a, b in pairs:
+            out = matmul(a, b, shape, init=out)
+        return out
+
+    def body(acc):
+        for a, b in pairs:
+            plgpu.wgmma(acc, a, b)
+    return lax.optimization_barrier(pl.run_state(body)(plgpu.ACC.init(init)))
 
 
 def _stages(K: int, dtype) -> int:
@@ -43,6 +58,7 @@ def reverse_states(q, k, wneg, doT, gcum, gsuf, table, dhtT, *, scale: float, gr
     dtype = q.dtype
     has_dht = dhtT is not None
     stages = _stages(K, dtype)
+    overlap = mosaic_fwd_kernel.OVERLAP and K <= 128
     vec = plgpu.SMEM((stages, C), F32)
     scratch = dict(
         q_s=smem_tile((stages, C, K), dtype),
@@ -113,12 +129,16 @@ def reverse_states(q, k, wneg, doT, gcum, gsuf, table, dhtT, *, scale: float, gr
             g_col = load(g_c.at[slot], COLS)
             g_row = load(g_r.at[slot], ROWS)
             decay = causal_decay(g_row, g_col, sq)
-            p = matmul(q_s.at[slot], k_s.at[slot], sq, tb=True)
+            l_lo = l_t.astype(dtype)
+            if overlap:
+                p, lk = matmuls((q_s.at[slot], k_s.at[slot], sq, None, False, True),
+                                (l_lo, k_s.at[slot], tile, None, False, True))
+            else:
+                p = matmul(q_s.at[slot], k_s.at[slot], sq, tb=True)
+                lk = matmul(l_lo, k_s.at[slot], tile, tb=True)             # L^T k^T
             p_s[...] = (p * decay * scale).astype(dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(l_s, dh_ref.at[c, hv, cols])
-            l_lo = l_t.astype(dtype)
-            lk = matmul(l_lo, k_s.at[slot], tile, tb=True)                 # L^T k^T
             do_t = load(do_s.at[slot], WGMMA)
             kd = jnp.exp2(load(s_c.at[slot], COLS))
             dvn = matmul(do_t, p_s, tile, init=lk * cols_of(kd, tile))     # dv_new^T
@@ -127,8 +147,8 @@ def reverse_states(q, k, wneg, doT, gcum, gsuf, table, dhtT, *, scale: float, gr
             plgpu.copy_smem_to_gmem(dv_s, dv_ref.at[hv, cols, pl.ds(c * C, C)])
             dog = (do_t.astype(F32) * cols_of(jnp.exp2(g_col) * scale, tile)).astype(dtype)
             g_last = g_c[slot, C - 1]
-            l_new = matmul(dog, q_s.at[slot], (BV, K), init=l_t * jnp.exp2(g_last))
-            l_new = matmul(dvn.astype(dtype), w_s.at[slot], (BV, K), init=l_new)
+            l_new = _chain(l_t * jnp.exp2(g_last), (dog, q_s.at[slot]),
+                           (dvn.astype(dtype), w_s.at[slot]), shape=(BV, K))
             if stages == 1:
                 @pl.when(i + 1 < count)
                 def _():
