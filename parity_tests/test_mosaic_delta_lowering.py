@@ -1,8 +1,8 @@
 """chunk_gated_delta_rule / chunk_delta_rule impl='mosaic' (Pallas Mosaic GPU kernels) on a
 CPU machine.
 
-- Lowering: the forward kernel (and the vjp with either backward: the Pallas Triton-lowering
-  kernels, or mosaic_chunk.BACKWARD = "mosaic") lowers for CUDA with jax.export for
+- Lowering: the forward kernel (and the vjp with either backward: mosaic_chunk.BACKWARD
+  "mosaic", the default, or "pallas", the Pallas Triton-lowering kernels) lowers for CUDA with jax.export for
   K = V in {64, 128, 256}, bf16/fp16, h0, varlen, GQA.
 - Numerics: JAX's GPU interpret mode (common/mosaic/tiles.gpu_interpret) runs the forward
   kernel against the float64 reference of test_pallas_delta (every output and gradient):
@@ -70,7 +70,8 @@ def mosaic_backward(monkeypatch):
 
 
 @pytest.mark.parametrize("gated", [True, False])
-def test_varlen_vjp_lowers(gated):
+def test_varlen_vjp_lowers(gated, monkeypatch):
+    monkeypatch.setattr(mosaic_chunk, "BACKWARD", "pallas")
     text = _lower(128, "bf16", varlen=True, backward=True, gated=gated)
     assert "mosaic_gpu" in text and "triton" in text
 

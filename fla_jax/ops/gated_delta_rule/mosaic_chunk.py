@@ -5,9 +5,10 @@ Forward: XLA prepares the chunk-aligned token layout (mosaic_layout.py), the gat
 and the gate-free inverse T0 per chunk (batched matmuls, fp32); one Mosaic kernel
 (mosaic_fwd_kernel.py) then runs the sequential state pass fused with the output.
 Backward (jax.custom_vjp; every gradient in its input's dtype), chosen by BACKWARD:
-"pallas" (default until a GPU run proves the other): the Pallas Triton-lowering backward of
-pallas_chunk.py, from its own recomputed forward residuals; "mosaic": mosaic_bwd.py (the
-forward kernel again with residuals, a Mosaic reverse state pass, chunk-parallel XLA).
+"mosaic" (default; matched float64 on an H100, bf16 K=V=128 with h0): mosaic_bwd.py (the
+forward kernel's saved residuals, a Mosaic reverse state pass, chunk-parallel XLA);
+"pallas": the Pallas Triton-lowering backward of pallas_chunk.py, from its own recomputed
+forward residuals.
 
 Takes q/k/v in bf16 or fp16 with K and V in {64, 128, 256} (other multiples of 64 up to 256
 too); `mosaic_unsupported_reason` says why a call is refused (fp32: use impl="pallas").
@@ -28,7 +29,7 @@ from .pallas_chunk import chunk_gated_delta_rule_pallas
 F32 = jnp.float32
 DTYPES = ("bfloat16", "float16")
 BACKWARDS = ("pallas", "mosaic")
-BACKWARD = "pallas"   # "mosaic": Mosaic reverse state pass + chunk-parallel XLA (mosaic_bwd.py)
+BACKWARD = "mosaic"   # "pallas": the Pallas Triton-lowering backward (recomputes the forward)
 MAX_HEAD = 256
 
 
