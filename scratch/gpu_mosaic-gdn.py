@@ -188,16 +188,23 @@ def bench(family, dtype, B=4, T=4096, H=16, HV=16, K=128):
         fwd = jax.jit(lambda *a, f2=f2: f2(*a)[0])
         fb = jax.jit(lambda *a, f2=f2: jax.vjp(lambda *p: f2(*p)[0], *a)[1](do))
         res[name] = (fwd, fb, args)
-    o_p = np.asarray(res["pallas"][0](*res["pallas"][2]).astype(jnp.float32))
+    firsts = {}
+
+    def timed_first(key, fn, args):
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(fn(*args))
+        firsts[key] = time.perf_counter() - t0
+        return out
+    o_p = np.asarray(timed_first("pallas fwd", *res["pallas"][::2]).astype(jnp.float32))
     for name in ("mosaic", "mosaic-nooverlap"):
-        o_m = np.asarray(res[name][0](*res[name][2]).astype(jnp.float32))
+        o_m = np.asarray(timed_first(f"{name} fwd", *res[name][::2]).astype(jnp.float32))
         mx, rr = rel(o_m, o_p)
         ok = np.all(np.isfinite(o_m)) and rr <= (TOL[dtype] * 2)
         print(f"{'PASS' if ok else 'FAIL'} vs-pallas {name} {family} {dtype} B{B} T{T} H{H} "
               f"HV{HV} K=V={K} o max_abs={mx:.4g} rel_rms={rr:.4g}", flush=True)
-    gp = res["pallas"][1](*res["pallas"][2])
+    gp = timed_first("pallas fwd+bwd", *res["pallas"][1:])
     for name in ("mosaic", "mosaic+mbwd", "mosaic+mbwd16"):
-        gm = res[name][1](*res[name][2])
+        gm = timed_first(f"{name} fwd+bwd", *res[name][1:])
         errs = {}
         for n, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), gm, gp):
             if a is None or (family == "delta" and n == "dg"):
@@ -242,6 +249,8 @@ def bench(family, dtype, B=4, T=4096, H=16, HV=16, K=128):
     except Exception as e:  # noqa: BLE001
         line.append(f"jla unavailable: {type(e).__name__}: {str(e)[:300]}")
     print(f"TIME {family} {dtype} B{B} T{T} H{H} HV{HV} K=V={K}: " + " | ".join(line), flush=True)
+    print(f"FIRST-CALL s (compile) {family} {dtype}: "
+          + ", ".join(f"{k} {v:.1f}" for k, v in firsts.items()), flush=True)
 
 
 def profile(dtype="bf16", B=4, T=4096, H=16, HV=16, K=128):
