@@ -1,3 +1,3 @@
-from .interface import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from .interface import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, mosaic_unsupported_reason
 
-__all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"]
+__all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "mosaic_unsupported_reason"]

@@ -11,12 +11,15 @@ from __future__ import annotations
 from fla_contract import OPS
 
 from ..common import context_parallel
+from ..common.mosaic.dispatch import mosaic_or
 from ..common.prepare import run_op
+from .mosaic_chunk import mosaic_unsupported_reason
 
 _BASE = {"reference": "fla_jax.ops.gated_delta_rule.reference:gated_delta_rule_reference",
          "chunked": "fla_jax.ops.gated_delta_rule.chunked:gated_delta_rule_chunked"}
 CHUNK_IMPLS = dict(_BASE)
 CHUNK_IMPLS["pallas"] = "fla_jax.ops.gated_delta_rule.pallas_chunk:chunk_gated_delta_rule_pallas"
+CHUNK_IMPLS["mosaic"] = "fla_jax.ops.gated_delta_rule.mosaic_chunk:chunk_gated_delta_rule_mosaic"
 RECURRENT_IMPLS = dict(_BASE)
 RECURRENT_IMPLS["pallas"] = "fla_jax.ops.gated_delta_rule.pallas_recurrent:fused_recurrent_gated_delta_rule_pallas"
 
@@ -32,7 +35,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
             beta: [B, T, HV], any float dtype, used in fp32. scale: float, default K ** -0.5.
             initial_state: [N, HV, K, V] fp32. cu_seqlens: [N+1] int, needs B == 1.
             use_qk_l2norm_in_kernel: L2-normalise q and k over K inside the op.
-        impl: 'auto' | 'reference' | 'chunked' | 'pallas'.
+        impl: 'auto' | 'reference' | 'chunked' | 'pallas' | 'mosaic' (Pallas Mosaic GPU
+            kernels: Hopper only, bf16/fp16, K and V multiples of 64 up to 256; 'auto' takes
+            them on a Hopper GPU once proven there, see mosaic_unsupported_reason).
         cp_mesh_axis: context parallelism (the sequence split along T): the name of a mesh
             axis of the enclosing shard_map;
             see fla_jax/ops/common/context_parallel.py (cu_seqlens, initial_state and
@@ -47,6 +52,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
             beta=beta, scale=scale, initial_state=initial_state,
             output_final_state=output_final_state, cu_seqlens=cu_seqlens,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, impl=impl)
+    impl = mosaic_or("chunk_gated_delta_rule", impl, q, lambda: mosaic_unsupported_reason(q, k, v))
     return run_op(OPS["chunk_gated_delta_rule"], CHUNK_IMPLS, impl, q=q, k=k, v=v,
                   g=g, beta=beta, initial_state=initial_state, scale=scale,
                   output_final_state=output_final_state, cu_seqlens=cu_seqlens,

@@ -1,0 +1,169 @@
+"""Mosaic GPU (sm_90) reverse state pass of the chunked gated delta rule backward: one CTA
+(one warpgroup) per (sequence, value head, 64 value columns), chunks in reverse order.
+
+With L^T [BV, K] fp32 in registers, the cotangent of the state leaving the current chunk
+(dht at the sequence's end), and per chunk P = tril(q k^T) * exp2(G_i - G_j),
+Gamma = exp2(G), w the WY key factor (given negated), the forward
+    v_new = u - w S,   o = scale (Gamma q S + P v_new),   S' = exp2(G_last) S + (kd)^T v_new
+(kd = k * exp2(G_last - G)) gives
+    dv_new^T = scale do^T P + (L^T k^T) exp2(G_last - G)
+    L^T      <- exp2(G_last) L^T + scale (do^T Gamma) q - dv_new^T w
+The kernel stores L^T of every chunk (before its update: the cotangent of the state the
+chunk hands on) and dv_new^T, both fp32, and L^T after the first chunk (dh0).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of,
+                                  interpreting, load, matmul, smem_tile, zeros_wgmma)
+from . import mosaic_fwd_kernel
+from .mosaic_fwd_kernel import BV, C, SMEM_BUDGET, TABLE_WIDTH, matmuls
+
+
+def _chain(init, *pairs, shape):
+    """init + sum of a @ b over pairs, one accumulator, one wait."""
+    if interpreting():
+        out = init
+        for a, b in pairs:
+            out = matmul(a, b, shape, init=out)
+        return out
+
+    def body(acc):
+        for a, b in pairs:
+            plgpu.wgmma(acc, a, b)
+    return lax.optimization_barrier(pl.run_state(body)(plgpu.ACC.init(init)))
+
+
+def _stages(K: int, dtype) -> int:
+    isz = jnp.dtype(dtype).itemsize
+    per_stage = 3 * C * K * isz + BV * C * isz + 3 * 4 * C
+    fixed = C * C * isz + BV * K * 4 + BV * C * 4 + 1024
+    return 2 if fixed + 2 * per_stage <= SMEM_BUDGET else 1
+
+
+def reverse_states(q, k, wneg, doT, gcum, gsuf, table, dhtT, *, scale: float, group: int):
+    """q, k: [R, H, K]; wneg: [HV, R, K] (-w); doT: [HV, V, R] (do transposed), all in one
+    16-bit dtype; gcum, gsuf: [HV, R] fp32 (G and G_last - G in log2 units); table: [N,
+    TABLE_WIDTH] int32 as in the forward; dhtT: None or [N, HV, V, K] fp32.
+    Returns dh [R // C, HV, V, K] fp32 (L^T per chunk), dvnT [HV, V, R] fp32 and
+    dh0T [N, HV, V, K] fp32."""
+    R, H, K = q.shape
+    HV, V = doT.shape[0], doT.shape[1]
+    N = table.shape[0]
+    dtype = q.dtype
+    has_dht = dhtT is not None
+    stages = _stages(K, dtype)
+    overlap = mosaic_fwd_kernel.OVERLAP and K <= 128
+    vec = plgpu.SMEM((stages, C), F32)
+    scratch = dict(
+        q_s=smem_tile((stages, C, K), dtype),
+        k_s=smem_tile((stages, C, K), dtype),
+        w_s=smem_tile((stages, C, K), dtype),
+        do_s=smem_tile((stages, BV, C), dtype),
+        g_c=vec, g_r=vec, s_c=vec,
+        p_s=smem_tile((C, C), dtype),
+        l_s=smem_tile((BV, K), F32),
+        dv_s=smem_tile((BV, C), F32),
+        tab_s=plgpu.SMEM((TABLE_WIDTH,), jnp.int32),
+        in_bar=plgpu.Barrier(num_arrivals=7, num_barriers=stages),
+        one_bar=plgpu.Barrier(num_arrivals=1, num_barriers=2),
+    )
+    out_type = [jax.ShapeDtypeStruct((R // C, HV, V, K), F32),
+                jax.ShapeDtypeStruct((HV, V, R), F32),
+                jax.ShapeDtypeStruct((N, HV, V, K), F32)]
+
+    def body(*refs, q_s, k_s, w_s, do_s, g_c, g_r, s_c, p_s, l_s, dv_s, tab_s, in_bar,
+             one_bar):
+        refs = list(refs)
+        q_ref, k_ref, w_ref, do_ref, gc_ref, gs_ref, tab_ref = refs[:7]
+        dht_ref = refs[7] if has_dht else None
+        dh_ref, dv_ref, dh0_ref = refs[-3:]
+        n, hv, iv = lax.axis_index("n"), lax.axis_index("hv"), lax.axis_index("v")
+        h = lax.div(hv, group)
+        cols = pl.ds(iv * BV, BV)
+
+        plgpu.copy_gmem_to_smem(tab_ref.at[n], tab_s, one_bar.at[0])
+        plgpu.barrier_wait(one_bar.at[0])
+        first, count = tab_s[0], tab_s[1]
+
+        def issue(i, slot):   # i-th chunk from the end
+            rows = pl.ds((first + count - 1 - i) * C, C)
+            bar = in_bar.at[slot]
+            plgpu.copy_gmem_to_smem(q_ref.at[rows, h], q_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(k_ref.at[rows, h], k_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(w_ref.at[hv, rows], w_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(do_ref.at[hv, cols, rows], do_s.at[slot], bar)
+            for src, dst in ((gc_ref, g_c), (gc_ref, g_r), (gs_ref, s_c)):
+                plgpu.copy_gmem_to_smem(src.at[hv, rows], dst.at[slot], bar)
+
+        @pl.when(count > 0)
+        def _():
+            issue(0, 0)
+
+        if has_dht:
+            plgpu.copy_gmem_to_smem(dht_ref.at[n, hv, cols], l_s, one_bar.at[1])
+            plgpu.barrier_wait(one_bar.at[1])
+            l0 = load(l_s, WGMMA)
+        else:
+            l0 = zeros_wgmma((BV, K))
+
+        sq, tile = (C, C), (BV, C)
+
+        def step(i, l_t):
+            slot = lax.rem(i, stages) if stages > 1 else 0
+            c = first + count - 1 - i
+            plgpu.barrier_wait(in_bar.at[slot])
+            if stages > 1:
+                @pl.when(i + 1 < count)
+                def _():
+                    plgpu.commit_smem()
+                    issue(i + 1, 1 - slot)
+
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # l_s, dv_s of the last chunk
+            l_s[...] = l_t
+            g_col = load(g_c.at[slot], COLS)
+            g_row = load(g_r.at[slot], ROWS)
+            decay = causal_decay(g_row, g_col, sq)
+            l_lo = l_t.astype(dtype)
+            if overlap:
+                p, lk = matmuls((q_s.at[slot], k_s.at[slot], sq, None, False, True),
+                                (l_lo, k_s.at[slot], tile, None, False, True))
+            else:
+                p = matmul(q_s.at[slot], k_s.at[slot], sq, tb=True)
+                lk = matmul(l_lo, k_s.at[slot], tile, tb=True)             # L^T k^T
+            p_s[...] = (p * decay * scale).astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(l_s, dh_ref.at[c, hv, cols])
+            do_t = load(do_s.at[slot], WGMMA)
+            kd = jnp.exp2(load(s_c.at[slot], COLS))
+            dvn = matmul(do_t, p_s, tile, init=lk * cols_of(kd, tile))     # dv_new^T
+            dv_s[...] = dvn
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(dv_s, dv_ref.at[hv, cols, pl.ds(c * C, C)])
+            dog = (do_t.astype(F32) * cols_of(jnp.exp2(g_col) * scale, tile)).astype(dtype)
+            g_last = g_c[slot, C - 1]
+            l_new = _chain(l_t * jnp.exp2(g_last), (dog, q_s.at[slot]),
+                           (dvn.astype(dtype), w_s.at[slot]), shape=(BV, K))
+            if stages == 1:
+                @pl.when(i + 1 < count)
+                def _():
+                    plgpu.commit_smem()
+                    issue(i + 1, 0)
+            return l_new
+
+        l_t = lax.fori_loop(0, count, step, l0)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        l_s[...] = l_t
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(l_s, dh0_ref.at[n, hv, cols])
+        plgpu.wait_smem_to_gmem(0)
+
+    args = [q, k, wneg, doT, gcum, gsuf, table] + ([dhtT] if has_dht else [])
+    kernel = build(body, name="gdn_bwd_states", out_type=out_type, scratch=scratch,
+                   grid=(N, HV, V // BV), grid_names=("n", "hv", "v"))
+    return kernel(*args)

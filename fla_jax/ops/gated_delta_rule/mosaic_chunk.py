@@ -1,0 +1,127 @@
+"""Chunked gated delta rule (and the delta rule, g=None) with Pallas Mosaic GPU kernels
+(Hopper, sm_90): impl="mosaic".
+
+Forward: XLA prepares the chunk-aligned token layout (mosaic_layout.py), the gate vectors
+and the gate-free inverse T0 per chunk (batched matmuls, fp32); one Mosaic kernel
+(mosaic_fwd_kernel.py) then runs the sequential state pass fused with the output.
+Backward (jax.custom_vjp; every gradient in its input's dtype), chosen by BACKWARD:
+"mosaic" (default; matched float64 on an H100, bf16 K=V=128 with h0): mosaic_bwd.py (the
+forward kernel's saved residuals, a Mosaic reverse state pass, chunk-parallel XLA);
+"pallas": the Pallas Triton-lowering backward of pallas_chunk.py, from its own recomputed
+forward residuals.
+
+Takes q/k/v in bf16 or fp16 with K and V in {64, 128, 256} (other multiples of 64 up to 256
+too); `mosaic_unsupported_reason` says why a call is refused (fp32: use impl="pallas").
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from ..common.mosaic import check_mosaic
+from . import mosaic_bwd
+from .mosaic_fwd_kernel import fused_forward
+from .mosaic_layout import from_rows, gate_free_inverse, gate_vectors, l2norm, plan, to_rows
+from .pallas_chunk import chunk_gated_delta_rule_pallas
+
+F32 = jnp.float32
+DTYPES = ("bfloat16", "float16")
+BACKWARDS = ("pallas", "mosaic")
+BACKWARD = "mosaic"   # "pallas": the Pallas Triton-lowering backward (recomputes the forward)
+MAX_HEAD = 256
+
+
+def mosaic_unsupported_reason(q, k, v, g=None, beta=None, initial_state=None,
+                              cu_seqlens=None, **_) -> str | None:
+    """Why the Mosaic kernels cannot take this call (None when they can). Shapes as for
+    chunk_gated_delta_rule; checks dtypes and head sizes only (not the backend)."""
+    name = jnp.dtype(q.dtype).name
+    if name not in DTYPES:
+        return (f"q/k/v dtype {name}: the Mosaic GPU kernels take bfloat16 or float16 "
+                f"(16-bit wgmma operands); use impl='pallas' for {name}")
+    K, V = q.shape[-1], v.shape[-1]
+    for label, d in (("K", K), ("V", V)):
+        if d % 64 or d > MAX_HEAD:
+            return f"head size {label}={d}: the Mosaic GPU kernels take multiples of 64 up to {MAX_HEAD}"
+    return None
+
+
+OP = "chunk_gated_delta_rule"
+
+
+def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool,
+            residuals: bool = False):
+    """The Mosaic forward (lowers for CUDA on any machine: common/mosaic/lowering.py).
+    q, k: [B, T, H, K]; v: [B, T, HV, V]; g: None or [B, T, HV]; beta: [B, T, HV];
+    h0: None or [N, HV, K, V] fp32. Returns o [B, T, HV, V] (q's dtype) and the final
+    states [N, HV, K, V] fp32; with `residuals` also (hs, vnT) of the forward kernel, the
+    residuals of mosaic_bwd.backward."""
+    B, T, H, K = q.shape
+    HV = v.shape[2]
+    if l2:
+        q, k = l2norm(q), l2norm(k)
+    lay, table = plan(B, T, cu_seqlens)
+    qr, kr, vr = to_rows(q, lay), to_rows(k, lay), to_rows(v, lay)
+    br = to_rows(beta.astype(F32), lay)                                  # [R, HV]
+    gr = None if g is None else to_rows(g.astype(F32), lay)
+    G, later = gate_vectors(gr, qr.shape[0], HV)
+    t0 = gate_free_inverse(kr, br, HV // H, q.dtype)
+    h0t = None if h0 is None else jnp.swapaxes(h0.astype(F32), -1, -2)
+    outs = fused_forward(qr, kr, vr, t0, G, later, br.T, table, h0t, scale=scale,
+                         group=HV // H, residuals=residuals)
+    o, ht = from_rows(outs[0], lay, B), jnp.swapaxes(outs[1], -1, -2)
+    return (o, ht, tuple(outs[2:])) if residuals else (o, ht)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
+def _gdn(q, k, v, g, beta, h0, cu, scale, l2, backward):
+    return forward(q, k, v, g, beta, h0, cu, scale=scale, l2=l2)
+
+
+def _gdn_fwd(q, k, v, g, beta, h0, cu, scale, l2, backward):
+    if backward == "mosaic":   # the forward kernel's residuals feed the Mosaic backward
+        o, ht, extra = forward(q, k, v, g, beta, h0, cu, scale=scale, l2=l2, residuals=True)
+        return (o, ht), (q, k, v, g, beta, h0, cu, extra)
+    return _gdn(q, k, v, g, beta, h0, cu, scale, l2, backward), (q, k, v, g, beta, h0, cu)
+
+
+def _gdn_bwd(scale, l2, backward, res, cts):
+    q, k, v, g, beta, h0, cu = res[:7]
+    if backward == "mosaic":
+        return (*mosaic_bwd.backward(q, k, v, g, beta, h0, cu, cts[0], cts[1], scale=scale,
+                                     l2=l2, resid=res[7]), None)
+
+    def pallas(q, k, v, g, beta, h0):
+        return chunk_gated_delta_rule_pallas(q, k, v, g=g, beta=beta, scale=scale,
+                                             initial_state=h0, output_final_state=True,
+                                             cu_seqlens=cu, use_qk_l2norm_in_kernel=l2)
+
+    _, vjp = jax.vjp(pallas, q, k, v, g, beta, h0)
+    return (*vjp(cts), None)
+
+
+_gdn.defvjp(_gdn_fwd, _gdn_bwd)
+
+
+def chunk_gated_delta_rule_mosaic(q, k, v, *, g, beta, scale, initial_state,
+                                  output_final_state, cu_seqlens,
+                                  use_qk_l2norm_in_kernel=False, op=OP):
+    """Chunked gated delta rule as Mosaic GPU kernels (Hopper only).
+
+    Args:
+        q, k: [B, T, H, K]; v: [B, T, HV, V] (HV % H == 0); bf16 or fp16, one dtype.
+        g: [B, T, HV] fp32 log-decay, or None (the delta rule); beta: [B, T, HV] fp32.
+        scale: float. initial_state: None or [N, HV, K, V] fp32. cu_seqlens: None or int
+        [N+1] (B == 1; may be traced). use_qk_l2norm_in_kernel: normalise q and k over K.
+    Returns:
+        o [B, T, HV, V] in q's dtype; final_state [N, HV, K, V] fp32, or None unless
+        output_final_state. Differentiable w.r.t. q, k, v, g, beta, initial_state.
+    """
+    check_mosaic(op, mosaic_unsupported_reason(q, k, v))
+    if BACKWARD not in BACKWARDS:
+        raise ValueError(f"mosaic_chunk.BACKWARD: got {BACKWARD!r}, expected one of {BACKWARDS}")
+    o, ht = _gdn(q, k, v, g, beta, initial_state, cu_seqlens, float(scale),
+                 bool(use_qk_l2norm_in_kernel), BACKWARD)
+    return o, (ht if output_final_state else None)

@@ -1,0 +1,76 @@
+"""Host side (XLA) of the Mosaic GPU delta-rule forward: the token rows in the chunk-aligned
+layout (common/mosaic/packing.py), the gate vectors and the gate-free inverse T0.
+
+Rows: fixed length [B, T] is padded to [B, Tp] and flattened to R = B * Tp rows; varlen
+(B == 1) packs each sequence to start at a chunk boundary (R = Tp rows). Padding rows are
+zero (q = k = v = 0, g = 0, beta = 0), which leaves the state untouched.
+"""
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+from jax import lax
+
+from ..common.mosaic import packing
+from ..common.pallas_delta_layout import l2norm_fwd
+from ..common.unit_lower_inverse import unit_lower_inverse
+from .mosaic_fwd_kernel import C, TABLE_WIDTH
+
+F32 = jnp.float32
+LOG2E = math.log2(math.e)
+
+
+def plan(B: int, T: int, cu_seqlens):
+    """The packing layout and the kernel's per-sequence table int32 [N, TABLE_WIDTH]
+    (first chunk, chunk count)."""
+    lay = packing.plan(T, cu_seqlens, C, TABLE_WIDTH)
+    if lay.seq is not None:
+        return lay, lay.seq
+    nc = lay.Tp // C
+    table = jnp.zeros((B, TABLE_WIDTH), jnp.int32)
+    table = table.at[:, 0].set(jnp.arange(B, dtype=jnp.int32) * nc).at[:, 1].set(nc)
+    return lay, table
+
+
+def to_rows(x, lay):
+    """[B, T, ...] -> [R, ...]."""
+    y = packing.pack(x, lay)
+    return y.reshape(y.shape[0] * y.shape[1], *y.shape[2:])
+
+
+def from_rows(y, lay, B: int):
+    """[R, ...] -> [B, T, ...]."""
+    return packing.unpack(y.reshape(B, lay.Tp, *y.shape[1:]), lay)
+
+
+def l2norm(x):
+    """x / sqrt(sum(x^2) + 1e-6) over K in fp32, back in x's dtype."""
+    return l2norm_fwd(x).astype(x.dtype)
+
+
+def gate_vectors(g_rows, R: int, HV: int):
+    """g_rows: [R, HV] fp32 log-decay or None. Returns, in log2 units, G (chunk-local
+    cumsum) and G_last - G (the sum over the later tokens of the chunk), both [HV, R] fp32."""
+    if g_rows is None:
+        z = jnp.zeros((HV, R), F32)
+        return z, z
+    g = g_rows.astype(F32).T.reshape(HV, R // C, C)
+    G = jnp.cumsum(g, axis=-1)
+    later = jnp.cumsum(g[..., ::-1], axis=-1)[..., ::-1] - g
+    return (G * LOG2E).reshape(HV, R), (later * LOG2E).reshape(HV, R)
+
+
+def gate_free_inverse(k_rows, beta_rows, group: int, dtype):
+    """k_rows: [R, H, K] (16-bit); beta_rows: [R, HV] fp32. Returns T0 = (I + tril(beta_i
+    k_i . k_j, -1))^-1 per chunk and value head as [HV, R, C] in `dtype` (products exact,
+    fp32 accumulation and inverse)."""
+    R, H, K = k_rows.shape
+    HV = beta_rows.shape[1]
+    kc = k_rows.reshape(R // C, C, H, K)
+    kk = jnp.einsum("nihk,njhk->nhij", kc, kc, preferred_element_type=F32,
+                    precision=lax.Precision.HIGHEST)
+    kk = jnp.repeat(kk, group, axis=1)                                  # [NC, HV, C, C]
+    b = beta_rows.astype(F32).reshape(R // C, C, HV).transpose(0, 2, 1)
+    t0 = unit_lower_inverse(kk * b[..., :, None])                      # [NC, HV, C, C]
+    return t0.astype(dtype).transpose(1, 0, 2, 3).reshape(HV, R, C)
