@@ -89,7 +89,6 @@ def _compile_one(rec: dict) -> str | None:
     """Compile one record (in the checker process). Returns None or the error text."""
     import importlib
 
-    import triton
     from triton._C.libtriton import ir
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -135,7 +134,6 @@ def _compile_one(rec: dict) -> str | None:
             text += f"\ncaused by {type(cause).__name__}: {cause}"
             cause = cause.__cause__
         return text[-4000:]
-    del triton
     return None
 
 

@@ -99,12 +99,13 @@ def _ex(d):
 @triton.jit
 def _cumsum_pass(w, t_all, i_h, gbuf, base, o_t, o_k, m_k, H: tl.constexpr, K: tl.constexpr,
                  BT: tl.constexpr):
-    """fp64 in-chunk cumsum G [BT, BK] of w (stored to gbuf) and its last row L [BK]."""
+    """fp64 in-chunk cumsum G [BT, BK] of w (stored to gbuf), its last row L [BK] and w itself
+    (fp64 [BT, BK])."""
     m_t = o_t < BT
     x = _ldx(w, t_all, i_h, o_k, m_k, H, K).to(tl.float64)
     G = tl.cumsum(x, axis=0)
     _st(gbuf, G, base, o_t, m_t, o_k, m_k, K, BT)
-    return G, tl.sum(x, axis=0)
+    return G, tl.sum(x, axis=0), x
 
 
 @triton.jit
@@ -121,8 +122,7 @@ def _dplr_scores_fwd(r, k, a, b, w, tok, gbuf, Aab, Aak, Arb, Ark, rin, ain, bou
     for kb in range(NK):
         o_k = kb * BK + tl.arange(0, BK)
         m_k = o_k < K
-        G, L = _cumsum_pass(w, t_all, i_h, gbuf, base, o_t, o_k, m_k, H, K, BT)
-        x = _ldx(w, t_all, i_h, o_k, m_k, H, K).to(tl.float64)
+        G, L, x = _cumsum_pass(w, t_all, i_h, gbuf, base, o_t, o_k, m_k, H, K, BT)
         e_end = _ex(L[None, :] - G)
         _st(rin, _ldx(r, t_all, i_h, o_k, m_k, H, K) * _ex(G), base, o_t, m_t, o_k, m_k, K, BT)
         _st(ain, _ldx(a, t_all, i_h, o_k, m_k, H, K) * _ex(G - x), base, o_t, m_t, o_k, m_k, K,
