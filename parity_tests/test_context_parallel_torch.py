@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from . import cp_cases, torch_runner
+from .torch_distributed import leave_worker
 from .cases import ACTIVATION, op_kwargs
 
 WORLDS = (2, 4)   # every run on 2 ranks; the varlen case in fp32 on 4 as well
@@ -60,6 +61,7 @@ def _worker(rank, world, port, out_dir):
                      **res)
     finally:
         dist.destroy_process_group()
+    leave_worker()
 
 
 def _runs(world):
