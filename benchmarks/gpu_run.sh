@@ -3,6 +3,8 @@
 #   MODE=parity  kernel parity at GPU shapes, one process per job in parallel ($OUT/parity.txt)
 #   MODE=bench   the benchmark steps below (STEPS, default all), one process after another
 #                ($OUT/bench.txt, bench.md, bench.json)
+#   MODE=profile device time per kernel (benchmarks/kernel_profile.py) of PROFILE_OPS on
+#                PROFILE_PATHS, bf16, at each op's benchmark shape ($OUT/profile.txt, .json)
 # FLA_AUTOTUNE=<tgz of *.autotune.json> reuses FLA's autotune results from an earlier run
 # (Triton's TRITON_CACHE_AUTOTUNING); FLA's cold first calls are then measured separately.
 set -u
@@ -46,6 +48,12 @@ if [ "$MODE" = parity ]; then
 fi
 export TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
 if [ -n "${FLA_AUTOTUNE:-}" ]; then mkdir -p "$TRITON_CACHE_DIR" && tar xzf "$FLA_AUTOTUNE" -C "$TRITON_CACHE_DIR"; fi
+if [ "$MODE" = profile ]; then
+  timeout ${PROFILE_S:-400} python3 benchmarks/kernel_profile.py --ops ${PROFILE_OPS:-kda rwkv7 gla} \
+    --paths ${PROFILE_PATHS:-triton fla pallas} --json "$OUT/profile.json" 2>&1 \
+    | grep -v -E "Warning|USDT" | tee "$OUT/profile.txt" | grep -E "^== "
+  exit 0
+fi
 BJ=$OUT/bj; mkdir -p "$BJ"   # JSON per step under $OUT: kept even when a later step times out
 b() { timeout ${BENCH_S:-300} python3 benchmarks/run.py --json $BJ/$1.json "${@:2}" 2>&1 \
         | grep -v Warning | tee -a "$OUT/bench.txt" | grep -E "FAILED|ms,"; }
