@@ -62,11 +62,12 @@ def torch_profile(fn, params, iters: int, device: str) -> tuple[dict, float]:
 
 
 def _trace_events(logdir: str):
-    paths = glob.glob(os.path.join(logdir, "**", "*.trace.json.gz"), recursive=True)
-    paths += glob.glob(os.path.join(logdir, "**", "perfetto_trace.json.gz"), recursive=True)
+    # the profiler's own Chrome-trace export, else the perfetto one (both are trace-event JSON)
+    paths = (glob.glob(os.path.join(logdir, "**", "*.trace.json.gz"), recursive=True)
+             or glob.glob(os.path.join(logdir, "**", "perfetto_trace.json.gz"), recursive=True))
     if not paths:
         raise RuntimeError(f"jax.profiler wrote no trace under {logdir}")
-    with gzip.open(max(paths, key=os.path.getmtime), "rt") as f:
+    with gzip.open(paths[0], "rt") as f:
         data = json.load(f)
     return data["traceEvents"] if isinstance(data, dict) else data
 
@@ -78,7 +79,7 @@ def jax_profile(fn, iters: int) -> tuple[dict, float]:
     for _ in range(2):
         jax.block_until_ready(fn())
     with tempfile.TemporaryDirectory() as logdir:
-        with jax.profiler.trace(logdir):
+        with jax.profiler.trace(logdir, create_perfetto_trace=True):
             t0 = time.perf_counter()
             for _ in range(iters):
                 out = fn()
