@@ -5,6 +5,11 @@
 #                ($OUT/bench.txt, bench.md, bench.json)
 #   MODE=profile device time per kernel (benchmarks/kernel_profile.py) of PROFILE_OPS on
 #                PROFILE_PATHS, bf16, at each op's benchmark shape ($OUT/profile.txt, .json)
+#   MODE=regress this tree against a base revision in the same call (issue 10's no-regression
+#                bar): BASE_TREE is the base's files, exported beforehand (and carried):
+#                  git archive 521de5e | tar -x -C scratch/base   (521de5e: before the engine)
+#                per op of REGRESS_OPS, the base's run.py then ours (REGRESS_DTYPES, B4T4096,
+#                triton + pallas), then benchmarks/regress.py ($OUT/regress.md)
 # FLA_AUTOTUNE=<tgz of *.autotune.json> reuses FLA's autotune results from an earlier run
 # (Triton's TRITON_CACHE_AUTOTUNING); FLA's cold first calls are then measured separately.
 set -u
@@ -48,6 +53,29 @@ if [ "$MODE" = parity ]; then
 fi
 export TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
 if [ -n "${FLA_AUTOTUNE:-}" ]; then mkdir -p "$TRITON_CACHE_DIR" && tar xzf "$FLA_AUTOTUNE" -C "$TRITON_CACHE_DIR"; fi
+if [ "$MODE" = regress ]; then
+  BASE_TREE=$(cd "${BASE_TREE:-scratch/base}" && pwd) || exit 1
+  mkdir -p "$OUT/base" "$OUT/new"
+  for op in ${REGRESS_OPS:-simple_gla delta_rule gated_delta_rule}; do
+    for side in base new; do
+      dir=$PWD; [ $side = base ] && dir=$BASE_TREE
+      (cd "$dir" && PYTHONPATH=/tmp/site:$dir timeout ${BENCH_S:-300} python3 benchmarks/run.py \
+        --ops $op --dtypes ${REGRESS_DTYPES:-bf16 fp16 fp32} --shapes B4T4096 \
+        --paths triton pallas --json "$OUT/$side/$op.json" 2>&1 | grep -E "ms,|FAILED" \
+        | sed "s/^/[$side] /" | tee -a "$OUT/regress.txt")
+    done
+  done
+  python3 - "$OUT" <<'PY'
+import glob, json, sys
+for side in ("base", "new"):
+    rows, env = [], None
+    for p in sorted(glob.glob(f"{sys.argv[1]}/{side}/*.json")):
+        d = json.load(open(p)); env = env or d["env"]; rows += d["rows"]
+    json.dump({"env": env, "rows": rows}, open(f"{sys.argv[1]}/{side}.json", "w"), indent=1)
+PY
+  python3 benchmarks/regress.py "$OUT/base.json" "$OUT/new.json" | tee "$OUT/regress.md"
+  exit 0
+fi
 if [ "$MODE" = profile ]; then
   timeout ${PROFILE_S:-400} python3 benchmarks/kernel_profile.py --ops ${PROFILE_OPS:-kda rwkv7 gla} \
     --paths ${PROFILE_PATHS:-triton fla pallas} --json "$OUT/profile.json" 2>&1 \

@@ -36,3 +36,29 @@ def test_run_dry_run(tmp_path):
              tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "dry run simple_gla fp32" in p.stdout, p.stdout[-2000:]
+
+
+def test_regress_flags_slower_and_missing_rows(tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("regress", os.path.join(ROOT, "benchmarks",
+                                                                          "regress.py"))
+    regress = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(regress)
+
+    def row(op, dtype, fwd, fb, path="triton"):
+        return dict(shape="B4T4096", op=op, dtype=dtype, path=path, fwd_ms=fwd, fwdbwd_ms=fb)
+    base = {"env": {}, "rows": [row("gla", "bf16", 1.0, 3.0), row("gla", "fp16", 1.0, 3.0),
+                                row("gla", "fp32", 2.0, 6.0)]}
+    new = {"env": {}, "rows": [row("gla", "bf16", 1.04, 2.0), row("gla", "fp16", 1.0, 3.2)]}
+    paths = []
+    for name, data in (("base", base), ("new", new)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(data))
+    lines, bad = regress.compare(regress._rows(str(paths[0]), None),
+                                 regress._rows(str(paths[1]), None), 1.05)
+    text = "\n".join(lines)
+    assert bad
+    assert "| B4T4096 | gla | bf16 | triton | 1.000 / 3.000 | 1.040 / 2.000 | 1.04 / 0.67 |  |" in text
+    assert "fp16 | triton | 1.000 / 3.000 | 1.000 / 3.200 | 1.00 / 1.07 | REGRESSED |" in text
+    assert "fp32 | triton | 2.000 / 6.000 | missing | | MISSING |" in text
+    assert regress.main([str(paths[0]), str(paths[0])]) == 0
