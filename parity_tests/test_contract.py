@@ -287,6 +287,7 @@ def test_spec_matches_public_signatures(fw):
     import inspect
 
     from fla_contract import OPS
+    from fla_contract.fla_inputs import TRANSFORMS
     non_tensor = {"scale", "output_final_state", "cu_seqlens", "use_qk_l2norm_in_kernel", "impl",
                   "cp_group", "cp_mesh_axis"}
     cp_ops = {f"chunk_{f}" for f in ("simple_gla", "gla", "delta_rule", "gated_delta_rule")}
@@ -299,8 +300,13 @@ def test_spec_matches_public_signatures(fw):
         # a tuple state's parts are one public initial_state (GSA)
         public = {a.name: "initial_state" if spec.state_tuple and a in spec.states else a.name
                   for a in spec.args}
+        # FLA's input transforms: keyword-only, after the op's own parameters
+        transforms = [p for p, x in params.items() if x.kind is inspect.Parameter.KEYWORD_ONLY]
+        assert transforms == [p for p in params if p in TRANSFORMS.get(name, ())], name
+        assert sorted(transforms) == sorted(TRANSFORMS.get(name, ())), name
         assert list(dict.fromkeys(public.values())) == [
-            p for p in params if p not in non_tensor and p not in spec.options], name
+            p for p in params if p not in non_tensor and p not in spec.options
+            and p not in transforms], name
         for a in spec.args:
             has_default = params[public[a.name]].default is not inspect.Parameter.empty
             assert has_default != a.required, f"{name}: {a.name}"

@@ -12,6 +12,7 @@ from fla_contract import OPS
 
 from ..common import context_parallel
 from ..common.mosaic.dispatch import mosaic_or
+from ..common.fla_inputs import apply_transforms
 from ..common.prepare import run_op
 from .mosaic_chunk import mosaic_unsupported_reason
 
@@ -26,7 +27,8 @@ RECURRENT_IMPLS["pallas"] = "fla_jax.ops.gated_delta_rule.pallas_recurrent:fused
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                            output_final_state=False, cu_seqlens=None,
-                           use_qk_l2norm_in_kernel=False, impl="auto", cp_mesh_axis=None):
+                           use_qk_l2norm_in_kernel=False, impl="auto", cp_mesh_axis=None,
+                           *, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False):
     """Chunk-parallel gated delta rule (FLA's signature).
 
     Args:
@@ -42,10 +44,16 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
             axis of the enclosing shard_map;
             see fla_jax/ops/common/context_parallel.py (cu_seqlens, initial_state and
             final_state are then global).
+        use_beta_sigmoid_in_kernel, allow_neg_eigval: FLA's input transform (keyword-only;
+            fla_contract/fla_inputs.py): beta holds logits, the op uses sigmoid(beta), doubled
+            by allow_neg_eigval; applied in fp32 before the op.
     Returns:
         o: [B, T, HV, V] in q's dtype; final_state: [N, HV, K, V] fp32, or None unless
         output_final_state.
     """
+    g, beta = apply_transforms("chunk_gated_delta_rule", g, beta,
+            use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+            allow_neg_eigval=allow_neg_eigval)
     if cp_mesh_axis is not None:
         return context_parallel.chunk_context_parallel(
             "gated_delta_rule", chunk_gated_delta_rule, cp_mesh_axis, q, k, v, g=g,
@@ -61,9 +69,13 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
 
 def fused_recurrent_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                                      output_final_state=False, cu_seqlens=None,
-                                     use_qk_l2norm_in_kernel=False, impl="auto"):
+                                     use_qk_l2norm_in_kernel=False, impl="auto",
+                                     *, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False):
     """Token-by-token gated delta rule (FLA's signature); same arguments and returns as
     `chunk_gated_delta_rule`. Its kernel suits decoding and short sequences."""
+    g, beta = apply_transforms("fused_recurrent_gated_delta_rule", g, beta,
+            use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+            allow_neg_eigval=allow_neg_eigval)
     return run_op(OPS["fused_recurrent_gated_delta_rule"], RECURRENT_IMPLS, impl, q=q, k=k, v=v,
                   g=g, beta=beta, initial_state=initial_state, scale=scale,
                   output_final_state=output_final_state, cu_seqlens=cu_seqlens,
