@@ -74,7 +74,8 @@ def _trace_events(logdir: str):
 
 def jax_profile(fn, iters: int) -> tuple[dict, float]:
     """({op or kernel name: (launches, us) summed over iters}, wall ms per call). Events of the
-    processes named /device:... (GPU streams); without any (CPU), those of the host threads."""
+    processes named /device:... or ...GPU... (the GPU streams); without any (CPU), those of the
+    host threads."""
     import jax
     for _ in range(2):
         jax.block_until_ready(fn())
@@ -88,7 +89,7 @@ def jax_profile(fn, iters: int) -> tuple[dict, float]:
         events = _trace_events(logdir)
     names = {e["pid"]: e.get("args", {}).get("name", "") for e in events
              if e.get("ph") == "M" and e.get("name") == "process_name"}
-    device = {pid for pid, n in names.items() if n.startswith("/device:")}
+    device = {pid for pid, n in names.items() if n.startswith("/device:") or "GPU" in n}
     keep = device or set(names)
     table = collections.defaultdict(lambda: [0, 0.0])
     for e in events:
