@@ -106,6 +106,7 @@ class Case:
     dtypes: tuple = ("bf16", "fp16", "fp32")
     causal: bool = True          # attention: causal mask
     window: object = None        # attention: window_size (int or (left, right))
+    scale: float | None = None   # the op's scale; None: K ** -0.5
 
     def applies_to(self, spec: OpSpec) -> bool:
         if spec.family not in self.families:
@@ -223,8 +224,50 @@ GSA_KERNEL_CASES = (
          strength=20.0, floor=0.5, families=("gsa",)),
 )
 
+# Kernel-only simple-GLA cases of parity_tests/test_triton_simple_gla.py and
+# test_pallas_simple_gla.py: varlen with empty and sub-chunk sequences, no initial state, K != V,
+# head sizes 16..256 (100: not a power of two), g / g_gamma / both / neither, gates from weak to
+# -20 per token (every gate in [-20, -10] over several chunks), an explicit scale; the sgla_rec_*
+# ones are short for the interpreted token loops.
+_SGLA = ("simple_gla",)
+SIMPLE_GLA_KERNEL_CASES = (
+    Case("sgla_varlen_short", B=1, T=70, cu_seqlens=(0, 5, 20, 20, 70), families=_SGLA),
+    Case("sgla_varlen_both", B=1, T=90, cu_seqlens=(0, 7, 7, 70, 90), gate_mode="both",
+         families=_SGLA),
+    Case("sgla_varlen_b", B=1, T=90, cu_seqlens=(0, 5, 40, 40, 90), families=_SGLA),
+    Case("sgla_strong", B=1, T=100, strength=10.0, families=_SGLA),
+    Case("sgla_weak", B=1, T=100, strength=0.01, families=_SGLA),
+    Case("sgla_b2_kv", B=2, T=50, K=32, V=48, strength=0.16, floor=0.01, families=_SGLA),
+    Case("sgla_t150_both", B=1, T=150, H=1, HV=1, K=32, V=48, gate_mode="both", families=_SGLA),
+    Case("sgla_t128", B=1, T=128, families=_SGLA),
+    Case("sgla_gamma_no_h0", B=2, T=50, K=32, V=48, gate_mode="gamma", h0=False,
+         families=_SGLA),
+    Case("sgla_both_kv", B=2, T=50, K=32, V=48, gate_mode="both", families=_SGLA),
+    Case("sgla_plain", B=2, T=50, K=16, V=16, gate_mode="none", strength=0.0, h0=False,
+         families=_SGLA),
+    Case("sgla_k100", B=1, T=80, H=1, HV=1, K=100, V=100, families=_SGLA),
+    Case("sgla_k16_v256", B=1, T=70, H=1, HV=1, K=16, V=256, cu_seqlens=(0, 64, 70),
+         families=_SGLA),
+    Case("sgla_k256_v24", B=1, T=40, H=1, HV=1, K=256, V=24, gate_mode="both", families=_SGLA),
+    Case("sgla_k256_v24_no_h0", B=1, T=40, H=1, HV=1, K=256, V=24, gate_mode="both", h0=False,
+         families=_SGLA),
+    Case("sgla_scale", B=2, T=100, scale=0.37, families=_SGLA),
+    # fp32 dg under strong per-token gates: [-20, -1] (two sequences of 60 and 240 tokens) and
+    # every gate in [-20, -10] (60 and 196 tokens)
+    Case("sgla_strong_long", B=1, T=300, H=1, HV=1, cu_seqlens=(0, 60, 300), strength=20.0,
+         families=_SGLA),
+    Case("sgla_uniform_strong_long", B=1, T=256, H=1, HV=1, cu_seqlens=(0, 60, 256),
+         strength=20.0, floor=0.5, families=_SGLA),
+    Case("sgla_rec_kv", B=2, T=20, K=32, V=48, strength=0.16, floor=0.01, families=_SGLA),
+    Case("sgla_rec_k100_v40", B=2, T=12, K=100, V=40, gate_mode="both", families=_SGLA),
+    Case("sgla_rec_plain", B=2, T=12, K=16, V=16, gate_mode="none", strength=0.0, h0=False,
+         families=_SGLA),
+    Case("sgla_rec_varlen", B=1, T=24, cu_seqlens=(0, 3, 3, 24), gate_mode="both",
+         families=_SGLA),
+)
+
 CASES = {c.name: c for c in (CPU_CASES + GPU_CASES + GLA_KERNEL_CASES + DPLR_KERNEL_CASES
-                              + GSA_KERNEL_CASES)}
+                              + GSA_KERNEL_CASES + SIMPLE_GLA_KERNEL_CASES)}
 
 
 def seed_of(*parts) -> int:
@@ -296,7 +339,7 @@ def op_kwargs(spec: OpSpec, case: Case) -> dict:
     """Non-tensor keyword arguments of the op for this case."""
     if not spec.has_state:
         return {"scale": None, "causal": case.causal, "window_size": case.window}
-    kw = {"scale": None, "output_final_state": True}
+    kw = {"scale": case.scale, "output_final_state": True}
     if spec.l2norm:
         kw["use_qk_l2norm_in_kernel"] = case.l2norm
     return kw

@@ -116,3 +116,10 @@ def check(op: str, case: str, dtype: str, impls: dict, device: str = "cpu") -> l
             rows.append(Row(op, case, dtype, f"jax:{ij} vs torch:{it}", t,
                             rel_rms(rj[t], rt[t], ref[t]), tolerance(dtype, t, cross=True)))
     return rows
+
+
+def assert_passed(rows: list[Row]) -> None:
+    """Fail naming every row over its tolerance (and fail on no rows at all)."""
+    bad = [f"{r.op} {r.case} {r.dtype} {r.compared} {r.tensor}: err={r.error:.3e} "
+           f"tol={r.tolerance:.1e}" for r in rows if not r.passed]
+    assert rows and not bad, "\n".join(bad)
