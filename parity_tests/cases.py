@@ -100,7 +100,9 @@ class Case:
     h0: bool = True
     gate_mode: str = "g"         # simple_gla: 'g' | 'gamma' | 'both' | 'none'
     l2norm: bool = False
-    beta_max: float = 1.0        # beta drawn in (0, beta_max)
+    beta_max: float = 1.0        # beta drawn in beta_max * (beta_lo, beta_hi)
+    beta_lo: float = 0.02
+    beta_hi: float = 0.98
     beta_edges: bool = False     # beta near 0 (1e-4) and near beta_max (beta_max - 1e-4) only
     families: tuple = FAMILIES
     dtypes: tuple = ("bf16", "fp16", "fp32")
@@ -266,8 +268,56 @@ SIMPLE_GLA_KERNEL_CASES = (
          families=_SGLA),
 )
 
+# Kernel-only delta-rule cases (delta_rule, gated_delta_rule) of parity_tests/test_triton_delta.py
+# and test_pallas_delta.py: grouped value heads with K != V, head sizes 12..144 (wide: several K /
+# V tiles), varlen with an empty and a 3-token sequence and sequences over several chunks, no
+# initial state, beta in (0, 2) (negative eigenvalues), near 0 and near 1, gates from weak to
+# -20 per token (fp32 dg under gates in [-20, -1] and [-20, -10] over several chunks; fp16 dh0
+# with every gate in [-20, -10]). *_rec: short, for the interpreted token loops.
+_DR = ("delta_rule", "gated_delta_rule")
+_GDN = ("gated_delta_rule",)
+DELTA_KERNEL_CASES = (
+    Case("dr_gqa_kv", B=2, T=140, H=2, HV=4, K=32, V=24, strength=0.3, floor=0.0,
+         beta_lo=0.05, beta_hi=1.0, families=_DR),
+    Case("dr_gqa_kv_rec", B=2, T=37, H=2, HV=4, K=32, V=24, strength=0.3, floor=0.0,
+         beta_lo=0.05, beta_hi=1.0, families=_DR),
+    Case("dr_l2_beta2", B=2, T=100, K=16, V=32, l2norm=True, beta_max=2.0, strength=0.3,
+         floor=0.0, families=_DR),
+    Case("dr_l2_beta2_rec", B=2, T=41, K=16, V=32, l2norm=True, beta_max=2.0, strength=0.3,
+         floor=0.0, families=_DR),
+    Case("dr_gqa_no_l2", B=1, T=80, H=2, HV=4, K=16, V=16, strength=0.3, floor=0.0,
+         families=_DR),
+    Case("dr_varlen_l2", B=1, T=150, H=1, HV=2, K=32, V=16, cu_seqlens=(0, 7, 7, 80, 150),
+         l2norm=True, beta_max=2.0, strength=0.3, floor=0.0, families=_DR),
+    Case("dr_strong_tiny_beta", B=1, T=130, H=1, HV=1, K=16, V=16, h0=False, strength=20.0,
+         floor=0.0, beta_lo=0.0, beta_hi=1e-3, families=_DR),
+    Case("dr_k24_beta1", B=1, T=33, H=1, HV=2, K=24, V=16, l2norm=True, beta_lo=0.999,
+         beta_hi=1.0, families=_DR),
+    Case("dr_wide", B=1, T=70, H=1, HV=2, K=144, V=130, l2norm=True, beta_max=2.0, strength=0.3,
+         floor=0.0, families=_DR),
+    Case("dr_strong_long_beta1", B=1, T=300, H=1, HV=1, cu_seqlens=(0, 60, 300), strength=20.0,
+         beta_lo=1 - 1e-4, beta_hi=1.0, families=_DR),
+    Case("dr_uniform_strong_long", B=1, T=300, H=1, HV=1, cu_seqlens=(0, 60, 300),
+         strength=20.0, floor=0.5, beta_lo=0.5, beta_hi=1.0, families=_DR),
+    Case("dr_uniform_strong_k64", B=1, T=128, H=1, HV=1, K=64, V=64, strength=20.0, floor=0.5,
+         l2norm=True, families=_DR),
+    Case("dr_gqa_l2_no_h0", B=1, T=21, H=1, HV=2, K=32, V=16, h0=False, l2norm=True,
+         strength=0.16, floor=0.01, beta_lo=0.05, beta_hi=0.95, families=_DR),
+    Case("dr_varlen_small", B=1, T=40, H=1, HV=2, K=16, V=16, cu_seqlens=(0, 7, 7, 25, 40),
+         l2norm=True, strength=0.16, floor=0.01, beta_lo=0.05, beta_hi=0.95, families=_DR),
+    Case("dr_neg_eig_strong", B=1, T=24, H=2, HV=2, K=16, V=64, l2norm=True, beta_max=2.0,
+         strength=20.0, floor=0.0, families=_DR),
+    Case("dr_multi_chunk_varlen", B=1, T=200, H=1, HV=2, K=16, V=32, cu_seqlens=(0, 3, 131, 200),
+         l2norm=True, strength=3.0, floor=0.0, beta_lo=0.05 / 1.5, beta_hi=1.0, beta_max=1.5,
+         families=_DR),
+    Case("dr_odd_dims", B=1, T=17, H=1, HV=1, K=12, V=20, strength=0.16, floor=0.01,
+         beta_lo=0.9, beta_hi=1.0, families=_DR),
+    Case("dr_strong_multi_chunk", B=1, T=150, H=1, HV=1, K=16, V=16, cu_seqlens=(0, 128, 150),
+         l2norm=True, beta_max=2.0, strength=20.0, floor=0.0, families=_GDN),
+)
+
 CASES = {c.name: c for c in (CPU_CASES + GPU_CASES + GLA_KERNEL_CASES + DPLR_KERNEL_CASES
-                              + GSA_KERNEL_CASES + SIMPLE_GLA_KERNEL_CASES)}
+                              + GSA_KERNEL_CASES + SIMPLE_GLA_KERNEL_CASES + DELTA_KERNEL_CASES)}
 
 
 def seed_of(*parts) -> int:
@@ -322,7 +372,7 @@ def _draw(spec: OpSpec, a, case: Case, rng, shape: tuple) -> np.ndarray:
     if a.role == GAMMA:
         return -np.log2(1 + 2.0 ** -np.linspace(3, 8, shape[0])) * max(case.strength, 0.1)
     if a.role == BETA:
-        beta = rng.uniform(0.02, 0.98, shape) * case.beta_max
+        beta = rng.uniform(case.beta_lo, case.beta_hi, shape) * case.beta_max
         if case.beta_edges:
             near_one = rng.uniform(size=shape) < 0.5
             beta = np.where(near_one, case.beta_max - 1e-4, 1e-4)

@@ -118,6 +118,29 @@ def check(op: str, case: str, dtype: str, impls: dict, device: str = "cpu") -> l
     return rows
 
 
+def check_no_final_state(op: str, case: str, dtype: str, impls: dict,
+                         device: str = "cpu") -> list[Row]:
+    """output_final_state=False: each implementation returns no final state, and its output and
+    every gradient match the float64 oracle's with a zero final-state cotangent."""
+    import numpy as np
+
+    from . import torch_runner
+    spec, c = OPS[op], CASES[case]
+    x = dict(_inputs(op, case, dtype))
+    finals = [a.final_key for a in spec.states]
+    for n in finals:
+        x["d" + n] = np.zeros_like(x["d" + n])
+    impl = "reference" if device == "cpu" or not spec.has_state else "chunked"
+    ref = torch_runner.run(family_spec(spec.family), c, impl, "fp64", x, device=device)
+    compared = [t for t in TENSORS if t in ref and t not in finals]
+    rows = []
+    for fw, fw_impl in impls.items():
+        res = _runner(fw).run(spec, c, fw_impl, dtype, x, device=device, final_state=False)
+        rows += [Row(op, case, dtype, f"{fw}:{fw_impl} vs fp64 (no final state)", t,
+                     rel_rms(res[t], ref[t], ref[t]), tolerance(dtype, t)) for t in compared]
+    return rows
+
+
 def assert_passed(rows: list[Row]) -> None:
     """Fail naming every row over its tolerance (and fail on no rows at all)."""
     bad = [f"{r.op} {r.case} {r.dtype} {r.compared} {r.tensor}: err={r.error:.3e} "

@@ -20,8 +20,10 @@ def registry(spec: OpSpec) -> dict:
     return mod.CHUNK_IMPLS if spec.variant == "chunk" else mod.RECURRENT_IMPLS
 
 
-def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = "cpu") -> dict:
-    """x: float64 inputs already rounded to `dtype` (activations) / fp32 (gates, states)."""
+def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = "cpu",
+        final_state: bool = True) -> dict:
+    """x: float64 inputs already rounded to `dtype` (activations) / fp32 (gates, states).
+    final_state=False: output_final_state=False, the op must return no final state."""
     import fla_jax.ops as ops
 
     dt = DTYPES[dtype]
@@ -32,6 +34,8 @@ def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = 
     primals = [jnp.asarray(np.asarray(x[a.key], np.float32)).astype(
         dt if a.role == ACTIVATION else jnp.float32) for a in diff]
     static = op_kwargs(spec, case)
+    if not final_state:
+        static["output_final_state"] = False
     cu = None if case.cu_seqlens is None else jnp.asarray(case.cu_seqlens, jnp.int32)
     fn = getattr(ops, spec.name)
 
@@ -51,6 +55,8 @@ def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = 
             o, vjp = jax.vjp(lambda *a: forward(cu_seqlens, *a), *args)
             return o, None, vjp(do.astype(o.dtype))
         (o, ht), vjp = jax.vjp(lambda *a: forward(cu_seqlens, *a), *args)
+        if ht is None:
+            return o, None, vjp((do.astype(o.dtype), None))
         dht = jax.tree_util.tree_map(lambda c, h: c.astype(h.dtype), dht, ht)
         return o, ht, vjp((do.astype(o.dtype), dht))
 
@@ -59,6 +65,9 @@ def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = 
     dht = [jnp.asarray(x["d" + n], jnp.float32) for n in keys if "d" + n in x]
     dht = (tuple(dht) if spec.state_tuple else dht[0]) if dht else None
     o, ht, grads = fwd_bwd(cu, do, dht, *primals)
+    if not final_state and ht is not None:
+        raise AssertionError(f"{spec.name}(impl={impl}): a final state although "
+                             f"output_final_state=False")
     if o.dtype != dt:
         raise AssertionError(f"{spec.name}(impl={impl}): o has dtype {o.dtype}; expected {dt}")
     finals = {} if ht is None else dict(zip(keys, ht if spec.state_tuple else (ht,)))
