@@ -37,6 +37,9 @@ for _t in TOLERANCE.values():
 # (hk, hv) of the same kind as h.
 for _t in TOLERANCE.values():
     _t.update(hkt=_t["ht"], hvt=_t["ht"], ds=_t["dv"], dhk0=_t["dh0"], dhv0=_t["dh0"])
+# fp64: a float64 implementation (impl='chunked') against the float64 oracle: equal up to
+# float64 rounding, so the chunked path can stand in for the token loop as the GPU's oracle.
+TOLERANCE["fp64"] = {t: 1e-9 for t in TOLERANCE["fp32"]}
 CROSS_FACTOR = 2.0
 
 # Whole layers (parity_tests/test_layers.py): projections, convs, norms and the op, each
@@ -316,8 +319,70 @@ DELTA_KERNEL_CASES = (
          l2norm=True, beta_max=2.0, strength=20.0, floor=0.0, families=_GDN),
 )
 
+# float64 cases of parity_tests/test_chunked_fp64_torch.py (impl='chunked' in fp64 against the
+# fp64 oracle, TOLERANCE['fp64']): T = 1, 63, 64, 100, 130 in a padded batch, varlen with an
+# empty sequence (also the last one), no initial state, gates from 0.01 to -15 per token,
+# K != V both ways; each shape once for simple_gla / gla (H = HV) and once for the delta rules
+# with grouped value heads (*_gqa: HV = 4). Gates -1.5 * gate * U(1/3, 1) per token.
+_GLAS = ("simple_gla", "gla")
+_F64 = ("fp64",)
+
+
+def _fp64_pair(name, gate=1.0, **kw):
+    kw = dict(strength=1.5 * gate, floor=1 / 3, dtypes=_F64, **kw)
+    return (Case(f"f64_{name}", families=_GLAS, **kw),
+            Case(f"f64_{name}_gqa", HV=4, families=_DR, **kw))
+
+
+FP64_CASES = sum((
+    _fp64_pair("T1", B=2, T=1, V=48), _fp64_pair("T63", B=2, T=63, V=48),
+    _fp64_pair("T64", B=2, T=64, V=48), _fp64_pair("T100", B=2, T=100, V=48),
+    _fp64_pair("T130", B=2, T=130, V=48),
+    _fp64_pair("varlen", B=1, T=300, V=48, cu_seqlens=(0, 15, 100, 300)),
+    _fp64_pair("varlen_empty", B=1, T=140, V=48, cu_seqlens=(0, 70, 70, 140, 140)),
+    _fp64_pair("no_h0", B=2, T=100, V=48, h0=False),
+    _fp64_pair("weak", B=1, T=130, V=48, gate=0.01),
+    _fp64_pair("strong", B=1, T=130, V=48, gate=10.0),
+    _fp64_pair("k48_v32", B=1, T=70, K=48, V=32),
+), ()) + (
+    Case("f64_gamma", B=1, T=100, V=48, gate_mode="gamma", strength=1.5, floor=1 / 3,
+         families=_SGLA, dtypes=_F64),
+    Case("f64_both_gates", B=1, T=100, V=48, gate_mode="both", strength=0.75, floor=1 / 3,
+         families=_SGLA, dtypes=_F64),
+    Case("f64_no_gate", B=1, T=100, V=48, gate_mode="none", strength=0.0, families=_SGLA,
+         dtypes=_F64),
+    Case("f64_strong_gamma", B=1, T=100, V=48, gate_mode="gamma", strength=15.0, floor=1 / 3,
+         families=_SGLA, dtypes=_F64),
+    Case("f64_l2norm", B=1, T=130, HV=4, V=48, l2norm=True, strength=1.5, floor=1 / 3,
+         families=_DR, dtypes=_F64),
+    Case("f64_beta2", B=1, T=130, HV=4, V=48, beta_max=2.0, strength=1.5, floor=1 / 3,
+         families=_DR, dtypes=_F64),
+    Case("f64_l2norm_beta2_varlen", B=1, T=300, HV=4, V=48, l2norm=True, beta_max=2.0,
+         cu_seqlens=(0, 15, 100, 300), strength=1.5, floor=1 / 3, families=_DR, dtypes=_F64),
+    Case("f64_mha", B=1, T=100, V=48, strength=1.5, floor=1 / 3, families=_DR, dtypes=_F64),
+    Case("f64_gqa_h1", B=1, T=65, H=1, HV=3, V=48, strength=1.5, floor=1 / 3, families=_DR,
+         dtypes=_F64),
+    # the chunked paths with other chunk sizes (varlen with an empty sequence), and with gates
+    # down to -19.5 in fp32 / bf16
+    Case("f64_varlen_chunks", B=1, T=90, V=48, cu_seqlens=(0, 7, 40, 40, 90), strength=1.5,
+         floor=1 / 3, families=_GLAS, dtypes=_F64),
+    Case("f64_varlen_chunks_gqa", B=1, T=90, HV=4, V=48, cu_seqlens=(0, 7, 40, 40, 90),
+         l2norm=True, strength=1.5, floor=1 / 3, families=_DR, dtypes=_F64),
+    Case("chunked_strong13", B=1, T=130, V=48, strength=19.5, floor=1 / 3, families=_GLAS),
+    Case("chunked_strong13_gqa", B=1, T=130, HV=4, V=48, strength=19.5, floor=1 / 3,
+         families=_DR),
+    # KDA / RWKV-7 (test_chunked_fp64_dplr.py)
+    Case("f64_dplr_basic", B=2, T=100, V=48, families=_DPLR, dtypes=_F64),
+    Case("f64_kda_varlen_strong_gqa_l2", B=1, T=90, H=1, HV=2, K=16, V=24,
+         cu_seqlens=(0, 5, 20, 20, 90), strength=20.0, l2norm=True, families=("kda",),
+         dtypes=_F64),
+    Case("f64_rwkv7_varlen_strong", B=1, T=90, K=16, V=24, cu_seqlens=(0, 5, 20, 20, 90),
+         strength=20.0, families=("rwkv7",), dtypes=_F64),
+)
+
 CASES = {c.name: c for c in (CPU_CASES + GPU_CASES + GLA_KERNEL_CASES + DPLR_KERNEL_CASES
-                              + GSA_KERNEL_CASES + SIMPLE_GLA_KERNEL_CASES + DELTA_KERNEL_CASES)}
+                              + GSA_KERNEL_CASES + SIMPLE_GLA_KERNEL_CASES + DELTA_KERNEL_CASES
+                              + FP64_CASES)}
 
 
 def seed_of(*parts) -> int:

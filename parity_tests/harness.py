@@ -63,7 +63,8 @@ def resolve(framework: str, op: str, impl: str) -> str | None:
     return impl if impl == "auto" or impl in _runner(framework).registry(spec) else None
 
 
-def _inputs(op: str, case: str, dtype: str):
+def inputs(op: str, case: str, dtype: str) -> dict:
+    """The rounded float64 inputs every implementation of `op` gets for (case, dtype)."""
     return _family_inputs(OPS[op].family, case, dtype)
 
 
@@ -90,7 +91,7 @@ def oracle(op: str, case: str, dtype: str, device: str = "cpu") -> dict:
 def _oracle(op: str, case: str, dtype: str, device: str) -> dict:
     from . import torch_runner
     impl = "reference" if device == "cpu" or not OPS[op].has_state else "chunked"
-    return torch_runner.run(OPS[op], CASES[case], impl, "fp64", _inputs(op, case, dtype),
+    return torch_runner.run(OPS[op], CASES[case], impl, "fp64", inputs(op, case, dtype),
                             device=device)
 
 
@@ -99,7 +100,7 @@ def check(op: str, case: str, dtype: str, impls: dict, device: str = "cpu") -> l
     spec, c = OPS[op], CASES[case]
     if not c.applies_to(spec):
         raise ValueError(f"case {case} does not apply to {op}")
-    x = _inputs(op, case, dtype)
+    x = inputs(op, case, dtype)
     ref = oracle(op, case, dtype, device)
     results = {}
     for fw, impl in impls.items():
@@ -126,7 +127,7 @@ def check_no_final_state(op: str, case: str, dtype: str, impls: dict,
 
     from . import torch_runner
     spec, c = OPS[op], CASES[case]
-    x = dict(_inputs(op, case, dtype))
+    x = dict(inputs(op, case, dtype))
     finals = [a.final_key for a in spec.states]
     for n in finals:
         x["d" + n] = np.zeros_like(x["d" + n])
