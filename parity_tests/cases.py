@@ -344,6 +344,15 @@ FP64_CASES = sum((
     _fp64_pair("weak", B=1, T=130, V=48, gate=0.01),
     _fp64_pair("strong", B=1, T=130, V=48, gate=10.0),
     _fp64_pair("k48_v32", B=1, T=70, K=48, V=32),
+    # packed for JAX (test_chunked_fp64_jax.py: each shape compiles once): sequences of 1, 63,
+    # 100 and 130 tokens; an empty one with weak gates, l2norm, no h0; fixed-length T = 1
+    # with g and g_gamma
+    _fp64_pair("varlen_1_63_100_130_strong", B=1, T=294, V=48, cu_seqlens=(0, 1, 64, 164, 294),
+               gate=10.0, beta_max=2.0),
+    _fp64_pair("varlen_empty_weak_l2_no_h0", B=1, T=300, V=48, cu_seqlens=(0, 15, 15, 100, 300),
+               gate=0.01, h0=False, l2norm=True),
+    _fp64_pair("b2_t130_beta2_l2", B=2, T=130, V=48, beta_max=2.0, l2norm=True),
+    _fp64_pair("b2_t1_both_gates", B=2, T=1, V=48, gate=0.5, gate_mode="both"),
 ), ()) + (
     Case("f64_gamma", B=1, T=100, V=48, gate_mode="gamma", strength=1.5, floor=1 / 3,
          families=_SGLA, dtypes=_F64),

@@ -95,8 +95,10 @@ def _oracle(op: str, case: str, dtype: str, device: str) -> dict:
                             device=device)
 
 
-def check(op: str, case: str, dtype: str, impls: dict, device: str = "cpu") -> list[Row]:
-    """impls: {'jax': impl, 'torch': impl}; a framework left out is not run."""
+def check(op: str, case: str, dtype: str, impls: dict, device: str = "cpu",
+          outputs: dict | None = None) -> list[Row]:
+    """impls: {'jax': impl, 'torch': impl}; a framework left out is not run. outputs: a dict
+    that receives each framework's results ({'jax': {'o': ..., 'ht': ...}}) for further checks."""
     spec, c = OPS[op], CASES[case]
     if not c.applies_to(spec):
         raise ValueError(f"case {case} does not apply to {op}")
@@ -105,6 +107,8 @@ def check(op: str, case: str, dtype: str, impls: dict, device: str = "cpu") -> l
     results = {}
     for fw, impl in impls.items():
         results[fw] = (impl, _runner(fw).run(spec, c, impl, dtype, x, device=device))
+        if outputs is not None:
+            outputs[fw] = results[fw][1]
     compared = [t for t in TENSORS if t in ref] + [t for t in ref if t not in TENSORS]
     rows = []
     for fw, (impl, res) in results.items():
