@@ -203,6 +203,12 @@ GLA_KERNEL_CASES = (
     Case("tgla_strong_long", B=1, T=200, H=1, HV=1, cu_seqlens=(0, 130, 200), strength=20.0,
          floor=0.5, families=("gla",)),
 )
+# output_final_state=False (harness.check_no_final_state) for the GLA kernels of both
+# frameworks: varlen with an empty sequence, an explicit scale, K != V
+GLA_KERNEL_CASES += (
+    Case("gla_no_final_state", B=1, T=70, K=32, V=16, cu_seqlens=(0, 20, 20, 70), scale=0.3,
+         floor=0.0, families=("gla",)),
+)
 
 # Kernel-only DPLR cases (KDA, RWKV-7) of parity_tests/test_triton_recurrent_dplr.py: varlen
 # with an empty and a short sequence and one crossing a state checkpoint (64 tokens), no h0
@@ -215,6 +221,12 @@ DPLR_KERNEL_CASES = (
          floor=0.05, families=_DPLR),
     Case("dplr_k256", B=1, T=8, H=1, HV=1, K=256, V=256, cu_seqlens=(0, 3, 8), strength=1.0,
          families=_DPLR),
+    # token-by-token calls chained through the final state (gates in [-20, 0])
+    Case("dplr_decode", B=1, T=5, H=2, HV=2, K=16, V=32, strength=20.0, floor=0.0,
+         l2norm=True, families=_DPLR),
+    # output_final_state=False, no initial state, per-channel gates in [-20, 0]
+    Case("dplr_no_final_state", B=1, T=70, H=1, HV=1, K=16, V=16, h0=False, strength=20.0,
+         floor=0.0, families=_DPLR),
 )
 
 # Kernel-only GSA cases of parity_tests/test_gsa_kernels.py (small: interpreted kernels of both

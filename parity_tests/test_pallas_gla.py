@@ -17,6 +17,7 @@ import pytest
 
 from . import jax_runner, torch_runner
 from .cases import OPS, Case, make_inputs, rel_rms, seed_of, tolerance
+from .harness import assert_passed, check_no_final_state
 
 GLA = ("gla",)
 ALL = ("fp32", "bf16", "fp16")
@@ -77,31 +78,7 @@ def test_fused_recurrent_gla(case, dtype):
 def test_no_final_state(op):
     """output_final_state=False: final state None, o and every gradient as with a zero
     final-state cotangent (fp32, varlen with an empty sequence)."""
-    import fla_jax.ops as ops
-
-    case = Case("no_final_state", B=1, T=90, cu_seqlens=(0, 20, 20, 90), families=GLA)
-    x = _inputs(case, "fp32")
-    x["dht"] = np.zeros_like(x["dht"])
-    ref = torch_runner.run(OPS[op], case, "reference", "fp64", x)
-    names = ("q", "k", "v", "g", "h0")
-    fn = getattr(ops, op)
-    cu = jnp.asarray(case.cu_seqlens, jnp.int32)
-
-    @jax.jit
-    def run(cu, *args):
-        def f(q, k, v, g, h0):
-            o, ht = fn(q, k, v, g, initial_state=h0, output_final_state=False, cu_seqlens=cu,
-                       impl="pallas")
-            assert ht is None
-            return o
-        o, vjp = jax.vjp(f, *args)
-        return o, vjp(jnp.asarray(x["do"], jnp.float32))
-
-    o, grads = run(cu, *(jnp.asarray(x[n], jnp.float32) for n in names))
-    got = dict(zip(("dq", "dk", "dv", "dg", "dh0"), grads), o=o)
-    errs = {t: rel_rms(np.asarray(got[t], np.float64), ref[t], ref[t]) for t in got}
-    bad = {t: e for t, e in errs.items() if not e <= tolerance("fp32", t)}
-    assert not bad, f"{op} output_final_state=False: over tolerance {bad}; all {errs}"
+    assert_passed(check_no_final_state(op, "gla_no_final_state", "fp32", {"jax": "pallas"}))
 
 
 ENGINE_CASES = (
