@@ -331,6 +331,22 @@ DELTA_KERNEL_CASES = (
          l2norm=True, beta_max=2.0, strength=20.0, floor=0.0, families=_GDN),
 )
 
+# Pallas Mosaic GPU kernels interpreted on the CPU (test_mosaic_lowering.py,
+# test_mosaic_delta_lowering.py; bf16, K = 64, V = 64 / 128): several chunks and a tail, varlen
+# with an empty sequence and one ending mid-chunk, g / g_gamma / both, grouped value heads with
+# l2norm and beta in (0, 2) under gates to -5.
+MOSAIC_KERNEL_CASES = (
+    Case("mos_sgla_g_h0_t150", B=1, T=150, H=1, HV=1, K=64, V=64, strength=0.16, floor=0.01,
+         families=_SGLA),
+    Case("mos_sgla_gamma_varlen", B=1, T=100, H=1, HV=1, K=64, V=128, gate_mode="gamma",
+         cu_seqlens=(0, 7, 7, 70, 100), families=_SGLA),
+    Case("mos_sgla_split", B=1, T=300, H=1, HV=1, K=64, V=64, gate_mode="both", families=_SGLA),
+    Case("mos_dr_gqa_h0_t100", B=2, T=100, H=1, HV=2, K=64, V=64, strength=5.0, floor=0.0,
+         beta_max=2.0, l2norm=True, families=_DR),
+    Case("mos_dr_varlen", B=1, T=140, H=1, HV=1, K=64, V=128, cu_seqlens=(0, 7, 7, 100, 140),
+         strength=0.16, floor=0.01, beta_lo=0.05, beta_hi=0.95, families=_DR),
+)
+
 # float64 cases of parity_tests/test_chunked_fp64_torch.py (impl='chunked' in fp64 against the
 # fp64 oracle, TOLERANCE['fp64']): T = 1, 63, 64, 100, 130 in a padded batch, varlen with an
 # empty sequence (also the last one), no initial state, gates from 0.01 to -15 per token,
@@ -392,7 +408,7 @@ FP64_CASES = sum((
     Case("chunked_strong13", B=1, T=130, V=48, strength=19.5, floor=1 / 3, families=_GLAS),
     Case("chunked_strong13_gqa", B=1, T=130, HV=4, V=48, strength=19.5, floor=1 / 3,
          families=_DR),
-    # KDA / RWKV-7 (test_chunked_fp64_dplr.py)
+    # KDA / RWKV-7
     Case("f64_dplr_basic", B=2, T=100, V=48, families=_DPLR, dtypes=_F64),
     Case("f64_kda_varlen_strong_gqa_l2", B=1, T=90, H=1, HV=2, K=16, V=24,
          cu_seqlens=(0, 5, 20, 20, 90), strength=20.0, l2norm=True, families=("kda",),
@@ -403,7 +419,7 @@ FP64_CASES = sum((
 
 CASES = {c.name: c for c in (CPU_CASES + GPU_CASES + GLA_KERNEL_CASES + DPLR_KERNEL_CASES
                               + GSA_KERNEL_CASES + SIMPLE_GLA_KERNEL_CASES + DELTA_KERNEL_CASES
-                              + FP64_CASES)}
+                              + MOSAIC_KERNEL_CASES + FP64_CASES)}
 
 
 def seed_of(*parts) -> int:
