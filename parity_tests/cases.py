@@ -229,6 +229,26 @@ DPLR_KERNEL_CASES = (
          floor=0.0, families=_DPLR),
 )
 
+# Pallas DPLR kernels (test_pallas_dplr.py: chunk_kda / chunk_rwkv7 on the engine;
+# test_pallas_recurrent_dplr.py: the fused_recurrent driver): grouped value heads with l2norm,
+# varlen with an empty first sequence, short ones and ones spanning two 64-token checkpoints,
+# K = 48 / V = 24 (not powers of two), K = V = 256 on few tokens, gates to -20 (all in
+# [-20, -10] over two chunks), no initial state with K != V.
+PALLAS_DPLR_CASES = (
+    Case("pdplr_kda_gqa_l2_varlen", B=1, T=90, H=1, HV=2, K=48, V=24, l2norm=True,
+         cu_seqlens=(0, 0, 10, 90), strength=20.0, families=("kda",)),
+    Case("pdplr_kda_basic", B=2, T=40, K=32, V=32, families=("kda",)),
+    Case("pdplr_rwkv7_uniform_strong", B=1, T=100, K=32, V=32, cu_seqlens=(0, 70, 100),
+         strength=20.0, floor=0.5, families=("rwkv7",)),
+    Case("pdplr_rwkv7_no_h0", B=2, T=40, K=32, V=16, h0=False, families=("rwkv7",)),
+    Case("pdplr_varlen_empty_short", B=1, T=150, cu_seqlens=(0, 0, 5, 70, 150), strength=1.0,
+         families=_DPLR),
+    Case("pdplr_strong", B=1, T=100, cu_seqlens=(0, 30, 100), strength=20.0, families=_DPLR),
+    Case("pdplr_no_h0_k48_v32", B=2, T=40, K=48, V=32, h0=False, families=_DPLR),
+    Case("pdplr_kv256", B=1, T=12, H=1, HV=1, K=256, V=256, families=_DPLR),
+    Case("pdplr_no_final_state", B=1, T=80, cu_seqlens=(0, 10, 10, 80), families=_DPLR),
+)
+
 # Kernel-only GSA cases of parity_tests/test_gsa_kernels.py (small: interpreted kernels of both
 # frameworks): varlen with an empty sequence and no initial state, GQA with M != K != V and a
 # non-power-of-two M, no g (FLA's additive gate from the slot logits), slot gates of -20.
@@ -419,7 +439,7 @@ FP64_CASES = sum((
 
 CASES = {c.name: c for c in (CPU_CASES + GPU_CASES + GLA_KERNEL_CASES + DPLR_KERNEL_CASES
                               + GSA_KERNEL_CASES + SIMPLE_GLA_KERNEL_CASES + DELTA_KERNEL_CASES
-                              + MOSAIC_KERNEL_CASES + FP64_CASES)}
+                              + MOSAIC_KERNEL_CASES + PALLAS_DPLR_CASES + FP64_CASES)}
 
 
 def seed_of(*parts) -> int:
