@@ -203,6 +203,27 @@ GLA_KERNEL_CASES = (
     Case("tgla_strong_long", B=1, T=200, H=1, HV=1, cu_seqlens=(0, 130, 200), strength=20.0,
          floor=0.5, families=("gla",)),
 )
+# Pallas GLA kernels (test_pallas_gla.py): varlen with an empty first sequence and sub-chunk
+# ones, no h0 with K > V, K = V = 256, K = 100 / V = 48 and K = 16 / V = 100 (not powers of
+# two), per-channel gates to -20 (all in [-20, -10] over several chunks), weak gates (0.01)
+_GLA = ("gla",)
+GLA_KERNEL_CASES += (
+    Case("pgla_varlen_empty_sub", B=1, T=150, cu_seqlens=(0, 0, 10, 40, 150), strength=1.0,
+         families=_GLA),
+    Case("pgla_sub_chunk_only", B=1, T=30, cu_seqlens=(0, 7, 7, 23, 30), strength=2.0,
+         families=_GLA),
+    Case("pgla_no_h0_k48_v32", B=2, T=80, K=48, V=32, h0=False, families=_GLA),
+    Case("pgla_kv256", B=1, T=40, H=1, HV=1, K=256, V=256, families=_GLA),
+    Case("pgla_k100_v48", B=1, T=70, H=1, HV=1, K=100, V=48, cu_seqlens=(0, 64, 70),
+         families=_GLA),
+    Case("pgla_k16_v100", B=1, T=50, H=1, HV=1, K=16, V=100, families=_GLA),
+    Case("pgla_strong_channels", B=1, T=130, cu_seqlens=(0, 50, 130), strength=20.0,
+         families=_GLA),
+    Case("pgla_uniform_strong_long", B=1, T=256, cu_seqlens=(0, 60, 256), strength=20.0,
+         floor=0.5, families=_GLA),
+    Case("pgla_weak", B=1, T=100, strength=0.01, families=_GLA),
+)
+
 # output_final_state=False (harness.check_no_final_state) for the GLA kernels of both
 # frameworks: varlen with an empty sequence, an explicit scale, K != V
 GLA_KERNEL_CASES += (
