@@ -24,7 +24,7 @@ import pytest
 from fla_jax.ops.common import pallas_delta_tiles
 from fla_jax.ops.gated_delta_rule import pallas_chunk
 
-from .cases import CASES, OPS, make_inputs, rel_rms, seed_of
+from .cases import CASES, OPS, make_inputs, rel_rms, seed_of, tolerance
 from .harness import assert_passed, check
 
 ALL = ("fp32", "bf16", "fp16")
@@ -95,8 +95,8 @@ def test_chunk_every_chunk_length(monkeypatch, bt):
 
 
 def test_chunk_backward_traced_cu_seqlens():
-    """Gradients under jax.jit with cu_seqlens traced equal the eager ones (fp32, varlen with
-    an empty sequence, beta in (0, 2), l2norm)."""
+    """Gradients under jax.jit with cu_seqlens traced equal the eager ones within the fp32 row
+    of the table (fp32, varlen with an empty sequence, beta in (0, 2), l2norm)."""
     spec, case = OPS["chunk_gated_delta_rule"], CASES["dr_varlen_l2"]
     x = make_inputs(spec, case, seed_of("traced", case.name))
     names = ("q", "k", "v", "g", "beta", "h0")
@@ -114,4 +114,5 @@ def test_chunk_backward_traced_cu_seqlens():
     traced = jax.jit(grad)(*args, cu)
     errs = {n: rel_rms(np.asarray(b), np.asarray(a), np.asarray(a))
             for n, a, b in zip(names, eager, traced)}
-    assert all(e <= 1e-6 for e in errs.values()), errs
+    bad = {n: e for n, e in errs.items() if not e <= tolerance("fp32", "d" + n)}
+    assert not bad, errs
