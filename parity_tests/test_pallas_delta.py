@@ -96,7 +96,7 @@ def test_chunk_every_chunk_length(monkeypatch, bt):
 
 def test_chunk_backward_traced_cu_seqlens():
     """Gradients under jax.jit with cu_seqlens traced equal the eager ones within the fp32 row
-    of the table (fp32, varlen with an empty sequence, beta in (0, 2), l2norm)."""
+    of the table and 1e-5 (fp32, varlen with an empty sequence, beta in (0, 2), l2norm)."""
     spec, case = OPS["chunk_gated_delta_rule"], CASES["dr_varlen_l2"]
     x = make_inputs(spec, case, seed_of("traced", case.name))
     names = ("q", "k", "v", "g", "beta", "h0")
@@ -114,5 +114,5 @@ def test_chunk_backward_traced_cu_seqlens():
     traced = jax.jit(grad)(*args, cu)
     errs = {n: rel_rms(np.asarray(b), np.asarray(a), np.asarray(a))
             for n, a, b in zip(names, eager, traced)}
-    bad = {n: e for n, e in errs.items() if not e <= tolerance("fp32", "d" + n)}
+    bad = {n: e for n, e in errs.items() if not e <= min(tolerance("fp32", "d" + n), 1e-5)}
     assert not bad, errs
