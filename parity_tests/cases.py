@@ -37,6 +37,9 @@ for _t in TOLERANCE.values():
 # (hk, hv) of the same kind as h.
 for _t in TOLERANCE.values():
     _t.update(hkt=_t["ht"], hvt=_t["ht"], ds=_t["dv"], dhk0=_t["dh0"], dhv0=_t["dh0"])
+# fp64: a float64 implementation (impl='chunked') against the float64 oracle: equal up to
+# float64 rounding, so the chunked path can stand in for the token loop as the GPU's oracle.
+TOLERANCE["fp64"] = {t: 1e-9 for t in TOLERANCE["fp32"]}
 CROSS_FACTOR = 2.0
 
 # Whole layers (parity_tests/test_layers.py): projections, convs, norms and the op, each
@@ -100,12 +103,15 @@ class Case:
     h0: bool = True
     gate_mode: str = "g"         # simple_gla: 'g' | 'gamma' | 'both' | 'none'
     l2norm: bool = False
-    beta_max: float = 1.0        # beta drawn in (0, beta_max)
+    beta_max: float = 1.0        # beta drawn in beta_max * (beta_lo, beta_hi)
+    beta_lo: float = 0.02
+    beta_hi: float = 0.98
     beta_edges: bool = False     # beta near 0 (1e-4) and near beta_max (beta_max - 1e-4) only
     families: tuple = FAMILIES
     dtypes: tuple = ("bf16", "fp16", "fp32")
     causal: bool = True          # attention: causal mask
     window: object = None        # attention: window_size (int or (left, right))
+    scale: float | None = None   # the op's scale; None: K ** -0.5
 
     def applies_to(self, spec: OpSpec) -> bool:
         if spec.family not in self.families:
@@ -197,6 +203,33 @@ GLA_KERNEL_CASES = (
     Case("tgla_strong_long", B=1, T=200, H=1, HV=1, cu_seqlens=(0, 130, 200), strength=20.0,
          floor=0.5, families=("gla",)),
 )
+# Pallas GLA kernels (test_pallas_gla.py): varlen with an empty first sequence and sub-chunk
+# ones, no h0 with K > V, K = V = 256, K = 100 / V = 48 and K = 16 / V = 100 (not powers of
+# two), per-channel gates to -20 (all in [-20, -10] over several chunks), weak gates (0.01)
+_GLA = ("gla",)
+GLA_KERNEL_CASES += (
+    Case("pgla_varlen_empty_sub", B=1, T=150, cu_seqlens=(0, 0, 10, 40, 150), strength=1.0,
+         families=_GLA),
+    Case("pgla_sub_chunk_only", B=1, T=30, cu_seqlens=(0, 7, 7, 23, 30), strength=2.0,
+         families=_GLA),
+    Case("pgla_no_h0_k48_v32", B=2, T=80, K=48, V=32, h0=False, families=_GLA),
+    Case("pgla_kv256", B=1, T=40, H=1, HV=1, K=256, V=256, families=_GLA),
+    Case("pgla_k100_v48", B=1, T=70, H=1, HV=1, K=100, V=48, cu_seqlens=(0, 64, 70),
+         families=_GLA),
+    Case("pgla_k16_v100", B=1, T=50, H=1, HV=1, K=16, V=100, families=_GLA),
+    Case("pgla_strong_channels", B=1, T=130, cu_seqlens=(0, 50, 130), strength=20.0,
+         families=_GLA),
+    Case("pgla_uniform_strong_long", B=1, T=256, cu_seqlens=(0, 60, 256), strength=20.0,
+         floor=0.5, families=_GLA),
+    Case("pgla_weak", B=1, T=100, strength=0.01, families=_GLA),
+)
+
+# output_final_state=False (harness.check_no_final_state) for the GLA kernels of both
+# frameworks: varlen with an empty sequence, an explicit scale, K != V
+GLA_KERNEL_CASES += (
+    Case("gla_no_final_state", B=1, T=70, K=32, V=16, cu_seqlens=(0, 20, 20, 70), scale=0.3,
+         floor=0.0, families=("gla",)),
+)
 
 # Kernel-only DPLR cases (KDA, RWKV-7) of parity_tests/test_triton_recurrent_dplr.py: varlen
 # with an empty and a short sequence and one crossing a state checkpoint (64 tokens), no h0
@@ -209,6 +242,32 @@ DPLR_KERNEL_CASES = (
          floor=0.05, families=_DPLR),
     Case("dplr_k256", B=1, T=8, H=1, HV=1, K=256, V=256, cu_seqlens=(0, 3, 8), strength=1.0,
          families=_DPLR),
+    # token-by-token calls chained through the final state (gates in [-20, 0])
+    Case("dplr_decode", B=1, T=5, H=2, HV=2, K=16, V=32, strength=20.0, floor=0.0,
+         l2norm=True, families=_DPLR),
+    # output_final_state=False, no initial state, per-channel gates in [-20, 0]
+    Case("dplr_no_final_state", B=1, T=70, H=1, HV=1, K=16, V=16, h0=False, strength=20.0,
+         floor=0.0, families=_DPLR),
+)
+
+# Pallas DPLR kernels (test_pallas_dplr.py: chunk_kda / chunk_rwkv7 on the engine;
+# test_pallas_recurrent_dplr.py: the fused_recurrent driver): grouped value heads with l2norm,
+# varlen with an empty first sequence, short ones and ones spanning two 64-token checkpoints,
+# K = 48 / V = 24 (not powers of two), K = V = 256 on few tokens, gates to -20 (all in
+# [-20, -10] over two chunks), no initial state with K != V.
+PALLAS_DPLR_CASES = (
+    Case("pdplr_kda_gqa_l2_varlen", B=1, T=90, H=1, HV=2, K=48, V=24, l2norm=True,
+         cu_seqlens=(0, 0, 10, 90), strength=20.0, families=("kda",)),
+    Case("pdplr_kda_basic", B=2, T=40, K=32, V=32, families=("kda",)),
+    Case("pdplr_rwkv7_uniform_strong", B=1, T=100, K=32, V=32, cu_seqlens=(0, 70, 100),
+         strength=20.0, floor=0.5, families=("rwkv7",)),
+    Case("pdplr_rwkv7_no_h0", B=2, T=40, K=32, V=16, h0=False, families=("rwkv7",)),
+    Case("pdplr_varlen_empty_short", B=1, T=150, cu_seqlens=(0, 0, 5, 70, 150), strength=1.0,
+         families=_DPLR),
+    Case("pdplr_strong", B=1, T=100, cu_seqlens=(0, 30, 100), strength=20.0, families=_DPLR),
+    Case("pdplr_no_h0_k48_v32", B=2, T=40, K=48, V=32, h0=False, families=_DPLR),
+    Case("pdplr_kv256", B=1, T=12, H=1, HV=1, K=256, V=256, families=_DPLR),
+    Case("pdplr_no_final_state", B=1, T=80, cu_seqlens=(0, 10, 10, 80), families=_DPLR),
 )
 
 # Kernel-only GSA cases of parity_tests/test_gsa_kernels.py (small: interpreted kernels of both
@@ -223,8 +282,185 @@ GSA_KERNEL_CASES = (
          strength=20.0, floor=0.5, families=("gsa",)),
 )
 
+# Kernel-only simple-GLA cases of parity_tests/test_triton_simple_gla.py and
+# test_pallas_simple_gla.py: varlen with empty and sub-chunk sequences, no initial state, K != V,
+# head sizes 16..256 (100: not a power of two), g / g_gamma / both / neither, gates from weak to
+# -20 per token (every gate in [-20, -10] over several chunks), an explicit scale; the sgla_rec_*
+# ones are short for the interpreted token loops.
+_SGLA = ("simple_gla",)
+SIMPLE_GLA_KERNEL_CASES = (
+    Case("sgla_varlen_short", B=1, T=70, cu_seqlens=(0, 5, 20, 20, 70), families=_SGLA),
+    Case("sgla_varlen_both", B=1, T=90, cu_seqlens=(0, 7, 7, 70, 90), gate_mode="both",
+         families=_SGLA),
+    Case("sgla_varlen_b", B=1, T=90, cu_seqlens=(0, 5, 40, 40, 90), families=_SGLA),
+    Case("sgla_strong", B=1, T=100, strength=10.0, families=_SGLA),
+    Case("sgla_weak", B=1, T=100, strength=0.01, families=_SGLA),
+    Case("sgla_b2_kv", B=2, T=50, K=32, V=48, strength=0.16, floor=0.01, families=_SGLA),
+    Case("sgla_t150_both", B=1, T=150, H=1, HV=1, K=32, V=48, gate_mode="both", families=_SGLA),
+    Case("sgla_t128", B=1, T=128, families=_SGLA),
+    Case("sgla_gamma_no_h0", B=2, T=50, K=32, V=48, gate_mode="gamma", h0=False,
+         families=_SGLA),
+    Case("sgla_both_kv", B=2, T=50, K=32, V=48, gate_mode="both", families=_SGLA),
+    Case("sgla_plain", B=2, T=50, K=16, V=16, gate_mode="none", strength=0.0, h0=False,
+         families=_SGLA),
+    Case("sgla_k100", B=1, T=80, H=1, HV=1, K=100, V=100, families=_SGLA),
+    Case("sgla_k16_v256", B=1, T=70, H=1, HV=1, K=16, V=256, cu_seqlens=(0, 64, 70),
+         families=_SGLA),
+    Case("sgla_k256_v24", B=1, T=40, H=1, HV=1, K=256, V=24, gate_mode="both", families=_SGLA),
+    Case("sgla_k256_v24_no_h0", B=1, T=40, H=1, HV=1, K=256, V=24, gate_mode="both", h0=False,
+         families=_SGLA),
+    Case("sgla_scale", B=2, T=100, scale=0.37, families=_SGLA),
+    # fp32 dg under strong per-token gates: [-20, -1] (two sequences of 60 and 240 tokens) and
+    # every gate in [-20, -10] (60 and 196 tokens)
+    Case("sgla_strong_long", B=1, T=300, H=1, HV=1, cu_seqlens=(0, 60, 300), strength=20.0,
+         families=_SGLA),
+    Case("sgla_uniform_strong_long", B=1, T=256, H=1, HV=1, cu_seqlens=(0, 60, 256),
+         strength=20.0, floor=0.5, families=_SGLA),
+    Case("sgla_rec_kv", B=2, T=20, K=32, V=48, strength=0.16, floor=0.01, families=_SGLA),
+    Case("sgla_rec_k100_v40", B=2, T=12, K=100, V=40, gate_mode="both", families=_SGLA),
+    Case("sgla_rec_plain", B=2, T=12, K=16, V=16, gate_mode="none", strength=0.0, h0=False,
+         families=_SGLA),
+    Case("sgla_rec_varlen", B=1, T=24, cu_seqlens=(0, 3, 3, 24), gate_mode="both",
+         families=_SGLA),
+)
+
+# Kernel-only delta-rule cases (delta_rule, gated_delta_rule) of parity_tests/test_triton_delta.py
+# and test_pallas_delta.py: grouped value heads with K != V, head sizes 12..144 (wide: several K /
+# V tiles), varlen with an empty and a 3-token sequence and sequences over several chunks, no
+# initial state, beta in (0, 2) (negative eigenvalues), near 0 and near 1, gates from weak to
+# -20 per token (fp32 dg under gates in [-20, -1] and [-20, -10] over several chunks; fp16 dh0
+# with every gate in [-20, -10]). *_rec: short, for the interpreted token loops.
+_DR = ("delta_rule", "gated_delta_rule")
+_GDN = ("gated_delta_rule",)
+DELTA_KERNEL_CASES = (
+    Case("dr_gqa_kv", B=2, T=140, H=2, HV=4, K=32, V=24, strength=0.3, floor=0.0,
+         beta_lo=0.05, beta_hi=1.0, families=_DR),
+    Case("dr_gqa_kv_rec", B=2, T=37, H=2, HV=4, K=32, V=24, strength=0.3, floor=0.0,
+         beta_lo=0.05, beta_hi=1.0, families=_DR),
+    Case("dr_l2_beta2", B=2, T=100, K=16, V=32, l2norm=True, beta_max=2.0, strength=0.3,
+         floor=0.0, families=_DR),
+    Case("dr_l2_beta2_rec", B=2, T=41, K=16, V=32, l2norm=True, beta_max=2.0, strength=0.3,
+         floor=0.0, families=_DR),
+    Case("dr_gqa_no_l2", B=1, T=80, H=2, HV=4, K=16, V=16, strength=0.3, floor=0.0,
+         families=_DR),
+    Case("dr_varlen_l2", B=1, T=150, H=1, HV=2, K=32, V=16, cu_seqlens=(0, 7, 7, 80, 150),
+         l2norm=True, beta_max=2.0, strength=0.3, floor=0.0, families=_DR),
+    Case("dr_strong_tiny_beta", B=1, T=130, H=1, HV=1, K=16, V=16, h0=False, strength=20.0,
+         floor=0.0, beta_lo=0.0, beta_hi=1e-3, families=_DR),
+    Case("dr_k24_beta1", B=1, T=33, H=1, HV=2, K=24, V=16, l2norm=True, beta_lo=0.999,
+         beta_hi=1.0, families=_DR),
+    Case("dr_wide", B=1, T=70, H=1, HV=2, K=144, V=130, l2norm=True, beta_max=2.0, strength=0.3,
+         floor=0.0, families=_DR),
+    Case("dr_strong_long_beta1", B=1, T=300, H=1, HV=1, cu_seqlens=(0, 60, 300), strength=20.0,
+         beta_lo=1 - 1e-4, beta_hi=1.0, families=_DR),
+    Case("dr_uniform_strong_long", B=1, T=300, H=1, HV=1, cu_seqlens=(0, 60, 300),
+         strength=20.0, floor=0.5, beta_lo=0.5, beta_hi=1.0, families=_DR),
+    Case("dr_uniform_strong_k64", B=1, T=128, H=1, HV=1, K=64, V=64, strength=20.0, floor=0.5,
+         l2norm=True, families=_DR),
+    Case("dr_gqa_l2_no_h0", B=1, T=21, H=1, HV=2, K=32, V=16, h0=False, l2norm=True,
+         strength=0.16, floor=0.01, beta_lo=0.05, beta_hi=0.95, families=_DR),
+    Case("dr_varlen_small", B=1, T=40, H=1, HV=2, K=16, V=16, cu_seqlens=(0, 7, 7, 25, 40),
+         l2norm=True, strength=0.16, floor=0.01, beta_lo=0.05, beta_hi=0.95, families=_DR),
+    Case("dr_neg_eig_strong", B=1, T=24, H=2, HV=2, K=16, V=64, l2norm=True, beta_max=2.0,
+         strength=20.0, floor=0.0, families=_DR),
+    Case("dr_multi_chunk_varlen", B=1, T=200, H=1, HV=2, K=16, V=32, cu_seqlens=(0, 3, 131, 200),
+         l2norm=True, strength=3.0, floor=0.0, beta_lo=0.05 / 1.5, beta_hi=1.0, beta_max=1.5,
+         families=_DR),
+    Case("dr_odd_dims", B=1, T=17, H=1, HV=1, K=12, V=20, strength=0.16, floor=0.01,
+         beta_lo=0.9, beta_hi=1.0, families=_DR),
+    Case("dr_strong_multi_chunk", B=1, T=150, H=1, HV=1, K=16, V=16, cu_seqlens=(0, 128, 150),
+         l2norm=True, beta_max=2.0, strength=20.0, floor=0.0, families=_GDN),
+)
+
+# Pallas Mosaic GPU kernels interpreted on the CPU (test_mosaic_lowering.py,
+# test_mosaic_delta_lowering.py; bf16, K = 64, V = 64 / 128): several chunks and a tail, varlen
+# with an empty sequence and one ending mid-chunk, g / g_gamma / both, grouped value heads with
+# l2norm and beta in (0, 2) under gates to -5.
+MOSAIC_KERNEL_CASES = (
+    Case("mos_sgla_g_h0_t150", B=1, T=150, H=1, HV=1, K=64, V=64, strength=0.16, floor=0.01,
+         families=_SGLA),
+    Case("mos_sgla_gamma_varlen", B=1, T=100, H=1, HV=1, K=64, V=128, gate_mode="gamma",
+         cu_seqlens=(0, 7, 7, 70, 100), families=_SGLA),
+    Case("mos_sgla_split", B=1, T=300, H=1, HV=1, K=64, V=64, gate_mode="both", families=_SGLA),
+    Case("mos_dr_gqa_h0_t100", B=2, T=100, H=1, HV=2, K=64, V=64, strength=5.0, floor=0.0,
+         beta_max=2.0, l2norm=True, families=_DR),
+    Case("mos_dr_varlen", B=1, T=140, H=1, HV=1, K=64, V=128, cu_seqlens=(0, 7, 7, 100, 140),
+         strength=0.16, floor=0.01, beta_lo=0.05, beta_hi=0.95, families=_DR),
+)
+
+# float64 cases of parity_tests/test_chunked_fp64_torch.py (impl='chunked' in fp64 against the
+# fp64 oracle, TOLERANCE['fp64']): T = 1, 63, 64, 100, 130 in a padded batch, varlen with an
+# empty sequence (also the last one), no initial state, gates from 0.01 to -15 per token,
+# K != V both ways; each shape once for simple_gla / gla (H = HV) and once for the delta rules
+# with grouped value heads (*_gqa: HV = 4). Gates -1.5 * gate * U(1/3, 1) per token.
+_GLAS = ("simple_gla", "gla")
+_F64 = ("fp64",)
+
+
+def _fp64_pair(name, gate=1.0, **kw):
+    kw = dict(strength=1.5 * gate, floor=1 / 3, dtypes=_F64, **kw)
+    return (Case(f"f64_{name}", families=_GLAS, **kw),
+            Case(f"f64_{name}_gqa", HV=4, families=_DR, **kw))
+
+
+FP64_CASES = sum((
+    _fp64_pair("T1", B=2, T=1, V=48), _fp64_pair("T63", B=2, T=63, V=48),
+    _fp64_pair("T64", B=2, T=64, V=48), _fp64_pair("T100", B=2, T=100, V=48),
+    _fp64_pair("T130", B=2, T=130, V=48),
+    _fp64_pair("varlen", B=1, T=300, V=48, cu_seqlens=(0, 15, 100, 300)),
+    _fp64_pair("varlen_empty", B=1, T=140, V=48, cu_seqlens=(0, 70, 70, 140, 140)),
+    _fp64_pair("no_h0", B=2, T=100, V=48, h0=False),
+    _fp64_pair("weak", B=1, T=130, V=48, gate=0.01),
+    _fp64_pair("strong", B=1, T=130, V=48, gate=10.0),
+    _fp64_pair("k48_v32", B=1, T=70, K=48, V=32),
+    # packed for JAX (test_chunked_fp64_jax.py: each shape compiles once): sequences of 1, 63,
+    # 100 and 130 tokens; an empty one with weak gates, l2norm, no h0; fixed-length T = 1
+    # with g and g_gamma
+    _fp64_pair("varlen_1_63_100_130_strong", B=1, T=294, V=48, cu_seqlens=(0, 1, 64, 164, 294),
+               gate=10.0, beta_max=2.0),
+    _fp64_pair("varlen_empty_weak_l2_no_h0", B=1, T=300, V=48, cu_seqlens=(0, 15, 15, 100, 300),
+               gate=0.01, h0=False, l2norm=True),
+    _fp64_pair("b2_t130_beta2_l2", B=2, T=130, V=48, beta_max=2.0, l2norm=True),
+    _fp64_pair("b2_t1_both_gates", B=2, T=1, V=48, gate=0.5, gate_mode="both"),
+), ()) + (
+    Case("f64_gamma", B=1, T=100, V=48, gate_mode="gamma", strength=1.5, floor=1 / 3,
+         families=_SGLA, dtypes=_F64),
+    Case("f64_both_gates", B=1, T=100, V=48, gate_mode="both", strength=0.75, floor=1 / 3,
+         families=_SGLA, dtypes=_F64),
+    Case("f64_no_gate", B=1, T=100, V=48, gate_mode="none", strength=0.0, families=_SGLA,
+         dtypes=_F64),
+    Case("f64_strong_gamma", B=1, T=100, V=48, gate_mode="gamma", strength=15.0, floor=1 / 3,
+         families=_SGLA, dtypes=_F64),
+    Case("f64_l2norm", B=1, T=130, HV=4, V=48, l2norm=True, strength=1.5, floor=1 / 3,
+         families=_DR, dtypes=_F64),
+    Case("f64_beta2", B=1, T=130, HV=4, V=48, beta_max=2.0, strength=1.5, floor=1 / 3,
+         families=_DR, dtypes=_F64),
+    Case("f64_l2norm_beta2_varlen", B=1, T=300, HV=4, V=48, l2norm=True, beta_max=2.0,
+         cu_seqlens=(0, 15, 100, 300), strength=1.5, floor=1 / 3, families=_DR, dtypes=_F64),
+    Case("f64_mha", B=1, T=100, V=48, strength=1.5, floor=1 / 3, families=_DR, dtypes=_F64),
+    Case("f64_gqa_h1", B=1, T=65, H=1, HV=3, V=48, strength=1.5, floor=1 / 3, families=_DR,
+         dtypes=_F64),
+    # the chunked paths with other chunk sizes (varlen with an empty sequence), and with gates
+    # down to -19.5 in fp32 / bf16
+    Case("f64_varlen_chunks", B=1, T=90, V=48, cu_seqlens=(0, 7, 40, 40, 90), strength=1.5,
+         floor=1 / 3, families=_GLAS, dtypes=_F64),
+    Case("f64_varlen_chunks_gqa", B=1, T=90, HV=4, V=48, cu_seqlens=(0, 7, 40, 40, 90),
+         l2norm=True, strength=1.5, floor=1 / 3, families=_DR, dtypes=_F64),
+    Case("chunked_strong13", B=1, T=130, V=48, strength=19.5, floor=1 / 3, families=_GLAS),
+    Case("chunked_strong13_gqa", B=1, T=130, HV=4, V=48, strength=19.5, floor=1 / 3,
+         families=_DR),
+    # KDA / RWKV-7
+    Case("f64_dplr_basic", B=2, T=100, V=48, families=_DPLR, dtypes=_F64),
+    Case("f64_kda_varlen_strong_gqa_l2", B=1, T=90, H=1, HV=2, K=16, V=24,
+         cu_seqlens=(0, 5, 20, 20, 90), strength=20.0, l2norm=True, families=("kda",),
+         dtypes=_F64),
+    Case("f64_rwkv7_varlen_strong", B=1, T=90, K=16, V=24, cu_seqlens=(0, 5, 20, 20, 90),
+         strength=20.0, families=("rwkv7",), dtypes=_F64),
+)
+
 CASES = {c.name: c for c in (CPU_CASES + GPU_CASES + GLA_KERNEL_CASES + DPLR_KERNEL_CASES
-                              + GSA_KERNEL_CASES)}
+                              + GSA_KERNEL_CASES + SIMPLE_GLA_KERNEL_CASES + DELTA_KERNEL_CASES
+                              + MOSAIC_KERNEL_CASES + PALLAS_DPLR_CASES + FP64_CASES)}
 
 
 def seed_of(*parts) -> int:
@@ -279,7 +515,7 @@ def _draw(spec: OpSpec, a, case: Case, rng, shape: tuple) -> np.ndarray:
     if a.role == GAMMA:
         return -np.log2(1 + 2.0 ** -np.linspace(3, 8, shape[0])) * max(case.strength, 0.1)
     if a.role == BETA:
-        beta = rng.uniform(0.02, 0.98, shape) * case.beta_max
+        beta = rng.uniform(case.beta_lo, case.beta_hi, shape) * case.beta_max
         if case.beta_edges:
             near_one = rng.uniform(size=shape) < 0.5
             beta = np.where(near_one, case.beta_max - 1e-4, 1e-4)
@@ -296,7 +532,7 @@ def op_kwargs(spec: OpSpec, case: Case) -> dict:
     """Non-tensor keyword arguments of the op for this case."""
     if not spec.has_state:
         return {"scale": None, "causal": case.causal, "window_size": case.window}
-    kw = {"scale": None, "output_final_state": True}
+    kw = {"scale": case.scale, "output_final_state": True}
     if spec.l2norm:
         kw["use_qk_l2norm_in_kernel"] = case.l2norm
     return kw

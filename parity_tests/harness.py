@@ -63,7 +63,8 @@ def resolve(framework: str, op: str, impl: str) -> str | None:
     return impl if impl == "auto" or impl in _runner(framework).registry(spec) else None
 
 
-def _inputs(op: str, case: str, dtype: str):
+def inputs(op: str, case: str, dtype: str) -> dict:
+    """The rounded float64 inputs every implementation of `op` gets for (case, dtype)."""
     return _family_inputs(OPS[op].family, case, dtype)
 
 
@@ -90,20 +91,24 @@ def oracle(op: str, case: str, dtype: str, device: str = "cpu") -> dict:
 def _oracle(op: str, case: str, dtype: str, device: str) -> dict:
     from . import torch_runner
     impl = "reference" if device == "cpu" or not OPS[op].has_state else "chunked"
-    return torch_runner.run(OPS[op], CASES[case], impl, "fp64", _inputs(op, case, dtype),
+    return torch_runner.run(OPS[op], CASES[case], impl, "fp64", inputs(op, case, dtype),
                             device=device)
 
 
-def check(op: str, case: str, dtype: str, impls: dict, device: str = "cpu") -> list[Row]:
-    """impls: {'jax': impl, 'torch': impl}; a framework left out is not run."""
+def check(op: str, case: str, dtype: str, impls: dict, device: str = "cpu",
+          outputs: dict | None = None) -> list[Row]:
+    """impls: {'jax': impl, 'torch': impl}; a framework left out is not run. outputs: a dict
+    that receives each framework's results ({'jax': {'o': ..., 'ht': ...}}) for further checks."""
     spec, c = OPS[op], CASES[case]
     if not c.applies_to(spec):
         raise ValueError(f"case {case} does not apply to {op}")
-    x = _inputs(op, case, dtype)
+    x = inputs(op, case, dtype)
     ref = oracle(op, case, dtype, device)
     results = {}
     for fw, impl in impls.items():
         results[fw] = (impl, _runner(fw).run(spec, c, impl, dtype, x, device=device))
+        if outputs is not None:
+            outputs[fw] = results[fw][1]
     compared = [t for t in TENSORS if t in ref] + [t for t in ref if t not in TENSORS]
     rows = []
     for fw, (impl, res) in results.items():
@@ -116,3 +121,33 @@ def check(op: str, case: str, dtype: str, impls: dict, device: str = "cpu") -> l
             rows.append(Row(op, case, dtype, f"jax:{ij} vs torch:{it}", t,
                             rel_rms(rj[t], rt[t], ref[t]), tolerance(dtype, t, cross=True)))
     return rows
+
+
+def check_no_final_state(op: str, case: str, dtype: str, impls: dict,
+                         device: str = "cpu") -> list[Row]:
+    """output_final_state=False: each implementation returns no final state, and its output and
+    every gradient match the float64 oracle's with a zero final-state cotangent."""
+    import numpy as np
+
+    from . import torch_runner
+    spec, c = OPS[op], CASES[case]
+    x = dict(inputs(op, case, dtype))
+    finals = [a.final_key for a in spec.states]
+    for n in finals:
+        x["d" + n] = np.zeros_like(x["d" + n])
+    impl = "reference" if device == "cpu" or not spec.has_state else "chunked"
+    ref = torch_runner.run(family_spec(spec.family), c, impl, "fp64", x, device=device)
+    compared = [t for t in TENSORS if t in ref and t not in finals]
+    rows = []
+    for fw, fw_impl in impls.items():
+        res = _runner(fw).run(spec, c, fw_impl, dtype, x, device=device, final_state=False)
+        rows += [Row(op, case, dtype, f"{fw}:{fw_impl} vs fp64 (no final state)", t,
+                     rel_rms(res[t], ref[t], ref[t]), tolerance(dtype, t)) for t in compared]
+    return rows
+
+
+def assert_passed(rows: list[Row]) -> None:
+    """Fail naming every row over its tolerance (and fail on no rows at all)."""
+    bad = [f"{r.op} {r.case} {r.dtype} {r.compared} {r.tensor}: err={r.error:.3e} "
+           f"tol={r.tolerance:.1e}" for r in rows if not r.passed]
+    assert rows and not bad, "\n".join(bad)

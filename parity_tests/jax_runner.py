@@ -10,7 +10,8 @@ import numpy as np
 
 from .cases import ACTIVATION, Case, OpSpec, op_kwargs
 
-DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
+DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32,
+          "fp64": jnp.float64}
 
 
 def registry(spec: OpSpec) -> dict:
@@ -20,18 +21,39 @@ def registry(spec: OpSpec) -> dict:
     return mod.CHUNK_IMPLS if spec.variant == "chunk" else mod.RECURRENT_IMPLS
 
 
-def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = "cpu") -> dict:
-    """x: float64 inputs already rounded to `dtype` (activations) / fp32 (gates, states)."""
+def x64():
+    """A context with float64 enabled in JAX."""
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(True)
+    return jax.experimental.enable_x64()   # older jax
+
+
+def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = "cpu",
+        final_state: bool = True) -> dict:
+    """x: float64 inputs already rounded to `dtype` (activations) / fp32 (gates, states).
+    final_state=False: output_final_state=False, the op must return no final state.
+    fp64: everything in float64, inside a jax.enable_x64 context (the rest of the process keeps
+    JAX's defaults)."""
+    if dtype == "fp64":
+        with x64():
+            return _run(spec, case, impl, dtype, x, final_state, jnp.float64)
+    return _run(spec, case, impl, dtype, x, final_state, jnp.float32)
+
+
+def _run(spec, case, impl, dtype, x, final_state, gdt) -> dict:
+    """run(); gdt: the dtype of gates, betas and states (fp32, or fp64 for an fp64 run)."""
     import fla_jax.ops as ops
 
     dt = DTYPES[dtype]
     present = [a for a in spec.args if a.key in x]
     diff = [a for a in present if a.differentiable]   # traced and differentiated
     const = {a.name: jnp.asarray(np.asarray(x[a.key], np.float32)).astype(
-        dt if a.role == ACTIVATION else jnp.float32) for a in present if not a.differentiable}
+        dt if a.role == ACTIVATION else gdt) for a in present if not a.differentiable}
     primals = [jnp.asarray(np.asarray(x[a.key], np.float32)).astype(
-        dt if a.role == ACTIVATION else jnp.float32) for a in diff]
+        dt if a.role == ACTIVATION else gdt) for a in diff]
     static = op_kwargs(spec, case)
+    if not final_state:
+        static["output_final_state"] = False
     cu = None if case.cu_seqlens is None else jnp.asarray(case.cu_seqlens, jnp.int32)
     fn = getattr(ops, spec.name)
 
@@ -51,21 +73,26 @@ def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = 
             o, vjp = jax.vjp(lambda *a: forward(cu_seqlens, *a), *args)
             return o, None, vjp(do.astype(o.dtype))
         (o, ht), vjp = jax.vjp(lambda *a: forward(cu_seqlens, *a), *args)
+        if ht is None:
+            return o, None, vjp((do.astype(o.dtype), None))
         dht = jax.tree_util.tree_map(lambda c, h: c.astype(h.dtype), dht, ht)
         return o, ht, vjp((do.astype(o.dtype), dht))
 
     do = jnp.asarray(np.asarray(x["do"], np.float32)).astype(dt)
     keys = [a.final_key for a in spec.states]
-    dht = [jnp.asarray(x["d" + n], jnp.float32) for n in keys if "d" + n in x]
+    dht = [jnp.asarray(x["d" + n], gdt) for n in keys if "d" + n in x]
     dht = (tuple(dht) if spec.state_tuple else dht[0]) if dht else None
     o, ht, grads = fwd_bwd(cu, do, dht, *primals)
+    if not final_state and ht is not None:
+        raise AssertionError(f"{spec.name}(impl={impl}): a final state although "
+                             f"output_final_state=False")
     if o.dtype != dt:
         raise AssertionError(f"{spec.name}(impl={impl}): o has dtype {o.dtype}; expected {dt}")
     finals = {} if ht is None else dict(zip(keys, ht if spec.state_tuple else (ht,)))
     for n, t in finals.items():
-        if t.dtype != jnp.float32:
+        if t.dtype != gdt:
             raise AssertionError(f"{spec.name}(impl={impl}): final state {n} has dtype "
-                                 f"{t.dtype}; expected float32")
+                                 f"{t.dtype}; expected {jnp.dtype(gdt).name}")
     out = {"o": o, **finals}
     for a, p, gr in zip(diff, primals, grads):
         key = "d" + a.key
@@ -73,4 +100,5 @@ def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = 
             raise AssertionError(f"{spec.name}(impl={impl}): {key} has dtype {gr.dtype}; "
                                  f"expected its input's {p.dtype}")
         out[key] = gr
-    return {n: np.asarray(jnp.asarray(a, jnp.float32), np.float64) for n, a in out.items()}
+    wide = jnp.float64 if gdt == jnp.float64 else jnp.float32   # numpy has no bf16
+    return {n: np.asarray(jnp.asarray(a, wide), np.float64) for n, a in out.items()}

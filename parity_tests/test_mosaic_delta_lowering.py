@@ -4,9 +4,9 @@ CPU machine.
 - Lowering: the forward kernel (and the vjp with either backward: mosaic_chunk.BACKWARD
   "mosaic", the default, or "pallas", the Pallas Triton-lowering kernels) lowers for CUDA with jax.export for
   K = V in {64, 128, 256}, bf16/fp16, h0, varlen, GQA.
-- Numerics: JAX's GPU interpret mode (common/mosaic/tiles.gpu_interpret) runs the forward
-  kernel against the float64 reference of test_pallas_delta (every output and gradient):
-  indices, packing, pipelining and masking; not the register layouts of a real GPU.
+- Numerics: JAX's GPU interpret mode (common/mosaic/tiles.gpu_interpret) runs the kernels
+  against the harness's float64 oracle (cases.MOSAIC_KERNEL_CASES, every output and
+  gradient): indices, packing, pipelining and masking; not the register layouts of a real GPU.
 - Dispatch: what impl='mosaic' raises off a Hopper GPU; the unsupported reasons.
 """
 from __future__ import annotations
@@ -17,18 +17,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from fla_jax.ops.common.mosaic import export_for_cuda
 from fla_jax.ops.common.mosaic.tiles import gpu_interpret
 from fla_jax.ops.delta_rule import chunk_delta_rule
-from fla_jax.ops.delta_rule.mosaic_chunk import chunk_delta_rule_mosaic
 from fla_jax.ops.gated_delta_rule import (chunk_gated_delta_rule, mosaic_chunk,
                                            mosaic_unsupported_reason)
-from fla_jax.ops.gated_delta_rule.mosaic_chunk import chunk_gated_delta_rule_mosaic
 
-from .test_pallas_delta import _compare, _inputs
+from .harness import assert_passed, check
 
 S = jax.ShapeDtypeStruct
 DT = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
@@ -82,33 +79,14 @@ def test_mosaic_backward_lowers(K, mosaic_backward):
     assert "mosaic_gpu" in text and "triton" not in text
 
 
-CASES = {
-    # several chunks, a tail, GQA, h0, l2norm, strong gates, beta in (0, 2)
-    "gqa_h0_t100": dict(B=2, T=100, H=1, HV=2, K=64, V=64, cu=None, g_min=-5,
-                        beta=(0.0, 2.0), h0=True, l2norm=True),
-    # varlen with an empty sequence and a sequence ending mid-chunk; V = 128 (2 value blocks)
-    "varlen": dict(B=1, T=140, H=1, HV=1, K=64, V=128, cu=[0, 7, 7, 100, 140], g_min=0,
-                   beta=(0.05, 0.95), h0=True, l2norm=False),
-}
-
-
-@pytest.mark.parametrize("family,case,backward", [
-    ("gdn", "gqa_h0_t100", "pallas"), ("gdn", "varlen", "mosaic"),
-    ("delta", "gqa_h0_t100", "mosaic")])
-def test_interpreted_against_float64(case, family, backward, monkeypatch):
+@pytest.mark.parametrize("op,case,backward", [
+    ("chunk_gated_delta_rule", "mos_dr_gqa_h0_t100", "pallas"),
+    ("chunk_gated_delta_rule", "mos_dr_varlen", "mosaic"),
+    ("chunk_delta_rule", "mos_dr_gqa_h0_t100", "mosaic")])
+def test_interpreted_against_float64(op, case, backward, monkeypatch):
     monkeypatch.setattr(mosaic_chunk, "BACKWARD", backward)
-    c = CASES[case]
-    gated = family == "gdn"
-    N = c["B"] if c["cu"] is None else len(c["cu"]) - 1
-    x = _inputs(7, c["B"], c["T"], c["H"], c["HV"], c["K"], c["V"], N, gated, c["beta"],
-                c["g_min"], c["h0"])
-    if not c["l2norm"]:
-        x["k"] = x["k"] / np.sqrt(c["K"])
-    fn = chunk_gated_delta_rule_mosaic if gated else chunk_delta_rule_mosaic
     with gpu_interpret():
-        _compare(fn, x, "bf16", f"mosaic/{family}/{case}/{backward}", gated=gated,
-                 scale=c["K"] ** -0.5,
-                 l2norm=c["l2norm"], cu=c["cu"], h0=c["h0"])
+        assert_passed(check(op, case, "bf16", {"jax": "mosaic"}))
 
 
 def test_mosaic_needs_hopper():

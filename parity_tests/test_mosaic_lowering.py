@@ -4,7 +4,7 @@
   jax.export (the Mosaic GPU lowering checks layouts, wgmma shapes, barriers, TMA and SMEM
   size) for K = V in {64, 128, 256}, bf16/fp16, h0, varlen.
 - Numerics: JAX's GPU interpret mode (tiles.gpu_interpret: simulated SMEM, TMA, barriers)
-  runs the kernels against the float64 recurrence of test_pallas_simple_gla (it checks the
+  runs the kernels against the harness's float64 oracle (cases.MOSAIC_KERNEL_CASES; it checks the
   data flow: indices, packing, pipelining, masking; not the register layouts of a real GPU).
 - Dispatch: what impl='mosaic' raises off a Hopper GPU, what impl='auto' picks.
 """
@@ -24,7 +24,7 @@ from fla_jax.ops.common.mosaic.tiles import gpu_interpret
 from fla_jax.ops.simple_gla import (chunk_simple_gla, mosaic_chunk, mosaic_fwd, mosaic_split,
                                     mosaic_unsupported_reason)
 
-from .test_pallas_simple_gla import run_case
+from .harness import assert_passed, check
 
 S = jax.ShapeDtypeStruct
 DT = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
@@ -78,26 +78,21 @@ def test_varlen_vjp_lowers(K):
         assert ("xla.gpu.triton" in text) == (not mosaic), backward
 
 
-CASES = {
-    "ws_g_h0_t150": dict(B=1, T=150, H=1, K=64, V=64, ws=True),   # warp-specialized forward
-    "gamma_varlen": dict(B=1, T=100, H=1, K=64, V=128, use_g=False, use_gamma=True,
-                         cu=[0, 7, 7, 70, 100]),
-    # pieces of 2, 2, 1 and 0 chunks per sequence (the split's scans, an empty piece)
-    "split_g_gamma_h0": dict(B=1, T=300, H=1, K=64, V=64, use_gamma=True, split=True),
-}
+# case -> forward settings: warp-specialized; default; split into pieces of 2, 2, 1 and 0
+# chunks per sequence (the split's scans, an empty piece)
+CASES = {"mos_sgla_g_h0_t150": "ws", "mos_sgla_gamma_varlen": "", "mos_sgla_split": "split"}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_interpreted_against_float64(case, monkeypatch):
-    """Mosaic forward and backward kernels in the GPU interpreter vs float64."""
+    """Mosaic forward and backward kernels in the GPU interpreter vs float64 (bf16)."""
     monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
-    kw = dict(CASES[case])
-    monkeypatch.setitem(mosaic_fwd.TUNING, "ws", kw.pop("ws", False))
-    if kw.pop("split", False):
+    monkeypatch.setitem(mosaic_fwd.TUNING, "ws", CASES[case] == "ws")
+    if CASES[case] == "split":
         monkeypatch.setitem(mosaic_split.POLICY, "min_piece_chunks", 1)
         assert mosaic_split.pieces(1, 1, 64, 5, False) == 4
     with gpu_interpret():
-        run_case(mosaic_chunk.chunk_simple_gla_mosaic, "bf16", **kw)
+        assert_passed(check("chunk_simple_gla", case, "bf16", {"jax": "mosaic"}))
 
 
 def test_mosaic_needs_hopper():

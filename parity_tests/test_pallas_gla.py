@@ -1,7 +1,8 @@
 """Kernel tests of the Pallas GLA ops (chunk_gla on the chunk engine, fused_recurrent_gla) on
 CPU, interpreted: the features test_ops' kernel subset does not reach, as a case list on the
-shared harness (cases.Case / make_inputs, the fp64 oracle of torch_runner, jax_runner under
-jax.jit with traced cu_seqlens, cases.rel_rms and THE tolerance table).
+shared harness (cases.GLA_KERNEL_CASES, harness.check: the fp64 oracle, jax_runner under
+jax.jit with traced cu_seqlens, cases.rel_rms and THE tolerance table). The engine's scalar-gate
+wiring (no op entry point of its own) is checked on the same inputs, oracle and metric.
 
 Varlen with an empty and sub-chunk sequences, no initial state, K != V, K = V = 256 and
 non-powers of two, per-channel gates down to -20 (fp32 / bf16 / fp16), weak gates (0.01),
@@ -17,91 +18,41 @@ import pytest
 
 from . import jax_runner, torch_runner
 from .cases import OPS, Case, make_inputs, rel_rms, seed_of, tolerance
+from .harness import assert_passed, check, check_no_final_state
 
-GLA = ("gla",)
 ALL = ("fp32", "bf16", "fp16")
-CASES = (
-    Case("varlen_empty_sub", B=1, T=150, cu_seqlens=(0, 0, 10, 40, 150), strength=1.0,
-         families=GLA, dtypes=("fp32", "bf16")),
-    Case("sub_chunk_only", B=1, T=30, cu_seqlens=(0, 7, 7, 23, 30), strength=2.0, families=GLA,
-         dtypes=("fp32",)),
-    Case("no_h0_k48_v32", B=2, T=80, K=48, V=32, h0=False, families=GLA, dtypes=("fp32", "fp16")),
-    Case("kv256", B=1, T=40, H=1, HV=1, K=256, V=256, families=GLA, dtypes=("fp32", "bf16")),
-    Case("k100_v48", B=1, T=70, H=1, HV=1, K=100, V=48, cu_seqlens=(0, 64, 70), families=GLA,
-         dtypes=("fp32", "bf16")),
-    Case("k16_v100", B=1, T=50, H=1, HV=1, K=16, V=100, families=GLA, dtypes=("fp32",)),
-    Case("strong_channels", B=1, T=130, cu_seqlens=(0, 50, 130), strength=20.0, families=GLA,
-         dtypes=ALL),
-    Case("uniform_strong_long", B=1, T=256, cu_seqlens=(0, 60, 256), strength=20.0, floor=0.5,
-         families=GLA, dtypes=ALL),
-    Case("weak", B=1, T=100, strength=0.01, families=GLA, dtypes=("fp32", "bf16")),
-)
+PALLAS = {"jax": "pallas"}
+# (case, dtypes); cases.GLA_KERNEL_CASES
+CHUNK = (("pgla_varlen_empty_sub", ("fp32", "bf16")), ("pgla_sub_chunk_only", ("fp32",)),
+         ("pgla_no_h0_k48_v32", ("fp32", "fp16")), ("pgla_kv256", ("fp32", "bf16")),
+         ("pgla_k100_v48", ("fp32", "bf16")), ("pgla_k16_v100", ("fp32",)),
+         ("pgla_strong_channels", ALL), ("pgla_uniform_strong_long", ALL),
+         ("pgla_weak", ("fp32", "bf16")))
 # the recurrent kernel runs a Python-level loop per token when interpreted: its shapes stay small
-RECURRENT = ("varlen_empty_sub", "no_h0_k48_v32", "k100_v48", "strong_channels", "weak")
-
-
-def _inputs(case: Case, dtype: str) -> dict:
-    raw = make_inputs(OPS["chunk_gla"], case, seed_of("pallas_gla", case.name))
-    act = ("q", "k", "v", "do")
-    return {n: torch_runner.round_to(dtype if n in act else "fp32", a) for n, a in raw.items()}
-
-
-def _check(op: str, case: Case, dtype: str) -> None:
-    spec = OPS[op]
-    x = _inputs(case, dtype)
-    ref = torch_runner.run(spec, case, "reference", "fp64", x)
-    got = jax_runner.run(spec, case, "pallas", dtype, x)
-    errs = {t: (rel_rms(got[t], ref[t], ref[t]), tolerance(dtype, t)) for t in ref}
-    bad = {t: e for t, e in errs.items() if not e[0] <= e[1]}
-    assert not bad, f"{op} {case.name} {dtype}: (error, tolerance) over tolerance {bad}; all {errs}"
+RECURRENT = ("pgla_varlen_empty_sub", "pgla_no_h0_k48_v32", "pgla_k100_v48",
+             "pgla_strong_channels", "pgla_weak")
 
 
 def _params(names=None):
-    for case in CASES:
-        if names is None or case.name in names:
-            for dtype in case.dtypes:
-                yield pytest.param(case, dtype, id=f"{case.name}-{dtype}")
+    return [pytest.param(c, d, id=f"{c}-{d}") for c, dts in CHUNK
+            if names is None or c in names for d in dts]
 
 
-@pytest.mark.parametrize("case,dtype", list(_params()))
+@pytest.mark.parametrize("case,dtype", _params())
 def test_chunk_gla(case, dtype):
-    _check("chunk_gla", case, dtype)
+    assert_passed(check("chunk_gla", case, dtype, PALLAS))
 
 
-@pytest.mark.parametrize("case,dtype", list(_params(RECURRENT)))
+@pytest.mark.parametrize("case,dtype", _params(RECURRENT))
 def test_fused_recurrent_gla(case, dtype):
-    _check("fused_recurrent_gla", case, dtype)
+    assert_passed(check("fused_recurrent_gla", case, dtype, PALLAS))
 
 
 @pytest.mark.parametrize("op", ["chunk_gla", "fused_recurrent_gla"])
 def test_no_final_state(op):
     """output_final_state=False: final state None, o and every gradient as with a zero
     final-state cotangent (fp32, varlen with an empty sequence)."""
-    import fla_jax.ops as ops
-
-    case = Case("no_final_state", B=1, T=90, cu_seqlens=(0, 20, 20, 90), families=GLA)
-    x = _inputs(case, "fp32")
-    x["dht"] = np.zeros_like(x["dht"])
-    ref = torch_runner.run(OPS[op], case, "reference", "fp64", x)
-    names = ("q", "k", "v", "g", "h0")
-    fn = getattr(ops, op)
-    cu = jnp.asarray(case.cu_seqlens, jnp.int32)
-
-    @jax.jit
-    def run(cu, *args):
-        def f(q, k, v, g, h0):
-            o, ht = fn(q, k, v, g, initial_state=h0, output_final_state=False, cu_seqlens=cu,
-                       impl="pallas")
-            assert ht is None
-            return o
-        o, vjp = jax.vjp(f, *args)
-        return o, vjp(jnp.asarray(x["do"], jnp.float32))
-
-    o, grads = run(cu, *(jnp.asarray(x[n], jnp.float32) for n in names))
-    got = dict(zip(("dq", "dk", "dv", "dg", "dh0"), grads), o=o)
-    errs = {t: rel_rms(np.asarray(got[t], np.float64), ref[t], ref[t]) for t in got}
-    bad = {t: e for t, e in errs.items() if not e <= tolerance("fp32", t)}
-    assert not bad, f"{op} output_final_state=False: over tolerance {bad}; all {errs}"
+    assert_passed(check_no_final_state(op, "gla_no_final_state", "fp32", PALLAS))
 
 
 ENGINE_CASES = (

@@ -22,8 +22,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402,F401  (the suite needs every framework: no silent skip)
 
 from parity_tests import triton_interpret_patch  # noqa: E402
-from parity_tests.cases import TOLERANCE, rel_rms  # noqa: E402
-from parity_tests.harness import check  # noqa: E402
+from parity_tests.harness import check, check_no_final_state  # noqa: E402
 
 triton_interpret_patch.apply()
 
@@ -67,30 +66,10 @@ def test_fused_recurrent_gla_triton(case, dtype):
 
 @pytest.mark.parametrize("op", ["chunk_gla", "fused_recurrent_gla"])
 def test_no_final_state(op):
-    """output_final_state=False: no final state, the same output and gradients."""
-    import fla_torch.ops as ops
-    gen = torch.Generator().manual_seed(5)
-    B, T, H, K, V = 1, 70, 2, 32, 16
-    q = torch.randn(B, T, H, K, generator=gen).to(torch.bfloat16)
-    k = (torch.randn(B, T, H, K, generator=gen) / K ** 0.5).to(torch.bfloat16)
-    v = torch.randn(B, T, H, V, generator=gen).to(torch.bfloat16)
-    g = -torch.rand(B, T, H, K, generator=gen)
-    do = torch.randn(B, T, H, V, generator=gen).to(torch.bfloat16)
-    fn = getattr(ops, op)
-    out = {}
-    for impl in ("triton", "reference"):
-        dt = torch.bfloat16 if impl == "triton" else torch.float64
-        leaves = [x.detach().to(dt).to(DEVICE).clone().requires_grad_() for x in (q, k, v)]
-        gd = torch.float32 if impl == "triton" else torch.float64
-        gl = g.detach().to(gd).to(DEVICE).clone().requires_grad_()
-        o, ht = fn(*leaves, gl, scale=0.3, output_final_state=False, impl=impl)
-        assert ht is None
-        o.backward(do.to(o.dtype).to(DEVICE))
-        out[impl] = [o] + [x.grad for x in leaves] + [gl.grad]
-    for name, a, r in zip(("o", "dq", "dk", "dv", "dg"), out["triton"], out["reference"]):
-        err = rel_rms(a.detach().double().cpu().numpy(), r.detach().double().cpu().numpy(),
-                      r.detach().double().cpu().numpy())
-        assert err <= TOLERANCE["bf16"][name], f"{op} {name}: {err:.3e}"
+    """output_final_state=False (bf16): no final state, o and every gradient as the oracle's
+    with a zero final-state cotangent."""
+    _assert_rows(check_no_final_state(op, "gla_no_final_state", "bf16", {"torch": "triton"},
+                                      device=DEVICE))
 
 
 def test_head_dim_limit_is_named():

@@ -22,8 +22,9 @@ import torch  # noqa: E402
 import triton  # noqa: E402,F401  (the suite needs every framework: no silent skip)
 
 from parity_tests import triton_interpret_patch  # noqa: E402
-from parity_tests.cases import TOLERANCE, rel_rms  # noqa: E402
-from parity_tests.harness import check  # noqa: E402
+from parity_tests.cases import CASES, OPS, op_kwargs, rel_rms, tolerance  # noqa: E402
+from parity_tests.harness import (assert_passed, check, check_no_final_state,  # noqa: E402
+                                  inputs)
 
 triton_interpret_patch.apply()
 
@@ -49,60 +50,35 @@ def test_fused_recurrent_dplr_triton(op, case, dtype):
     assert rows and not bad, "\n".join(bad)
 
 
-def _rwkv7_inputs(gen, T, H, K, V):
-    r = torch.randn(1, T, H, K, generator=gen)
-    k = torch.randn(1, T, H, K, generator=gen) / K ** 0.5
-    v = torch.randn(1, T, H, V, generator=gen)
-    w = -20 * torch.rand(1, T, H, K, generator=gen)
-    kk = torch.nn.functional.normalize(torch.randn(1, T, H, K, generator=gen), dim=-1)
-    return r, k, v, w, -kk, kk * torch.rand(1, T, H, K, generator=gen)
-
-
-def test_decode_steps_match_one_call():
+@pytest.mark.parametrize("op", ["fused_recurrent_rwkv7", "fused_recurrent_kda"])
+def test_decode_steps_match_one_call(op):
     """Token-by-token calls chained through the final state equal one call (fp32)."""
-    from fla_torch.ops import fused_recurrent_kda, fused_recurrent_rwkv7
-    gen = torch.Generator().manual_seed(3)
-    T, H, K, V = 5, 2, 16, 32
-    r, k, v, w, a, b = (x.to(DEVICE) for x in _rwkv7_inputs(gen, T, H, K, V))
-    beta = torch.rand(1, T, H, generator=gen).to(DEVICE)
-    h0 = torch.randn(1, H, K, V, generator=gen).to(DEVICE)
-    calls = {
-        "rwkv7": lambda s, e, h: fused_recurrent_rwkv7(
-            r[:, s:e], w[:, s:e], k[:, s:e], v[:, s:e], a[:, s:e], b[:, s:e],
-            initial_state=h, output_final_state=True, impl="triton"),
-        "kda": lambda s, e, h: fused_recurrent_kda(
-            r[:, s:e], k[:, s:e], v[:, s:e], w[:, s:e], beta[:, s:e], initial_state=h,
-            output_final_state=True, use_qk_l2norm_in_kernel=True, impl="triton"),
-    }
-    for name, call in calls.items():
-        o_all, h_all = call(0, T, h0)
-        h, outs = h0, []
-        for t in range(T):
-            o_t, h = call(t, t + 1, h)
-            outs.append(o_t)
-        torch.testing.assert_close(torch.cat(outs, 1), o_all, rtol=1e-5, atol=1e-5, msg=name)
-        torch.testing.assert_close(h, h_all, rtol=1e-5, atol=1e-5, msg=name)
+    import fla_torch.ops as ops
+    spec, case = OPS[op], CASES["dplr_decode"]
+    x = inputs(op, case.name, "fp32")
+    t = {a.name: torch.tensor(x[a.key], dtype=torch.float32, device=DEVICE)
+         for a in spec.args if a.key in x}
+    h0 = t.pop("initial_state")
+    kw = op_kwargs(spec, case)
+
+    def call(s, e, h):
+        return getattr(ops, op)(**{n: a[:, s:e] for n, a in t.items()}, initial_state=h, **kw,
+                                impl="triton")
+
+    o_all, h_all = call(0, case.T, h0)
+    h, outs = h0, []
+    for step in range(case.T):
+        o_t, h = call(step, step + 1, h)
+        outs.append(o_t)
+    for name, a, ref in (("o", torch.cat(outs, 1), o_all), ("ht", h, h_all)):
+        a, ref = a.double().cpu().numpy(), ref.double().cpu().numpy()
+        err = rel_rms(a, ref, ref)
+        assert err <= tolerance("fp32", name), f"{op} {name}: {err:.3e}"
 
 
 def test_no_final_state_bf16():
-    """output_final_state=False: no final state, the same output and gradients (bf16)."""
-    from fla_torch.ops import fused_recurrent_rwkv7
-    gen = torch.Generator().manual_seed(5)
-    x = _rwkv7_inputs(gen, 70, 1, 16, 16)
-    do = torch.randn(1, 70, 1, 16, generator=gen).to(torch.bfloat16)
-    out = {}
-    for impl, dt, gd in (("triton", torch.bfloat16, torch.float32),
-                         ("reference", torch.float64, torch.float64)):
-        r, k, v = (t.to(dt).to(torch.float64 if impl == "reference" else dt) for t in x[:3])
-        leaves = [t.detach().to(DEVICE).clone().requires_grad_()
-                  for t in (r, k, v) + tuple(t.to(gd) for t in x[3:])]
-        r, k, v, w, a, b = leaves
-        o, ht = fused_recurrent_rwkv7(r, w, k, v, a, b, output_final_state=False, impl=impl)
-        assert ht is None
-        o.backward(do.to(o.dtype).to(DEVICE))
-        out[impl] = [o] + [t.grad for t in leaves]
-    names = ("o", "dr", "dw", "dk", "dv", "da", "db")
-    for name, t, ref in zip(names, out["triton"], out["reference"]):
-        ref = ref.detach().double().cpu().numpy()
-        err = rel_rms(t.detach().double().cpu().numpy(), ref, ref)
-        assert err <= TOLERANCE["bf16"][name], f"{name}: {err:.3e}"
+    """output_final_state=False (bf16): no final state, o and every gradient as the oracle's
+    with a zero final-state cotangent."""
+    rows = check_no_final_state("fused_recurrent_rwkv7", "dplr_no_final_state", "bf16",
+                                {"torch": "triton"}, device=DEVICE)
+    assert_passed(rows)

@@ -46,8 +46,10 @@ def poisoned_allocations():
         torch.empty, torch.empty_like, torch.Tensor.new_empty = orig_empty, orig_like, orig_new
 
 
-def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = "cpu") -> dict:
-    """x: float64 inputs already rounded to `dtype` (activations) / fp32 (gates, states)."""
+def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = "cpu",
+        final_state: bool = True) -> dict:
+    """x: float64 inputs already rounded to `dtype` (activations) / fp32 (gates, states).
+    final_state=False: output_final_state=False, the op must return no final state."""
     import fla_torch.ops as ops
 
     dt = DTYPES[dtype]
@@ -69,6 +71,8 @@ def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = 
         if any(p is not None for p in parts):
             args["initial_state"] = parts
     kw = op_kwargs(spec, case)
+    if not final_state:
+        kw["output_final_state"] = False
     if case.cu_seqlens is not None:
         kw["cu_seqlens"] = torch.tensor(case.cu_seqlens, dtype=torch.int32, device=device)
 
@@ -77,6 +81,9 @@ def run(spec: OpSpec, case: Case, impl: str, dtype: str, x: dict, device: str = 
     with poisoned_allocations() if kernel else contextlib.nullcontext():
         res = fn(**args, **kw, impl=impl)
         o, ht = res if spec.has_state else (res, None)   # softmax attention returns o only
+        if not final_state and ht is not None:
+            raise AssertionError(f"{spec.name}(impl={impl}): a final state although "
+                                 f"output_final_state=False")
         finals = {} if ht is None else dict(zip(
             (a.final_key for a in spec.states), ht if spec.state_tuple else (ht,)))
         outs = [o] + list(finals.values())
