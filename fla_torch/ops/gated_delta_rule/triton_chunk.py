@@ -14,11 +14,11 @@ forward and backward) and handed to the kernels in the input dtype.
 """
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
 
+from ..common.kernel_alloc import alloc
 from ..common.triton_l2norm import l2norm_triton
 from ..common.triton_scalar_gate import block, dot_precision, fp32_dot_precision
 from ..common.triton_seq_layout import chunk_tables, seq_offsets
@@ -29,15 +29,6 @@ from .triton_wy_fwd import _wy_fwd16_kernel
 from .triton_recurrent import group_sum
 
 
-def _poison() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1" or \
-        os.environ.get("FLA_TORCH_POISON", "0") == "1"
-
-
-def _buf(shape, dtype, device):
-    if _poison():
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-    return torch.empty(shape, dtype=dtype, device=device)
 
 
 # Internal buffers (w, u, h, vn, dh) are in the input dtype, as FLA's. vn = u - w h cancels,
@@ -98,9 +89,9 @@ def _fwd_states(k, w, u, gc_hi, gc_lo, has_g, h0, offsets, chunk_offsets, NT, N,
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
     BK, BV, kw = _state_blocks("chunk_h", K, V, k.dtype)
-    h_buf = _buf((NT, HV, K, V), k.dtype, k.device)
-    vn = _buf((B, T, HV, V), k.dtype, k.device)
-    ht = _buf((N, HV, K, V), torch.float32, k.device) if output_final_state else None
+    h_buf = alloc((NT, HV, K, V), k.dtype, k.device)
+    vn = alloc((B, T, HV, V), k.dtype, k.device)
+    ht = alloc((N, HV, K, V), torch.float32, k.device) if output_final_state else None
     _chunk_h_kernel[(triton.cdiv(V, BV), N * HV)](
         k, w, u, gc_hi, gc_lo, h0 if h0 is not None else u, h_buf, vn,
         ht if ht is not None else u, offsets, chunk_offsets,
@@ -123,11 +114,11 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         N = offsets.shape[0] - 1
         PREC, PREC32 = _precisions(q.dtype)
         # chunk-local gate cumsum, fp64-accurate as fp32 hi + lo (see load_gates)
-        gc = _buf((2, B, T, HV), torch.float32, dev) if g is not None else None
+        gc = alloc((2, B, T, HV), torch.float32, dev) if g is not None else None
         gc_hi, gc_lo = (gc[0], gc[1]) if gc is not None else (beta, beta)
-        tm = _buf((B, T, HV, BT), torch.float32, dev)
-        w = _buf((B, T, HV, K), q.dtype, dev)
-        u = _buf((B, T, HV, V), q.dtype, dev)
+        tm = alloc((B, T, HV, BT), torch.float32, dev)
+        w = alloc((B, T, HV, K), q.dtype, dev)
+        u = alloc((B, T, HV, V), q.dtype, dev)
         BK, BV, kw = _tiles("wy_fwd", K, V, q.dtype)
         _wy_fwd16_kernel[(NT, HV)](
             k, v, g if g is not None else beta, beta, gc_hi, gc_lo, tm, w, u,
@@ -135,7 +126,7 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
             HAS_G=g is not None, PREC=PREC, PREC32=PREC32, **kw)
         h_buf, vn, ht = _fwd_states(k, w, u, gc_hi, gc_lo, g is not None, h0, offsets,
                                     chunk_offsets, NT, N, output_final_state, PREC)
-        o = _buf((B, T, HV, V), q.dtype, dev)
+        o = alloc((B, T, HV, V), q.dtype, dev)
         BK, BV, kw = _tiles("chunk_o", K, V, q.dtype)
         _chunk_o_kernel[(triton.cdiv(V, BV), NT, HV)](
             q, k, vn, h_buf, gc_hi, gc_lo, o, table, offsets, scale,
@@ -158,14 +149,14 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         do = do.contiguous()
         dht = dht.contiguous() if dht is not None else None
         gc_hi, gc_lo = (gc[0], gc[1]) if gc is not None else (beta, beta)
-        dvn = _buf((B, T, HV, V), torch.float32, dev)
+        dvn = alloc((B, T, HV, V), torch.float32, dev)
         BK, BV, kw = _tiles("dvn_local", K, V, q.dtype)
         _dvn_local_kernel[(triton.cdiv(V, BV), NT, HV)](
             q, k, do, gc_hi, gc_lo, dvn, table, offsets, scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK,
             BV=BV, HAS_G=has_g, PREC=PREC, **kw)
         SK, SV, kw = _state_blocks("chunk_dh", K, V, q.dtype)
-        dh_buf = _buf((NT, HV, K, V), q.dtype, dev)
-        dh0 = _buf((N, HV, K, V), torch.float32, dev) if h0 is not None else None
+        dh_buf = alloc((NT, HV, K, V), q.dtype, dev)
+        dh0 = alloc((N, HV, K, V), torch.float32, dev) if h0 is not None else None
         _chunk_dh_kernel[(triton.cdiv(V, SV), N * HV)](
             q, k, w, do, gc_hi, gc_lo, dvn, dht if dht is not None else dvn,
             dh0 if dh0 is not None else dvn, dh_buf, offsets, chunk_offsets, scale,
@@ -173,20 +164,20 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
             STORE_DH0=dh0 is not None, PREC=PREC, **kw)
         # dq and dk are final per value head when HV == H: written in the input dtype
         final_dt = q.dtype if HV == H else torch.float32
-        dq = _buf((B, T, HV, K), final_dt, dev)
-        dk_direct = _buf((B, T, HV, K), torch.float32, dev)
-        dw = _buf((B, T, HV, K), torch.float32, dev)
+        dq = alloc((B, T, HV, K), final_dt, dev)
+        dk_direct = alloc((B, T, HV, K), torch.float32, dev)
+        dw = alloc((B, T, HV, K), torch.float32, dev)
         QK, BV, kw = _tiles("dqk", K, V, q.dtype)
         NKB = triton.cdiv(K, QK)
-        dgc = _buf((NKB, B, T, HV), torch.float32, dev) if has_g else None
+        dgc = alloc((NKB, B, T, HV), torch.float32, dev) if has_g else None
         _dqk_kernel[(NKB, NT, HV)](
             q, k, do, vn, dvn, h_buf, dh_buf, gc_hi, gc_lo, dq, dk_direct, dw,
             dgc if dgc is not None else dw, table, offsets, scale, B * T * HV,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=QK, BV=BV, HAS_G=has_g, PREC=PREC, **kw)
-        dk = _buf((B, T, HV, K), final_dt, dev)
-        dv = _buf((B, T, HV, V), v.dtype, dev)
-        dbeta = _buf((B, T, HV), torch.float32, dev)
-        dg = _buf((B, T, HV), torch.float32, dev) if has_g else None
+        dk = alloc((B, T, HV, K), final_dt, dev)
+        dv = alloc((B, T, HV, V), v.dtype, dev)
+        dbeta = alloc((B, T, HV), torch.float32, dev)
+        dg = alloc((B, T, HV), torch.float32, dev) if has_g else None
         # fp16: the WY backward runs on fp32 copies of k and v with the fp32 configuration.
         # Its fp16-operand variant gave dbeta errors of 3.4e-2..5.3e-2 on the H100 (Triton
         # 3.6; bf16, fp32 and the CPU interpreter were right; dk/dv right): a Hopper

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from ..common.engine.varlen import chunk_slot, seq_bounds
+from ..common.kernel_alloc import alloc as _alloc
 from ..common.triton_scalar_gate import block, causal_decay, chunk_log_decay, dot_precision
 
 BT = 64
@@ -343,18 +344,6 @@ def bwd_config(K: int, V: int, n_heads: int, itemsize: int) -> dict:
     big = KF > 128 or VF > 128
     return {"BK": BK, "BV": BV, "num_warps": 4,
             "num_stages": 2 if (itemsize == 2 or not big) else 1}
-
-
-# Outputs are NaN-filled first when True, or always off the GPU (interpreter tests), so a
-# position a kernel forgets to write can never pass a test. Off by default on the GPU: the fill
-# would cost a full extra write of every output.
-POISON_OUTPUTS = False
-
-
-def _alloc(shape, dtype, device) -> torch.Tensor:
-    if POISON_OUTPUTS or device.type != "cuda":
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def _check(q: torch.Tensor, v: torch.Tensor) -> None:

@@ -28,12 +28,11 @@ import triton.language as tl
 
 from ..common.triton_gate_grad import sequence_reverse_cumsum
 from ..common.engine.varlen import seq_bounds
+from ..common.kernel_alloc import alloc as _alloc
 from ..common.triton_scalar_gate import block
 from ..common.triton_seq_layout import seq_offsets
 
 MAX_HEAD_DIM = 256
-# NaN-fill outputs before the kernels run (always off the GPU; see triton_chunk.POISON_OUTPUTS)
-POISON_OUTPUTS = False
 
 
 @triton.jit
@@ -183,12 +182,6 @@ def _rec_bwd_kernel(q, k, v, g, g_gamma, dht, do, dkp, dvp, dh0, kdk, cu_seqlens
                 dstate *= tl.exp(gamma)
     if STORE_DH0:
         tl.store(dh0 + p_kv, dstate, mask=m_kv)
-
-
-def _alloc(shape, dtype, device) -> torch.Tensor:
-    if POISON_OUTPUTS or device.type != "cuda":
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def _check(q: torch.Tensor, v: torch.Tensor) -> None:
