@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from .cases import CASES, OPS
-from .harness import _inputs
+from .harness import inputs
 from .torch_runner import registry, run
 from .triton_compile_check import compile_launches, distinct, record_launches
 
@@ -41,7 +41,7 @@ def test_triton_launches_compile_for_sm90(op, tmp_path):
         for dtype in ("bf16", "fp16", "fp32"):
             with record_launches() as rec:
                 try:
-                    run(spec, case, "triton", dtype, _inputs(op, name, dtype))
+                    run(spec, case, "triton", dtype, inputs(op, name, dtype))
                 except AssertionError:
                     pass   # outputs of kernels that did not run: only the launches count
             records += rec

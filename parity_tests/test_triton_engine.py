@@ -17,7 +17,7 @@ import triton  # noqa: E402,F401
 
 from parity_tests import triton_interpret_patch  # noqa: E402
 from parity_tests.cases import CASES, rel_rms, tolerance  # noqa: E402
-from parity_tests.harness import _inputs, oracle  # noqa: E402
+from parity_tests.harness import inputs, oracle  # noqa: E402
 from parity_tests.torch_runner import DTYPES, poisoned_allocations  # noqa: E402
 
 triton_interpret_patch.apply()
@@ -31,7 +31,7 @@ RUNS = [("basic", "fp32"), ("basic", "bf16"), ("gamma", "fp32"), ("both_gates", 
 def test_engine_simple_gla(case, dtype):
     from fla_torch.ops.simple_gla.triton_engine_chunk import chunk_simple_gla_engine
     op = "chunk_simple_gla"
-    x = _inputs(op, case, dtype)
+    x = inputs(op, case, dtype)
     ref = oracle(op, case, dtype, DEVICE)
     c = CASES[case]
     dt = DTYPES[dtype]
