@@ -65,15 +65,7 @@ if [ "$MODE" = regress ]; then
         | sed "s/^/[$side] /" | tee -a "$OUT/regress.txt")
     done
   done
-  python3 - "$OUT" <<'PY'
-import glob, json, sys
-for side in ("base", "new"):
-    rows, env = [], None
-    for p in sorted(glob.glob(f"{sys.argv[1]}/{side}/*.json")):
-        d = json.load(open(p)); env = env or d["env"]; rows += d["rows"]
-    json.dump({"env": env, "rows": rows}, open(f"{sys.argv[1]}/{side}.json", "w"), indent=1)
-PY
-  python3 benchmarks/regress.py "$OUT/base.json" "$OUT/new.json" | tee "$OUT/regress.md"
+  python3 benchmarks/regress.py "$OUT/base" "$OUT/new" | tee "$OUT/regress.md"
   exit 0
 fi
 if [ "$MODE" = profile ]; then

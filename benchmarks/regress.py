@@ -2,6 +2,7 @@
 same GPU call) row by row; ratio = this tree / base for fwd and fwd+bwd.
 
     python benchmarks/regress.py base.json new.json [--limit 1.05] [--paths triton pallas]
+    (base and new: a run.py JSON file each, or a directory of them)
 
 A row is flagged REGRESSED when either ratio exceeds --limit (issue 10's bar: 5%); rows that
 exist on one side only, or failed on either side, are listed, never dropped. Exit status 1 when
@@ -10,15 +11,21 @@ any row is flagged or missing on the new side.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import os
 import sys
 
 
 def _rows(path: str, paths) -> dict:
-    with open(path) as f:
-        data = json.load(f)
-    return {(r["shape"], r["op"], r["dtype"], r["path"]): r for r in data["rows"]
-            if paths is None or r["path"] in paths}
+    """The rows of one run.py JSON file, or of every *.json file in a directory."""
+    files = sorted(glob.glob(os.path.join(path, "*.json"))) if os.path.isdir(path) else [path]
+    rows = {}
+    for name in files:
+        with open(name) as f:
+            rows.update({(r["shape"], r["op"], r["dtype"], r["path"]): r
+                         for r in json.load(f)["rows"] if paths is None or r["path"] in paths})
+    return rows
 
 
 def compare(base: dict, new: dict, limit: float) -> tuple[list[str], bool]:

@@ -62,3 +62,8 @@ def test_regress_flags_slower_and_missing_rows(tmp_path):
     assert "fp16 | triton | 1.000 / 3.000 | 1.000 / 3.200 | 1.00 / 1.07 | REGRESSED |" in text
     assert "fp32 | triton | 2.000 / 6.000 | missing | | MISSING |" in text
     assert regress.main([str(paths[0]), str(paths[0])]) == 0
+    # a directory of run.py files reads as their union (gpu_run.sh MODE=regress: one per op)
+    for name, rows in (("a", base["rows"][:1]), ("b", base["rows"][1:])):
+        (tmp_path / "dir").mkdir(exist_ok=True)
+        (tmp_path / "dir" / f"{name}.json").write_text(json.dumps({"env": {}, "rows": rows}))
+    assert regress._rows(str(tmp_path / "dir"), None) == regress._rows(str(paths[0]), None)
