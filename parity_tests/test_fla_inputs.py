@@ -91,7 +91,9 @@ def test_kda_gate_and_beta_torch(op, gi):
 
 
 def test_kda_gate_matches_fla_naive():
-    naive = pytest.importorskip("fla.ops.kda.gate", reason="FLA (fla-core) not installed")
+    naive = pytest.importorskip(
+        "fla.ops.kda.gate", reason="optional comparison against FLA itself: fla-core is not "
+        "installed; pip install -e '.[test]' installs it")
     from fla_torch.ops.common.fla_inputs import apply_transforms
     x = _raw(3)
     g, A, dt = (torch.tensor(x[n], dtype=torch.float32) for n in ("g", "A_log", "dt_bias"))
