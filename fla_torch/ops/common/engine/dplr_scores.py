@@ -24,6 +24,11 @@ is exact per pair (a loop over the sub-chunk's columns). Every exponent is a dif
 fp64 cumsums taken before the cast to fp32 and masked to -inf outside the causal part before
 exp: no overflow at gates of -20.
 
+The forward is two kernels: _dplr_vectors_fwd per (slot, head, key block): G to an fp64
+buffer, r_in, a_in, b_out, k_out, tot; _dplr_scores_fwd per (slot, head, sub-chunk): its rows
+of the four matrices, the earlier sub-chunks in one pass over K and the diagonal block in a
+second (one program per chunk holding both spilled registers on sm_90).
+
 Backward (dplr_scores_bwd.py): the gradients of r, k, a, b by the same pairs, and dw per
 chunk without carrying anything across chunks: each pair (i, j), i > j, gives its coefficient
 c = dA_ij x_i y_j exp(.) to every w_s with j < s <= i, gathered as P_i (row side) and M_j
@@ -109,115 +114,122 @@ def _cumsum_pass(w, t_all, i_h, gbuf, base, o_t, o_k, m_k, H: tl.constexpr, K: t
 
 
 @triton.jit
-def _dplr_scores_fwd(r, k, a, b, w, tok, gbuf, Aab, Aak, Arb, Ark, rin, ain, bout, kout, tot,
-                H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                BK: tl.constexpr, PREC: tl.constexpr):
-    i_s, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
+def _dplr_vectors_fwd(r, k, a, b, w, tok, gbuf, Aab, Aak, rin, ain, bout, kout, tot,
+                      H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    """Per (slot, head, key block): the fp64 cumsum G (to gbuf), r_in, a_in, b_out, k_out, tot,
+    and row 0 of A_ab, A_ak (no j < 0)."""
+    i_s, i_h, kb = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    base = i_s * H + i_h
+    o_t = tl.arange(0, BT)
+    m_t = o_t < BT
+    t_all = _tk(tok, i_s, o_t, m_t, BT)
+    o_k = kb * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    G, L, x = _cumsum_pass(w, t_all, i_h, gbuf, base, o_t, o_k, m_k, H, K, BT)
+    e_end = _ex(L[None, :] - G)
+    _st(rin, _ldx(r, t_all, i_h, o_k, m_k, H, K) * _ex(G), base, o_t, m_t, o_k, m_k, K, BT)
+    _st(ain, _ldx(a, t_all, i_h, o_k, m_k, H, K) * _ex(G - x), base, o_t, m_t, o_k, m_k, K, BT)
+    _st(bout, _ldx(b, t_all, i_h, o_k, m_k, H, K) * e_end, base, o_t, m_t, o_k, m_k, K, BT)
+    _st(kout, _ldx(k, t_all, i_h, o_k, m_k, H, K) * e_end, base, o_t, m_t, o_k, m_k, K, BT)
+    tl.store(tot + base * K + o_k, _ex(L), mask=m_k)
+    if kb == 0:
+        zrow = tl.zeros([BT], dtype=tl.float32)
+        tl.store(Aab + base * BT * BT + o_t, zrow)
+        tl.store(Aak + base * BT * BT + o_t, zrow)
+
+
+@triton.jit
+def _dplr_scores_fwd(r, k, a, b, tok, gbuf, Aab, Aak, Arb, Ark,
+                     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                     BK: tl.constexpr, PREC: tl.constexpr):
+    """Per (slot, head, sub-chunk I): rows i0 .. i0 + BC of A_rb, A_rk and the shifted rows of
+    A_ab, A_ak; the earlier sub-chunks' columns in one pass over K, the diagonal block in a
+    second (fewer registers live at once)."""
+    i_s, i_h, I = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     base = i_s * H + i_h
     o_t = tl.arange(0, BT)
     o_c = tl.arange(0, BC)
     m_t = o_t < BT
     t_all = _tk(tok, i_s, o_t, m_t, BT)
     NK: tl.constexpr = (K + BK - 1) // BK
-    for kb in range(NK):
-        o_k = kb * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        G, L, x = _cumsum_pass(w, t_all, i_h, gbuf, base, o_t, o_k, m_k, H, K, BT)
-        e_end = _ex(L[None, :] - G)
-        _st(rin, _ldx(r, t_all, i_h, o_k, m_k, H, K) * _ex(G), base, o_t, m_t, o_k, m_k, K, BT)
-        _st(ain, _ldx(a, t_all, i_h, o_k, m_k, H, K) * _ex(G - x), base, o_t, m_t, o_k, m_k, K,
-            BT)
-        _st(bout, _ldx(b, t_all, i_h, o_k, m_k, H, K) * e_end, base, o_t, m_t, o_k, m_k, K, BT)
-        _st(kout, _ldx(k, t_all, i_h, o_k, m_k, H, K) * e_end, base, o_t, m_t, o_k, m_k, K, BT)
-        tl.store(tot + base * K + o_k, _ex(L), mask=m_k)
-    tl.debug_barrier()
-    # row 0 of A_ab, A_ak (no j < 0)
-    zrow = tl.zeros([BT], dtype=tl.float32)
-    tl.store(Aab + base * BT * BT + o_t, zrow)
-    tl.store(Aak + base * BT * BT + o_t, zrow)
-    tri = o_c[:, None] >= o_c[None, :]
-    for I in range(BT // BC):
-        i0 = I * BC
-        rows = i0 + o_c
-        m_r = rows < BT
-        m_a = rows + 1 < BT
-        t_I = _tk(tok, i_s, rows, m_r, BT)
-        t_Ia = _tk(tok, i_s, rows + 1, m_a, BT)
-        o_rb = tl.zeros([BC, BT], dtype=tl.float32)
-        o_rk = tl.zeros([BC, BT], dtype=tl.float32)
-        o_ab = tl.zeros([BC, BT], dtype=tl.float32)
-        o_ak = tl.zeros([BC, BT], dtype=tl.float32)
-        d_rb = tl.zeros([BC, BC], dtype=tl.float32)
-        d_rk = tl.zeros([BC, BC], dtype=tl.float32)
-        d_ab = tl.zeros([BC, BC], dtype=tl.float32)
-        d_ak = tl.zeros([BC, BC], dtype=tl.float32)
+    i0 = I * BC
+    rows = i0 + o_c
+    m_r = rows < BT
+    m_a = rows + 1 < BT
+    t_I = _tk(tok, i_s, rows, m_r, BT)
+    t_Ia = _tk(tok, i_s, rows + 1, m_a, BT)
+    p_r = (base * BT + rows)[:, None] * BT
+    p_a = p_r + BT          # the shifted rows m + 1
+    off = (o_t[None, :] < i0) | (o_t[None, :] >= i0 + BC)
+    o_rb = tl.zeros([BC, BT], dtype=tl.float32)
+    o_rk = tl.zeros([BC, BT], dtype=tl.float32)
+    o_ab = tl.zeros([BC, BT], dtype=tl.float32)
+    o_ak = tl.zeros([BC, BT], dtype=tl.float32)
+    if I > 0:
+        m_j = o_t < i0
+        t_j = tl.where(m_j, t_all, -1)
         for kb in range(NK):
             o_k = kb * BK + tl.arange(0, BK)
             m_k = o_k < K
-            x_r = _ldx(r, t_I, i_h, o_k, m_k, H, K)
-            x_a = _ldx(a, t_Ia, i_h, o_k, m_k, H, K)
-            y_b = _ldx(b, t_I, i_h, o_k, m_k, H, K)
-            y_k = _ldx(k, t_I, i_h, o_k, m_k, H, K)
-            G_I = _ld_cg(gbuf, base, rows, m_r, o_k, m_k, K, BT)
-            if I > 0:
-                G_f = tl.load(gbuf + (base * BT + i0) * K + o_k, mask=m_k, other=0.,
-                              cache_modifier=".cg")
-                G_a = _ld_cg(gbuf, base, o_t, m_t, o_k, m_k, K, BT)
-                e_c = _ex(tl.where(o_t[:, None] < i0, G_f[None, :] - G_a, float("-inf")))
-                c_b = _ldx(b, t_all, i_h, o_k, m_k, H, K) * e_c
-                c_k = _ldx(k, t_all, i_h, o_k, m_k, H, K) * e_c
-                e_r = _ex(G_I - G_f[None, :])
-                r_d = x_r * e_r
-                a_d = x_a * e_r
-                o_rb += tl.dot(r_d, tl.trans(c_b), input_precision=PREC)
-                o_rk += tl.dot(r_d, tl.trans(c_k), input_precision=PREC)
-                o_ab += tl.dot(a_d, tl.trans(c_b), input_precision=PREC)
-                o_ak += tl.dot(a_d, tl.trans(c_k), input_precision=PREC)
-            G_f0 = tl.load(gbuf + (base * BT + i0) * K + o_k, mask=m_k, other=0.,
-                           cache_modifier=".cg")
-            G_l0 = tl.load(gbuf + (base * BT + i0 + BC - 1) * K + o_k, mask=m_k, other=0.,
-                           cache_modifier=".cg")
-            if tl.max(G_f0 - G_l0) < SPAN:
-                e_f = G_I - G_f0[None, :]                         # <= 0, > -SPAN
-                f_in = _ex(e_f)
-                f_out = _ex(-e_f)
-                r_f = x_r * f_in
-                a_f = x_a * f_in
-                b_f = tl.trans(y_b * f_out)
-                k_f = tl.trans(y_k * f_out)
-                d_rb += tl.dot(r_f, b_f, input_precision="tf32x3")
-                d_rk += tl.dot(r_f, k_f, input_precision="tf32x3")
-                d_ab += tl.dot(a_f, b_f, input_precision="tf32x3")
-                d_ak += tl.dot(a_f, k_f, input_precision="tf32x3")
-            else:
-                for j in range(BC):
-                    G_j = tl.load(gbuf + (base * BT + i0 + j) * K + o_k, mask=m_k, other=0.,
-                                  cache_modifier=".cg")
-                    e = _ex(tl.where(o_c[:, None] >= j, G_I - G_j[None, :], float("-inf")))
-                    yb_j = _ldx_row(b, tok, i_s, i0 + j, i_h, o_k, m_k, H, K, BT)
-                    yk_j = _ldx_row(k, tok, i_s, i0 + j, i_h, o_k, m_k, H, K, BT)
-                    xr_e = x_r * e
-                    xa_e = x_a * e
-                    at_j = o_c[None, :] == j
-                    d_rb += tl.where(at_j, tl.sum(xr_e * yb_j[None, :], axis=1)[:, None], 0.)
-                    d_rk += tl.where(at_j, tl.sum(xr_e * yk_j[None, :], axis=1)[:, None], 0.)
-                    d_ab += tl.where(at_j, tl.sum(xa_e * yb_j[None, :], axis=1)[:, None], 0.)
-                    d_ak += tl.where(at_j, tl.sum(xa_e * yk_j[None, :], axis=1)[:, None], 0.)
-        d_rb = tl.where(tri, d_rb, 0.)
-        d_rk = tl.where(tri, d_rk, 0.)
-        d_ab = tl.where(tri, d_ab, 0.)
-        d_ak = tl.where(tri, d_ak, 0.)
-        off = (o_t[None, :] < i0) | (o_t[None, :] >= i0 + BC)
-        p_r = (base * BT + rows)[:, None] * BT
-        tl.store(Arb + p_r + o_t[None, :], o_rb, mask=m_r[:, None] & off)
-        tl.store(Ark + p_r + o_t[None, :], o_rk, mask=m_r[:, None] & off)
-        tl.store(Arb + p_r + i0 + o_c[None, :], d_rb, mask=m_r[:, None])
-        tl.store(Ark + p_r + i0 + o_c[None, :], d_rk, mask=m_r[:, None])
-        p_a = p_r + BT          # the shifted rows m + 1
-        tl.store(Aab + p_a + o_t[None, :], o_ab, mask=m_a[:, None] & off)
-        tl.store(Aak + p_a + o_t[None, :], o_ak, mask=m_a[:, None] & off)
-        tl.store(Aab + p_a + i0 + o_c[None, :], d_ab, mask=m_a[:, None])
-        tl.store(Aak + p_a + i0 + o_c[None, :], d_ak, mask=m_a[:, None])
+            G_I = _ld(gbuf, base, rows, m_r, o_k, m_k, K, BT)
+            G_f = tl.load(gbuf + (base * BT + i0) * K + o_k, mask=m_k, other=0.)
+            G_a = _ld(gbuf, base, o_t, m_j, o_k, m_k, K, BT)
+            e_c = _ex(tl.where(m_j[:, None], G_f[None, :] - G_a, float("-inf")))
+            c_b = _ldx(b, t_j, i_h, o_k, m_k, H, K) * e_c
+            c_k = _ldx(k, t_j, i_h, o_k, m_k, H, K) * e_c
+            e_r = _ex(G_I - G_f[None, :])
+            r_d = _ldx(r, t_I, i_h, o_k, m_k, H, K) * e_r
+            a_d = _ldx(a, t_Ia, i_h, o_k, m_k, H, K) * e_r
+            o_rb += tl.dot(r_d, tl.trans(c_b), input_precision=PREC)
+            o_rk += tl.dot(r_d, tl.trans(c_k), input_precision=PREC)
+            o_ab += tl.dot(a_d, tl.trans(c_b), input_precision=PREC)
+            o_ak += tl.dot(a_d, tl.trans(c_k), input_precision=PREC)
+    tl.store(Arb + p_r + o_t[None, :], o_rb, mask=m_r[:, None] & off)
+    tl.store(Ark + p_r + o_t[None, :], o_rk, mask=m_r[:, None] & off)
+    tl.store(Aab + p_a + o_t[None, :], o_ab, mask=m_a[:, None] & off)
+    tl.store(Aak + p_a + o_t[None, :], o_ak, mask=m_a[:, None] & off)
+    d_rb = tl.zeros([BC, BC], dtype=tl.float32)
+    d_rk = tl.zeros([BC, BC], dtype=tl.float32)
+    d_ab = tl.zeros([BC, BC], dtype=tl.float32)
+    d_ak = tl.zeros([BC, BC], dtype=tl.float32)
+    for kb in range(NK):
+        o_k = kb * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        x_r = _ldx(r, t_I, i_h, o_k, m_k, H, K)
+        x_a = _ldx(a, t_Ia, i_h, o_k, m_k, H, K)
+        G_I = _ld(gbuf, base, rows, m_r, o_k, m_k, K, BT)
+        G_f0 = tl.load(gbuf + (base * BT + i0) * K + o_k, mask=m_k, other=0.)
+        G_l0 = tl.load(gbuf + (base * BT + i0 + BC - 1) * K + o_k, mask=m_k, other=0.)
+        if tl.max(G_f0 - G_l0) < SPAN:
+            e_f = G_I - G_f0[None, :]                         # <= 0, > -SPAN
+            f_in = _ex(e_f)
+            f_out = _ex(-e_f)
+            r_f = x_r * f_in
+            a_f = x_a * f_in
+            b_f = tl.trans(_ldx(b, t_I, i_h, o_k, m_k, H, K) * f_out)
+            k_f = tl.trans(_ldx(k, t_I, i_h, o_k, m_k, H, K) * f_out)
+            d_rb += tl.dot(r_f, b_f, input_precision="tf32x3")
+            d_rk += tl.dot(r_f, k_f, input_precision="tf32x3")
+            d_ab += tl.dot(a_f, b_f, input_precision="tf32x3")
+            d_ak += tl.dot(a_f, k_f, input_precision="tf32x3")
+        else:
+            for j in range(BC):
+                G_j = tl.load(gbuf + (base * BT + i0 + j) * K + o_k, mask=m_k, other=0.)
+                e = _ex(tl.where(o_c[:, None] >= j, G_I - G_j[None, :], float("-inf")))
+                yb_j = _ldx_row(b, tok, i_s, i0 + j, i_h, o_k, m_k, H, K, BT)
+                yk_j = _ldx_row(k, tok, i_s, i0 + j, i_h, o_k, m_k, H, K, BT)
+                xr_e = x_r * e
+                xa_e = x_a * e
+                at_j = o_c[None, :] == j
+                d_rb += tl.where(at_j, tl.sum(xr_e * yb_j[None, :], axis=1)[:, None], 0.)
+                d_rk += tl.where(at_j, tl.sum(xr_e * yk_j[None, :], axis=1)[:, None], 0.)
+                d_ab += tl.where(at_j, tl.sum(xa_e * yb_j[None, :], axis=1)[:, None], 0.)
+                d_ak += tl.where(at_j, tl.sum(xa_e * yk_j[None, :], axis=1)[:, None], 0.)
+    tri = o_c[:, None] >= o_c[None, :]
+    tl.store(Arb + p_r + i0 + o_c[None, :], tl.where(tri, d_rb, 0.), mask=m_r[:, None])
+    tl.store(Ark + p_r + i0 + o_c[None, :], tl.where(tri, d_rk, 0.), mask=m_r[:, None])
+    tl.store(Aab + p_a + i0 + o_c[None, :], tl.where(tri, d_ab, 0.), mask=m_a[:, None])
+    tl.store(Aak + p_a + i0 + o_c[None, :], tl.where(tri, d_ak, 0.), mask=m_a[:, None])
 
 
 @triton.jit
@@ -234,12 +246,14 @@ def _diag(x, o_c):
 
 BC = 16
 BT = 64
-WARPS = 8      # warps of the forward kernel
+# the scores kernel's key block and warps (the vectors kernel: 4 warps, key blocks of 16).
+# H100 bf16 B4 T4096 H16 K64: BK 16 / 4 warps 1.86 ms, 32 / 4 2.06, 16 / 8 3.41, 32 / 8 3.22
+# (one program per chunk and head, 16 / 8: 2.83 ms)
+LAUNCH = dict(BK=16, num_warps=4)
 
 
 def _bk(K, cap):
-    """Key block: an offline sm_90 compile (K = 64, 8 warps) spills 224 bytes in the forward at
-    16 (1248 at 32)."""
+    """Key block of the scores kernels: at most cap."""
     return min(block(K), cap)
 
 
@@ -255,6 +269,11 @@ def scores_fwd(r, k, a, b, w, tok):
     vecs = [alloc((S, H, BT, K), torch.float32, dev) for _ in range(4)]
     tot = alloc((S, H, K), torch.float32, dev)
     gbuf = alloc((S, H, BT, K), torch.float64, dev)
-    _dplr_scores_fwd[(S, H)](r, k, a, b, w, tok, gbuf, *mats, *vecs, tot, H=H, K=K, BT=BT, BC=BC,
-                        BK=_bk(K, 16), PREC=fp32_dot_precision(), num_warps=WARPS, num_stages=1)
+    BKV = min(block(K), 16)     # an fp64 cumsum tile [64, 32] holds 255 registers on sm_90
+    _dplr_vectors_fwd[(S, H, triton.cdiv(K, BKV))](r, k, a, b, w, tok, gbuf, mats[0], mats[1],
+                                                   *vecs, tot, H=H, K=K, BT=BT, BK=BKV,
+                                                   num_warps=4)
+    _dplr_scores_fwd[(S, H, BT // BC)](r, k, a, b, tok, gbuf, *mats, H=H, K=K, BT=BT, BC=BC,
+                                       BK=_bk(K, LAUNCH["BK"]), PREC=fp32_dot_precision(),
+                                       num_warps=LAUNCH["num_warps"], num_stages=1)
     return (*mats, *vecs, tot)
