@@ -11,8 +11,11 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(args, tmp_path):
-    env = dict(os.environ, PYTHONPATH=ROOT, TRITON_INTERPRET="1", JAX_PLATFORMS="cpu")
+def _run(args, tmp_path, interpret=True):
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+    env.pop("TRITON_INTERPRET", None)
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
 
@@ -67,3 +70,21 @@ def test_regress_flags_slower_and_missing_rows(tmp_path):
         (tmp_path / "dir").mkdir(exist_ok=True)
         (tmp_path / "dir" / f"{name}.json").write_text(json.dumps({"env": {}, "rows": rows}))
     assert regress._rows(str(tmp_path / "dir"), None) == regress._rows(str(paths[0]), None)
+
+
+def test_offline_regs_reads_the_cubin(tmp_path):
+    """benchmarks/offline_regs.py compiles for sm_90 without a GPU and reads registers and
+    stack from the cubin: a wider key block of the fp64 gate cumsum needs more registers, and
+    every preset (the op wrappers' current launches) compiles."""
+    p = _run(["-c", "import sys, json; sys.path.insert(0, 'benchmarks'); import offline_regs as o;"
+              " t = o.presets();"
+              " print(json.dumps([o.resources(t['cumsum_key'], bk=b) for b in (16, 64)]));"
+              " print(json.dumps(o.main(['delta_scores', 'dplr_scores_fwd'])))"], tmp_path,
+             interpret=False)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("[")]
+    narrow, wide = json.loads(lines[0])
+    assert 0 < narrow["regs"] < wide["regs"] <= 255, (narrow, wide)
+    rows = json.loads(lines[1])
+    assert [r["kernel"] for r in rows] == ["delta_scores", "dplr_scores_fwd"], rows
+    assert all(0 < r["regs"] <= 255 and r["stack"] >= 0 and r["shared"] > 0 for r in rows), rows
