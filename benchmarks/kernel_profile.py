@@ -6,7 +6,8 @@ the peers', at the benchmark shape (GPU). Complements run.py, which only gives t
 
 torch paths ('triton', 'fla'): torch.profiler (CUDA activity), kernels grouped by name.
 JAX paths ('pallas', 'mosaic', 'jla'): jax.profiler's perfetto trace, the events of the device
-processes grouped by name. Each table line: kernel, launches per call, microseconds per call and
+processes grouped by name. Torch and JAX paths asked for together run in one process each
+(CUPTI serves one profiler per process: after torch.profiler, jax.profiler saw no GPU). Each table line: kernel, launches per call, microseconds per call and
 share of the device time; the footer gives device-busy time against the wall time per call (the
 gap is host enqueue and idle device). Shapes: run.py's, the first one applies() gives the op.
 """
@@ -18,6 +19,8 @@ import glob
 import gzip
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -129,6 +132,28 @@ def profile_path(op: str, path: str, dtype: str, sizes: dict, iters: int, top: i
     return out
 
 
+def _per_framework(args, groups) -> list:
+    """Runs this script once per path group (torch paths, JAX paths), merging their results."""
+    results = []
+    for paths in groups:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "profile.json")
+            cmd = [sys.executable, os.path.abspath(__file__), "--ops", *args.ops, "--paths",
+                   *paths, "--dtypes", *args.dtypes, "--iters", str(args.iters), "--top",
+                   str(args.top), "--json", out] + (["--dry-run"] if args.dry_run else [])
+            proc = subprocess.run(cmd)
+            if os.path.exists(out):
+                with open(out) as f:
+                    results += json.load(f)
+            else:
+                results.append(dict(title=f"{' '.join(args.ops)} {' '.join(paths)}",
+                                    error=f"profiling process exited with {proc.returncode}"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return results
+
+
 def main(argv=None):
     from fla_contract import OPS
     families = sorted({s.family for s in OPS.values()} - {"attention"})
@@ -143,6 +168,12 @@ def main(argv=None):
     p.add_argument("--dry-run", action="store_true",
                    help="CPU, tiny shape, interpreted kernels: checks the calls and the parsing")
     args = p.parse_args(argv)
+    groups = [g for g in ([x for x in args.paths if x in TORCH_PATHS],
+                          [x for x in args.paths if x in JAX_PATHS]) if g]
+    if len(groups) > 1:
+        # one process per framework: CUPTI takes one subscriber per process, so jax.profiler
+        # records nothing on the GPU after torch.profiler ran in the same process
+        return _per_framework(args, groups)
     device = "cpu" if args.dry_run else "cuda"
     if args.dry_run:   # before triton / jax are imported
         os.environ.setdefault("TRITON_INTERPRET", "1")
