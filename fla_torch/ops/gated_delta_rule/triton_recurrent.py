@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.kernel_alloc import alloc
 from ..common.triton_seq_layout import seq_offsets
 
 L2_EPS = 1e-6
@@ -206,11 +207,10 @@ class FusedRecurrentGatedDeltaRule(torch.autograd.Function):
         q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
         g = g.contiguous() if g is not None else None
         needs_grad = any(ctx.needs_input_grad[:6])
-        o = torch.full((B, T, HV, V), float("nan"), dtype=q.dtype, device=q.device)
-        ht = (torch.full((N, HV, K, V), float("nan"), dtype=torch.float32, device=q.device)
-              if output_final_state else None)
-        w_buf = (torch.full((B, T, HV, V), float("nan"), dtype=torch.float32, device=q.device)
-                 if needs_grad else None)
+        # every element is written by the kernel (NaN-filled off the GPU: kernel_alloc)
+        o = alloc((B, T, HV, V), q.dtype, q.device)
+        ht = alloc((N, HV, K, V), torch.float32, q.device) if output_final_state else None
+        w_buf = alloc((B, T, HV, V), torch.float32, q.device) if needs_grad else None
         _fwd_kernel[(NV, N * HV)](
             q, k, v, g if g is not None else beta, beta, h0 if h0 is not None else o, o,
             ht if ht is not None else o, w_buf if w_buf is not None else o, offsets, scale,
@@ -231,15 +231,15 @@ class FusedRecurrentGatedDeltaRule(torch.autograd.Function):
         BK, BV, NV = _blocks(K, V)
         dev = q.device
         do = do.contiguous()
-        nan = float("nan")
-        dk_part = torch.full((NV, B, T, HV, K), nan, dtype=torch.float32, device=dev)
-        dq_part = torch.full((NV, B, T, HV, K), nan, dtype=torch.float32, device=dev)
-        dbeta_part = torch.full((NV, B, T, HV), nan, dtype=torch.float32, device=dev)
-        gate_part = (torch.full((NV, B, T, HV), nan, dtype=torch.float32, device=dev)
+        f32 = torch.float32
+        dk_part = alloc((NV, B, T, HV, K), f32, dev)
+        dq_part = alloc((NV, B, T, HV, K), f32, dev)
+        dbeta_part = alloc((NV, B, T, HV), f32, dev)
+        gate_part = (alloc((NV, B, T, HV), f32, dev)
                      if g is not None else None)
-        du_buf = torch.full((B, T, HV, V), nan, dtype=torch.float32, device=dev)
-        dv = torch.full((B, T, HV, V), nan, dtype=torch.float32, device=dev)
-        dh0 = torch.full((N, HV, K, V), nan, dtype=torch.float32, device=dev) \
+        du_buf = alloc((B, T, HV, V), f32, dev)
+        dv = alloc((B, T, HV, V), f32, dev)
+        dh0 = alloc((N, HV, K, V), f32, dev) \
             if h0 is not None else None
         if dht is not None:
             dht = dht.contiguous()
