@@ -7,6 +7,7 @@ calls `validate_op(spec, ...)`. Errors name the argument, what was given and wha
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Mapping, Optional, Sequence
 
 from .layout_hint import head_first_hint
@@ -194,10 +195,34 @@ def _validate(spec: OpSpec, impl: str, allowed: Sequence[str], given: Mapping[st
             _check_arg(op, a, given[a.name], sizes, dtype, why if "N" in a.shape else "")
     s = sizes
     return Dims(s.get("B"), s.get("T"), s.get("H"), s.get("HV"), s.get("K"), s.get("V"), s["N"],
-                dtype, dict(sizes))
+                dtype, MappingProxyType(dict(sizes)))   # read-only: validate_op reuses it
+
+
+# Successful validations by call signature (spec, impl, allowed dtypes, every argument's name,
+# shape and dtype, cu_seqlens' shape and dtype): a repeated call (a decode loop, a training
+# step) skips the checks. A failing call is never stored, so its error is raised every time.
+_VALIDATED: dict = {}
+_VALIDATED_MAX = 4096
 
 
 def validate_op(spec: OpSpec, impl: str, allowed: Sequence[str],
+                tensors: Mapping[str, Optional[TensorInfo]],
+                cu_seqlens: Optional[TensorInfo] = None) -> Dims:
+    """Check every tensor argument of `spec` (tensors: public name -> TensorInfo or None);
+    return the call's sizes (see `_validate_op`; the result of a signature already validated
+    is reused)."""
+    key = (id(spec), impl, tuple(allowed), tuple(tensors.items()), cu_seqlens)
+    hit = _VALIDATED.get(key)
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    dims = _validate_op(spec, impl, allowed, tensors, cu_seqlens)
+    if len(_VALIDATED) >= _VALIDATED_MAX:
+        _VALIDATED.clear()
+    _VALIDATED[key] = (spec, dims)
+    return dims
+
+
+def _validate_op(spec: OpSpec, impl: str, allowed: Sequence[str],
                 tensors: Mapping[str, Optional[TensorInfo]],
                 cu_seqlens: Optional[TensorInfo] = None) -> Dims:
     """Check every tensor argument of `spec` (tensors: public name -> TensorInfo or None);

@@ -340,3 +340,26 @@ def test_a_new_op_is_one_spec_entry():
                     cu)
     with pytest.raises(TypeError, match="beta is None; expected beta"):
         validate_op(spec, "chunked", ("fp32",), info | {"beta": None}, cu)
+
+
+def test_validation_reused_only_for_a_validated_signature():
+    """validate_op keeps the Dims of a call signature it passed (read-only sizes) and reuses
+    them; a failing signature is checked again on every call; another shape is validated
+    afresh."""
+    from fla_contract import OPS, validate_op
+    from fla_contract.validate import TensorInfo
+    spec = OPS["chunk_simple_gla"]
+
+    def call(dtype_k="bf16", T=8):
+        t = {"q": TensorInfo("q", (1, T, 2, 4), "bf16"), "k": TensorInfo("k", (1, T, 2, 4), dtype_k),
+             "v": TensorInfo("v", (1, T, 2, 4), "bf16")}
+        return validate_op(spec, "triton", ("bf16", "fp16", "fp32"), t)
+
+    first = call()
+    assert call() is first and first.T == 8
+    with pytest.raises(TypeError):
+        first.sizes["T"] = 9
+    assert call(T=16).T == 16 and call() is first
+    for _ in range(2):
+        with pytest.raises(TypeError, match="k differs"):
+            call(dtype_k="fp16")
