@@ -7,14 +7,45 @@ both: `offsets` [N+1] int32 token offsets, and for chunked kernels `chunk_table`
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
 def seq_offsets(B: int, T: int, cu_seqlens, device) -> torch.Tensor:
-    """[N+1] int32 token offsets into the flattened B*T axis."""
+    """[N+1] int32 token offsets into the flattened B*T axis (the kernels only read it; without
+    cu_seqlens one tensor per (B, T, device) is made once and reused)."""
     if cu_seqlens is None:
-        return torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=device)
+        device = torch.device(device)
+        if _capturing(device):
+            return _make_offsets(B, T, device)
+        return _batch_offsets(B, T, device)
     return cu_seqlens.to(device=device, dtype=torch.int32)
+
+
+def _capturing(device: torch.device) -> bool:
+    """A CUDA graph is being captured: what is made now lives in the graph's memory pool, so it
+    is not kept for later calls."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _make_offsets(B: int, T: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=device)
+
+
+_batch_offsets = functools.lru_cache(maxsize=256)(_make_offsets)
+
+
+def _make_chunk_tables(B: int, T: int, chunk: int, device: torch.device):
+    nt = -(-T // chunk)
+    n = torch.arange(B, dtype=torch.int32).repeat_interleave(nt)
+    i = torch.arange(nt, dtype=torch.int32).repeat(B)
+    offs = torch.arange(0, (B + 1) * nt, nt, dtype=torch.int32)
+    table = torch.stack([n, i], dim=1).contiguous().to(device)
+    return table, offs.to(device), int(table.shape[0])
+
+
+_batch_chunk_tables = functools.lru_cache(maxsize=256)(_make_chunk_tables)
 
 
 def chunk_tables(B: int, T: int, cu_seqlens, chunk: int, device):
@@ -22,12 +53,14 @@ def chunk_tables(B: int, T: int, cu_seqlens, chunk: int, device):
 
     chunk_table[c] = (n, i): global chunk c is the i-th chunk of sequence n. Needs the
     sequence lengths on the host when cu_seqlens is given (one device sync), as FLA does.
+    Without cu_seqlens the tables of a (B, T, chunk, device) are made once and reused (the
+    kernels only read them): no host-to-device copy per call.
     """
     if cu_seqlens is None:
-        nt = -(-T // chunk)
-        n = torch.arange(B, dtype=torch.int32).repeat_interleave(nt)
-        i = torch.arange(nt, dtype=torch.int32).repeat(B)
-        offs = torch.arange(0, (B + 1) * nt, nt, dtype=torch.int32)
+        device = torch.device(device)
+        if _capturing(device):
+            return _make_chunk_tables(B, T, chunk, device)
+        return _batch_chunk_tables(B, T, chunk, device)
     else:
         lens = (cu_seqlens[1:] - cu_seqlens[:-1]).detach().cpu().long()
         counts = (lens + chunk - 1) // chunk
