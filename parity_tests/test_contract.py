@@ -351,7 +351,8 @@ def test_validation_reused_only_for_a_validated_signature():
     spec = OPS["chunk_simple_gla"]
 
     def call(dtype_k="bf16", T=8):
-        t = {"q": TensorInfo("q", (1, T, 2, 4), "bf16"), "k": TensorInfo("k", (1, T, 2, 4), dtype_k),
+        t = {"q": TensorInfo("q", (1, T, 2, 4), "bf16"),
+             "k": TensorInfo("k", (1, T, 2, 4), dtype_k),
              "v": TensorInfo("v", (1, T, 2, 4), "bf16")}
         return validate_op(spec, "triton", ("bf16", "fp16", "fp32"), t)
 

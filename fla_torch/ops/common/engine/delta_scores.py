@@ -5,8 +5,9 @@
 b the in-chunk cumsum of the per-key log-decay, split in fp32 hi + lo (gates.chunk_cumsum).
 One program per (chunk slot, head, sub-chunk) writes its BC rows of Aqk and Ak (fp32, slot
 layout [slots * BT, H, BT], zero above the diagonal; Ak's diagonal is zero too) and of
-qg = q exp(b), kb = k exp(b) ([B, T, H, K], the input dtype). The two matrices share every decay factor: for the rows of
-sub-chunk I (BC rows, f its first row) the columns of earlier sub-chunks go through one
+qg = q exp(b), kb = k exp(b) ([B, T, H, K], the input dtype). The two matrices share every
+decay factor: for the rows of sub-chunk I (BC rows, f its first row) the columns of earlier
+sub-chunks go through one
 16-bit tensor-core dot each, with (q_i | k_i) exp(b_i - b_f) and k_j exp(b_f - b_j) (every
 exponent <= 0); the diagonal sub-block goes through f too when the decay across the sub-chunk
 stays under gates.SPAN (fp32-accurate dots of exact fp32 factors, see scores.py), else exact
