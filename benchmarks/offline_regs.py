@@ -18,7 +18,7 @@ import os
 import re
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 BF16, I32, I64 = "bf16", "i32", "i64"
 SCALARS = {"T": I32, "N": I32, "n_steps": I32, "scale": "fp32"}
@@ -26,14 +26,13 @@ SCALARS = {"T": I32, "N": I32, "n_steps": I32, "scale": "fp32"}
 
 @dataclass
 class Preset:
-    """One kernel at the op wrapper's launch: pointer dtypes not listed are fp32."""
+    """One kernel at the op wrapper's launch (its key block is the constexpr BK): pointer dtypes
+    not listed are fp32."""
     kernel: object
     ptrs: dict
     consts: dict
     warps: int
     stages: int = 1
-    bk_name: str = "BK"
-    extra: dict = field(default_factory=dict)
 
 
 def presets() -> dict:
@@ -85,7 +84,7 @@ def resources(preset: Preset, warps: int | None = None, bk: int | None = None) -
                            "kernels are interpreted under it and cannot be compiled)")
     consts = dict(preset.consts)
     if bk is not None:
-        consts[preset.bk_name] = bk
+        consts["BK"] = bk
     fn = preset.kernel
     sig = {a: "constexpr" if a in consts else SCALARS.get(a) or "*" + preset.ptrs.get(a, "fp32")
            for a in fn.arg_names}
@@ -122,7 +121,7 @@ def main(argv=None):
             for bk in args.bk:
                 r = resources(table[name], warps, bk)
                 w = warps or table[name].warps
-                b = bk or table[name].consts[table[name].bk_name]
+                b = bk or table[name].consts["BK"]
                 flag = "  <- spills" if r["stack"] else ""
                 print(f"{name:22s} warps {w} BK {b:3d}: {r['regs']:3d} registers, stack "
                       f"{r['stack']:5d} B, shared {r['shared']:6d} B{flag}", flush=True)

@@ -61,14 +61,13 @@ def chunk_tables(B: int, T: int, cu_seqlens, chunk: int, device):
         if _capturing(device):
             return _make_chunk_tables(B, T, chunk, device)
         return _batch_chunk_tables(B, T, chunk, device)
-    else:
-        lens = (cu_seqlens[1:] - cu_seqlens[:-1]).detach().cpu().long()
-        counts = (lens + chunk - 1) // chunk
-        n = torch.arange(len(lens), dtype=torch.int32).repeat_interleave(counts)
-        starts = torch.cumsum(counts, 0) - counts
-        i = (torch.arange(int(counts.sum()), dtype=torch.int64)
-             - starts.repeat_interleave(counts)).to(torch.int32)
-        offs = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)]).to(
-            torch.int32)
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).detach().cpu().long()
+    counts = (lens + chunk - 1) // chunk
+    n = torch.arange(len(lens), dtype=torch.int32).repeat_interleave(counts)
+    starts = torch.cumsum(counts, 0) - counts
+    i = (torch.arange(int(counts.sum()), dtype=torch.int64)
+         - starts.repeat_interleave(counts)).to(torch.int32)
+    offs = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)]).to(
+        torch.int32)
     table = torch.stack([n, i], dim=1).contiguous().to(device)
     return table, offs.to(device), int(table.shape[0])

@@ -41,6 +41,21 @@ def _row(x, t, i_h, eos, o_k, m_k, H: tl.constexpr, K: tl.constexpr):
 
 
 @triton.jit
+def _sub_tiles(q, k, ch, cl, t_I, m_I, srow, i_h, o_k, m_k, H: tl.constexpr, K: tl.constexpr,
+               BC: tl.constexpr):
+    """One K block of sub-chunk rows t_I (slot row srow onward): (offsets p_I, mask m_Ik, q and
+    k in their dtype [BC, BK], the split cumsum hi, lo [BC, BK] and at the sub-chunk's first
+    row f_hi, f_lo [BK])."""
+    m_Ik = m_I[:, None] & m_k[None, :]
+    p_I = (t_I[:, None] * H + i_h) * K + o_k[None, :]
+    q_I = tl.load(q + p_I, mask=m_Ik, other=0.)
+    k_I = tl.load(k + p_I, mask=m_Ik, other=0.)
+    hi_I, lo_I = load_cum(ch, cl, srow + tl.arange(0, BC), i_h, o_k, m_k, H, K, 2, BC)
+    f_hi, f_lo = load_cum_row(ch, cl, srow, i_h, o_k, m_k, H, K, 2)
+    return p_I, m_Ik, q_I, k_I, hi_I, lo_I, f_hi, f_lo
+
+
+@triton.jit
 def _store_off(A, base, i_h, i0, off, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
     """Rows i0 .. i0 + BC of A outside their diagonal block: off [BC, BT] left of it, zeros
     right of it."""
@@ -84,16 +99,11 @@ def _delta_scores_kernel(q, k, ch, cl, Aqk, Ak, qg, kb, qgr, e0, cu_seqlens, T, 
     t_j = c0 + o_t
     aq = tl.zeros([BC, BT], dtype=tl.float32)
     ak = tl.zeros([BC, BT], dtype=tl.float32)
-    dq = tl.zeros([BC, BC], dtype=tl.float32)
-    dk = tl.zeros([BC, BC], dtype=tl.float32)
     for kb_i in range(tl.cdiv(K, BK)):
         o_k = kb_i * BK + tl.arange(0, BK)
         m_k = o_k < K
-        m_Ik = m_I[:, None] & m_k[None, :]
-        p_I = (t_I[:, None] * H + i_h) * K + o_k[None, :]
-        q_I = tl.load(q + p_I, mask=m_Ik, other=0.)
-        k_I = tl.load(k + p_I, mask=m_Ik, other=0.)
-        hi_I, lo_I = load_cum(ch, cl, base + i0 + o_c, i_h, o_k, m_k, H, K, 2, BC)
+        p_I, m_Ik, q_I, k_I, hi_I, lo_I, f_hi, f_lo = _sub_tiles(
+            q, k, ch, cl, t_I, m_I, base + i0, i_h, o_k, m_k, H, K, BC)
         e_b = tl.exp(hi_I + lo_I)
         tl.store(qg + p_I, (q_I * e_b).to(dt), mask=m_Ik)
         if REL:
@@ -107,7 +117,6 @@ def _delta_scores_kernel(q, k, ch, cl, Aqk, Ak, qg, kb, qgr, e0, cu_seqlens, T, 
                          mask=m_k)
         else:
             tl.store(kb + p_I, (k_I * e_b).to(dt), mask=m_Ik)
-        f_hi, f_lo = load_cum_row(ch, cl, base + i0, i_h, o_k, m_k, H, K, 2)
         d_f = tl.exp(gap(hi_I, lo_I, f_hi[None, :], f_lo[None, :]))     # exponents <= 0
         if i_s > 0:
             # earlier sub-chunks: one 16-bit dot each, through the sub-chunk's first row f
@@ -130,12 +139,10 @@ def _delta_scores_kernel(q, k, ch, cl, Aqk, Ak, qg, kb, qgr, e0, cu_seqlens, T, 
     for kb_i in range(tl.cdiv(K, BK)):
         o_k = kb_i * BK + tl.arange(0, BK)
         m_k = o_k < K
-        m_Ik = m_I[:, None] & m_k[None, :]
-        p_I = (t_I[:, None] * H + i_h) * K + o_k[None, :]
-        q_I = tl.load(q + p_I, mask=m_Ik, other=0.).to(tl.float32)
-        k_I = tl.load(k + p_I, mask=m_Ik, other=0.).to(tl.float32)
-        hi_I, lo_I = load_cum(ch, cl, base + i0 + o_c, i_h, o_k, m_k, H, K, 2, BC)
-        f_hi, f_lo = load_cum_row(ch, cl, base + i0, i_h, o_k, m_k, H, K, 2)
+        _, _, q_I, k_I, hi_I, lo_I, f_hi, f_lo = _sub_tiles(
+            q, k, ch, cl, t_I, m_I, base + i0, i_h, o_k, m_k, H, K, BC)
+        q_I = q_I.to(tl.float32)
+        k_I = k_I.to(tl.float32)
         e_f = gap(hi_I, lo_I, f_hi[None, :], f_lo[None, :])     # <= 0
         d_f = tl.exp(e_f)
         if tl.max(-e_f) < SPAN:

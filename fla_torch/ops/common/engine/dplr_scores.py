@@ -74,6 +74,16 @@ def _tk(tok, i_s, rows, m_r, BT: tl.constexpr):
 
 
 @triton.jit
+def _sub_rows(tok, i_s, i0, BT: tl.constexpr, BC: tl.constexpr):
+    """Slot rows i0 .. i0 + BC of slot i_s: (rows, m_r: rows in the chunk, m_a: rows + 1 in the
+    chunk (the shifted A_ab / A_ak rows), t_I: their tokens, t_Ia: the tokens of rows + 1)."""
+    rows = i0 + tl.arange(0, BC)
+    m_r = rows < BT
+    m_a = rows + 1 < BT
+    return rows, m_r, m_a, _tk(tok, i_s, rows, m_r, BT), _tk(tok, i_s, rows + 1, m_a, BT)
+
+
+@triton.jit
 def _ldx(x, t, i_h, o_k, m_k, H: tl.constexpr, K: tl.constexpr):
     """fp32 tile [len(t), BK] of x [B, T, H, K] at flat tokens t (0 where t < 0)."""
     return tl.load(x + (t * H + i_h)[:, None] * K + o_k[None, :],
@@ -153,11 +163,7 @@ def _dplr_scores_fwd(r, k, a, b, tok, gbuf, Aab, Aak, Arb, Ark,
     t_all = _tk(tok, i_s, o_t, m_t, BT)
     NK: tl.constexpr = (K + BK - 1) // BK
     i0 = I * BC
-    rows = i0 + o_c
-    m_r = rows < BT
-    m_a = rows + 1 < BT
-    t_I = _tk(tok, i_s, rows, m_r, BT)
-    t_Ia = _tk(tok, i_s, rows + 1, m_a, BT)
+    rows, m_r, m_a, t_I, t_Ia = _sub_rows(tok, i_s, i0, BT, BC)
     p_r = (base * BT + rows)[:, None] * BT
     p_a = p_r + BT          # the shifted rows m + 1
     off = (o_t[None, :] < i0) | (o_t[None, :] >= i0 + BC)
@@ -252,11 +258,6 @@ BT = 64
 LAUNCH = dict(BK=16, num_warps=4)
 
 
-def _bk(K, cap):
-    """Key block of the scores kernels: at most cap."""
-    return min(block(K), cap)
-
-
 def scores_fwd(r, k, a, b, w, tok):
     """r, k, a, b, w [B, T, H, K] (token layout, contiguous; r, k in one dtype, a, b, w fp32),
     tok [S * BT] int64: the flat token of every slot row, -1 on pad rows. Returns (A_ab, A_ak,
@@ -274,6 +275,6 @@ def scores_fwd(r, k, a, b, w, tok):
                                                    *vecs, tot, H=H, K=K, BT=BT, BK=BKV,
                                                    num_warps=4)
     _dplr_scores_fwd[(S, H, BT // BC)](r, k, a, b, tok, gbuf, *mats, H=H, K=K, BT=BT, BC=BC,
-                                       BK=_bk(K, LAUNCH["BK"]), PREC=fp32_dot_precision(),
+                                       BK=min(block(K), LAUNCH["BK"]), PREC=fp32_dot_precision(),
                                        num_warps=LAUNCH["num_warps"], num_stages=1)
     return (*mats, *vecs, tot)

@@ -22,7 +22,7 @@ import triton.language as tl
 from ..kernel_alloc import alloc
 from ..triton_scalar_gate import block, fp32_dot_precision
 from .dplr_scores import (BC, BT, _cumsum_pass, _diag, _ex, _ld, _ld_cg, _ldA, _ldx, _ldx_row,
-                          _st, _stx, _tk)
+                          _st, _stx, _sub_rows, _tk)
 from .gates import SPAN
 
 # key block and warps of both kernels (a tuning script may override entries). H100 bf16
@@ -53,11 +53,7 @@ def _dplr_scores_bwd_row(r, k, a, b, w, tok, gbuf, pm, dAab, dAak, dArb, dArk, d
         tl.debug_barrier()
         for I in range(BT // BC):
             i0 = I * BC
-            rows = i0 + o_c
-            m_r = rows < BT
-            m_a = rows + 1 < BT
-            t_I = _tk(tok, i_s, rows, m_r, BT)
-            t_Ia = _tk(tok, i_s, rows + 1, m_a, BT)
+            rows, m_r, m_a, t_I, t_Ia = _sub_rows(tok, i_s, i0, BT, BC)
             G_I = _ld_cg(gbuf, base, rows, m_r, o_k, m_k, K, BT)
             g_r = tl.zeros([BC, BK], dtype=tl.float32)
             g_a = tl.zeros([BC, BK], dtype=tl.float32)
@@ -143,11 +139,7 @@ def _dplr_scores_bwd_col(r, k, a, b, tok, gbuf, pm, dAab, dAak, dArb, dArk, dbou
         L = tl.load(gbuf + (base * BT + BT - 1) * K + o_k, mask=m_k, other=0.)
         for I in range(BT // BC):
             i0 = I * BC
-            rows = i0 + o_c
-            m_r = rows < BT
-            m_a = rows + 1 < BT
-            t_I = _tk(tok, i_s, rows, m_r, BT)
-            t_Ia = _tk(tok, i_s, rows + 1, m_a, BT)
+            rows, m_r, m_a, t_I, t_Ia = _sub_rows(tok, i_s, i0, BT, BC)
             G_I = _ld(gbuf, base, rows, m_r, o_k, m_k, K, BT)
             g_b = tl.zeros([BC, BK], dtype=tl.float32)
             g_k = tl.zeros([BC, BK], dtype=tl.float32)
