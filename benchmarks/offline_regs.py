@@ -57,7 +57,7 @@ def presets() -> dict:
         "cumsum_key": Preset(
             gates._cumsum_kernel, dict(k=BF16, kg=BF16, **seq),
             dict(H=16, K=128, GK=128, BT=64, BK=32, GATE=2, IS_VARLEN=False), 4),
-        # RWKV-7 (K = V = 64): the DPLR scores forward (two kernels) and backward (two)
+        # RWKV-7 (K = V = 64): the DPLR scores forward (two kernels) and backward (three)
         "dplr_vectors_fwd": Preset(dplr_scores._dplr_vectors_fwd, dplr_ptrs,
                                    dict(H=16, K=64, BT=64, BK=16), 4),
         "dplr_scores_fwd": Preset(
@@ -69,6 +69,9 @@ def presets() -> dict:
         "dplr_scores_bwd_col": Preset(
             dplr_scores_bwd._dplr_scores_bwd_col, dict(dplr_ptrs, dk=BF16),
             dict(H=16, K=64, BT=64, BC=16, BK=dpb["BK"], PREC="tf32x3"), dpb["num_warps"]),
+        "dplr_scores_bwd_dw": Preset(
+            dplr_scores_bwd._dplr_scores_bwd_dw, dict(dplr_ptrs, dw=BF16),
+            dict(H=16, K=64, BT=64, BK=dpb["BK_dw"]), 4),
     }
 
 

@@ -14,7 +14,7 @@ Forward:
     layout in r's dtype.
 Backward: output_bwd, state_bwd (sequential), dplr_tail.tail_bwd (the state pass's chunk
 products and the WY backward; dv to the token layout), scores_bwd (dr, dk, da, db, dw to the
-token layout). No input is copied: every kernel reads r, k, v, w, a, b in the token layout.
+token layout; it reads the forward's fp64 in-chunk cumsum, kept). No input is copied: every kernel reads r, k, v, w, a, b in the token layout.
 Every dot on fp32 operands is fp32-accurate (tf32x3) unless allow_tf32() is active.
 """
 from __future__ import annotations
@@ -63,20 +63,20 @@ class _DplrChunk(torch.autograd.Function):
         varlen = cu_seqlens is not None
         tok = torch.full((S * BT,), -1, dtype=torch.int64, device=r.device)
         tok[row] = torch.arange(B * T, device=r.device)
-        A_ab, A_ak, A_rb, A_rk, r_in, a_in, b_out, k_out, tot = scores_fwd(r, k, a, b, w, tok)
+        A_ab, A_ak, A_rb, A_rk, r_in, a_in, b_out, k_out, tot, G = scores_fwd(r, k, a, b, w, tok)
         Tm, u, wy = wy_fwd(A_ab, A_ak, v, tok, a_in)
         U, S_in, ht = state_fwd(u, wy, b_out, k_out, v, tok, tot, h0, first, count,
                                 output_final_state, varlen)
         o = output_fwd(r_in, S_in, A_rb, U, A_rk, v, tok, scale, B, T, r.dtype)
         ctx.save_for_backward(r, k, v, w, a, b, tok, first, count, A_ak, A_rb, A_rk, r_in,
-                              b_out, k_out, tot, Tm, u, wy, U, S_in)
+                              b_out, k_out, tot, Tm, u, wy, U, S_in, G)
         ctx.scale, ctx.varlen, ctx.has_h0 = scale, varlen, h0 is not None
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
         (r, k, v, w, a, b, tok, first, count, A_ak, A_rb, A_rk, r_in, b_out, k_out, tot,
-         Tm, u, wy, U, S_in) = ctx.saved_tensors
+         Tm, u, wy, U, S_in, G) = ctx.saved_tensors
         dr_in, dS_in, dA_rb, dU, dA_rk, dv_o = output_bwd(r_in, S_in, A_rb, U, A_rk, v, tok,
                                                           ctx.scale, do.contiguous())
         du, dh, dh0 = state_bwd(wy, b_out, tot, dU, dS_in,
@@ -84,8 +84,9 @@ class _DplrChunk(torch.autograd.Function):
                                 ctx.has_h0, ctx.varlen)
         dA_ab, dA_ak, da_in, db_out, dk_out, dtot, dv = tail_bwd(Tm, A_ak, u, wy, U, S_in, v,
                                                                 k_out, du, dh, dv_o, tok)
-        dr, dk, da, db, dw = scores_bwd(r, k, a, b, w, tok, [dA_ab, dA_ak, dA_rb, dA_rk, dr_in,
-                                                              da_in, db_out, dk_out, dtot])
+        dr, dk, da, db, dw = scores_bwd(r, k, a, b, w, tok, G, [dA_ab, dA_ak, dA_rb, dA_rk,
+                                                                 dr_in, da_in, db_out, dk_out,
+                                                                 dtot])
         return dr, dk, dv, dw, da, db, dh0, None, None, None
 
 
