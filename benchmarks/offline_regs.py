@@ -33,6 +33,7 @@ class Preset:
     consts: dict
     warps: int
     stages: int = 1
+    maxnreg: int | None = None
 
 
 def presets() -> dict:
@@ -62,13 +63,16 @@ def presets() -> dict:
                                    dict(H=16, K=64, BT=64, BK=16), 4),
         "dplr_scores_fwd": Preset(
             dplr_scores._dplr_scores_fwd, dplr_ptrs,
-            dict(H=16, K=64, BT=64, BC=16, BK=dp["BK"], PREC="tf32x3"), dp["num_warps"]),
+            dict(H=16, K=64, BT=64, BC=16, BK=dp["BK"], PREC="tf32x3"), dp["num_warps"],
+            maxnreg=dp["maxnreg"]),
         "dplr_scores_bwd_row": Preset(
             dplr_scores_bwd._dplr_scores_bwd_row, dict(dplr_ptrs, dr=BF16),
-            dict(H=16, K=64, BT=64, BC=16, BK=dpb["BK"], PREC="tf32x3"), dpb["num_warps"]),
+            dict(H=16, K=64, BT=64, BC=16, BK=dpb["BK"], PREC="tf32x3"), dpb["num_warps"],
+            maxnreg=dpb["maxnreg_row"]),
         "dplr_scores_bwd_col": Preset(
             dplr_scores_bwd._dplr_scores_bwd_col, dict(dplr_ptrs, dk=BF16),
-            dict(H=16, K=64, BT=64, BC=16, BK=dpb["BK"], PREC="tf32x3"), dpb["num_warps"]),
+            dict(H=16, K=64, BT=64, BC=16, BK=dpb["BK"], PREC="tf32x3"), dpb["num_warps"],
+            maxnreg=dpb["maxnreg_col"]),
         "dplr_scores_bwd_dw": Preset(
             dplr_scores_bwd._dplr_scores_bwd_dw, dict(dplr_ptrs, dw=BF16),
             dict(H=16, K=64, BT=64, BK=dpb["BK_dw"]), 4),
@@ -93,7 +97,7 @@ def resources(preset: Preset, warps: int | None = None, bk: int | None = None) -
            for a in fn.arg_names}
     compiled = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=warps or preset.warps,
-                                           num_stages=preset.stages))
+                                           num_stages=preset.stages, maxnreg=preset.maxnreg))
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
                         "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:

@@ -106,6 +106,11 @@ def _dplr_out_bwd(r_in, S_in, A_rb, U, A_rk, v, tok, do, scale, dr_in, dS_in, dA
         tl.store(dr_in + rows[:, None] * K + o_k[None, :], g_r, mask=m_k[None, :])
 
 
+# warps of the forward / backward kernels: H100 bf16 RWKV-7 K64 (session 9 call 3), 8 -> 4:
+# fwd -0.13 ms, bwd -0.26 ms
+LAUNCH = dict(fwd_warps=4, bwd_warps=4)
+
+
 def _tiles(K, V):
     return min(block(K), 64), min(block(V), 64)
 
@@ -119,7 +124,7 @@ def output_fwd(r_in, S_in, A_rb, U, A_rk, v, tok, scale, B, T, dtype):
     o = alloc((B, T, H, V), dtype, v.device)
     _dplr_out_fwd[(S, H, triton.cdiv(V, BV))](
         r_in, S_in, A_rb, U, A_rk, v, tok, o, scale, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-        PREC=fp32_dot_precision(), num_warps=8, num_stages=1)
+        PREC=fp32_dot_precision(), num_warps=LAUNCH["fwd_warps"], num_stages=1)
     return o
 
 
@@ -131,6 +136,6 @@ def output_bwd(r_in, S_in, A_rb, U, A_rk, v, tok, scale, do):
     dev = v.device
     grads = [alloc(x.shape, torch.float32, dev) for x in (r_in, S_in, A_rb, U, A_rk, U)]
     _dplr_out_bwd[(S, H)](r_in, S_in, A_rb, U, A_rk, v, tok, do, scale, *grads, H=H, K=K, V=V,
-                        BT=BT, BK=BK, BV=BV, PREC=fp32_dot_precision(), num_warps=8,
-                        num_stages=1)
+                        BT=BT, BK=BK, BV=BV, PREC=fp32_dot_precision(),
+                        num_warps=LAUNCH["bwd_warps"], num_stages=1)
     return tuple(grads)

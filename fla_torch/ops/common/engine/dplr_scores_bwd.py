@@ -28,9 +28,12 @@ from .dplr_scores import (BC, BT, _diag, _ex, _ld, _ldA, _ldx, _ldx_row, _st, _s
 from .gates import SPAN
 
 # key block and warps of the row and column kernels, and the dw kernel's key block (a tuning
-# script may override entries). Per-chunk kernels before (H100 bf16 RWKV-7 B4 T4096 H16 K64,
-# fwd+bwd): 32 / 4 warps 8.05 ms, 64 / 8 8.07, 32 / 8 9.69, 16 / 4 11.6.
-LAUNCH = dict(BK=32, num_warps=4, BK_dw=32)
+# script may override entries). H100 bf16 RWKV-7 B4 T4096 H16 K64, fwd+bwd minus fwd (session 9
+# call 1): 64 / 4 warps 4.17 ms, 32 / 4 5.01, 16 / 2 5.37, 64 / 8 5.44, 16 / 4 7.47, 32 / 8
+# 7.69; the per-chunk kernels before: 4.84 (32 / 4) in the same call. maxnreg (None: the
+# compiler's choice) per kernel, call 3 at 64 / 4: row 168 -0.05 ms fwd+bwd (128: +0.13), col
+# 168 +0.03 (128: +0.24).
+LAUNCH = dict(BK=64, num_warps=4, BK_dw=32, maxnreg_row=168, maxnreg_col=None)
 
 
 @triton.jit
@@ -239,9 +242,9 @@ def scores_bwd(r, k, a, b, w, tok, gbuf, grads):
     kw = dict(H=H, K=K, BT=BT, BC=BC, BK=BK, PREC=fp32_dot_precision(),
               num_warps=LAUNCH["num_warps"], num_stages=1)
     _dplr_scores_bwd_row[grid](r, k, a, b, tok, gbuf, pm, dAab, dAak, dArb, dArk, drin, dain,
-                               dr, da, **kw)
+                               dr, da, maxnreg=LAUNCH["maxnreg_row"], **kw)
     _dplr_scores_bwd_col[grid](r, k, a, b, tok, gbuf, pm, dAab, dAak, dArb, dArk, dbout, dkout,
-                               db, dk, **kw)
+                               db, dk, maxnreg=LAUNCH["maxnreg_col"], **kw)
     BKW = min(block(K), LAUNCH["BK_dw"])
     _dplr_scores_bwd_dw[(S, H, triton.cdiv(K, BKW))](b, k, tok, gbuf, pm, dbout, dkout, dtot,
                                                      dw, H=H, K=K, BT=BT, BK=BKW, num_warps=4)
