@@ -1,14 +1,16 @@
 """The output of a DPLR chunk (Triton, chunk-parallel), forward and backward.
 
-Slot layout (dplr.py), fp32: r_in [S, H, BT, K], S_in [S, H, K, V], A_rb, A_rk [S, H, BT, BT],
-U [S, H, BT, V]; v [B, T, H, V] read from the token layout. Per chunk and head
+Slot layout (dplr.py): r_in [S, H, BT, K], S_in [S, H, K, V], U [S, H, BT, V] in
+dplr_scores.inter_dtype (bf16 for a bf16 op: its dots take bf16 operands), A_rb, A_rk
+[S, H, BT, BT] fp32; v [B, T, H, V] read from the token layout. Per chunk and head
     o = scale (r_in S_in + A_rb U + A_rk v)
 written straight to the token layout [B, T, H, V] in the output dtype: `tok` [S * BT] int64
 holds the flat token index (b * T + t) of every slot row, -1 on pad rows. Backward, with
 do' = scale do read from the token layout (pad rows 0):
     dr_in = do' S_in^T,  dS_in = r_in^T do',  dA_rb = do' U^T,  dU = A_rb^T do',
     dA_rk = do' v^T,  dv = A_rk^T do'.
-Every dot is fp32-accurate (tf32x3) unless allow_tf32() is active.
+Dots on fp32 intermediates are fp32-accurate (tf32x3) unless allow_tf32() is active; a bf16
+op's are bf16 dots accumulated in fp32 (do enters as read, the products are scaled after).
 """
 from __future__ import annotations
 
@@ -18,13 +20,13 @@ import triton.language as tl
 
 from ..kernel_alloc import alloc
 from ..triton_scalar_gate import block, fp32_dot_precision
-from .dplr_scores import _ldx
+from .dplr_scores import _dot, dot_dtype
 
 
 @triton.jit
 def _dplr_out_fwd(r_in, S_in, A_rb, U, A_rk, v, tok, o, scale, H: tl.constexpr, K: tl.constexpr,
                 V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                PREC: tl.constexpr):
+                PREC: tl.constexpr, DT: tl.constexpr):
     i_s, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     base = i_s.to(tl.int64) * H + i_h
     o_t = tl.arange(0, BT)
@@ -34,30 +36,32 @@ def _dplr_out_fwd(r_in, S_in, A_rb, U, A_rk, v, tok, o, scale, H: tl.constexpr, 
     p_a = rows[:, None] * BT + o_t[None, :]
     p_v = rows[:, None] * V + o_v[None, :]
     t = tl.load(tok + i_s.to(tl.int64) * BT + o_t)
-    acc = tl.dot(tl.load(A_rb + p_a), tl.load(U + p_v, mask=m_v[None, :], other=0.),
-                 input_precision=PREC)
-    acc += tl.dot(tl.load(A_rk + p_a), _ldx(v, t, i_h, o_v, m_v, H, V), input_precision=PREC)
+    acc = _dot(tl.load(A_rb + p_a), tl.load(U + p_v, mask=m_v[None, :], other=0.), DT, PREC)
+    acc += _dot(tl.load(A_rk + p_a), _ld_v(v, t, i_h, o_v, m_v, H, V), DT, PREC)
     for kb in range(tl.cdiv(K, BK)):
         o_k = kb * BK + tl.arange(0, BK)
         m_k = o_k < K
         b_r = tl.load(r_in + rows[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.)
         b_S = tl.load(S_in + (base * K + o_k)[:, None] * V + o_v[None, :],
                       mask=m_k[:, None] & m_v[None, :], other=0.)
-        acc += tl.dot(b_r, b_S, input_precision=PREC)
+        acc += _dot(b_r, b_S, DT, PREC)
     tl.store(o + (t * H + i_h)[:, None] * V + o_v[None, :], (acc * scale).to(o.dtype.element_ty),
              mask=(t >= 0)[:, None] & m_v[None, :])
 
 
 @triton.jit
-def _ld_do(do, t, i_h, o_v, m_v, scale, H: tl.constexpr, V: tl.constexpr):
-    return tl.load(do + (t * H + i_h)[:, None] * V + o_v[None, :],
-                   mask=(t >= 0)[:, None] & m_v[None, :], other=0.).to(tl.float32) * scale
+def _ld_v(x, t, i_h, o_v, m_v, H: tl.constexpr, V: tl.constexpr):
+    """Tile [len(t), BV] of x [B, T, H, V] (v or do) in its dtype at flat tokens t (0 where
+    t < 0)."""
+    return tl.load(x + (t * H + i_h)[:, None] * V + o_v[None, :],
+                   mask=(t >= 0)[:, None] & m_v[None, :], other=0.)
 
 
 @triton.jit
 def _dplr_out_bwd(r_in, S_in, A_rb, U, A_rk, v, tok, do, scale, dr_in, dS_in, dA_rb, dU, dA_rk,
                 dv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+                BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, DT: tl.constexpr):
+    # do enters every dot as read; the products are scaled afterwards
     i_s, i_h = tl.program_id(0), tl.program_id(1)
     base = i_s.to(tl.int64) * H + i_h
     o_t = tl.arange(0, BT)
@@ -70,27 +74,26 @@ def _dplr_out_bwd(r_in, S_in, A_rb, U, A_rk, v, tok, do, scale, dr_in, dS_in, dA
         o_v = vb * BV + tl.arange(0, BV)
         m_v = o_v < V
         p_v = rows[:, None] * V + o_v[None, :]
-        b_do = _ld_do(do, t, i_h, o_v, m_v, scale, H, V)
-        g_rb += tl.dot(b_do, tl.trans(tl.load(U + p_v, mask=m_v[None, :], other=0.)),
-                       input_precision=PREC)
-        g_rk += tl.dot(b_do, tl.trans(_ldx(v, t, i_h, o_v, m_v, H, V)), input_precision=PREC)
-    tl.store(dA_rb + p_a, g_rb)
-    tl.store(dA_rk + p_a, g_rk)
+        b_do = _ld_v(do, t, i_h, o_v, m_v, H, V)
+        g_rb += _dot(b_do, tl.trans(tl.load(U + p_v, mask=m_v[None, :], other=0.)), DT, PREC)
+        g_rk += _dot(b_do, tl.trans(_ld_v(v, t, i_h, o_v, m_v, H, V)), DT, PREC)
+    tl.store(dA_rb + p_a, g_rb * scale)
+    tl.store(dA_rk + p_a, g_rk * scale)
     for vb in range(tl.cdiv(V, BV)):
         o_v = vb * BV + tl.arange(0, BV)
         m_v = o_v < V
         p_v = rows[:, None] * V + o_v[None, :]
-        b_do = _ld_do(do, t, i_h, o_v, m_v, scale, H, V)
-        tl.store(dU + p_v, tl.dot(tl.trans(tl.load(A_rb + p_a)), b_do, input_precision=PREC),
+        b_do = _ld_v(do, t, i_h, o_v, m_v, H, V)
+        tl.store(dU + p_v, _dot(tl.trans(tl.load(A_rb + p_a)), b_do, DT, PREC) * scale,
                  mask=m_v[None, :])
-        tl.store(dv + p_v, tl.dot(tl.trans(tl.load(A_rk + p_a)), b_do, input_precision=PREC),
+        tl.store(dv + p_v, _dot(tl.trans(tl.load(A_rk + p_a)), b_do, DT, PREC) * scale,
                  mask=m_v[None, :])
         for kb in range(tl.cdiv(K, BK)):
             o_k = kb * BK + tl.arange(0, BK)
             m_k = o_k < K
             b_r = tl.load(r_in + rows[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.)
             tl.store(dS_in + (base * K + o_k)[:, None] * V + o_v[None, :],
-                     tl.dot(tl.trans(b_r), b_do, input_precision=PREC),
+                     _dot(tl.trans(b_r), b_do, DT, PREC) * scale,
                      mask=m_k[:, None] & m_v[None, :])
     for kb in range(tl.cdiv(K, BK)):
         o_k = kb * BK + tl.arange(0, BK)
@@ -99,11 +102,11 @@ def _dplr_out_bwd(r_in, S_in, A_rb, U, A_rk, v, tok, do, scale, dr_in, dS_in, dA
         for vb in range(tl.cdiv(V, BV)):
             o_v = vb * BV + tl.arange(0, BV)
             m_v = o_v < V
-            b_do = _ld_do(do, t, i_h, o_v, m_v, scale, H, V)
+            b_do = _ld_v(do, t, i_h, o_v, m_v, H, V)
             b_S = tl.load(S_in + (base * K + o_k)[:, None] * V + o_v[None, :],
                           mask=m_k[:, None] & m_v[None, :], other=0.)
-            g_r += tl.dot(b_do, tl.trans(b_S), input_precision=PREC)
-        tl.store(dr_in + rows[:, None] * K + o_k[None, :], g_r, mask=m_k[None, :])
+            g_r += _dot(b_do, tl.trans(b_S), DT, PREC)
+        tl.store(dr_in + rows[:, None] * K + o_k[None, :], g_r * scale, mask=m_k[None, :])
 
 
 # warps of the forward / backward kernels: H100 bf16 RWKV-7 K64 (session 9 call 3), 8 -> 4:
@@ -116,15 +119,16 @@ def _tiles(K, V):
 
 
 def output_fwd(r_in, S_in, A_rb, U, A_rk, v, tok, scale, B, T, dtype):
-    """Slot layout fp32 (contiguous) except v [B, T, H, V] (token layout) -> o [B, T, H, V] in
-    `dtype`."""
+    """Slot layout (contiguous; A_rb, A_rk fp32, r_in, S_in, U in dplr_scores.inter_dtype)
+    except v [B, T, H, V] (token layout) -> o [B, T, H, V] in `dtype`."""
     S, H, BT, K = r_in.shape
     V = v.shape[-1]
     BK, BV = _tiles(K, V)
     o = alloc((B, T, H, V), dtype, v.device)
     _dplr_out_fwd[(S, H, triton.cdiv(V, BV))](
         r_in, S_in, A_rb, U, A_rk, v, tok, o, scale, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-        PREC=fp32_dot_precision(), num_warps=LAUNCH["fwd_warps"], num_stages=1)
+        PREC=fp32_dot_precision(), DT=dot_dtype(r_in.dtype), num_warps=LAUNCH["fwd_warps"],
+        num_stages=1)
     return o
 
 
@@ -137,5 +141,5 @@ def output_bwd(r_in, S_in, A_rb, U, A_rk, v, tok, scale, do):
     grads = [alloc(x.shape, torch.float32, dev) for x in (r_in, S_in, A_rb, U, A_rk, U)]
     _dplr_out_bwd[(S, H)](r_in, S_in, A_rb, U, A_rk, v, tok, do, scale, *grads, H=H, K=K, V=V,
                         BT=BT, BK=BK, BV=BV, PREC=fp32_dot_precision(),
-                        num_warps=LAUNCH["bwd_warps"], num_stages=1)
+                        DT=dot_dtype(r_in.dtype), num_warps=LAUNCH["bwd_warps"], num_stages=1)
     return tuple(grads)

@@ -63,7 +63,7 @@ def _ld_cg(x, base, rows, m_r, o_k, m_k, K: tl.constexpr, BT: tl.constexpr):
 
 @triton.jit
 def _st(x, val, base, rows, m_r, o_k, m_k, K: tl.constexpr, BT: tl.constexpr):
-    tl.store(x + (base * BT + rows)[:, None] * K + o_k[None, :], val,
+    tl.store(x + (base * BT + rows)[:, None] * K + o_k[None, :], val.to(x.dtype.element_ty),
              mask=m_r[:, None] & m_k[None, :])
 
 
@@ -239,6 +239,29 @@ def _dplr_scores_fwd(r, k, a, b, tok, gbuf, Aab, Aak, Arb, Ark,
 
 
 @triton.jit
+def _dot(a, b, DT: tl.constexpr, PREC: tl.constexpr):
+    """a @ b accumulated in fp32 for the stages after the scores: DT fp32 -> an fp32 dot of
+    precision PREC; DT bf16 (a bf16 op: its intermediates are stored in bf16, as KDA's) -> both
+    operands in bf16, one native 16-bit tensor-core dot."""
+    if DT == tl.float32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
+    else:
+        return tl.dot(a.to(DT), b.to(DT))
+
+
+def inter_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Storage dtype of the DPLR pipeline's vectors, WY terms and states for inputs of
+    `dtype`: bf16 for bf16 (fp32's exponent range: no underflow), fp32 otherwise (fp16's
+    exp(G) turns subnormal under strong decays)."""
+    return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+
+
+def dot_dtype(dtype: torch.dtype):
+    """The constexpr DT of `_dot` for intermediates stored in `dtype`."""
+    return tl.bfloat16 if dtype == torch.bfloat16 else tl.float32
+
+
+@triton.jit
 def _ldA(A, base, rows, m_r, cols, m_c, BT: tl.constexpr):
     return tl.load(A + (base * BT + rows)[:, None] * BT + cols[None, :],
                    mask=m_r[:, None] & m_c[None, :], other=0.)
@@ -262,13 +285,14 @@ LAUNCH = dict(BK=16, num_warps=4, maxnreg=168)
 def scores_fwd(r, k, a, b, w, tok):
     """r, k, a, b, w [B, T, H, K] (token layout, contiguous; r, k in one dtype, a, b, w fp32),
     tok [S * BT] int64: the flat token of every slot row, -1 on pad rows. Returns (A_ab, A_ak,
-    A_rb, A_rk [S, H, BT, BT], r_in, a_in, b_out, k_out [S, H, BT, K], tot [S, H, K]), fp32 in
-    the slot layout, and the fp64 in-chunk cumsum G [S, H, BT, K] (the backward reads it)."""
+    A_rb, A_rk [S, H, BT, BT] fp32, r_in, a_in, b_out, k_out [S, H, BT, K] in
+    inter_dtype(r.dtype), tot [S, H, K] fp32) in the slot layout, and the fp64 in-chunk cumsum
+    G [S, H, BT, K] (the backward reads it)."""
     H, K = r.shape[2], r.shape[3]
     S = tok.shape[0] // BT
     dev = r.device
     mats = [alloc((S, H, BT, BT), torch.float32, dev) for _ in range(4)]
-    vecs = [alloc((S, H, BT, K), torch.float32, dev) for _ in range(4)]
+    vecs = [alloc((S, H, BT, K), inter_dtype(r.dtype), dev) for _ in range(4)]
     tot = alloc((S, H, K), torch.float32, dev)
     gbuf = alloc((S, H, BT, K), torch.float64, dev)
     BKV = min(block(K), 16)     # an fp64 cumsum tile [64, 32] holds 255 registers on sm_90

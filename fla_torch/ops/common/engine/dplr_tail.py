@@ -9,7 +9,8 @@ dv_o [BT, V]. One program per (slot, head) forms
     dR_u = T^T du,  dR_w = T^T dw,  da_in = dR_w,
     dA_ab = strict_lower(dR_u u^T + dR_w w^T),  dA_ak = dR_u v^T,
     dv = dv_o + k_out dh + A_ak^T dR_u      (written to the token layout in v's dtype)
-by fp32-accurate dots (tf32x3 unless allow_tf32()), in three phases with small live sets:
+by fp32-accurate dots (tf32x3 unless allow_tf32(); for a bf16 op the dots with its bf16
+intermediates u, w, U, S_in, k_out, v take bf16 operands), in three phases with small live sets:
 the products with dh; dR_w and dR_u (stored over du) with dA_ab; dA_ak and dv.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ import triton.language as tl
 
 from ..kernel_alloc import alloc
 from ..triton_scalar_gate import block, fp32_dot_precision
-from .dplr_scores import _ldx
+from .dplr_scores import _dot, _ldx, dot_dtype
 
 
 @triton.jit
@@ -39,7 +40,8 @@ def _kv(x, base, o_k, m_k, o_v, m_v, K: tl.constexpr, V: tl.constexpr):
 @triton.jit
 def _dplr_tail_bwd(Tm, Aak, u, w, U, S_in, v, kout, du, dh, dvo, tok, dAab, dAak, dain, dbout,
                  dkout, dtot, dv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                 DT: tl.constexpr):
     i_s, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
     base = i_s * H + i_h
     o_t = tl.arange(0, BT)
@@ -57,9 +59,10 @@ def _dplr_tail_bwd(Tm, Aak, u, w, U, S_in, v, kout, du, dh, dvo, tok, dAab, dAak
             o_v = vb * BV + tl.arange(0, BV)
             m_v = o_v < V
             b_dh = _kv(dh, base, o_k, m_k, o_v, m_v, K, V)
-            g_b += tl.dot(_rows(U, rows, o_v, m_v, V), tl.trans(b_dh), input_precision=PREC)
-            g_k += tl.dot(_ldx(v, t, i_h, o_v, m_v, H, V), tl.trans(b_dh), input_precision=PREC)
-            g_t += tl.sum(_kv(S_in, base, o_k, m_k, o_v, m_v, K, V) * b_dh, axis=1)
+            g_b += _dot(_rows(U, rows, o_v, m_v, V), tl.trans(b_dh), DT, PREC)
+            g_k += _dot(_ldx(v, t, i_h, o_v, m_v, H, V), tl.trans(b_dh), DT, PREC)
+            g_t += tl.sum(_kv(S_in, base, o_k, m_k, o_v, m_v, K, V).to(tl.float32) * b_dh,
+                          axis=1)
         tl.store(dbout + rows[:, None] * K + o_k[None, :], g_b, mask=m_k[None, :])
         tl.store(dkout + rows[:, None] * K + o_k[None, :], g_k, mask=m_k[None, :])
         tl.store(dtot + base * K + o_k, g_t, mask=m_k)
@@ -73,17 +76,16 @@ def _dplr_tail_bwd(Tm, Aak, u, w, U, S_in, v, kout, du, dh, dvo, tok, dAab, dAak
         for vb in range(tl.cdiv(V, BV)):
             o_v = vb * BV + tl.arange(0, BV)
             m_v = o_v < V
-            g_w += tl.dot(_rows(du, rows, o_v, m_v, V),
-                          tl.trans(_kv(S_in, base, o_k, m_k, o_v, m_v, K, V)),
-                          input_precision=PREC)
+            g_w += _dot(_rows(du, rows, o_v, m_v, V),
+                        tl.trans(_kv(S_in, base, o_k, m_k, o_v, m_v, K, V)), DT, PREC)
         dR_w = tl.dot(tT, g_w, input_precision=PREC)
         tl.store(dain + rows[:, None] * K + o_k[None, :], dR_w, mask=m_k[None, :])
-        g_ab += tl.dot(dR_w, tl.trans(_rows(w, rows, o_k, m_k, K)), input_precision=PREC)
+        g_ab += _dot(dR_w, tl.trans(_rows(w, rows, o_k, m_k, K)), DT, PREC)
     for vb in range(tl.cdiv(V, BV)):
         o_v = vb * BV + tl.arange(0, BV)
         m_v = o_v < V
         dR_u = tl.dot(tT, _rows(du, rows, o_v, m_v, V), input_precision=PREC)
-        g_ab += tl.dot(dR_u, tl.trans(_rows(u, rows, o_v, m_v, V)), input_precision=PREC)
+        g_ab += _dot(dR_u, tl.trans(_rows(u, rows, o_v, m_v, V)), DT, PREC)
         tl.store(du + rows[:, None] * V + o_v[None, :], dR_u, mask=m_v[None, :])
     tl.store(dAab + p_a, tl.where(o_t[:, None] > o_t[None, :], g_ab, 0.))
     tl.debug_barrier()
@@ -95,13 +97,13 @@ def _dplr_tail_bwd(Tm, Aak, u, w, U, S_in, v, kout, du, dh, dvo, tok, dAab, dAak
         m_v = o_v < V
         dR_u = tl.load(du + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.,
                        cache_modifier=".cg")
-        g_ak += tl.dot(dR_u, tl.trans(_ldx(v, t, i_h, o_v, m_v, H, V)), input_precision=PREC)
+        g_ak += _dot(dR_u, tl.trans(_ldx(v, t, i_h, o_v, m_v, H, V)), DT, PREC)
         b_dv = _rows(dvo, rows, o_v, m_v, V) + tl.dot(tA_ak, dR_u, input_precision=PREC)
         for kb in range(tl.cdiv(K, BK)):
             o_k = kb * BK + tl.arange(0, BK)
             m_k = o_k < K
-            b_dv += tl.dot(_rows(kout, rows, o_k, m_k, K), _kv(dh, base, o_k, m_k, o_v, m_v, K, V),
-                           input_precision=PREC)
+            b_dv += _dot(_rows(kout, rows, o_k, m_k, K), _kv(dh, base, o_k, m_k, o_v, m_v, K, V),
+                         DT, PREC)
         tl.store(dv + (t * H + i_h)[:, None] * V + o_v[None, :], b_dv.to(dv.dtype.element_ty),
                  mask=(t >= 0)[:, None] & m_v[None, :])
     tl.store(dAak + p_a, g_ak)
@@ -112,7 +114,8 @@ LAUNCH = dict(num_warps=4)
 
 
 def tail_bwd(Tm, A_ak, u, w, U, S_in, v, kout, du, dh, dv_o, tok):
-    """Slot layout fp32 except v [B, T, H, V] (token layout); du is overwritten (with T^T du).
+    """Slot layout (u, w, U, S_in, kout in dplr_scores.inter_dtype, the rest fp32) except v
+    [B, T, H, V] (token layout); du is overwritten (with T^T du).
     Returns (dA_ab, dA_ak [S, H, BT, BT], da_in, db_out, dk_out [S, H, BT, K], dtot [S, H, K],
     fp32, and dv: the total gradient of v [B, T, H, V] in v's dtype)."""
     S, H, BT, K = w.shape
@@ -126,5 +129,5 @@ def tail_bwd(Tm, A_ak, u, w, U, S_in, v, kout, du, dh, dv_o, tok):
     _dplr_tail_bwd[(S, H)](Tm, A_ak, u, w, U, S_in, v, kout, du, dh, dv_o, tok, dA_ab, dA_ak,
                          *vecs, dtot, dv, H=H, K=K, V=V, BT=BT, BK=min(block(K), 64),
                          BV=min(block(V), 64), PREC=fp32_dot_precision(),
-                         num_warps=LAUNCH["num_warps"], num_stages=1)
+                         DT=dot_dtype(w.dtype), num_warps=LAUNCH["num_warps"], num_stages=1)
     return (dA_ab, dA_ak, *vecs, dtot, dv)

@@ -9,7 +9,8 @@ of 16 rows):
     T_ii = (I - A_ii)^-1                        forward substitution, 16 steps
     T_ij = T_ii sum_{j <= m < i} A_im T_mj      (i > j), fp32-accurate 16x16 products,
 stores T (kept for the backward), re-reads it as one [BT, BT] tile after a barrier and forms
-u, w by fp32-accurate dots (tf32x3 unless allow_tf32()).
+u, w by fp32-accurate dots (tf32x3 unless allow_tf32()), or, for a bf16 op, bf16 dots (T A_ak
+and T rounded to bf16; u, w stored in bf16).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import triton.language as tl
 
 from ..kernel_alloc import alloc
 from ..triton_scalar_gate import block, fp32_dot_precision
-from .dplr_scores import _ldx
+from .dplr_scores import _dot, _ldx, dot_dtype
 
 
 @triton.jit
@@ -50,7 +51,8 @@ def _put(Tm, val, base, I: tl.constexpr, J: tl.constexpr, BT: tl.constexpr):
 
 @triton.jit
 def _dplr_wy_fwd(Aab, Aak, v, tok, ain, Tm, u, w, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-               BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+               BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+               DT: tl.constexpr):
     i_s, i_h = tl.program_id(0), tl.program_id(1)
     base = i_s.to(tl.int64) * H + i_h
     t00 = _inv_diag(_blk(Aab, base, 0, 0, BT))
@@ -101,13 +103,13 @@ def _dplr_wy_fwd(Aab, Aak, v, tok, ain, Tm, u, w, H: tl.constexpr, K: tl.constex
         p_v = (base * BT + o_t)[:, None] * V + o_v[None, :]
         m_v = (o_v < V)[None, :]
         b_v = _ldx(v, t, i_h, o_v, o_v < V, H, V)
-        tl.store(u + p_v, tl.dot(m_ak, b_v, input_precision=PREC), mask=m_v)
+        tl.store(u + p_v, _dot(m_ak, b_v, DT, PREC).to(u.dtype.element_ty), mask=m_v)
     for kb in range(tl.cdiv(K, BK)):
         o_k = kb * BK + tl.arange(0, BK)
         p_k = (base * BT + o_t)[:, None] * K + o_k[None, :]
         m_k = (o_k < K)[None, :]
         b_a = tl.load(ain + p_k, mask=m_k, other=0.)
-        tl.store(w + p_k, tl.dot(tm, b_a, input_precision=PREC), mask=m_k)
+        tl.store(w + p_k, _dot(tm, b_a, DT, PREC).to(w.dtype.element_ty), mask=m_k)
 
 
 # H100 bf16 RWKV-7 K64 (session 9 call 3): maxnreg 168 (3 blocks per SM) -0.07 ms (128: +0.17)
@@ -115,18 +117,19 @@ LAUNCH = dict(num_warps=4, maxnreg=168)
 
 
 def wy_fwd(A_ab, A_ak, v, tok, a_in):
-    """(A_ab, A_ak [S, H, BT, BT], a_in [S, H, BT, K] fp32 slot layout, v [B, T, H, V] token
-    layout, tok [S * BT]; contiguous) -> (T [S, H, BT, BT], u [S, H, BT, V], w [S, H, BT, K]),
-    fp32."""
+    """(A_ab, A_ak [S, H, BT, BT] fp32, a_in [S, H, BT, K] slot layout, v [B, T, H, V] token
+    layout, tok [S * BT]; contiguous) -> (T [S, H, BT, BT] fp32, u [S, H, BT, V], w [S, H, BT,
+    K] in a_in's dtype (bf16: u, w by bf16 dots)."""
     S, H, BT, K = a_in.shape
     V = v.shape[-1]
     assert BT == 64, "the block inversion is written for chunks of 64"
     dev = v.device
     Tm = alloc((S, H, BT, BT), torch.float32, dev)
-    u = alloc((S, H, BT, V), torch.float32, dev)
-    w = alloc((S, H, BT, K), torch.float32, dev)
+    u = alloc((S, H, BT, V), a_in.dtype, dev)
+    w = alloc((S, H, BT, K), a_in.dtype, dev)
     _dplr_wy_fwd[(S, H)](A_ab, A_ak, v, tok, a_in, Tm, u, w, H=H, K=K, V=V, BT=BT,
                        BK=min(block(K), 64), BV=min(block(V), 64),
-                       PREC=fp32_dot_precision(), num_warps=LAUNCH["num_warps"],
+                       PREC=fp32_dot_precision(), DT=dot_dtype(a_in.dtype),
+                       num_warps=LAUNCH["num_warps"],
                        num_stages=1, maxnreg=LAUNCH["maxnreg"])
     return Tm, u, w
