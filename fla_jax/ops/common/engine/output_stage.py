@@ -391,10 +391,12 @@ def output_dq(pb: Problem, q, k, v, g, h, do, cu, seq, launch: Launch | None = N
 
 
 def output_bwd(pb: Problem, q, k, v, g, h, do, dh, cu, seq,
-               launch_dv: Launch | None = None, launch_dqk: Launch | None = None):
+               launch_dv: Launch | None = None, launch_dqk: Launch | None = None,
+               dk_dtype=None):
     """Cotangents of output_fwd w.r.t. q, k, v (their dtypes) and the gate (fp32: [B, T, H, K]
     for GATE_KEY, [B, T, H] for GATE_SCALAR, None for GATE_NONE), from do [B, T, H, V] and
-    dh [slots, H, Kp, Vp] (state_pass_bwd). dv also carries the state path (k dS)."""
+    dh [slots, H, Kp, Vp] (state_pass_bwd). dv also carries the state path (k dS).
+    dk_dtype: dk's dtype when not k's (KDA adds fp32 terms to it before rounding)."""
     launch_dv = launch_dv or launch_for("output_dv", pb.K, pb.V, q.dtype)
     launch_dqk = launch_dqk or launch_for("output_dqk", pb.K, pb.V, q.dtype)
     par = dict(parallel=True)
@@ -420,7 +422,8 @@ def output_bwd(pb: Problem, q, k, v, g, h, do, dh, cu, seq,
     ins += [("h", h, specs.slot_state(bk, pb.Vp, specs.same, specs.zero)),
             ("dh", dh, specs.slot_state(bk, pb.Vp, specs.same, specs.zero))]
     outs = [("dq", jax.ShapeDtypeStruct(q.shape, q.dtype), specs.seq_rows(pb, bk, specs.same, **par)),
-            ("dk", jax.ShapeDtypeStruct(k.shape, k.dtype), specs.seq_rows(pb, bk, specs.same, **par))]
+            ("dk", jax.ShapeDtypeStruct(k.shape, dk_dtype or k.dtype),
+             specs.seq_rows(pb, bk, specs.same, **par))]
     if pb.gate == gt.GATE_KEY:
         outs.append(("dg", jax.ShapeDtypeStruct(g.shape, F32), specs.seq_rows(pb, bk, specs.same, **par)))
     elif pb.gate == gt.GATE_SCALAR:

@@ -1,0 +1,93 @@
+"""Intra-chunk scores of the per-key-gated delta rule (Pallas, Triton lowering): the mirror of
+fla_torch/ops/common/engine/delta_scores.py.
+
+    Aqk_ij = sum_c q_ic k_jc exp(b_ic - b_jc)   (j <= i)
+    Ak_ij  = sum_c k_ic k_jc exp(b_ic - b_jc)   (j < i)
+    kb     = k exp(b - b_0)                     (relative to the chunk's first row)
+b the in-chunk inclusive cumsum of the per-key log-decay, split hi + lo (gates.cumsum), b_0
+its value at the chunk's first row. One program per (chunk slot, head) forms both matrices by
+sub-chunks of SUB = 16 rows with the output stage's score routine (output_stage._scores: pairs
+of different sub-chunks through the later sub-chunk's start, every exponent <= 0, in one dot
+each; pairs inside a sub-chunk exact per pair). kb is kept relative to the chunk's first row
+in every dtype (the Triton `rel` variant): exp(b) of strong gates is subnormal in fp16, and
+exp(b_0) is applied in fp32 by the users of kb / w (the state pass, the WY backward).
+Shapes: q, k [B, T, H, K] (one dtype), g [B, T, H, K] fp32; outputs Aqk, Ak
+[slots, H, BT, BT] fp32 (zero above the diagonal; Ak's diagonal zero), kb [B, T, H, K] in
+k's dtype.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from .. import pallas_triton as ptr
+from . import gates as gt
+from . import specs
+from .launch import SUB, Launch, Problem, call
+from .output_stage import _chunk, _load_sub, _parallel_inputs, _scores, _sub_gates, _sub_rows
+
+F32 = jnp.float32
+LAUNCH = Launch(None, None, 4, 1)
+
+
+def chunk_b(gs):
+    """[Cum b of sub-chunk I ([SUB, w])] from output_stage._sub_gates' (loc_I, R_I) pairs."""
+    return [gt.Cum(loc.hi + R.hi[None, :], loc.lo + R.lo[None, :]) for loc, R in gs]
+
+
+def rel_exp(bI: gt.Cum, b0: gt.Cum):
+    """exp(b - b_0) [SUB, w] fp32 for the [SUB, w] Cum bI and the [w] Cum b0 (exponent <= 0)."""
+    return jnp.exp(gt.gap(bI, gt.bcast(b0)))
+
+
+def store_blocks(ref, A, nb, strict):
+    """A {(I, J): [SUB, SUB]} (J <= I) into the [nb*SUB, nb*SUB] ref; zero above the diagonal
+    (strict: the diagonal too)."""
+    ii = jnp.arange(SUB)[:, None]
+    jj = jnp.arange(SUB)[None, :]
+    z = jnp.zeros((SUB, SUB), F32)
+    for I in range(nb):
+        for J in range(nb):
+            if J < I:
+                x = A[I, J]
+            elif J == I:
+                x = jnp.where(ii > jj if strict else ii >= jj, A[I, I], 0.0)
+            else:
+                x = z
+            ref[pl.ds(I * SUB, SUB), pl.ds(J * SUB, SUB)] = x
+
+
+def _kernel(refs, pb):
+    start, nv = _chunk(refs, pb)
+    rows = _sub_rows(pb, start, nv)
+    nb = pb.bt // SUB
+    qs = _load_sub(refs, "q", rows, pb.K)
+    ks = _load_sub(refs, "k", rows, pb.K)
+    dt = qs[0].dtype
+    gs, _ = _sub_gates(refs, pb, start, nv, pb.Kp, pb.K, 0)
+    store_blocks(refs["Aqk"], _scores(refs, pb, qs, ks, gs, rows, pb.K, 0, dt), nb, False)
+    store_blocks(refs["Ak"], _scores(refs, pb, ks, ks, gs, rows, pb.K, 0, dt), nb, True)
+    bs = chunk_b(gs)
+    b0 = gt.row(gs[0][0], 0)
+    for I in range(nb):
+        ptr.store_rows(refs["kb"], rows[I][0], rows[I][1], pb.K, ks[I] * rel_exp(bs[I], b0))
+
+
+def delta_scores(pb: Problem, q, k, g, cu, seq):
+    """(Aqk, Ak [slots, H, BT, BT] fp32, kb [B, T, H, K] in k's dtype) from q, k
+    [B, T, H, K], the key gate g [B, T, H, K] fp32 and cu / seq (varlen: cu_seqlens int32
+    [N+1] and varlen.slot_sequences; else None)."""
+    par = dict(parallel=True)
+    ins = [("q", q, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
+           ("k", k, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
+           ("g", g, specs.seq_rows(pb, pb.Kp, specs.zero, **par))]
+    ins += _parallel_inputs(pb, cu, seq)
+    sq = jax.ShapeDtypeStruct((pb.n_slots, pb.H, pb.bt, pb.bt), F32)
+    blk = specs.slot_state(pb.bt, pb.bt, specs.zero, specs.zero)
+    outs = [("Aqk", sq, blk), ("Ak", sq, blk),
+            ("kb", jax.ShapeDtypeStruct(k.shape, k.dtype),
+             specs.seq_rows(pb, pb.Kp, specs.zero, **par))]
+    r = call(lambda refs: _kernel(refs, pb), (pb.n_slots, pb.H, 1), ins, outs, LAUNCH,
+             "kda_delta_scores")
+    return r["Aqk"], r["Ak"], r["kb"]

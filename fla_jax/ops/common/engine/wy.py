@@ -1,0 +1,159 @@
+"""Per-key-gated WY (UT) transform of the delta rule (Pallas, Triton lowering), forward and
+backward, one program per (chunk slot, head): the mirror of fla_torch/ops/common/engine/wy.py.
+
+With Ak the key scores (delta_scores.py) and kb = k exp(b - b_0) (b the in-chunk cumsum of
+the per-key log-decay, b_0 its first row), per chunk of BT = 64 rows:
+    Akk = diag(beta) Ak (strictly lower),   T = (I + Akk)^-1   (fp32, kept for the backward)
+    w   = T diag(beta) kb,                  u = T diag(beta) v   (in the input dtype)
+so that vn = u - w (diag(exp(b_0)) h) (delta_state.py). T is formed from the 16x16 blocks of
+Akk: the diagonal blocks by forward substitution (pallas_wy_prep._inv_unit_lower_blocks),
+T_IJ = -T_II sum_{J <= M < I} Akk_IM T_MJ below them. Every product has fp32 operands at the
+engine's fp32-accurate precision (16-bit kb, v are exact in fp32).
+
+Backward, from dvn (the gradient of vn, fp32) and h (the state before the chunk), with
+dw = -dvn (diag(exp(b_0)) h)^T the gradient of the relative w:
+    dT = (dw kb^T + dvn v^T) diag(beta)
+    dv = diag(beta) T^T dvn,   dkb = diag(beta) T^T dw   (the gradient of the relative kb)
+    dAkk = -strict(T^T dT T^T),   dAk = diag(beta) dAkk
+    dbeta = rowsum((T^T dw) * kb) + rowsum((T^T dvn) * v) + rowsum(dAkk * Ak)
+Shapes: Ak, T, dAk [slots, H, BT, BT] fp32; kb, dkb [B, T, H, K]; v, u, dv [B, T, H, V];
+w [B, T, H, K]; beta, dbeta [B, T, H] fp32; h [slots, H, Kp, Vp]; dvn [B, T, H, V] fp32.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from .. import pallas_triton as ptr
+from ..pallas_wy_prep import _inv_unit_lower_blocks
+from . import specs
+from .launch import SUB, Launch, Problem, call
+from .output_stage import _chunk, _parallel_inputs, _row
+
+F32 = jnp.float32
+LAUNCH = Launch(None, None, 4, 1)
+
+
+def _beta_spec(pb):
+    from . import varlen as vl
+    batch = vl.batch_of_slot(pb.varlen, pb.T, pb.bt)
+    return pl.BlockSpec((None, pb.T, None), lambda s, h, j: (batch(s), 0, h))
+
+
+def _sq_spec(pb):
+    return specs.slot_state(pb.bt, pb.bt, specs.zero, specs.zero)
+
+
+def _sq(pb):
+    return jax.ShapeDtypeStruct((pb.n_slots, pb.H, pb.bt, pb.bt), F32)
+
+
+def _blk(ref, I, J):
+    return ref[pl.ds(I * SUB, SUB), pl.ds(J * SUB, SUB)]
+
+
+def _fwd_kernel(refs, pb):
+    start, nv = _chunk(refs, pb)
+    nb = pb.bt // SUB
+    prec = pb.precision
+    betas = [ptr.load_rows(refs["beta"], start + I * SUB, SUB, nv - I * SUB).astype(F32)
+             for I in range(nb)]
+    a = {(I, J): betas[I][:, None] * _blk(refs["Ak"], I, J)
+         for I in range(nb) for J in range(I + 1)}
+    Tm = dict(zip([(I, I) for I in range(nb)],
+                  _inv_unit_lower_blocks([a[I, I] for I in range(nb)])))
+    for d in range(1, nb):
+        for I in range(d, nb):
+            J = I - d
+            acc = None
+            for M in range(J, I):
+                x = ptr.matmul(a[I, M], Tm[M, J], (1, 0), prec)
+                acc = x if acc is None else acc + x
+            Tm[I, J] = -ptr.matmul(Tm[I, I], acc, (1, 0), prec)
+    z = jnp.zeros((SUB, SUB), F32)
+    for I in range(nb):
+        for J in range(nb):
+            refs["T"][pl.ds(I * SUB, SUB), pl.ds(J * SUB, SUB)] = Tm[I, J] if J <= I else z
+    rows = [(start + I * SUB, nv - I * SUB) for I in range(nb)]
+    for name, src, n_cols in (("w", "kb", pb.K), ("u", "v", pb.V)):
+        xs = [ptr.load_rows(refs[src], rs, SUB, nvI, n_cols).astype(F32) for rs, nvI in rows]
+        for I in range(nb):
+            acc = None
+            for J in range(I + 1):
+                x = ptr.matmul(Tm[I, J] * betas[J][None, :], xs[J], (1, 0), prec)
+                acc = x if acc is None else acc + x
+            ptr.store_rows(refs[name], rows[I][0], rows[I][1], n_cols, acc)
+
+
+def wy_fwd(pb: Problem, Ak, kb, v, beta, cu, seq):
+    """Ak [slots, H, BT, BT] fp32, kb [B, T, H, K], v [B, T, H, V] (one dtype), beta
+    [B, T, H] fp32. Returns (T [slots, H, BT, BT] fp32, w [B, T, H, K], u [B, T, H, V] in
+    v's dtype)."""
+    par = dict(parallel=True)
+    ins = [("Ak", Ak, _sq_spec(pb)),
+           ("kb", kb, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
+           ("v", v, specs.seq_rows(pb, pb.Vp, specs.zero, **par)),
+           ("beta", beta, _beta_spec(pb))]
+    ins += _parallel_inputs(pb, cu, seq)
+    outs = [("T", _sq(pb), _sq_spec(pb)),
+            ("w", jax.ShapeDtypeStruct(kb.shape, v.dtype),
+             specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
+            ("u", jax.ShapeDtypeStruct(v.shape, v.dtype),
+             specs.seq_rows(pb, pb.Vp, specs.zero, **par))]
+    r = call(lambda refs: _fwd_kernel(refs, pb), (pb.n_slots, pb.H, 1), ins, outs, LAUNCH,
+             "kda_wy_fwd")
+    return r["T"], r["w"], r["u"]
+
+
+def _bwd_kernel(refs, pb):
+    start, nv = _chunk(refs, pb)
+    prec = pb.precision
+    bt = pb.bt
+    Tm = refs["T"][...]
+    Ak = refs["Ak"][...]
+    beta = ptr.load_rows(refs["beta"], start, bt, nv).astype(F32)
+    kb = ptr.load_rows(refs["kb"], start, bt, nv, pb.K).astype(F32)
+    v = ptr.load_rows(refs["v"], start, bt, nv, pb.V).astype(F32)
+    dvn = ptr.load_rows(refs["dvn"], start, bt, nv, pb.V).astype(F32)
+    e0 = jnp.exp(_row(refs["g"], start, nv > 0, pb.K, 0))
+    h = refs["h"][...].astype(F32) * e0[:, None]
+    dw = -ptr.matmul(dvn, h, (1, 1), prec)                              # [BT, Kp]
+    dT = (ptr.matmul(dw, kb, (1, 1), prec) + ptr.matmul(dvn, v, (1, 1), prec)) * beta[None, :]
+    du = ptr.matmul(Tm, dvn, (0, 0), prec)                              # T^T dvn
+    dW = ptr.matmul(Tm, dw, (0, 0), prec)                               # T^T dw
+    ii = jnp.arange(bt)[:, None]
+    jj = jnp.arange(bt)[None, :]
+    dA = -ptr.matmul(ptr.matmul(Tm, dT, (0, 0), prec), Tm, (1, 1), prec)
+    dA = jnp.where(ii > jj, dA, 0.0)
+    db = (jnp.sum(du * v, axis=1) + jnp.sum(dW * kb, axis=1)
+          + jnp.sum(dA * jnp.where(ii > jj, Ak, 0.0), axis=1))
+    ptr.store_rows(refs["dv"], start, nv, pb.V, du * beta[:, None])
+    ptr.store_rows(refs["dkb"], start, nv, pb.K, dW * beta[:, None])
+    ptr.store_rows(refs["dbeta"], start, nv, None, db)
+    refs["dAk"][...] = dA * beta[:, None]
+
+
+def wy_bwd(pb: Problem, Ak, T, kb, v, beta, g, h, dvn, cu, seq):
+    """Ak, T [slots, H, BT, BT] fp32; kb [B, T, H, K], v [B, T, H, V] (one dtype); beta
+    [B, T, H] fp32; g [B, T, H, K] fp32 (for exp(b_0)); h [slots, H, Kp, Vp] (the state
+    before each chunk); dvn [B, T, H, V] fp32. Returns (dv [B, T, H, V] in v's dtype, dbeta
+    [B, T, H] fp32, dkb [B, T, H, K] fp32, dAk [slots, H, BT, BT] fp32)."""
+    par = dict(parallel=True)
+    ins = [("Ak", Ak, _sq_spec(pb)), ("T", T, _sq_spec(pb)),
+           ("kb", kb, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
+           ("v", v, specs.seq_rows(pb, pb.Vp, specs.zero, **par)),
+           ("beta", beta, _beta_spec(pb)),
+           ("g", g, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
+           ("h", h, specs.slot_state(pb.Kp, pb.Vp, specs.zero, specs.zero)),
+           ("dvn", dvn, specs.seq_rows(pb, pb.Vp, specs.zero, **par))]
+    ins += _parallel_inputs(pb, cu, seq)
+    outs = [("dv", jax.ShapeDtypeStruct(v.shape, v.dtype),
+             specs.seq_rows(pb, pb.Vp, specs.zero, **par)),
+            ("dbeta", jax.ShapeDtypeStruct(beta.shape, F32), _beta_spec(pb)),
+            ("dkb", jax.ShapeDtypeStruct(kb.shape, F32),
+             specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
+            ("dAk", _sq(pb), _sq_spec(pb))]
+    r = call(lambda refs: _bwd_kernel(refs, pb), (pb.n_slots, pb.H, 1), ins, outs, LAUNCH,
+             "kda_wy_bwd")
+    return r["dv"], r["dbeta"], r["dkb"], r["dAk"]
