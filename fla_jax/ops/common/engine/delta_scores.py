@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 
 from .. import pallas_triton as ptr
 from . import gates as gt
 from . import specs
 from .launch import SUB, Launch, Problem, call
-from .output_stage import _chunk, _load_sub, _parallel_inputs, _scores, _sub_gates, _sub_rows
+from .output_stage import (_chunk, _k_factor, _load_sub, _parallel_inputs, _q_factor, _row,
+                           _sub_gates, _sub_rows)
 
 F32 = jnp.float32
 LAUNCH = Launch(None, None, 4, 1)
@@ -58,6 +60,41 @@ def store_blocks(ref, A, nb, strict):
             ref[pl.ds(I * SUB, SUB), pl.ds(J * SUB, SUB)] = x
 
 
+def _diag_pair(refs, rs, nvI, q, k, loc, n_cols):
+    """(Aqk_II, Ak_II) [SUB, SUB] fp32 of one sub-chunk, exact per pair (j <= i; one column
+    per loop step, the key row read from refs['k']), both from one decay factor."""
+    ii = jnp.arange(SUB)[:, None]
+    jj = jnp.arange(SUB)[None, :]
+    qf, kf = q.astype(F32), k.astype(F32)
+
+    def body(j, acc):
+        aq, ak = acc
+        kj = _row(refs["k"], rs + j, j < nvI, n_cols, 0)
+        d = jnp.where(ii == j, 1.0, gt.masked_exp(gt.gap(loc, gt.bcast(gt.row(loc, j))), ii > j))
+        x = kj[None, :] * d
+        return (jnp.where(jj == j, jnp.sum(qf * x, axis=1)[:, None], aq),
+                jnp.where(jj == j, jnp.sum(kf * x, axis=1)[:, None], ak))
+
+    z = jnp.zeros((SUB, SUB), F32)
+    return lax.fori_loop(0, SUB, body, (z, z))
+
+
+def _scores2(refs, pb, qs, ks, gs, rows, dt):
+    """({(I, J): Aqk_IJ}, {(I, J): Ak_IJ}) [SUB, SUB] fp32 for J <= I: pairs of different
+    sub-chunks through sub-chunk I's start (one dot each, the key factor shared)."""
+    Aq, Ak = {}, {}
+    for I in range(pb.bt // SUB):
+        qf = _q_factor(pb, qs[I], gs[I]).astype(dt)
+        kf = _q_factor(pb, ks[I], gs[I]).astype(dt)
+        for J in range(I):
+            kc = _k_factor(pb, ks[J], gs[I], gs[J]).astype(dt)
+            Aq[I, J] = ptr.matmul(qf, kc, (1, 1), pb.precision)
+            Ak[I, J] = ptr.matmul(kf, kc, (1, 1), pb.precision)
+        Aq[I, I], Ak[I, I] = _diag_pair(refs, rows[I][0], rows[I][1], qs[I], ks[I], gs[I][0],
+                                        pb.K)
+    return Aq, Ak
+
+
 def _kernel(refs, pb):
     start, nv = _chunk(refs, pb)
     rows = _sub_rows(pb, start, nv)
@@ -66,8 +103,9 @@ def _kernel(refs, pb):
     ks = _load_sub(refs, "k", rows, pb.K)
     dt = qs[0].dtype
     gs, _ = _sub_gates(refs, pb, start, nv, pb.Kp, pb.K, 0)
-    store_blocks(refs["Aqk"], _scores(refs, pb, qs, ks, gs, rows, pb.K, 0, dt), nb, False)
-    store_blocks(refs["Ak"], _scores(refs, pb, ks, ks, gs, rows, pb.K, 0, dt), nb, True)
+    Aq, Ak = _scores2(refs, pb, qs, ks, gs, rows, dt)
+    store_blocks(refs["Aqk"], Aq, nb, False)
+    store_blocks(refs["Ak"], Ak, nb, True)
     bs = chunk_b(gs)
     b0 = gt.row(gs[0][0], 0)
     for I in range(nb):

@@ -6,7 +6,7 @@ the per-key log-decay, b_0 its first row), per chunk of BT = 64 rows:
     Akk = diag(beta) Ak (strictly lower),   T = (I + Akk)^-1   (fp32, kept for the backward)
     w   = T diag(beta) kb,                  u = T diag(beta) v   (in the input dtype)
 so that vn = u - w (diag(exp(b_0)) h) (delta_state.py). T is formed from the 16x16 blocks of
-Akk: the diagonal blocks by forward substitution (pallas_wy_prep._inv_unit_lower_blocks),
+Akk: the diagonal blocks by forward substitution (inv_unit_lower, a lax.fori_loop),
 T_IJ = -T_II sum_{J <= M < I} Akk_IM T_MJ below them. Every product has fp32 operands at the
 engine's fp32-accurate precision (16-bit kb, v are exact in fp32).
 
@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 
 from .. import pallas_triton as ptr
-from ..pallas_wy_prep import _inv_unit_lower_blocks
 from . import specs
 from .launch import SUB, Launch, Problem, call
 from .output_stage import _chunk, _parallel_inputs, _row
@@ -49,6 +49,25 @@ def _sq(pb):
     return jax.ShapeDtypeStruct((pb.n_slots, pb.H, pb.bt, pb.bt), F32)
 
 
+def inv_unit_lower(As):
+    """[(I + A)^-1 for A in As] (strictly lower [SUB, SUB] fp32 blocks) by forward substitution
+    in exact fp32 FMAs, the blocks side by side in one lax.fori_loop over the rows (one copy
+    of the body in the IR)."""
+    r = jnp.arange(SUB)[:, None]
+    c = jnp.arange(SUB)
+    eye = (r == c[None, :]).astype(F32)
+
+    def body(i, Ts):
+        out = []
+        for A, Tb in zip(As, Ts):
+            a_i = jnp.sum(jnp.where(r == i, A, 0.0), axis=0)                 # row i of A
+            new = jnp.where(c == i, 1.0, 0.0) - jnp.sum(a_i[:, None] * Tb, axis=0)
+            out.append(jnp.where(r == i, new[None, :], Tb))
+        return tuple(out)
+
+    return list(lax.fori_loop(1, SUB, body, tuple(eye for _ in As)))
+
+
 def _blk(ref, I, J):
     return ref[pl.ds(I * SUB, SUB), pl.ds(J * SUB, SUB)]
 
@@ -62,7 +81,7 @@ def _fwd_kernel(refs, pb):
     a = {(I, J): betas[I][:, None] * _blk(refs["Ak"], I, J)
          for I in range(nb) for J in range(I + 1)}
     Tm = dict(zip([(I, I) for I in range(nb)],
-                  _inv_unit_lower_blocks([a[I, I] for I in range(nb)])))
+                  inv_unit_lower([a[I, I] for I in range(nb)])))
     for d in range(1, nb):
         for I in range(d, nb):
             J = I - d
