@@ -16,6 +16,8 @@ dw = -dvn (diag(exp(b_0)) h)^T the gradient of the relative w:
     dv = diag(beta) T^T dvn,   dkb = diag(beta) T^T dw   (the gradient of the relative kb)
     dAkk = -strict(T^T dT T^T),   dAk = diag(beta) dAkk
     dbeta = rowsum((T^T dw) * kb) + rowsum((T^T dvn) * v) + rowsum(dAkk * Ak)
+The backward walks V in blocks of BV_BWD (a lax.fori_loop): at K = V = 256 a whole fp32 h
+would not fit shared memory as a dot operand.
 Shapes: Ak, T, dAk [slots, H, BT, BT] fp32; kb, dkb [B, T, H, K]; v, u, dv [B, T, H, V];
 w [B, T, H, K]; beta, dbeta [B, T, H] fp32; h [slots, H, Kp, Vp]; dvn [B, T, H, V] fp32.
 """
@@ -25,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
 
 from .. import pallas_triton as ptr
 from . import specs
@@ -125,29 +128,50 @@ def wy_fwd(pb: Problem, Ak, kb, v, beta, cu, seq):
     return r["T"], r["w"], r["u"]
 
 
+BV_BWD = 64        # V block of the backward: h [Kp, BV] fp32 stays a small dot operand
+
+
+def _cols(ref, start, bt, nv, c0, bw, n_cols):
+    """[bt, bw] fp32 block (rows start.., columns c0..) of a [T, D] ref, masked."""
+    m = (jnp.arange(bt) < nv)[:, None] & ((c0 + jnp.arange(bw)) < n_cols)[None, :]
+    return plt.load(ref.at[pl.ds(start, bt), pl.ds(c0, bw)], mask=m, other=0.0).astype(F32)
+
+
 def _bwd_kernel(refs, pb):
     start, nv = _chunk(refs, pb)
     prec = pb.precision
     bt = pb.bt
+    bv = min(pb.Vp, BV_BWD)
     Tm = refs["T"][...]
     Ak = refs["Ak"][...]
     beta = ptr.load_rows(refs["beta"], start, bt, nv).astype(F32)
     kb = ptr.load_rows(refs["kb"], start, bt, nv, pb.K).astype(F32)
-    v = ptr.load_rows(refs["v"], start, bt, nv, pb.V).astype(F32)
-    dvn = ptr.load_rows(refs["dvn"], start, bt, nv, pb.V).astype(F32)
     e0 = jnp.exp(_row(refs["g"], start, nv > 0, pb.K, 0))
-    h = refs["h"][...].astype(F32) * e0[:, None]
-    dw = -ptr.matmul(dvn, h, (1, 1), prec)                              # [BT, Kp]
-    dT = (ptr.matmul(dw, kb, (1, 1), prec) + ptr.matmul(dvn, v, (1, 1), prec)) * beta[None, :]
-    du = ptr.matmul(Tm, dvn, (0, 0), prec)                              # T^T dvn
+
+    def v_block(j, carry):
+        dw, dT, db = carry
+        c0 = j * bv
+        v = _cols(refs["v"], start, bt, nv, c0, bv, pb.V)
+        dvn = _cols(refs["dvn"], start, bt, nv, c0, bv, pb.V)
+        h = refs["h"][:, pl.ds(c0, bv)].astype(F32) * e0[:, None]          # [Kp, bv]
+        dw = dw - ptr.matmul(dvn, h, (1, 1), prec)                          # [BT, Kp]
+        dT = dT + ptr.matmul(dvn, v, (1, 1), prec)
+        du = ptr.matmul(Tm, dvn, (0, 0), prec)                              # T^T dvn
+        db = db + jnp.sum(du * v, axis=1)
+        m = (jnp.arange(bt) < nv)[:, None] & ((c0 + jnp.arange(bv)) < pb.V)[None, :]
+        plt.store(refs["dv"].at[pl.ds(start, bt), pl.ds(c0, bv)],
+                  (du * beta[:, None]).astype(refs["dv"].dtype), mask=m)
+        return dw, dT, db
+
+    zero = (jnp.zeros((bt, pb.Kp), F32), jnp.zeros((bt, bt), F32), jnp.zeros((bt,), F32))
+    dw, dT, db = lax.fori_loop(0, pl.cdiv(pb.V, bv), v_block, zero)
+    dT = (dT + ptr.matmul(dw, kb, (1, 1), prec)) * beta[None, :]
     dW = ptr.matmul(Tm, dw, (0, 0), prec)                               # T^T dw
     ii = jnp.arange(bt)[:, None]
     jj = jnp.arange(bt)[None, :]
     dA = -ptr.matmul(ptr.matmul(Tm, dT, (0, 0), prec), Tm, (1, 1), prec)
     dA = jnp.where(ii > jj, dA, 0.0)
-    db = (jnp.sum(du * v, axis=1) + jnp.sum(dW * kb, axis=1)
-          + jnp.sum(dA * jnp.where(ii > jj, Ak, 0.0), axis=1))
-    ptr.store_rows(refs["dv"], start, nv, pb.V, du * beta[:, None])
+    db = db + jnp.sum(dW * kb, axis=1) + jnp.sum(dA * jnp.where(ii > jj, Ak, 0.0), axis=1)
     ptr.store_rows(refs["dkb"], start, nv, pb.K, dW * beta[:, None])
     ptr.store_rows(refs["dbeta"], start, nv, None, db)
     refs["dAk"][...] = dA * beta[:, None]
