@@ -9,7 +9,8 @@ the chunk's end, per chunk of 64 tokens and value head (h: the state before the 
     vn = u - w diag(exp(b_0)) h,  h_next = diag(exp(last)) h + (k exp(last - b))^T vn
     o = scale ((q exp(b)) h + Aqk vn)
 Stages: delta_scores (Aqk, Ak, kb), wy.wy_fwd (T, w, u), delta_state.delta_state_fwd (h, vn,
-final state), output_stage.output_fwd (o on vn: the engine's GATE_KEY output stage).
+final state), output_stage.output_fwd (o on vn: the engine's GATE_KEY output stage, reading
+Aqk instead of forming it again).
 Backward: delta_state.delta_state_bwd (dh, dvn, dh0), output_stage.output_bwd on vn (dq, and
 the dk, dg of Aqk / q exp(b) h / the state update), wy.wy_bwd (dv, dbeta, dkb, dAk),
 delta_bwd.delta_key_bwd (dk, dg: adds the Ak and kb terms).
@@ -51,7 +52,7 @@ def _forward(pb, q, k, v, g, beta, h0, cu):
     Aqk, Ak, kb = delta_scores(pb, q, k, g, cu, seq)
     Tm, w, u = wy_fwd(pb, Ak, kb, v, beta, cu, seq)
     h, vn, ht = delta_state_fwd(pb, k, w, u, g, h0, cu)
-    o = output_fwd(pb, q, k, vn, g, h, cu, seq)
+    o = output_fwd(pb, q, k, vn, g, h, cu, seq, A=Aqk)
     return o, ht, (Aqk, Ak, kb, Tm, w, h, vn)
 
 
@@ -72,7 +73,8 @@ def _bwd(pb, res, cts):
     do = do.astype(q.dtype)
     seq = _seq(pb, cu)
     dh, dvn, dh0 = delta_state_bwd(pb, q, k, w, g, Aqk, do, dht.astype(F32), cu)
-    dq, dk_o, _, dg_o = output_bwd(pb, q, k, vn, g, h, do, dh, cu, seq, dk_dtype=F32)
+    dq, dk_o, _, dg_o = output_bwd(pb, q, k, vn, g, h, do, dh, cu, seq, dk_dtype=F32,
+                                   want_dv=False)
     dv, dbeta, dkb, dAk = wy_bwd(pb, Ak, Tm, kb, v, beta, g, h, dvn, cu, seq)
     dk, dg = delta_key_bwd(pb, k, g, dAk, dkb, dk_o, dg_o, cu, seq)
     return dq, dk, dv, dg, dbeta, dh0, None
