@@ -47,3 +47,46 @@ def test_pallas_kda_head_size_error_names_argument(name, K, V):
 def test_registry_points_at_delta_stages():
     from fla_jax.ops.kda.interface import CHUNK_IMPLS
     assert CHUNK_IMPLS["pallas"] == "fla_jax.ops.kda.pallas_chunk:chunk_kda_pallas"
+
+
+# bytes of one kernel's serialized Triton IR in the module lowered for cuda (the DPLR kernels'
+# bound is 80k: unrolled loops of 6k-24k TTIR lines did not compile within 10 minutes on the
+# H100 host); the engine's own output_dqk kernel is ~86k
+MAX_KERNEL_IR = 100_000
+KDA_KERNELS = {"kda_delta_scores", "kda_wy_fwd", "kda_state_fwd", "engine_output_fwd",
+               "kda_state_bwd", "engine_output_dqk", "kda_wy_bwd", "kda_delta_bwd"}
+
+
+def _kernel_ir_sizes(K: int) -> dict:
+    import re
+
+    import jax
+
+    from fla_jax.ops.common.dispatch import compiled_for_gpu
+    from fla_jax.ops.kda.pallas_chunk import chunk_kda_pallas
+    B, T, H = 1, 130, 2
+    S, bf, f32 = jax.ShapeDtypeStruct, jnp.bfloat16, jnp.float32
+    x = {"q": S((B, T, H, K), bf), "k": S((B, T, H, K), bf), "v": S((B, T, H, K), bf),
+         "g": S((B, T, H, K), f32), "beta": S((B, T, H), f32), "h0": S((B, H, K, K), f32)}
+
+    def loss(x):
+        o, ht = chunk_kda_pallas(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], scale=1.0,
+                                 initial_state=x["h0"], output_final_state=True,
+                                 cu_seqlens=None)
+        return jnp.sum(o.astype(f32)) + jnp.sum(ht)
+
+    with compiled_for_gpu():
+        text = jax.jit(jax.value_and_grad(loss)).trace(x).lower(
+            lowering_platforms=("cuda",)).as_text()
+    calls = re.findall(r'custom_call @__gpu\$xla\.gpu\.triton.*?ir = "([^"]*)".*?name = "([^"]*)"',
+                       text)
+    return {name: len(ir) for ir, name in calls}
+
+
+def test_pallas_kda_kernels_ir_small_and_independent_of_k():
+    small, large = _kernel_ir_sizes(32), _kernel_ir_sizes(128)
+    assert set(small) == set(large) == KDA_KERNELS, (small, large)
+    too_big = {n: s for n, s in large.items() if s > MAX_KERNEL_IR}
+    assert not too_big, f"kernel IR over {MAX_KERNEL_IR} bytes at K=128: {too_big}"
+    grown = {n: (small[n], large[n]) for n in small if large[n] > 1.1 * small[n]}
+    assert not grown, f"kernel IR grows with K (K=32, K=128 bytes): {grown}"
