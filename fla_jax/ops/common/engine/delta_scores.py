@@ -5,12 +5,16 @@ fla_torch/ops/common/engine/delta_scores.py.
     Ak_ij  = sum_c k_ic k_jc exp(b_ic - b_jc)   (j < i)
     kb     = k exp(b - b_0)                     (relative to the chunk's first row)
 b the in-chunk inclusive cumsum of the per-key log-decay, split hi + lo (gates.cumsum), b_0
-its value at the chunk's first row. One program per (chunk slot, head) forms both matrices by
-sub-chunks of SUB = 16 rows with the output stage's score routine (output_stage._scores: pairs
-of different sub-chunks through the later sub-chunk's start, every exponent <= 0, in one dot
-each; pairs inside a sub-chunk exact per pair). kb is kept relative to the chunk's first row
-in every dtype (the Triton `rel` variant): exp(b) of strong gates is subnormal in fp16, and
-exp(b_0) is applied in fp32 by the users of kb / w (the state pass, the WY backward).
+its value at the chunk's first row. Both matrices are formed by sub-chunks of SUB = 16 rows as
+the output stage forms its scores (output_stage._scores): pairs of different sub-chunks
+through the later sub-chunk's start, every exponent <= 0, in one dot each (the key factor
+shared by both matrices); pairs inside a sub-chunk exact per pair, both matrices in one column
+loop. SPLIT (default): one program per (chunk slot, head, sub-chunk I) writes rows I (the
+earlier sub-chunks' keys and gates re-read in lax.fori_loops), as Triton's delta_scores;
+else one program per (chunk slot, head). The two give identical numbers.
+kb is kept relative to the chunk's first row in every dtype (the Triton `rel` variant): exp(b)
+of strong gates is subnormal in fp16, and exp(b_0) is applied in fp32 by the users of kb / w
+(the state pass, the WY backward).
 Shapes: q, k [B, T, H, K] (one dtype), g [B, T, H, K] fp32; outputs Aqk, Ak
 [slots, H, BT, BT] fp32 (zero above the diagonal; Ak's diagonal zero), kb [B, T, H, K] in
 k's dtype.
@@ -31,6 +35,9 @@ from .output_stage import (_chunk, _k_factor, _load_sub, _parallel_inputs, _q_fa
 
 F32 = jnp.float32
 LAUNCH = Launch(None, None, 4, 1)
+# True: one program per (chunk slot, head, sub-chunk) (_sub_kernel, as Triton's); False: one
+# per (chunk slot, head) (_kernel). The same numbers either way; the GPU timing decides.
+SPLIT = True
 
 
 def chunk_b(gs):
@@ -112,6 +119,61 @@ def _kernel(refs, pb):
         ptr.store_rows(refs["kb"], rows[I][0], rows[I][1], pb.K, ks[I] * rel_exp(bs[I], b0))
 
 
+def _gate_sub(refs, pb, rs, n_valid):
+    """(loc [SUB, Kp] Cum, total [Kp] Cum) of the sub-chunk whose first row is rs."""
+    return gt.cumsum(gt.load_gate(refs["g"], gt.GATE_KEY, rs, SUB, n_valid, pb.Kp, pb.K))
+
+
+def _sub_kernel(refs, pb):
+    """One program per (chunk slot, head, sub-chunk I): rows I*SUB.. of Aqk, Ak and kb (the
+    earlier sub-chunks' keys and gates re-read in lax.fori_loops: fewer values live at once
+    than in _kernel, as Triton's delta_scores)."""
+    I = pl.program_id(2)
+    nb = pb.bt // SUB
+    start, nv = _chunk(refs, pb)
+    i0 = I * SUB
+    rs, nvI = start + i0, nv - i0
+    q = ptr.load_rows(refs["q"], rs, SUB, nvI, pb.K)
+    k = ptr.load_rows(refs["k"], rs, SUB, nvI, pb.K)
+    dt = q.dtype
+    loc, _ = _gate_sub(refs, pb, rs, nvI)
+    b0 = gt.row(_gate_sub(refs, pb, start, nv)[0], 0)
+
+    def total(J, R):
+        return gt.add(R, _gate_sub(refs, pb, start + J * SUB, nv - J * SUB)[1])
+
+    R = lax.fori_loop(0, I, total, gt.zero_cum(pb.Kp))
+    el = jnp.exp(loc.value())
+    qf, kf = (q * el).astype(dt), (k * el).astype(dt)
+
+    def block(J, RJ):
+        rJ, nvJ = start + J * SUB, nv - J * SUB
+        kJ = ptr.load_rows(refs["k"], rJ, SUB, nvJ, pb.K)
+        locJ, totJ = _gate_sub(refs, pb, rJ, nvJ)
+        kc = (kJ * jnp.exp(gt.span(R, RJ, locJ))).astype(dt)
+        cols = pl.ds(J * SUB, SUB)
+        refs["Aqk"][pl.ds(i0, SUB), cols] = ptr.matmul(qf, kc, (1, 1), pb.precision)
+        refs["Ak"][pl.ds(i0, SUB), cols] = ptr.matmul(kf, kc, (1, 1), pb.precision)
+        return gt.add(RJ, totJ)
+
+    lax.fori_loop(0, I, block, gt.zero_cum(pb.Kp))
+    aq, ak = _diag_pair(refs, rs, nvI, q, k, loc, pb.K)
+    ii = jnp.arange(SUB)[:, None]
+    jj = jnp.arange(SUB)[None, :]
+    refs["Aqk"][pl.ds(i0, SUB), pl.ds(i0, SUB)] = jnp.where(ii >= jj, aq, 0.0)
+    refs["Ak"][pl.ds(i0, SUB), pl.ds(i0, SUB)] = jnp.where(ii > jj, ak, 0.0)
+
+    def zero(J, c):
+        z = jnp.zeros((SUB, SUB), F32)
+        refs["Aqk"][pl.ds(i0, SUB), pl.ds(J * SUB, SUB)] = z
+        refs["Ak"][pl.ds(i0, SUB), pl.ds(J * SUB, SUB)] = z
+        return c
+
+    lax.fori_loop(I + 1, nb, zero, 0)
+    bI = gt.Cum(loc.hi + R.hi[None, :], loc.lo + R.lo[None, :])
+    ptr.store_rows(refs["kb"], rs, nvI, pb.K, k * rel_exp(bI, b0))
+
+
 def delta_scores(pb: Problem, q, k, g, cu, seq):
     """(Aqk, Ak [slots, H, BT, BT] fp32, kb [B, T, H, K] in k's dtype) from q, k
     [B, T, H, K], the key gate g [B, T, H, K] fp32 and cu / seq (varlen: cu_seqlens int32
@@ -126,6 +188,7 @@ def delta_scores(pb: Problem, q, k, g, cu, seq):
     outs = [("Aqk", sq, blk), ("Ak", sq, blk),
             ("kb", jax.ShapeDtypeStruct(k.shape, k.dtype),
              specs.seq_rows(pb, pb.Kp, specs.zero, **par))]
-    r = call(lambda refs: _kernel(refs, pb), (pb.n_slots, pb.H, 1), ins, outs, LAUNCH,
+    kern, nprog = (_sub_kernel, pb.bt // SUB) if SPLIT else (_kernel, 1)
+    r = call(lambda refs: kern(refs, pb), (pb.n_slots, pb.H, nprog), ins, outs, LAUNCH,
              "kda_delta_scores")
     return r["Aqk"], r["Ak"], r["kb"]
