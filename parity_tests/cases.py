@@ -270,6 +270,20 @@ PALLAS_DPLR_CASES = (
     Case("pdplr_no_final_state", B=1, T=80, cu_seqlens=(0, 10, 10, 80), families=_DPLR),
 )
 
+# Pallas chunk_kda on the delta-rule stages (test_pallas_kda.py): every gate exactly -20 per
+# token and channel (the per-pair diagonal sub-blocks, exp(b) far below fp16's range) over
+# varlen sequences crossing chunks, grouped value heads with l2norm, varlen with an empty first
+# sequence, K = 48 / V = 24, no initial state with K != V, K = V = 256 on few tokens.
+PALLAS_KDA_CASES = (
+    Case("pkda_all_minus20_varlen", B=1, T=150, H=1, HV=1, K=32, V=32,
+         cu_seqlens=(0, 30, 150), strength=20.0, floor=1.0, families=("kda",)),
+    Case("pkda_gqa_l2_varlen", B=1, T=90, H=1, HV=2, K=48, V=24, l2norm=True,
+         cu_seqlens=(0, 0, 10, 90), strength=20.0, families=("kda",)),
+    Case("pkda_no_h0_k48_v32", B=2, T=70, K=48, V=32, h0=False, strength=3.0,
+         families=("kda",)),
+    Case("pkda_kv256", B=1, T=20, H=1, HV=1, K=256, V=256, families=("kda",)),
+)
+
 # Kernel-only GSA cases of parity_tests/test_gsa_kernels.py (small: interpreted kernels of both
 # frameworks): varlen with an empty sequence and no initial state, GQA with M != K != V and a
 # non-power-of-two M, no g (FLA's additive gate from the slot logits), slot gates of -20.
@@ -460,7 +474,8 @@ FP64_CASES = sum((
 
 CASES = {c.name: c for c in (CPU_CASES + GPU_CASES + GLA_KERNEL_CASES + DPLR_KERNEL_CASES
                               + GSA_KERNEL_CASES + SIMPLE_GLA_KERNEL_CASES + DELTA_KERNEL_CASES
-                              + MOSAIC_KERNEL_CASES + PALLAS_DPLR_CASES + FP64_CASES)}
+                              + MOSAIC_KERNEL_CASES + PALLAS_DPLR_CASES + PALLAS_KDA_CASES
+                              + FP64_CASES)}
 
 
 def seed_of(*parts) -> int:

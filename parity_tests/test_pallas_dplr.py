@@ -1,5 +1,5 @@
-"""Kernel tests of the Pallas DPLR chunk pipeline (chunk_kda, chunk_rwkv7 on
-fla_jax/ops/common/engine/dplr*.py) on CPU, interpreted: the features test_ops' kernel subset
+"""Kernel tests of the Pallas DPLR chunk pipeline (chunk_kda through chunk_kda_pallas_dplr,
+chunk_rwkv7, on fla_jax/ops/common/engine/dplr*.py) on CPU, interpreted: the features test_ops' kernel subset
 does not reach, as a case list on the shared harness (cases.PALLAS_DPLR_CASES, harness.check:
 the fp64 oracle, jax_runner under jax.jit with traced cu_seqlens, cases.rel_rms and THE
 tolerance table).
@@ -23,5 +23,11 @@ ROWS = [("chunk_kda", "pdplr_kda_gqa_l2_varlen", "fp32"),
 
 
 @pytest.mark.parametrize("op,case,dtype", [pytest.param(*r, id=f"{r[1]}-{r[2]}") for r in ROWS])
-def test_pallas_dplr(op, case, dtype):
+def test_pallas_dplr(op, case, dtype, monkeypatch):
+    if op == "chunk_kda":
+        # impl='pallas' runs KDA on the delta-rule stages (test_pallas_kda.py); these rows keep
+        # the DPLR route (chunk_kda_pallas_dplr) checked
+        from fla_jax.ops.kda import interface
+        monkeypatch.setitem(interface.CHUNK_IMPLS, "pallas",
+                            "fla_jax.ops.kda.pallas_chunk:chunk_kda_pallas_dplr")
     assert_passed(check(op, case, dtype, {"jax": "pallas"}))

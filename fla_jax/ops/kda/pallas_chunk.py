@@ -1,19 +1,93 @@
-"""chunk_kda on the Pallas DPLR chunk pipeline (common/engine/dplr.py), forward and
-backward; runs interpreted off-GPU.
+"""chunk_kda in Pallas (Triton lowering): the chunked delta rule with a per-key gate, forward
+and backward as one jax.custom_vjp on the chunk engine (fla_jax/ops/common/engine); runs
+interpreted off-GPU. The mirror of fla_torch/ops/kda/triton_chunk.py.
 
-KDA is the DPLR recurrence with a = exp(g) k, b = -beta k and write key beta k (formed in
-fp32 with jnp; autodiff carries dg, dbeta through them). Grouped heads: q and k are repeated
-to the HV value heads (their gradients summed back by autodiff).
-use_qk_l2norm_in_kernel: q, k l2-normalised in fp32 first (outside the kernels).
+With b the in-chunk cumsum of g (per key channel), b_0 its first row and `last` its value at
+the chunk's end, per chunk of 64 tokens and value head (h: the state before the chunk):
+    Aqk_ij = sum_c q_ic k_jc exp(b_ic - b_jc) (j <= i),  Ak_ij likewise on (k, k) (j < i)
+    T = (I + diag(beta) Ak)^-1,  w = T diag(beta) (k exp(b - b_0)),  u = T diag(beta) v
+    vn = u - w diag(exp(b_0)) h,  h_next = diag(exp(last)) h + (k exp(last - b))^T vn
+    o = scale ((q exp(b)) h + Aqk vn)
+Stages: delta_scores (Aqk, Ak, kb), wy.wy_fwd (T, w, u), delta_state.delta_state_fwd (h, vn,
+final state), output_stage.output_fwd (o on vn: the engine's GATE_KEY output stage, reading
+Aqk instead of forming it again).
+Backward: delta_state.delta_state_bwd (dh, dvn, dh0), output_stage.output_bwd on vn (dq, and
+the dk, dg of Aqk / q exp(b) h / the state update), wy.wy_bwd (dv, dbeta, dkb, dAk),
+delta_bwd.delta_key_bwd (dk, dg: adds the Ak and kb terms).
+Grouped heads: q and k are repeated to the HV value heads (their gradients summed back by
+autodiff). use_qk_l2norm_in_kernel: q, k normalised in fp32 and rounded back to their dtype
+first (jnp, differentiable).
+
+`chunk_kda_pallas_dplr`: the former route (KDA as DPLR on engine/dplr.py), same signature,
+kept for timing comparisons.
 """
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 
+from ..common import pallas_triton as ptr
 from ..common.compute_operands import expand_heads, l2_normalize
+from ..common.engine import GATE_KEY, output_bwd, output_fwd
+from ..common.engine import varlen as vl
+from ..common.engine.delta_bwd import delta_key_bwd
+from ..common.engine.delta_scores import delta_scores
+from ..common.engine.delta_state import delta_state_bwd, delta_state_fwd
 from ..common.engine.dplr import dplr_chunk
+from ..common.engine.launch import Problem
+from ..common.engine.wy import wy_bwd, wy_fwd
 
 F32 = jnp.float32
+MAX_HEAD_DIM = 256
+
+
+def _seq(pb, cu):
+    return vl.slot_sequences(cu, pb.T, pb.bt) if pb.varlen else None
+
+
+def _forward(pb, q, k, v, g, beta, h0, cu):
+    seq = _seq(pb, cu)
+    Aqk, Ak, kb = delta_scores(pb, q, k, g, cu, seq)
+    Tm, w, u = wy_fwd(pb, Ak, kb, v, beta, cu, seq)
+    h, vn, ht = delta_state_fwd(pb, k, w, u, g, h0, cu)
+    o = output_fwd(pb, q, k, vn, g, h, cu, seq, A=Aqk)
+    return o, ht, (Aqk, Ak, kb, Tm, w, h, vn)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _kda(pb, q, k, v, g, beta, h0, cu):
+    o, ht, _ = _forward(pb, q, k, v, g, beta, h0, cu)
+    return o, ht
+
+
+def _fwd(pb, q, k, v, g, beta, h0, cu):
+    o, ht, res = _forward(pb, q, k, v, g, beta, h0, cu)
+    return (o, ht), (q, k, v, g, beta, cu) + res
+
+
+def _bwd(pb, res, cts):
+    q, k, v, g, beta, cu, Aqk, Ak, kb, Tm, w, h, vn = res
+    do, dht = cts
+    do = do.astype(q.dtype)
+    seq = _seq(pb, cu)
+    dh, dvn, dh0 = delta_state_bwd(pb, q, k, w, g, Aqk, do, dht.astype(F32), cu)
+    dq, dk_o, _, dg_o = output_bwd(pb, q, k, vn, g, h, do, dh, cu, seq, dk_dtype=F32,
+                                   want_dv=False)
+    dv, dbeta, dkb, dAk = wy_bwd(pb, Ak, Tm, kb, v, beta, g, h, dvn, cu, seq)
+    dk, dg = delta_key_bwd(pb, k, g, dAk, dkb, dk_o, dg_o, cu, seq)
+    return dq, dk, dv, dg, dbeta, dh0, None
+
+
+_kda.defvjp(_fwd, _bwd)
+
+
+def _check_sizes(q, v):
+    for name, size in (("K", q.shape[-1]), ("V", v.shape[-1])):
+        if size > MAX_HEAD_DIM:
+            raise ValueError(f"chunk_kda(impl='pallas'): head size {name}={size}; "
+                             f"expected {name} <= {MAX_HEAD_DIM}")
 
 
 def chunk_kda_pallas(q, k, v, *, g, beta, scale, initial_state, output_final_state,
@@ -23,6 +97,28 @@ def chunk_kda_pallas(q, k, v, *, g, beta, scale, initial_state, output_final_sta
     [N, HV, K, V] fp32; cu_seqlens: None or [N+1] int (B == 1, may be traced).
     Returns (o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 or None).
     Differentiable w.r.t. q, k, v, g, beta, initial_state."""
+    _check_sizes(q, v)
+    if use_qk_l2norm_in_kernel:
+        q = l2_normalize(q.astype(F32)).astype(q.dtype)
+        k = l2_normalize(k.astype(F32)).astype(k.dtype)
+    B, T, _, K = q.shape
+    HV = v.shape[2]
+    q, k = expand_heads(q, HV), expand_heads(k, HV)
+    cu = None if cu_seqlens is None else jnp.asarray(cu_seqlens).astype(jnp.int32)
+    N = B if cu is None else cu.shape[0] - 1
+    pb = Problem(B=B, T=T, H=HV, K=K, V=v.shape[-1], N=N, scale=float(scale),
+                 varlen=cu is not None, gate=GATE_KEY, has_h0=initial_state is not None,
+                 precision=ptr.dot_precision(), bt=64, state_dtype=jnp.dtype(q.dtype).name)
+    h0 = None if initial_state is None else initial_state.astype(F32)
+    o, ht = _kda(pb, q, k, v, g.astype(F32), beta.astype(F32), h0, cu)
+    return o, (ht if output_final_state else None)
+
+
+def chunk_kda_pallas_dplr(q, k, v, *, g, beta, scale, initial_state, output_final_state,
+                          cu_seqlens, use_qk_l2norm_in_kernel=False):
+    """The DPLR route (engine/dplr.py: a = exp(g) k, b = -beta k, write key beta k, formed in
+    fp32 with jnp); same arguments and returns as chunk_kda_pallas."""
+    _check_sizes(q, v)
     qf, kf = q.astype(F32), k.astype(F32)
     if use_qk_l2norm_in_kernel:
         qf, kf = l2_normalize(qf), l2_normalize(kf)

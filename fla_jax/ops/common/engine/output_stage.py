@@ -140,11 +140,16 @@ def _fwd_kernel(refs, pb, bv):
     start, nv = _chunk(refs, pb)
     rows = _sub_rows(pb, start, nv)
     qs = _load_sub(refs, "q", rows, pb.K)
-    ks = _load_sub(refs, "k", rows, pb.K)
     vs = _load_sub(refs, "v", rows, pb.V, c0)
     dt = qs[0].dtype
     gs, _ = _sub_gates(refs, pb, start, nv, pb.Kp, pb.K, 0)
-    A = _scores(refs, pb, qs, ks, gs, rows, pb.K, 0, dt)
+    if "A" in refs:
+        # precomputed scores (zero above the diagonal), read by sub-chunk blocks
+        A = {(I, J): refs["A"][pl.ds(I * SUB, SUB), pl.ds(J * SUB, SUB)]
+             for I in range(pb.bt // SUB) for J in range(I + 1)}
+    else:
+        ks = _load_sub(refs, "k", rows, pb.K)
+        A = _scores(refs, pb, qs, ks, gs, rows, pb.K, 0, dt)
     S = refs["h"][...].astype(dt)
     for I in range(pb.bt // SUB):
         qd = qs[I] if gs[I][0] is None else (
@@ -172,16 +177,21 @@ def _grid(pb, nb):
     return (pb.n_slots, pb.H, nb)
 
 
-def output_fwd(pb: Problem, q, k, v, g, h, cu, seq, launch: Launch | None = None):
+def output_fwd(pb: Problem, q, k, v, g, h, cu, seq, launch: Launch | None = None, A=None):
     """o [B, T, H, V] in q's dtype from q, k [B, T, H, K], v [B, T, H, V], g (gate switch),
     h [slots, H, Kp, Vp] (state_pass_fwd), cu / seq (varlen: cu_seqlens int32 [N+1] and
-    varlen.slot_sequences; else None)."""
+    varlen.slot_sequences; else None). A: None (the scores are formed here from q, k, g) or
+    the causal scores [slots, H, BT, BT] fp32 (zero above the diagonal; k is then unused),
+    as Triton's output stage reads them (KDA's delta_scores forms them)."""
     launch = launch or launch_for("output_fwd", pb.K, pb.V, q.dtype)
     bv = width(pb.Vp, launch.bv)
     par = dict(parallel=True)
-    ins = [("q", q, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
-           ("k", k, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
-           ("v", v, specs.seq_rows(pb, bv, specs.same, **par))]
+    ins = [("q", q, specs.seq_rows(pb, pb.Kp, specs.zero, **par))]
+    if A is None:
+        ins.append(("k", k, specs.seq_rows(pb, pb.Kp, specs.zero, **par)))
+    else:
+        ins.append(("A", A, specs.slot_state(pb.bt, pb.bt, specs.zero, specs.zero)))
+    ins += [("v", v, specs.seq_rows(pb, bv, specs.same, **par))]
     ins += _gate_input(pb, g, pb.Kp, specs.zero) + _parallel_inputs(pb, cu, seq)
     ins.append(("h", h, specs.slot_state(pb.Kp, bv, specs.zero, specs.same)))
     outs = [("o", jax.ShapeDtypeStruct(v.shape, q.dtype), specs.seq_rows(pb, bv, specs.same, **par))]
@@ -390,16 +400,8 @@ def output_dq(pb: Problem, q, k, v, g, h, do, cu, seq, launch: Launch | None = N
     return r["dq"]
 
 
-def output_bwd(pb: Problem, q, k, v, g, h, do, dh, cu, seq,
-               launch_dv: Launch | None = None, launch_dqk: Launch | None = None):
-    """Cotangents of output_fwd w.r.t. q, k, v (their dtypes) and the gate (fp32: [B, T, H, K]
-    for GATE_KEY, [B, T, H] for GATE_SCALAR, None for GATE_NONE), from do [B, T, H, V] and
-    dh [slots, H, Kp, Vp] (state_pass_bwd). dv also carries the state path (k dS)."""
-    launch_dv = launch_dv or launch_for("output_dv", pb.K, pb.V, q.dtype)
-    launch_dqk = launch_dqk or launch_for("output_dqk", pb.K, pb.V, q.dtype)
+def _output_dv(pb, q, k, v, g, do, dh, common, launch_dv):
     par = dict(parallel=True)
-    common = _parallel_inputs(pb, cu, seq)
-
     bv = width(pb.Vp, launch_dv.bv)
     ins = [("q", q, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
            ("k", k, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
@@ -407,8 +409,24 @@ def output_bwd(pb: Problem, q, k, v, g, h, do, dh, cu, seq,
     ins += _gate_input(pb, g, pb.Kp, specs.zero) + common
     ins.append(("dh", dh, specs.slot_state(pb.Kp, bv, specs.zero, specs.same)))
     outs = [("dv", jax.ShapeDtypeStruct(v.shape, v.dtype), specs.seq_rows(pb, bv, specs.same, **par))]
-    dv = call(lambda refs: _dv_kernel(refs, pb, bv), _grid(pb, pl.cdiv(pb.V, bv)), ins, outs,
-              launch_dv, "engine_output_dv")["dv"]
+    return call(lambda refs: _dv_kernel(refs, pb, bv), _grid(pb, pl.cdiv(pb.V, bv)), ins, outs,
+                launch_dv, "engine_output_dv")["dv"]
+
+
+def output_bwd(pb: Problem, q, k, v, g, h, do, dh, cu, seq,
+               launch_dv: Launch | None = None, launch_dqk: Launch | None = None,
+               dk_dtype=None, want_dv=True):
+    """Cotangents of output_fwd w.r.t. q, k, v (their dtypes) and the gate (fp32: [B, T, H, K]
+    for GATE_KEY, [B, T, H] for GATE_SCALAR, None for GATE_NONE), from do [B, T, H, V] and
+    dh [slots, H, Kp, Vp] (state_pass_bwd). dv also carries the state path (k dS).
+    dk_dtype: dk's dtype when not k's (KDA adds fp32 terms to it before rounding).
+    want_dv=False: dv is None and its kernel is not called (KDA's state pass forms it)."""
+    launch_dv = launch_dv or launch_for("output_dv", pb.K, pb.V, q.dtype)
+    launch_dqk = launch_dqk or launch_for("output_dqk", pb.K, pb.V, q.dtype)
+    par = dict(parallel=True)
+    common = _parallel_inputs(pb, cu, seq)
+
+    dv = _output_dv(pb, q, k, v, g, do, dh, common, launch_dv) if want_dv else None
 
     bk = width(pb.Kp, launch_dqk.bk)
     nkb = pl.cdiv(pb.K, bk)
@@ -420,7 +438,8 @@ def output_bwd(pb: Problem, q, k, v, g, h, do, dh, cu, seq,
     ins += [("h", h, specs.slot_state(bk, pb.Vp, specs.same, specs.zero)),
             ("dh", dh, specs.slot_state(bk, pb.Vp, specs.same, specs.zero))]
     outs = [("dq", jax.ShapeDtypeStruct(q.shape, q.dtype), specs.seq_rows(pb, bk, specs.same, **par)),
-            ("dk", jax.ShapeDtypeStruct(k.shape, k.dtype), specs.seq_rows(pb, bk, specs.same, **par))]
+            ("dk", jax.ShapeDtypeStruct(k.shape, dk_dtype or k.dtype),
+             specs.seq_rows(pb, bk, specs.same, **par))]
     if pb.gate == gt.GATE_KEY:
         outs.append(("dg", jax.ShapeDtypeStruct(g.shape, F32), specs.seq_rows(pb, bk, specs.same, **par)))
     elif pb.gate == gt.GATE_SCALAR:

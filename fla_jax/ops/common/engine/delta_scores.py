@@ -1,0 +1,194 @@
+"""Intra-chunk scores of the per-key-gated delta rule (Pallas, Triton lowering): the mirror of
+fla_torch/ops/common/engine/delta_scores.py.
+
+    Aqk_ij = sum_c q_ic k_jc exp(b_ic - b_jc)   (j <= i)
+    Ak_ij  = sum_c k_ic k_jc exp(b_ic - b_jc)   (j < i)
+    kb     = k exp(b - b_0)                     (relative to the chunk's first row)
+b the in-chunk inclusive cumsum of the per-key log-decay, split hi + lo (gates.cumsum), b_0
+its value at the chunk's first row. Both matrices are formed by sub-chunks of SUB = 16 rows as
+the output stage forms its scores (output_stage._scores): pairs of different sub-chunks
+through the later sub-chunk's start, every exponent <= 0, in one dot each (the key factor
+shared by both matrices); pairs inside a sub-chunk exact per pair, both matrices in one column
+loop. SPLIT (default): one program per (chunk slot, head, sub-chunk I) writes rows I (the
+earlier sub-chunks' keys and gates re-read in lax.fori_loops), as Triton's delta_scores;
+else one program per (chunk slot, head). The two give identical numbers.
+kb is kept relative to the chunk's first row in every dtype (the Triton `rel` variant): exp(b)
+of strong gates is subnormal in fp16, and exp(b_0) is applied in fp32 by the users of kb / w
+(the state pass, the WY backward).
+Shapes: q, k [B, T, H, K] (one dtype), g [B, T, H, K] fp32; outputs Aqk, Ak
+[slots, H, BT, BT] fp32 (zero above the diagonal; Ak's diagonal zero), kb [B, T, H, K] in
+k's dtype.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from .. import pallas_triton as ptr
+from . import gates as gt
+from . import specs
+from .launch import SUB, Launch, Problem, call
+from .output_stage import (_chunk, _k_factor, _load_sub, _parallel_inputs, _q_factor, _row,
+                           _sub_gates, _sub_rows)
+
+F32 = jnp.float32
+LAUNCH = Launch(None, None, 4, 1)
+# True: one program per (chunk slot, head, sub-chunk) (_sub_kernel, as Triton's); False: one
+# per (chunk slot, head) (_kernel). The same numbers either way; the GPU timing decides.
+SPLIT = True
+
+
+def chunk_b(gs):
+    """[Cum b of sub-chunk I ([SUB, w])] from output_stage._sub_gates' (loc_I, R_I) pairs."""
+    return [gt.Cum(loc.hi + R.hi[None, :], loc.lo + R.lo[None, :]) for loc, R in gs]
+
+
+def rel_exp(bI: gt.Cum, b0: gt.Cum):
+    """exp(b - b_0) [SUB, w] fp32 for the [SUB, w] Cum bI and the [w] Cum b0 (exponent <= 0)."""
+    return jnp.exp(gt.gap(bI, gt.bcast(b0)))
+
+
+def store_blocks(ref, A, nb, strict):
+    """A {(I, J): [SUB, SUB]} (J <= I) into the [nb*SUB, nb*SUB] ref; zero above the diagonal
+    (strict: the diagonal too)."""
+    ii = jnp.arange(SUB)[:, None]
+    jj = jnp.arange(SUB)[None, :]
+    z = jnp.zeros((SUB, SUB), F32)
+    for I in range(nb):
+        for J in range(nb):
+            if J < I:
+                x = A[I, J]
+            elif J == I:
+                x = jnp.where(ii > jj if strict else ii >= jj, A[I, I], 0.0)
+            else:
+                x = z
+            ref[pl.ds(I * SUB, SUB), pl.ds(J * SUB, SUB)] = x
+
+
+def _diag_pair(refs, rs, nvI, q, k, loc, n_cols):
+    """(Aqk_II, Ak_II) [SUB, SUB] fp32 of one sub-chunk, exact per pair (j <= i; one column
+    per loop step, the key row read from refs['k']), both from one decay factor."""
+    ii = jnp.arange(SUB)[:, None]
+    jj = jnp.arange(SUB)[None, :]
+    qf, kf = q.astype(F32), k.astype(F32)
+
+    def body(j, acc):
+        aq, ak = acc
+        kj = _row(refs["k"], rs + j, j < nvI, n_cols, 0)
+        d = jnp.where(ii == j, 1.0, gt.masked_exp(gt.gap(loc, gt.bcast(gt.row(loc, j))), ii > j))
+        x = kj[None, :] * d
+        return (jnp.where(jj == j, jnp.sum(qf * x, axis=1)[:, None], aq),
+                jnp.where(jj == j, jnp.sum(kf * x, axis=1)[:, None], ak))
+
+    z = jnp.zeros((SUB, SUB), F32)
+    return lax.fori_loop(0, SUB, body, (z, z))
+
+
+def _scores2(refs, pb, qs, ks, gs, rows, dt):
+    """({(I, J): Aqk_IJ}, {(I, J): Ak_IJ}) [SUB, SUB] fp32 for J <= I: pairs of different
+    sub-chunks through sub-chunk I's start (one dot each, the key factor shared)."""
+    Aq, Ak = {}, {}
+    for I in range(pb.bt // SUB):
+        qf = _q_factor(pb, qs[I], gs[I]).astype(dt)
+        kf = _q_factor(pb, ks[I], gs[I]).astype(dt)
+        for J in range(I):
+            kc = _k_factor(pb, ks[J], gs[I], gs[J]).astype(dt)
+            Aq[I, J] = ptr.matmul(qf, kc, (1, 1), pb.precision)
+            Ak[I, J] = ptr.matmul(kf, kc, (1, 1), pb.precision)
+        Aq[I, I], Ak[I, I] = _diag_pair(refs, rows[I][0], rows[I][1], qs[I], ks[I], gs[I][0],
+                                        pb.K)
+    return Aq, Ak
+
+
+def _kernel(refs, pb):
+    start, nv = _chunk(refs, pb)
+    rows = _sub_rows(pb, start, nv)
+    nb = pb.bt // SUB
+    qs = _load_sub(refs, "q", rows, pb.K)
+    ks = _load_sub(refs, "k", rows, pb.K)
+    dt = qs[0].dtype
+    gs, _ = _sub_gates(refs, pb, start, nv, pb.Kp, pb.K, 0)
+    Aq, Ak = _scores2(refs, pb, qs, ks, gs, rows, dt)
+    store_blocks(refs["Aqk"], Aq, nb, False)
+    store_blocks(refs["Ak"], Ak, nb, True)
+    bs = chunk_b(gs)
+    b0 = gt.row(gs[0][0], 0)
+    for I in range(nb):
+        ptr.store_rows(refs["kb"], rows[I][0], rows[I][1], pb.K, ks[I] * rel_exp(bs[I], b0))
+
+
+def _gate_sub(refs, pb, rs, n_valid):
+    """(loc [SUB, Kp] Cum, total [Kp] Cum) of the sub-chunk whose first row is rs."""
+    return gt.cumsum(gt.load_gate(refs["g"], gt.GATE_KEY, rs, SUB, n_valid, pb.Kp, pb.K))
+
+
+def _sub_kernel(refs, pb):
+    """One program per (chunk slot, head, sub-chunk I): rows I*SUB.. of Aqk, Ak and kb (the
+    earlier sub-chunks' keys and gates re-read in lax.fori_loops: fewer values live at once
+    than in _kernel, as Triton's delta_scores)."""
+    I = pl.program_id(2)
+    nb = pb.bt // SUB
+    start, nv = _chunk(refs, pb)
+    i0 = I * SUB
+    rs, nvI = start + i0, nv - i0
+    q = ptr.load_rows(refs["q"], rs, SUB, nvI, pb.K)
+    k = ptr.load_rows(refs["k"], rs, SUB, nvI, pb.K)
+    dt = q.dtype
+    loc, _ = _gate_sub(refs, pb, rs, nvI)
+    b0 = gt.row(_gate_sub(refs, pb, start, nv)[0], 0)
+
+    def total(J, R):
+        return gt.add(R, _gate_sub(refs, pb, start + J * SUB, nv - J * SUB)[1])
+
+    R = lax.fori_loop(0, I, total, gt.zero_cum(pb.Kp))
+    el = jnp.exp(loc.value())
+    qf, kf = (q * el).astype(dt), (k * el).astype(dt)
+
+    def block(J, RJ):
+        rJ, nvJ = start + J * SUB, nv - J * SUB
+        kJ = ptr.load_rows(refs["k"], rJ, SUB, nvJ, pb.K)
+        locJ, totJ = _gate_sub(refs, pb, rJ, nvJ)
+        kc = (kJ * jnp.exp(gt.span(R, RJ, locJ))).astype(dt)
+        cols = pl.ds(J * SUB, SUB)
+        refs["Aqk"][pl.ds(i0, SUB), cols] = ptr.matmul(qf, kc, (1, 1), pb.precision)
+        refs["Ak"][pl.ds(i0, SUB), cols] = ptr.matmul(kf, kc, (1, 1), pb.precision)
+        return gt.add(RJ, totJ)
+
+    lax.fori_loop(0, I, block, gt.zero_cum(pb.Kp))
+    aq, ak = _diag_pair(refs, rs, nvI, q, k, loc, pb.K)
+    ii = jnp.arange(SUB)[:, None]
+    jj = jnp.arange(SUB)[None, :]
+    refs["Aqk"][pl.ds(i0, SUB), pl.ds(i0, SUB)] = jnp.where(ii >= jj, aq, 0.0)
+    refs["Ak"][pl.ds(i0, SUB), pl.ds(i0, SUB)] = jnp.where(ii > jj, ak, 0.0)
+
+    def zero(J, c):
+        z = jnp.zeros((SUB, SUB), F32)
+        refs["Aqk"][pl.ds(i0, SUB), pl.ds(J * SUB, SUB)] = z
+        refs["Ak"][pl.ds(i0, SUB), pl.ds(J * SUB, SUB)] = z
+        return c
+
+    lax.fori_loop(I + 1, nb, zero, 0)
+    bI = gt.Cum(loc.hi + R.hi[None, :], loc.lo + R.lo[None, :])
+    ptr.store_rows(refs["kb"], rs, nvI, pb.K, k * rel_exp(bI, b0))
+
+
+def delta_scores(pb: Problem, q, k, g, cu, seq):
+    """(Aqk, Ak [slots, H, BT, BT] fp32, kb [B, T, H, K] in k's dtype) from q, k
+    [B, T, H, K], the key gate g [B, T, H, K] fp32 and cu / seq (varlen: cu_seqlens int32
+    [N+1] and varlen.slot_sequences; else None)."""
+    par = dict(parallel=True)
+    ins = [("q", q, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
+           ("k", k, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
+           ("g", g, specs.seq_rows(pb, pb.Kp, specs.zero, **par))]
+    ins += _parallel_inputs(pb, cu, seq)
+    sq = jax.ShapeDtypeStruct((pb.n_slots, pb.H, pb.bt, pb.bt), F32)
+    blk = specs.slot_state(pb.bt, pb.bt, specs.zero, specs.zero)
+    outs = [("Aqk", sq, blk), ("Ak", sq, blk),
+            ("kb", jax.ShapeDtypeStruct(k.shape, k.dtype),
+             specs.seq_rows(pb, pb.Kp, specs.zero, **par))]
+    kern, nprog = (_sub_kernel, pb.bt // SUB) if SPLIT else (_kernel, 1)
+    r = call(lambda refs: kern(refs, pb), (pb.n_slots, pb.H, nprog), ins, outs, LAUNCH,
+             "kda_delta_scores")
+    return r["Aqk"], r["Ak"], r["kb"]

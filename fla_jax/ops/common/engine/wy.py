@@ -1,0 +1,202 @@
+"""Per-key-gated WY (UT) transform of the delta rule (Pallas, Triton lowering), forward and
+backward, one program per (chunk slot, head): the mirror of fla_torch/ops/common/engine/wy.py.
+
+With Ak the key scores (delta_scores.py) and kb = k exp(b - b_0) (b the in-chunk cumsum of
+the per-key log-decay, b_0 its first row), per chunk of BT = 64 rows:
+    Akk = diag(beta) Ak (strictly lower),   T = (I + Akk)^-1   (fp32, kept for the backward)
+    w   = T diag(beta) kb,                  u = T diag(beta) v   (in the input dtype)
+so that vn = u - w (diag(exp(b_0)) h) (delta_state.py). T is formed from the 16x16 blocks of
+Akk: the diagonal blocks by forward substitution (inv_unit_lower, a lax.fori_loop),
+T_IJ = -T_II sum_{J <= M < I} Akk_IM T_MJ below them. Every product has fp32 operands at the
+engine's fp32-accurate precision (16-bit kb, v are exact in fp32).
+
+Backward, from dvn (the gradient of vn, fp32) and h (the state before the chunk), with
+dw = -dvn (diag(exp(b_0)) h)^T the gradient of the relative w:
+    dT = (dw kb^T + dvn v^T) diag(beta)
+    dv = diag(beta) T^T dvn,   dkb = diag(beta) T^T dw   (the gradient of the relative kb)
+    dAkk = -strict(T^T dT T^T),   dAk = diag(beta) dAkk
+    dbeta = rowsum((T^T dw) * kb) + rowsum((T^T dvn) * v) + rowsum(dAkk * Ak)
+The backward walks V in blocks of BV_BWD (a lax.fori_loop): at K = V = 256 a whole fp32 h
+would not fit shared memory as a dot operand.
+Shapes: Ak, T, dAk [slots, H, BT, BT] fp32; kb, dkb [B, T, H, K]; v, u, dv [B, T, H, V];
+w [B, T, H, K]; beta, dbeta [B, T, H] fp32; h [slots, H, Kp, Vp]; dvn [B, T, H, V] fp32.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+from .. import pallas_triton as ptr
+from . import specs
+from .launch import SUB, Launch, Problem, call
+from .output_stage import _chunk, _parallel_inputs, _row
+
+F32 = jnp.float32
+LAUNCH = Launch(None, None, 4, 1)
+
+
+def _beta_spec(pb):
+    from . import varlen as vl
+    batch = vl.batch_of_slot(pb.varlen, pb.T, pb.bt)
+    return pl.BlockSpec((None, pb.T, None), lambda s, h, j: (batch(s), 0, h))
+
+
+def _sq_spec(pb):
+    return specs.slot_state(pb.bt, pb.bt, specs.zero, specs.zero)
+
+
+def _sq(pb):
+    return jax.ShapeDtypeStruct((pb.n_slots, pb.H, pb.bt, pb.bt), F32)
+
+
+def inv_unit_lower(As):
+    """[(I + A)^-1 for A in As] (strictly lower [SUB, SUB] fp32 blocks) by forward substitution
+    in exact fp32 FMAs, the blocks side by side in one lax.fori_loop over the rows (one copy
+    of the body in the IR)."""
+    r = jnp.arange(SUB)[:, None]
+    c = jnp.arange(SUB)
+    eye = (r == c[None, :]).astype(F32)
+
+    def body(i, Ts):
+        out = []
+        for A, Tb in zip(As, Ts):
+            a_i = jnp.sum(jnp.where(r == i, A, 0.0), axis=0)                 # row i of A
+            new = jnp.where(c == i, 1.0, 0.0) - jnp.sum(a_i[:, None] * Tb, axis=0)
+            out.append(jnp.where(r == i, new[None, :], Tb))
+        return tuple(out)
+
+    return list(lax.fori_loop(1, SUB, body, tuple(eye for _ in As)))
+
+
+def _blk(ref, I, J):
+    return ref[pl.ds(I * SUB, SUB), pl.ds(J * SUB, SUB)]
+
+
+def _fwd_kernel(refs, pb):
+    start, nv = _chunk(refs, pb)
+    nb = pb.bt // SUB
+    prec = pb.precision
+    betas = [ptr.load_rows(refs["beta"], start + I * SUB, SUB, nv - I * SUB).astype(F32)
+             for I in range(nb)]
+    a = {(I, J): betas[I][:, None] * _blk(refs["Ak"], I, J)
+         for I in range(nb) for J in range(I + 1)}
+    Tm = dict(zip([(I, I) for I in range(nb)],
+                  inv_unit_lower([a[I, I] for I in range(nb)])))
+    for d in range(1, nb):
+        for I in range(d, nb):
+            J = I - d
+            acc = None
+            for M in range(J, I):
+                x = ptr.matmul(a[I, M], Tm[M, J], (1, 0), prec)
+                acc = x if acc is None else acc + x
+            Tm[I, J] = -ptr.matmul(Tm[I, I], acc, (1, 0), prec)
+    z = jnp.zeros((SUB, SUB), F32)
+    for I in range(nb):
+        for J in range(nb):
+            refs["T"][pl.ds(I * SUB, SUB), pl.ds(J * SUB, SUB)] = Tm[I, J] if J <= I else z
+    rows = [(start + I * SUB, nv - I * SUB) for I in range(nb)]
+    for name, src, n_cols in (("w", "kb", pb.K), ("u", "v", pb.V)):
+        xs = [ptr.load_rows(refs[src], rs, SUB, nvI, n_cols).astype(F32) for rs, nvI in rows]
+        for I in range(nb):
+            acc = None
+            for J in range(I + 1):
+                x = ptr.matmul(Tm[I, J] * betas[J][None, :], xs[J], (1, 0), prec)
+                acc = x if acc is None else acc + x
+            ptr.store_rows(refs[name], rows[I][0], rows[I][1], n_cols, acc)
+
+
+def wy_fwd(pb: Problem, Ak, kb, v, beta, cu, seq):
+    """Ak [slots, H, BT, BT] fp32, kb [B, T, H, K], v [B, T, H, V] (one dtype), beta
+    [B, T, H] fp32. Returns (T [slots, H, BT, BT] fp32, w [B, T, H, K], u [B, T, H, V] in
+    v's dtype)."""
+    par = dict(parallel=True)
+    ins = [("Ak", Ak, _sq_spec(pb)),
+           ("kb", kb, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
+           ("v", v, specs.seq_rows(pb, pb.Vp, specs.zero, **par)),
+           ("beta", beta, _beta_spec(pb))]
+    ins += _parallel_inputs(pb, cu, seq)
+    outs = [("T", _sq(pb), _sq_spec(pb)),
+            ("w", jax.ShapeDtypeStruct(kb.shape, v.dtype),
+             specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
+            ("u", jax.ShapeDtypeStruct(v.shape, v.dtype),
+             specs.seq_rows(pb, pb.Vp, specs.zero, **par))]
+    r = call(lambda refs: _fwd_kernel(refs, pb), (pb.n_slots, pb.H, 1), ins, outs, LAUNCH,
+             "kda_wy_fwd")
+    return r["T"], r["w"], r["u"]
+
+
+BV_BWD = 64        # V block of the backward: h [Kp, BV] fp32 stays a small dot operand
+
+
+def _cols(ref, start, bt, nv, c0, bw, n_cols):
+    """[bt, bw] fp32 block (rows start.., columns c0..) of a [T, D] ref, masked."""
+    m = (jnp.arange(bt) < nv)[:, None] & ((c0 + jnp.arange(bw)) < n_cols)[None, :]
+    return plt.load(ref.at[pl.ds(start, bt), pl.ds(c0, bw)], mask=m, other=0.0).astype(F32)
+
+
+def _bwd_kernel(refs, pb):
+    start, nv = _chunk(refs, pb)
+    prec = pb.precision
+    bt = pb.bt
+    bv = min(pb.Vp, BV_BWD)
+    Tm = refs["T"][...]
+    Ak = refs["Ak"][...]
+    beta = ptr.load_rows(refs["beta"], start, bt, nv).astype(F32)
+    kb = ptr.load_rows(refs["kb"], start, bt, nv, pb.K).astype(F32)
+    e0 = jnp.exp(_row(refs["g"], start, nv > 0, pb.K, 0))
+
+    def v_block(j, carry):
+        dw, dT, db = carry
+        c0 = j * bv
+        v = _cols(refs["v"], start, bt, nv, c0, bv, pb.V)
+        dvn = _cols(refs["dvn"], start, bt, nv, c0, bv, pb.V)
+        h = refs["h"][:, pl.ds(c0, bv)].astype(F32) * e0[:, None]          # [Kp, bv]
+        dw = dw - ptr.matmul(dvn, h, (1, 1), prec)                          # [BT, Kp]
+        dT = dT + ptr.matmul(dvn, v, (1, 1), prec)
+        du = ptr.matmul(Tm, dvn, (0, 0), prec)                              # T^T dvn
+        db = db + jnp.sum(du * v, axis=1)
+        m = (jnp.arange(bt) < nv)[:, None] & ((c0 + jnp.arange(bv)) < pb.V)[None, :]
+        plt.store(refs["dv"].at[pl.ds(start, bt), pl.ds(c0, bv)],
+                  (du * beta[:, None]).astype(refs["dv"].dtype), mask=m)
+        return dw, dT, db
+
+    zero = (jnp.zeros((bt, pb.Kp), F32), jnp.zeros((bt, bt), F32), jnp.zeros((bt,), F32))
+    dw, dT, db = lax.fori_loop(0, pl.cdiv(pb.V, bv), v_block, zero)
+    dT = (dT + ptr.matmul(dw, kb, (1, 1), prec)) * beta[None, :]
+    dW = ptr.matmul(Tm, dw, (0, 0), prec)                               # T^T dw
+    ii = jnp.arange(bt)[:, None]
+    jj = jnp.arange(bt)[None, :]
+    dA = -ptr.matmul(ptr.matmul(Tm, dT, (0, 0), prec), Tm, (1, 1), prec)
+    dA = jnp.where(ii > jj, dA, 0.0)
+    db = db + jnp.sum(dW * kb, axis=1) + jnp.sum(dA * jnp.where(ii > jj, Ak, 0.0), axis=1)
+    ptr.store_rows(refs["dkb"], start, nv, pb.K, dW * beta[:, None])
+    ptr.store_rows(refs["dbeta"], start, nv, None, db)
+    refs["dAk"][...] = dA * beta[:, None]
+
+
+def wy_bwd(pb: Problem, Ak, T, kb, v, beta, g, h, dvn, cu, seq):
+    """Ak, T [slots, H, BT, BT] fp32; kb [B, T, H, K], v [B, T, H, V] (one dtype); beta
+    [B, T, H] fp32; g [B, T, H, K] fp32 (for exp(b_0)); h [slots, H, Kp, Vp] (the state
+    before each chunk); dvn [B, T, H, V] fp32. Returns (dv [B, T, H, V] in v's dtype, dbeta
+    [B, T, H] fp32, dkb [B, T, H, K] fp32, dAk [slots, H, BT, BT] fp32)."""
+    par = dict(parallel=True)
+    ins = [("Ak", Ak, _sq_spec(pb)), ("T", T, _sq_spec(pb)),
+           ("kb", kb, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
+           ("v", v, specs.seq_rows(pb, pb.Vp, specs.zero, **par)),
+           ("beta", beta, _beta_spec(pb)),
+           ("g", g, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
+           ("h", h, specs.slot_state(pb.Kp, pb.Vp, specs.zero, specs.zero)),
+           ("dvn", dvn, specs.seq_rows(pb, pb.Vp, specs.zero, **par))]
+    ins += _parallel_inputs(pb, cu, seq)
+    outs = [("dv", jax.ShapeDtypeStruct(v.shape, v.dtype),
+             specs.seq_rows(pb, pb.Vp, specs.zero, **par)),
+            ("dbeta", jax.ShapeDtypeStruct(beta.shape, F32), _beta_spec(pb)),
+            ("dkb", jax.ShapeDtypeStruct(kb.shape, F32),
+             specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
+            ("dAk", _sq(pb), _sq_spec(pb))]
+    r = call(lambda refs: _bwd_kernel(refs, pb), (pb.n_slots, pb.H, 1), ins, outs, LAUNCH,
+             "kda_wy_bwd")
+    return r["dv"], r["dbeta"], r["dkb"], r["dAk"]
