@@ -16,13 +16,13 @@ vector y in {b, k} through exp(G_i - G_j), j <= i.
 
 Sub-chunks of BC rows: the pairs of earlier sub-chunks factor through a reference row between
 them (x_i exp(G_i - G_f), y_j exp(G_f - G_j): every exponent <= 0) into tensor-core dots
-(fp32 operands, fp32-accurate). The diagonal sub-block factors through its own first row f
-when the decay across it stays under gates.SPAN (every channel's G_f - G_last < SPAN: the
-factors exp(G_i - G_f) >= e^-SPAN and exp(G_f - G_j) <= e^SPAN are exact fp32 numbers, so one
-fp32-accurate dot gives every pair to fp32 accuracy), forward and backward; beyond the span it
-is exact per pair (a loop over the sub-chunk's columns). Every exponent is a difference of
-fp64 cumsums taken before the cast to fp32 and masked to -inf outside the causal part before
-exp: no overflow at gates of -20.
+(fp32-accurate; for a bf16 op both operands rounded to bf16, as KDA's delta_scores). The
+diagonal sub-block factors through its own first row f when the decay across it stays under
+gates.SPAN (every channel's G_f - G_last < SPAN: the factors exp(G_i - G_f) >= e^-SPAN and
+exp(G_f - G_j) <= e^SPAN are exact fp32 numbers, so one fp32-accurate dot gives every pair to
+fp32 accuracy), forward and backward; beyond the span it is exact per pair (a loop over the
+sub-chunk's columns). Every exponent is a difference of fp64 cumsums taken before the cast to fp32
+and masked to -inf outside the causal part before exp: no overflow at gates of -20.
 
 The forward is two kernels: _dplr_vectors_fwd per (slot, head, key block): G to an fp64
 buffer, r_in, a_in, b_out, k_out, tot; _dplr_scores_fwd per (slot, head, sub-chunk): its rows
@@ -151,7 +151,7 @@ def _dplr_vectors_fwd(r, k, a, b, w, tok, gbuf, Aab, Aak, rin, ain, bout, kout, 
 @triton.jit
 def _dplr_scores_fwd(r, k, a, b, tok, gbuf, Aab, Aak, Arb, Ark,
                      H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                     BK: tl.constexpr, PREC: tl.constexpr):
+                     BK: tl.constexpr, PREC: tl.constexpr, DT: tl.constexpr):
     """Per (slot, head, sub-chunk I): rows i0 .. i0 + BC of A_rb, A_rk and the shifted rows of
     A_ab, A_ak; the earlier sub-chunks' columns in one pass over K, the diagonal block in a
     second (fewer registers live at once)."""
@@ -186,10 +186,10 @@ def _dplr_scores_fwd(r, k, a, b, tok, gbuf, Aab, Aak, Arb, Ark,
             e_r = _ex(G_I - G_f[None, :])
             r_d = _ldx(r, t_I, i_h, o_k, m_k, H, K) * e_r
             a_d = _ldx(a, t_Ia, i_h, o_k, m_k, H, K) * e_r
-            o_rb += tl.dot(r_d, tl.trans(c_b), input_precision=PREC)
-            o_rk += tl.dot(r_d, tl.trans(c_k), input_precision=PREC)
-            o_ab += tl.dot(a_d, tl.trans(c_b), input_precision=PREC)
-            o_ak += tl.dot(a_d, tl.trans(c_k), input_precision=PREC)
+            o_rb += _dot(r_d, tl.trans(c_b), DT, PREC)
+            o_rk += _dot(r_d, tl.trans(c_k), DT, PREC)
+            o_ab += _dot(a_d, tl.trans(c_b), DT, PREC)
+            o_ak += _dot(a_d, tl.trans(c_k), DT, PREC)
     tl.store(Arb + p_r + o_t[None, :], o_rb, mask=m_r[:, None] & off)
     tl.store(Ark + p_r + o_t[None, :], o_rk, mask=m_r[:, None] & off)
     tl.store(Aab + p_a + o_t[None, :], o_ab, mask=m_a[:, None] & off)
@@ -301,6 +301,7 @@ def scores_fwd(r, k, a, b, w, tok):
                                                    num_warps=4)
     _dplr_scores_fwd[(S, H, BT // BC)](r, k, a, b, tok, gbuf, *mats, H=H, K=K, BT=BT, BC=BC,
                                        BK=min(block(K), LAUNCH["BK"]), PREC=fp32_dot_precision(),
+                                       DT=dot_dtype(r.dtype),
                                        num_warps=LAUNCH["num_warps"], num_stages=1,
                                        maxnreg=LAUNCH["maxnreg"])
     return (*mats, *vecs, tot, gbuf)

@@ -14,6 +14,9 @@ cumsum, kept in gbuf):
  3. _dplr_scores_bwd_dw (per slot, head, key block): dw_s = sum_{t >= s} (P_t - M_t) plus the
     chunk-end and total-decay terms (prefix / suffix sums by tl.cumsum).
 No O(1) term is formed and cancelled: the pairs i == j depend on no gate and stay out of dw.
+The dots with other sub-chunks take bf16 operands for a bf16 op (dA and the decayed vectors
+rounded, as KDA's delta_bwd does), fp32-accurate ones otherwise; the diagonal blocks are
+fp32-accurate always.
 """
 from __future__ import annotations
 
@@ -23,8 +26,8 @@ import triton.language as tl
 
 from ..kernel_alloc import alloc
 from ..triton_scalar_gate import block, fp32_dot_precision
-from .dplr_scores import (BC, BT, _diag, _ex, _ld, _ldA, _ldx, _ldx_row, _st, _stx, _sub_rows,
-                          _tk)
+from .dplr_scores import (BC, BT, _diag, _dot, _ex, _ld, _ldA, _ldx, _ldx_row, _st, _stx,
+                          _sub_rows, _tk, dot_dtype)
 from .gates import SPAN
 
 # key block and warps of the row and column kernels, and the dw kernel's key block (a tuning
@@ -39,7 +42,7 @@ LAUNCH = dict(BK=64, num_warps=4, BK_dw=32, maxnreg_row=168, maxnreg_col=None)
 @triton.jit
 def _dplr_scores_bwd_row(r, k, a, b, tok, gbuf, pm, dAab, dAak, dArb, dArk, drin, dain, dr, da,
                          H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                         BK: tl.constexpr, PREC: tl.constexpr):
+                         BK: tl.constexpr, PREC: tl.constexpr, DT: tl.constexpr):
     i_s, i_h, I = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     base = i_s * H + i_h
     o_c = tl.arange(0, BC)
@@ -70,14 +73,10 @@ def _dplr_scores_bwd_row(r, k, a, b, tok, gbuf, pm, dAab, dAak, dArb, dArk, drin
                 e_c = _ex(G_f[None, :] - _ld(gbuf, base, cols, m_c, o_k, m_k, K, BT))
                 c_b = _ldx(b, t_J, i_h, o_k, m_k, H, K) * e_c
                 c_k = _ldx(k, t_J, i_h, o_k, m_k, H, K) * e_c
-                g_r += (tl.dot(_ldA(dArb, base, rows, m_r, cols, m_c, BT), c_b,
-                               input_precision=PREC)
-                        + tl.dot(_ldA(dArk, base, rows, m_r, cols, m_c, BT), c_k,
-                                 input_precision=PREC))
-                g_a += (tl.dot(_ldA(dAab, base, rows + 1, m_a, cols, m_c, BT), c_b,
-                               input_precision=PREC)
-                        + tl.dot(_ldA(dAak, base, rows + 1, m_a, cols, m_c, BT), c_k,
-                                 input_precision=PREC))
+                g_r += (_dot(_ldA(dArb, base, rows, m_r, cols, m_c, BT), c_b, DT, PREC)
+                        + _dot(_ldA(dArk, base, rows, m_r, cols, m_c, BT), c_k, DT, PREC))
+                g_a += (_dot(_ldA(dAab, base, rows + 1, m_a, cols, m_c, BT), c_b, DT, PREC)
+                        + _dot(_ldA(dAak, base, rows + 1, m_a, cols, m_c, BT), c_k, DT, PREC))
             e_r = _ex(G_I - G_f[None, :])
             g_r *= e_r
             g_a *= e_r
@@ -123,7 +122,8 @@ def _dplr_scores_bwd_row(r, k, a, b, tok, gbuf, pm, dAab, dAak, dArb, dArk, drin
 @triton.jit
 def _dplr_scores_bwd_col(r, k, a, b, tok, gbuf, pm, dAab, dAak, dArb, dArk, dbout, dkout, db,
                          dk, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                         BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+                         BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
+                         DT: tl.constexpr):
     i_s, i_h, I = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     base = i_s * H + i_h
     o_c = tl.arange(0, BC)
@@ -149,14 +149,14 @@ def _dplr_scores_bwd_col(r, k, a, b, tok, gbuf, pm, dAab, dAak, dArb, dArk, dbou
                 e_w = _ex(_ld(gbuf, base, cols, m_c, o_k, m_k, K, BT) - G_l[None, :])
                 w_r = _ldx(r, t_J, i_h, o_k, m_k, H, K) * e_w
                 w_a = _ldx(a, t_Js, i_h, o_k, m_k, H, K) * e_w
-                g_b += (tl.dot(tl.trans(_ldA(dArb, base, cols, m_c, rows, m_r, BT)), w_r,
-                               input_precision=PREC)
-                        + tl.dot(tl.trans(_ldA(dAab, base, cols + 1, m_cs, rows, m_r, BT)), w_a,
-                                 input_precision=PREC))
-                g_k += (tl.dot(tl.trans(_ldA(dArk, base, cols, m_c, rows, m_r, BT)), w_r,
-                               input_precision=PREC)
-                        + tl.dot(tl.trans(_ldA(dAak, base, cols + 1, m_cs, rows, m_r, BT)), w_a,
-                                 input_precision=PREC))
+                g_b += (_dot(tl.trans(_ldA(dArb, base, cols, m_c, rows, m_r, BT)), w_r, DT,
+                             PREC)
+                        + _dot(tl.trans(_ldA(dAab, base, cols + 1, m_cs, rows, m_r, BT)), w_a,
+                               DT, PREC))
+                g_k += (_dot(tl.trans(_ldA(dArk, base, cols, m_c, rows, m_r, BT)), w_r, DT,
+                             PREC)
+                        + _dot(tl.trans(_ldA(dAak, base, cols + 1, m_cs, rows, m_r, BT)), w_a,
+                               DT, PREC))
             e_l = _ex(G_l[None, :] - G_I)
             g_b *= e_l
             g_k *= e_l
@@ -239,7 +239,7 @@ def scores_bwd(r, k, a, b, w, tok, gbuf, grads):
     pm = alloc((S, H, BT, K), torch.float32, dev)
     BK = min(block(K), LAUNCH["BK"])
     grid = (S, H, BT // BC)
-    kw = dict(H=H, K=K, BT=BT, BC=BC, BK=BK, PREC=fp32_dot_precision(),
+    kw = dict(H=H, K=K, BT=BT, BC=BC, BK=BK, PREC=fp32_dot_precision(), DT=dot_dtype(r.dtype),
               num_warps=LAUNCH["num_warps"], num_stages=1)
     _dplr_scores_bwd_row[grid](r, k, a, b, tok, gbuf, pm, dAab, dAak, dArb, dArk, drin, dain,
                                dr, da, maxnreg=LAUNCH["maxnreg_row"], **kw)

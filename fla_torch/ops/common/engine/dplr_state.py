@@ -1,9 +1,9 @@
 """Inter-chunk state pass of a DPLR recurrence (Triton), forward and backward.
 
 Slot layout [S, H, BT, D] (dplr.py; u, w, b_out, k_out, U, S_in in dplr_scores.inter_dtype,
-bf16 for a bf16 op, whose dots then take bf16 operands; gradients fp32). Per sequence n, its chunks are the slots
-first[n] .. first[n] + count[n] - 1. One program per (sequence, head, V block) carries the
-state S [K, BV] fp32 (the whole K) through them:
+bf16 for a bf16 op, whose dots then take bf16 operands; gradients fp32). Per sequence n, its
+chunks are the slots first[n] .. first[n] + count[n] - 1. One program per (sequence, head,
+V block) carries the state S [K, BV] fp32 (the whole K) through them:
     S_in[slot] = S;   U = u + w S;   S <- diag(tot) S + b_out^T U + k_out^T v
 (u, w: the chunk's solved WY terms; b_out, k_out, tot from dplr_scores.py). Backward, dS the
 gradient of the state after the chunk (dht at the end):
