@@ -1,8 +1,8 @@
 """The output of a DPLR chunk (Triton, chunk-parallel), forward and backward.
 
-Slot layout (dplr.py): r_in [S, H, BT, K], S_in [S, H, K, V], U [S, H, BT, V] in
-dplr_scores.inter_dtype (bf16 for a bf16 op: its dots take bf16 operands), A_rb, A_rk
-[S, H, BT, BT] fp32; v [B, T, H, V] read from the token layout. Per chunk and head
+Slot layout (dplr.py): r_in [S, H, BT, K], S_in [S, H, K, V], U [S, H, BT, V], A_rb, A_rk
+[S, H, BT, BT] in dplr_scores.inter_dtype (bf16 for a bf16 op: its dots take bf16 operands);
+v [B, T, H, V] read from the token layout. Per chunk and head
     o = scale (r_in S_in + A_rb U + A_rk v)
 written straight to the token layout [B, T, H, V] in the output dtype: `tok` [S * BT] int64
 holds the flat token index (b * T + t) of every slot row, -1 on pad rows. Backward, with
@@ -119,7 +119,7 @@ def _tiles(K, V):
 
 
 def output_fwd(r_in, S_in, A_rb, U, A_rk, v, tok, scale, B, T, dtype):
-    """Slot layout (contiguous; A_rb, A_rk fp32, r_in, S_in, U in dplr_scores.inter_dtype)
+    """Slot layout (contiguous; r_in, S_in, U, A_rb, A_rk in dplr_scores.inter_dtype)
     except v [B, T, H, V] (token layout) -> o [B, T, H, V] in `dtype`."""
     S, H, BT, K = r_in.shape
     V = v.shape[-1]

@@ -190,8 +190,8 @@ def _dplr_scores_fwd(r, k, a, b, tok, gbuf, Aab, Aak, Arb, Ark,
             o_rk += _dot(r_d, tl.trans(c_k), DT, PREC)
             o_ab += _dot(a_d, tl.trans(c_b), DT, PREC)
             o_ak += _dot(a_d, tl.trans(c_k), DT, PREC)
-    tl.store(Arb + p_r + o_t[None, :], o_rb, mask=m_r[:, None] & off)
-    tl.store(Ark + p_r + o_t[None, :], o_rk, mask=m_r[:, None] & off)
+    tl.store(Arb + p_r + o_t[None, :], o_rb.to(Arb.dtype.element_ty), mask=m_r[:, None] & off)
+    tl.store(Ark + p_r + o_t[None, :], o_rk.to(Ark.dtype.element_ty), mask=m_r[:, None] & off)
     tl.store(Aab + p_a + o_t[None, :], o_ab, mask=m_a[:, None] & off)
     tl.store(Aak + p_a + o_t[None, :], o_ak, mask=m_a[:, None] & off)
     d_rb = tl.zeros([BC, BC], dtype=tl.float32)
@@ -232,8 +232,10 @@ def _dplr_scores_fwd(r, k, a, b, tok, gbuf, Aab, Aak, Arb, Ark,
                 d_ab += tl.where(at_j, tl.sum(xa_e * yb_j[None, :], axis=1)[:, None], 0.)
                 d_ak += tl.where(at_j, tl.sum(xa_e * yk_j[None, :], axis=1)[:, None], 0.)
     tri = o_c[:, None] >= o_c[None, :]
-    tl.store(Arb + p_r + i0 + o_c[None, :], tl.where(tri, d_rb, 0.), mask=m_r[:, None])
-    tl.store(Ark + p_r + i0 + o_c[None, :], tl.where(tri, d_rk, 0.), mask=m_r[:, None])
+    tl.store(Arb + p_r + i0 + o_c[None, :], tl.where(tri, d_rb, 0.).to(Arb.dtype.element_ty),
+             mask=m_r[:, None])
+    tl.store(Ark + p_r + i0 + o_c[None, :], tl.where(tri, d_rk, 0.).to(Ark.dtype.element_ty),
+             mask=m_r[:, None])
     tl.store(Aab + p_a + i0 + o_c[None, :], tl.where(tri, d_ab, 0.), mask=m_a[:, None])
     tl.store(Aak + p_a + i0 + o_c[None, :], tl.where(tri, d_ak, 0.), mask=m_a[:, None])
 
@@ -277,21 +279,24 @@ BC = 16
 BT = 64
 # the scores kernel's key block and warps (the vectors kernel: 4 warps, key blocks of 16).
 # H100 bf16 B4 T4096 H16 K64: BK 16 / 4 warps 1.86 ms, 32 / 4 2.06, 16 / 8 3.41, 32 / 8 3.22
-# (one program per chunk and head, 16 / 8: 2.83 ms). maxnreg 168 (3 blocks per SM instead of 2):
-# RWKV-7 fwd 3.21 -> 3.04 ms (session 9 call 3; 128: 3.48)
-LAUNCH = dict(BK=16, num_warps=4, maxnreg=168)
+# (one program per chunk and head, 16 / 8: 2.83 ms). Session 9 (bf16 dots with other
+# sub-chunks), call 5, RWKV-7 fwd: 2 warps 2.00 ms, 4 warps + maxnreg 168 2.14, 4 warps 2.30,
+# BK 32 3.37.
+LAUNCH = dict(BK=16, num_warps=2, maxnreg=None)
 
 
 def scores_fwd(r, k, a, b, w, tok):
     """r, k, a, b, w [B, T, H, K] (token layout, contiguous; r, k in one dtype, a, b, w fp32),
-    tok [S * BT] int64: the flat token of every slot row, -1 on pad rows. Returns (A_ab, A_ak,
-    A_rb, A_rk [S, H, BT, BT] fp32, r_in, a_in, b_out, k_out [S, H, BT, K] in
-    inter_dtype(r.dtype), tot [S, H, K] fp32) in the slot layout, and the fp64 in-chunk cumsum
-    G [S, H, BT, K] (the backward reads it)."""
+    tok [S * BT] int64: the flat token of every slot row, -1 on pad rows. Returns (A_ab, A_ak
+    [S, H, BT, BT] fp32, A_rb, A_rk [S, H, BT, BT] and r_in, a_in, b_out, k_out [S, H, BT, K]
+    in inter_dtype(r.dtype), tot [S, H, K] fp32) in the slot layout, and the fp64 in-chunk
+    cumsum G [S, H, BT, K] (the backward reads it)."""
     H, K = r.shape[2], r.shape[3]
     S = tok.shape[0] // BT
     dev = r.device
-    mats = [alloc((S, H, BT, BT), torch.float32, dev) for _ in range(4)]
+    # A_rb, A_rk feed only the output stage, whose dots take them in inter_dtype
+    mats = [alloc((S, H, BT, BT), dt, dev)
+            for dt in (torch.float32, torch.float32, inter_dtype(r.dtype), inter_dtype(r.dtype))]
     vecs = [alloc((S, H, BT, K), inter_dtype(r.dtype), dev) for _ in range(4)]
     tot = alloc((S, H, K), torch.float32, dev)
     gbuf = alloc((S, H, BT, K), torch.float64, dev)

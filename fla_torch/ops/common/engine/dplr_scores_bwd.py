@@ -34,9 +34,9 @@ from .gates import SPAN
 # script may override entries). H100 bf16 RWKV-7 B4 T4096 H16 K64, fwd+bwd minus fwd (session 9
 # call 1): 64 / 4 warps 4.17 ms, 32 / 4 5.01, 16 / 2 5.37, 64 / 8 5.44, 16 / 4 7.47, 32 / 8
 # 7.69; the per-chunk kernels before: 4.84 (32 / 4) in the same call. maxnreg (None: the
-# compiler's choice) per kernel, call 3 at 64 / 4: row 168 -0.05 ms fwd+bwd (128: +0.13), col
-# 168 +0.03 (128: +0.24).
-LAUNCH = dict(BK=64, num_warps=4, BK_dw=32, maxnreg_row=168, maxnreg_col=None)
+# compiler's choice) per kernel, call 5 (bf16 dots with other sub-chunks) at 64 / 4: row 168
+# (None +0.15 ms fwd+bwd, 128 +0.14), col 168 -0.11 (128 +0.09); BK 32 +0.70, 8 warps +1.42.
+LAUNCH = dict(BK=64, num_warps=4, BK_dw=32, maxnreg_row=168, maxnreg_col=168)
 
 
 @triton.jit
