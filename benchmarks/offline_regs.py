@@ -37,6 +37,8 @@ class Preset:
 
 
 def presets() -> dict:
+    import triton.language as tl
+
     from fla_torch.ops.common.engine import (delta_bwd, delta_scores, dplr_scores,
                                              dplr_scores_bwd, gates)
     seq = dict(cu_seqlens=I32)
@@ -60,18 +62,21 @@ def presets() -> dict:
             dict(H=16, K=128, GK=128, BT=64, BK=32, GATE=2, IS_VARLEN=False), 4),
         # RWKV-7 (K = V = 64): the DPLR scores forward (two kernels) and backward (three)
         "dplr_vectors_fwd": Preset(dplr_scores._dplr_vectors_fwd, dplr_ptrs,
-                                   dict(H=16, K=64, BT=64, BK=16), 4),
+                                   dict(H=16, K=64, BT=64, BK=dp["BK_vec"]), 4),
         "dplr_scores_fwd": Preset(
             dplr_scores._dplr_scores_fwd, dplr_ptrs,
-            dict(H=16, K=64, BT=64, BC=16, BK=dp["BK"], PREC="tf32x3"), dp["num_warps"],
+            dict(H=16, K=64, BT=64, BC=16, BK=dp["BK"], PREC="tf32x3",
+                 DT=tl.bfloat16), dp["num_warps"],
             maxnreg=dp["maxnreg"]),
         "dplr_scores_bwd_row": Preset(
             dplr_scores_bwd._dplr_scores_bwd_row, dict(dplr_ptrs, dr=BF16),
-            dict(H=16, K=64, BT=64, BC=16, BK=dpb["BK"], PREC="tf32x3"), dpb["num_warps"],
+            dict(H=16, K=64, BT=64, BC=16, BK=dpb["BK"], PREC="tf32x3",
+                 DT=tl.bfloat16), dpb["num_warps"],
             maxnreg=dpb["maxnreg_row"]),
         "dplr_scores_bwd_col": Preset(
             dplr_scores_bwd._dplr_scores_bwd_col, dict(dplr_ptrs, dk=BF16),
-            dict(H=16, K=64, BT=64, BC=16, BK=dpb["BK"], PREC="tf32x3"), dpb["num_warps"],
+            dict(H=16, K=64, BT=64, BC=16, BK=dpb["BK"], PREC="tf32x3",
+                 DT=tl.bfloat16), dpb["num_warps"],
             maxnreg=dpb["maxnreg_col"]),
         "dplr_scores_bwd_dw": Preset(
             dplr_scores_bwd._dplr_scores_bwd_dw, dict(dplr_ptrs, dw=BF16),

@@ -281,8 +281,9 @@ BT = 64
 # H100 bf16 B4 T4096 H16 K64: BK 16 / 4 warps 1.86 ms, 32 / 4 2.06, 16 / 8 3.41, 32 / 8 3.22
 # (one program per chunk and head, 16 / 8: 2.83 ms). Session 9 (bf16 dots with other
 # sub-chunks), call 5, RWKV-7 fwd: 2 warps 2.00 ms, 4 warps + maxnreg 168 2.14, 4 warps 2.30,
-# BK 32 3.37.
-LAUNCH = dict(BK=16, num_warps=2, maxnreg=None)
+# BK 32 3.37; call 7: 1 warp 1.77 (2 warps 1.93). BK_vec: the vectors kernel's key block
+# (call 7: 32 -0.04 ms against 16).
+LAUNCH = dict(BK=16, num_warps=1, maxnreg=None, BK_vec=32)
 
 
 def scores_fwd(r, k, a, b, w, tok):
@@ -300,7 +301,7 @@ def scores_fwd(r, k, a, b, w, tok):
     vecs = [alloc((S, H, BT, K), inter_dtype(r.dtype), dev) for _ in range(4)]
     tot = alloc((S, H, K), torch.float32, dev)
     gbuf = alloc((S, H, BT, K), torch.float64, dev)
-    BKV = min(block(K), 16)     # an fp64 cumsum tile [64, 32] holds 255 registers on sm_90
+    BKV = min(block(K), LAUNCH["BK_vec"])
     _dplr_vectors_fwd[(S, H, triton.cdiv(K, BKV))](r, k, a, b, w, tok, gbuf, mats[0], mats[1],
                                                    *vecs, tot, H=H, K=K, BT=BT, BK=BKV,
                                                    num_warps=4)

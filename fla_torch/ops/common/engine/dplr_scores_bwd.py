@@ -36,7 +36,8 @@ from .gates import SPAN
 # 7.69; the per-chunk kernels before: 4.84 (32 / 4) in the same call. maxnreg (None: the
 # compiler's choice) per kernel, call 5 (bf16 dots with other sub-chunks) at 64 / 4: row 168
 # (None +0.15 ms fwd+bwd, 128 +0.14), col 168 -0.11 (128 +0.09); BK 32 +0.70, 8 warps +1.42.
-LAUNCH = dict(BK=64, num_warps=4, BK_dw=32, maxnreg_row=168, maxnreg_col=168)
+# dw kernel: key block 16 (call 7: -0.05 ms against 32; 64 +0.06).
+LAUNCH = dict(BK=64, num_warps=4, BK_dw=16, maxnreg_row=168, maxnreg_col=168)
 
 
 @triton.jit
