@@ -8,10 +8,12 @@ the chunk's end, per chunk of 64 tokens and value head (h: the state before the 
     T = (I + diag(beta) Ak)^-1,  w = T diag(beta) (k exp(b - b_0)),  u = T diag(beta) v
     vn = u - w diag(exp(b_0)) h,  h_next = diag(exp(last)) h + (k exp(last - b))^T vn
     o = scale ((q exp(b)) h + Aqk vn)
-Stages: delta_scores (Aqk, Ak, kb), wy.wy_fwd (T, w, u), delta_state.delta_state_fwd (h, vn,
-final state), output_stage.output_fwd (o on vn: the engine's GATE_KEY output stage, reading
-Aqk instead of forming it again).
-Backward: delta_state.delta_state_bwd (dh, dvn, dh0), output_stage.output_bwd on vn (dq, and
+Stages: delta_scores (Aqk, Ak, kb), wy.wy_fwd (T, w, u), delta_prep.delta_prep_fwd (kg =
+k exp(last - b), exp(b_0), exp(last): chunk-parallel, out of the sequential pass),
+delta_state.delta_state_fwd (h, vn, final state), output_stage.output_fwd (o on vn: the
+engine's GATE_KEY output stage, reading Aqk instead of forming it again).
+Backward: delta_prep.delta_prep_bwd (q exp(b - b_0), scale Aqk^T do: chunk-parallel),
+delta_state.delta_state_bwd (dh, dvn, dh0), output_stage.output_bwd on vn (dq, and
 the dk, dg of Aqk / q exp(b) h / the state update), wy.wy_bwd (dv, dbeta, dkb, dAk),
 delta_bwd.delta_key_bwd (dk, dg: adds the Ak and kb terms).
 Grouped heads: q and k are repeated to the HV value heads (their gradients summed back by
@@ -33,6 +35,7 @@ from ..common.compute_operands import expand_heads, l2_normalize
 from ..common.engine import GATE_KEY, output_bwd, output_fwd
 from ..common.engine import varlen as vl
 from ..common.engine.delta_bwd import delta_key_bwd
+from ..common.engine.delta_prep import delta_prep_bwd, delta_prep_fwd
 from ..common.engine.delta_scores import delta_scores
 from ..common.engine.delta_state import delta_state_bwd, delta_state_fwd
 from ..common.engine.dplr import dplr_chunk
@@ -51,9 +54,10 @@ def _forward(pb, q, k, v, g, beta, h0, cu):
     seq = _seq(pb, cu)
     Aqk, Ak, kb = delta_scores(pb, q, k, g, cu, seq)
     Tm, w, u = wy_fwd(pb, Ak, kb, v, beta, cu, seq)
-    h, vn, ht = delta_state_fwd(pb, k, w, u, g, h0, cu)
+    kg, e0, el = delta_prep_fwd(pb, k, g, cu, seq)
+    h, vn, ht = delta_state_fwd(pb, kg, w, u, e0, el, h0, cu)
     o = output_fwd(pb, q, k, vn, g, h, cu, seq, A=Aqk)
-    return o, ht, (Aqk, Ak, kb, Tm, w, h, vn)
+    return o, ht, (Aqk, Ak, kb, Tm, w, h, vn, kg, e0, el)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -68,11 +72,12 @@ def _fwd(pb, q, k, v, g, beta, h0, cu):
 
 
 def _bwd(pb, res, cts):
-    q, k, v, g, beta, cu, Aqk, Ak, kb, Tm, w, h, vn = res
+    q, k, v, g, beta, cu, Aqk, Ak, kb, Tm, w, h, vn, kg, e0, el = res
     do, dht = cts
     do = do.astype(q.dtype)
     seq = _seq(pb, cu)
-    dh, dvn, dh0 = delta_state_bwd(pb, q, k, w, g, Aqk, do, dht.astype(F32), cu)
+    qd, ado = delta_prep_bwd(pb, q, g, Aqk, do, cu, seq)
+    dh, dvn, dh0 = delta_state_bwd(pb, qd, kg, w, e0, el, ado, do, dht.astype(F32), cu)
     dq, dk_o, _, dg_o = output_bwd(pb, q, k, vn, g, h, do, dh, cu, seq, dk_dtype=F32,
                                    want_dv=False)
     dv, dbeta, dkb, dAk = wy_bwd(pb, Ak, Tm, kb, v, beta, g, h, dvn, cu, seq)

@@ -51,6 +51,17 @@ def slot_state(rows, cols, row_block, col_block):
                         lambda s, h, j: (s, h, row_block(j), col_block(j)))
 
 
+def slot_vec(width):
+    """[slots, H, width] per-chunk vector: the program's own slot (chunk-parallel kernels)."""
+    return pl.BlockSpec((None, None, width), lambda s, h, j: (s, h, 0))
+
+
+def chunk_vecs(pb, width):
+    """[slots, H, width] per-chunk vectors: every slot of one head (sequential kernels index
+    the slot)."""
+    return pl.BlockSpec((pb.n_slots, None, width), lambda n, h, j: (0, h, 0))
+
+
 def full(x):
     return pl.BlockSpec(x.shape, lambda s, h, j: (0,) * x.ndim)
 
