@@ -55,13 +55,6 @@ def _ld(x, base, rows, m_r, o_k, m_k, K: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _ld_cg(x, base, rows, m_r, o_k, m_k, K: tl.constexpr, BT: tl.constexpr):
-    """_ld of data this program stored before a barrier (read from L2, past the SM's L1)."""
-    return tl.load(x + (base * BT + rows)[:, None] * K + o_k[None, :],
-                   mask=m_r[:, None] & m_k[None, :], other=0., cache_modifier=".cg")
-
-
-@triton.jit
 def _st(x, val, base, rows, m_r, o_k, m_k, K: tl.constexpr, BT: tl.constexpr):
     tl.store(x + (base * BT + rows)[:, None] * K + o_k[None, :], val.to(x.dtype.element_ty),
              mask=m_r[:, None] & m_k[None, :])
