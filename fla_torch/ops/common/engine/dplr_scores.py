@@ -105,6 +105,17 @@ def _ex(d):
 
 
 @triton.jit
+def _diag_span(gbuf, base, i0, G_I, o_k, m_k, K: tl.constexpr, BT: tl.constexpr,
+               BC: tl.constexpr):
+    """(whether every channel decays by less than SPAN across the sub-chunk at row i0, so its
+    diagonal block is one dot through its first row; e_f = G_I - G there [BC, BK] fp64, <= 0
+    and > -SPAN when it fits)."""
+    G_f0 = tl.load(gbuf + (base * BT + i0) * K + o_k, mask=m_k, other=0.)
+    G_l0 = tl.load(gbuf + (base * BT + i0 + BC - 1) * K + o_k, mask=m_k, other=0.)
+    return tl.max(G_f0 - G_l0) < SPAN, G_I - G_f0[None, :]
+
+
+@triton.jit
 def _cumsum_pass(w, t_all, i_h, gbuf, base, o_t, o_k, m_k, H: tl.constexpr, K: tl.constexpr,
                  BT: tl.constexpr):
     """fp64 in-chunk cumsum G [BT, BK] of w (stored to gbuf), its last row L [BK] and w itself
@@ -197,10 +208,8 @@ def _dplr_scores_fwd(r, k, a, b, tok, gbuf, Aab, Aak, Arb, Ark,
         x_r = _ldx(r, t_I, i_h, o_k, m_k, H, K)
         x_a = _ldx(a, t_Ia, i_h, o_k, m_k, H, K)
         G_I = _ld(gbuf, base, rows, m_r, o_k, m_k, K, BT)
-        G_f0 = tl.load(gbuf + (base * BT + i0) * K + o_k, mask=m_k, other=0.)
-        G_l0 = tl.load(gbuf + (base * BT + i0 + BC - 1) * K + o_k, mask=m_k, other=0.)
-        if tl.max(G_f0 - G_l0) < SPAN:
-            e_f = G_I - G_f0[None, :]                         # <= 0, > -SPAN
+        fits, e_f = _diag_span(gbuf, base, i0, G_I, o_k, m_k, K, BT, BC)
+        if fits:
             f_in = _ex(e_f)
             f_out = _ex(-e_f)
             r_f = x_r * f_in

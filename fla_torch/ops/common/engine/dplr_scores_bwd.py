@@ -26,9 +26,8 @@ import triton.language as tl
 
 from ..kernel_alloc import alloc
 from ..triton_scalar_gate import block, fp32_dot_precision
-from .dplr_scores import (BC, BT, _diag, _dot, _ex, _ld, _ldA, _ldx, _ldx_row, _st, _stx,
-                          _sub_rows, _tk, dot_dtype)
-from .gates import SPAN
+from .dplr_scores import (BC, BT, _diag, _diag_span, _dot, _ex, _ld, _ldA, _ldx, _ldx_row, _st,
+                          _stx, _sub_rows, _tk, dot_dtype)
 
 # key block and warps of the row and column kernels, and the dw kernel's key block (a tuning
 # script may override entries). H100 bf16 RWKV-7 B4 T4096 H16 K64, fwd+bwd minus fwd (session 9
@@ -83,10 +82,8 @@ def _dplr_scores_bwd_row(r, k, a, b, tok, gbuf, pm, dAab, dAak, dArb, dArk, drin
             g_a *= e_r
         y_b = _ldx(b, t_I, i_h, o_k, m_k, H, K)
         y_k = _ldx(k, t_I, i_h, o_k, m_k, H, K)
-        G_f0 = tl.load(gbuf + (base * BT + i0) * K + o_k, mask=m_k, other=0.)
-        G_l0 = tl.load(gbuf + (base * BT + i0 + BC - 1) * K + o_k, mask=m_k, other=0.)
-        if tl.max(G_f0 - G_l0) < SPAN:
-            e_f = G_I - G_f0[None, :]                         # <= 0, > -SPAN
+        fits, e_f = _diag_span(gbuf, base, i0, G_I, o_k, m_k, K, BT, BC)
+        if fits:
             f_in = _ex(e_f)
             yb_f = y_b * _ex(-e_f)
             yk_f = y_k * _ex(-e_f)
@@ -163,10 +160,8 @@ def _dplr_scores_bwd_col(r, k, a, b, tok, gbuf, pm, dAab, dAak, dArb, dArk, dbou
             g_k *= e_l
         x_r = _ldx(r, t_I, i_h, o_k, m_k, H, K)
         x_a = _ldx(a, t_Ia, i_h, o_k, m_k, H, K)
-        G_f0 = tl.load(gbuf + (base * BT + i0) * K + o_k, mask=m_k, other=0.)
-        G_l0 = tl.load(gbuf + (base * BT + i0 + BC - 1) * K + o_k, mask=m_k, other=0.)
-        if tl.max(G_f0 - G_l0) < SPAN:
-            e_f = G_I - G_f0[None, :]                         # <= 0, > -SPAN
+        fits, e_f = _diag_span(gbuf, base, i0, G_I, o_k, m_k, K, BT, BC)
+        if fits:
             f_out = _ex(-e_f)
             xr_f = x_r * _ex(e_f)
             xa_f = x_a * _ex(e_f)
