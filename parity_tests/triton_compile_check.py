@@ -6,8 +6,9 @@ value that changes dtype (both seen on the H100 only). This module closes that g
 steps:
 1. `record_launches()` (in the interpreted test process): every `kernel[grid](...)` is
    recorded and NOT run — the function, each argument's kind (pointer and its dtype, int,
-   float, constexpr value) and num_warps / num_stages. An op is called at small shapes in
-   each dtype and differentiated; the launches it makes are the ones to compile.
+   float, constexpr value, constexpr tl.dtype) and num_warps / num_stages / maxnreg. An op
+   is called at small shapes in each dtype and differentiated; the launches it makes are the
+   ones to compile.
 2. `compile_launches(records)` runs a fresh Python process without TRITON_INTERPRET, which
    imports the same kernels as JIT functions and compiles each distinct launch for an H100
    (GPUTarget("cuda", 90, 32)) through the stages up to `STOP` (the frontend, the Triton-GPU
@@ -43,6 +44,9 @@ def _describe(value):
         return ["none", None]
     if isinstance(value, str):
         return ["str", value]
+    import triton.language as tl
+    if isinstance(value, tl.dtype):      # a constexpr dtype (e.g. the DPLR kernels' DT)
+        return ["tldtype", value.name]
     raise TypeError(f"launch argument of type {type(value).__name__} is not described")
 
 
@@ -55,13 +59,15 @@ def record_launches():
     original = InterpretedFunction.run
 
     def run(self, *args, grid, warmup, **kwargs):
-        opts = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+        opts = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "maxnreg")
+                if k in kwargs}
         bound = dict(zip(self.arg_names, args))
         bound.update(kwargs)
         records.append({"module": self.fn.__module__, "name": self.fn.__name__,
                         "args": {k: _describe(v) for k, v in bound.items()},
                         "num_warps": opts.get("num_warps", 4),
-                        "num_stages": opts.get("num_stages", 3)})
+                        "num_stages": opts.get("num_stages", 3),
+                        "maxnreg": opts.get("maxnreg")})
 
     InterpretedFunction.run = run
     try:
@@ -98,7 +104,11 @@ def _compile_one(rec: dict) -> str | None:
     sig, consts = {}, {}
     for p in fn.params:
         kind, val = rec["args"][p.name]
-        if p.is_constexpr or kind in ("none", "str"):
+        if kind == "tldtype":
+            import triton.language as tl
+            sig[p.name] = "constexpr"
+            consts[p.name] = tl.dtype(val)
+        elif p.is_constexpr or kind in ("none", "str"):
             sig[p.name] = "constexpr"
             consts[p.name] = val
         elif kind == "ptr":
@@ -113,7 +123,8 @@ def _compile_one(rec: dict) -> str | None:
     backend = make_backend(target)
     src = ASTSource(fn, sig, consts)
     options = backend.parse_options(dict(num_warps=rec["num_warps"],
-                                         num_stages=rec["num_stages"]))
+                                         num_stages=rec["num_stages"],
+                                         maxnreg=rec.get("maxnreg")))
     stages = {}
     backend.add_stages(stages, options, src.language)
     context = ir.context()
