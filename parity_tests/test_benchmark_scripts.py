@@ -88,3 +88,35 @@ def test_offline_regs_reads_the_cubin(tmp_path):
     rows = json.loads(lines[1])
     assert [r["kernel"] for r in rows] == ["delta_scores", "dplr_scores_fwd"], rows
     assert all(0 < r["regs"] <= 255 and r["stack"] >= 0 and r["shared"] > 0 for r in rows), rows
+
+
+def test_launch_sweep_dry_run(tmp_path):
+    """Each variant's overrides reach the kernel launches they name (counted per kernel)."""
+    p = _run(["benchmarks/launch_sweep.py", "--dry-run", "--op", "rwkv7", "--dtype", "fp32",
+              "--variant", "dplr_output._dplr_out_fwd:num_warps=2",
+              "--variant", "dplr_tail._dplr_tail_bwd:num_warps=8;dplr_wy._dplr_wy_fwd:"
+              "maxnreg=None"], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("dry run rwkv7 fp32")]
+    assert len(lines) == 3, p.stdout[-2000:]
+    assert "launches {}" in lines[0], lines
+    assert "'dplr_output._dplr_out_fwd': 1" in lines[1], lines
+    assert ("'dplr_tail._dplr_tail_bwd': 1" in lines[2]
+            and "'dplr_wy._dplr_wy_fwd': 1" in lines[2]), lines
+
+
+def test_launch_sweep_parses_variants():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "launch_sweep", os.path.join(ROOT, "benchmarks", "launch_sweep.py"))
+    launch_sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launch_sweep)
+    assert launch_sweep.parse_variant("a.k:num_warps=4,maxnreg=None;b.j:BK=32") == [
+        ("a", "k", {"num_warps": 4, "maxnreg": None}), ("b", "j", {"BK": 32})]
+    for bad in ("k:num_warps=4", "a.k", "a.k:num_warps"):
+        try:
+            launch_sweep.parse_variant(bad)
+        except ValueError as e:
+            assert repr(bad) in str(e)
+        else:
+            raise AssertionError(f"{bad!r} parsed")
