@@ -40,6 +40,15 @@ LAUNCH = dict(BK=64, num_warps=4, BK_dw=16, maxnreg_row=168, maxnreg_col=168)
 
 
 @triton.jit
+def _diag_dA(dArb, dArk, dAab, dAak, base, rows, m_r, m_a, BT: tl.constexpr):
+    """The sub-chunk's diagonal [BC, BC] blocks of dA_rb, dA_rk and (rows shifted by one)
+    dA_ab, dA_ak."""
+    return (_ldA(dArb, base, rows, m_r, rows, m_r, BT), _ldA(dArk, base, rows, m_r, rows, m_r, BT),
+            _ldA(dAab, base, rows + 1, m_a, rows, m_r, BT),
+            _ldA(dAak, base, rows + 1, m_a, rows, m_r, BT))
+
+
+@triton.jit
 def _dplr_scores_bwd_row(r, k, a, b, tok, gbuf, pm, dAab, dAak, dArb, dArk, drin, dain, dr, da,
                          H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                          BK: tl.constexpr, PREC: tl.constexpr, DT: tl.constexpr):
@@ -49,10 +58,7 @@ def _dplr_scores_bwd_row(r, k, a, b, tok, gbuf, pm, dAab, dAak, dArb, dArk, drin
     strict = o_c[:, None] > o_c[None, :]
     i0 = I * BC
     rows, m_r, m_a, t_I, t_Ia = _sub_rows(tok, i_s, i0, BT, BC)
-    q_rb = _ldA(dArb, base, rows, m_r, rows, m_r, BT)
-    q_rk = _ldA(dArk, base, rows, m_r, rows, m_r, BT)
-    q_ab = _ldA(dAab, base, rows + 1, m_a, rows, m_r, BT)
-    q_ak = _ldA(dAak, base, rows + 1, m_a, rows, m_r, BT)
+    q_rb, q_rk, q_ab, q_ak = _diag_dA(dArb, dArk, dAab, dAak, base, rows, m_r, m_a, BT)
     t_0 = tl.load(tok + i_s * BT)
     for kb in range(tl.cdiv(K, BK)):
         o_k = kb * BK + tl.arange(0, BK)
@@ -128,10 +134,7 @@ def _dplr_scores_bwd_col(r, k, a, b, tok, gbuf, pm, dAab, dAak, dArb, dArk, dbou
     strict = o_c[:, None] > o_c[None, :]
     i0 = I * BC
     rows, m_r, m_a, t_I, t_Ia = _sub_rows(tok, i_s, i0, BT, BC)
-    q_rb = _ldA(dArb, base, rows, m_r, rows, m_r, BT)
-    q_rk = _ldA(dArk, base, rows, m_r, rows, m_r, BT)
-    q_ab = _ldA(dAab, base, rows + 1, m_a, rows, m_r, BT)
-    q_ak = _ldA(dAak, base, rows + 1, m_a, rows, m_r, BT)
+    q_rb, q_rk, q_ab, q_ak = _diag_dA(dArb, dArk, dAab, dAak, base, rows, m_r, m_a, BT)
     for kb in range(tl.cdiv(K, BK)):
         o_k = kb * BK + tl.arange(0, BK)
         m_k = o_k < K
