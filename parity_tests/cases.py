@@ -217,6 +217,8 @@ GLA_KERNEL_CASES += (
     Case("pgla_k100_v48", B=1, T=70, H=1, HV=1, K=100, V=48, cu_seqlens=(0, 64, 70),
          families=_GLA),
     Case("pgla_k16_v100", B=1, T=50, H=1, HV=1, K=16, V=100, families=_GLA),
+    # K, V in (128, 192]: the padded state tiles past cdiv(K, 64) blocks (once left unwritten)
+    Case("pgla_k160_v144", B=1, T=40, H=1, HV=1, K=160, V=144, families=_GLA),
     Case("pgla_strong_channels", B=1, T=130, cu_seqlens=(0, 50, 130), strength=20.0,
          families=_GLA),
     Case("pgla_uniform_strong_long", B=1, T=256, cu_seqlens=(0, 60, 256), strength=20.0,
@@ -282,6 +284,7 @@ PALLAS_KDA_CASES = (
     Case("pkda_no_h0_k48_v32", B=2, T=70, K=48, V=32, h0=False, strength=3.0,
          families=("kda",)),
     Case("pkda_kv256", B=1, T=20, H=1, HV=1, K=256, V=256, families=("kda",)),
+    Case("pkda_k144_v160", B=1, T=20, H=1, HV=1, K=144, V=160, families=("kda",)),
 )
 
 # Kernel-only GSA cases of parity_tests/test_gsa_kernels.py (small: interpreted kernels of both

@@ -26,6 +26,7 @@ PALLAS = {"jax": "pallas"}
 CHUNK = (("pgla_varlen_empty_sub", ("fp32", "bf16")), ("pgla_sub_chunk_only", ("fp32",)),
          ("pgla_no_h0_k48_v32", ("fp32", "fp16")), ("pgla_kv256", ("fp32", "bf16")),
          ("pgla_k100_v48", ("fp32", "bf16")), ("pgla_k16_v100", ("fp32",)),
+         ("pgla_k160_v144", ("fp32",)),
          ("pgla_strong_channels", ALL), ("pgla_uniform_strong_long", ALL),
          ("pgla_weak", ("fp32", "bf16")))
 # the recurrent kernel runs a Python-level loop per token when interpreted: its shapes stay small

@@ -21,7 +21,7 @@ from .harness import assert_passed, check, check_no_final_state
 PALLAS = {"jax": "pallas"}
 ROWS = [("pkda_all_minus20_varlen", "fp16"), ("pkda_all_minus20_varlen", "fp32"),
         ("pkda_gqa_l2_varlen", "bf16"), ("pkda_no_h0_k48_v32", "fp16"),
-        ("pkda_kv256", "fp32")]
+        ("pkda_kv256", "fp32"), ("pkda_k144_v160", "fp32")]
 
 
 @pytest.mark.parametrize("case,dtype", [pytest.param(*r, id=f"{r[0]}-{r[1]}") for r in ROWS])

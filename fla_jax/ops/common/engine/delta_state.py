@@ -103,7 +103,7 @@ def delta_state_fwd(pb: Problem, kg, w, u, e0, el, h0, cu, bv=None, num_warps=No
              chunk),
             ("vn", jax.ShapeDtypeStruct(u.shape, u.dtype), vrow),
             ("ht", jax.ShapeDtypeStruct((pb.N, pb.H, pb.K, pb.V), F32), st)]
-    r = call(lambda refs: _fwd_kernel(refs, pb, bv), (pb.N, pb.H, pl.cdiv(pb.V, bv)), ins,
+    r = call(lambda refs: _fwd_kernel(refs, pb, bv), (pb.N, pb.H, pl.cdiv(pb.Vp, bv)), ins,
              outs, launch, "kda_state_fwd")
     return r["h"], r["vn"], r["ht"]
 
@@ -154,6 +154,6 @@ def delta_state_bwd(pb: Problem, qd, kg, w, e0, el, Ado, do, dht, cu, bv=None,
             ("dvn", jax.ShapeDtypeStruct(do.shape, F32), vrow)]
     if pb.has_h0:
         outs.append(("dh0", jax.ShapeDtypeStruct((pb.N, pb.H, pb.K, pb.V), F32), st))
-    r = call(lambda refs: _bwd_kernel(refs, pb, bv), (pb.N, pb.H, pl.cdiv(pb.V, bv)), ins,
+    r = call(lambda refs: _bwd_kernel(refs, pb, bv), (pb.N, pb.H, pl.cdiv(pb.Vp, bv)), ins,
              outs, launch, "kda_state_bwd")
     return r["dh"], r["dvn"], r.get("dh0")

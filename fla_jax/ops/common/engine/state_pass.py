@@ -27,8 +27,12 @@ from .launch import Launch, Problem, call, launch_for, width
 
 
 def _tiles(pb, launch):
+    """Tiles over the PADDED head sizes: every tile of h / dh [slots, H, Kp, Vp] is written
+    (zeros beyond K / V), so a consumer that reads whole padded tiles (a dot against masked,
+    zero q / do columns) never meets unwritten memory (NaN * 0 = NaN): K or V in (128, 192]
+    leaves a 64-wide tile past cdiv(K, 64) blocks."""
     bk, bv = width(pb.Kp, launch.bk), width(pb.Vp, launch.bv)
-    nk, nv = pl.cdiv(pb.K, bk), pl.cdiv(pb.V, bv)
+    nk, nv = pl.cdiv(pb.Kp, bk), pl.cdiv(pb.Vp, bv)
     return bk, bv, nk, nv
 
 
