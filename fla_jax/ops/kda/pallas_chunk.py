@@ -13,8 +13,8 @@ k exp(last - b), exp(b_0), exp(last): chunk-parallel, out of the sequential pass
 delta_state.delta_state_fwd (h, vn, final state), output_stage.output_fwd (o on vn: the
 engine's GATE_KEY output stage, reading Aqk instead of forming it again).
 Backward: delta_prep.delta_prep_bwd (q exp(b - b_0), scale Aqk^T do: chunk-parallel),
-delta_state.delta_state_bwd (dh, dvn, dh0), output_stage.output_bwd on vn (dq, and
-the dk, dg of Aqk / q exp(b) h / the state update), wy.wy_bwd (dv, dbeta, dkb, dAk),
+delta_state.delta_state_bwd (dh, dvn, dh0), output_grads.output_bwd_from_scores on vn
+reading Aqk (dq, and the dk, dg of Aqk / q exp(b) h / the state update; no dv), wy.wy_bwd (dv, dbeta, dkb, dAk),
 delta_bwd.delta_key_bwd (dk, dg: adds the Ak and kb terms).
 Grouped heads: q and k are repeated to the HV value heads (their gradients summed back by
 autodiff). use_qk_l2norm_in_kernel: q, k normalised in fp32 and rounded back to their dtype
@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from ..common import pallas_triton as ptr
 from ..common.compute_operands import expand_heads, l2_normalize
-from ..common.engine import GATE_KEY, output_bwd, output_fwd
+from ..common.engine import GATE_KEY, output_fwd
 from ..common.engine import varlen as vl
 from ..common.engine.delta_bwd import delta_key_bwd
 from ..common.engine.delta_prep import delta_prep_bwd, delta_prep_fwd
@@ -40,6 +40,7 @@ from ..common.engine.delta_scores import delta_scores
 from ..common.engine.delta_state import delta_state_bwd, delta_state_fwd
 from ..common.engine.dplr import dplr_chunk
 from ..common.engine.launch import Problem
+from ..common.engine.output_grads import output_bwd_from_scores
 from ..common.engine.wy import wy_bwd, wy_fwd
 
 F32 = jnp.float32
@@ -78,8 +79,8 @@ def _bwd(pb, res, cts):
     seq = _seq(pb, cu)
     qd, ado = delta_prep_bwd(pb, q, g, Aqk, do, cu, seq)
     dh, dvn, dh0 = delta_state_bwd(pb, qd, kg, w, e0, el, ado, do, dht.astype(F32), cu)
-    dq, dk_o, _, dg_o = output_bwd(pb, q, k, vn, g, h, do, dh, cu, seq, dk_dtype=F32,
-                                   want_dv=False)
+    dq, dk_o, _, dg_o = output_bwd_from_scores(pb, q, k, vn, g, Aqk, h, do, dh, cu, seq,
+                                               dk_dtype=F32, want_dv=False)
     dv, dbeta, dkb, dAk = wy_bwd(pb, Ak, Tm, kb, v, beta, g, h, dvn, cu, seq)
     dk, dg = delta_key_bwd(pb, k, g, dAk, dkb, dk_o, dg_o, cu, seq)
     return dq, dk, dv, dg, dbeta, dh0, None

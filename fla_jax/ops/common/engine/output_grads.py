@@ -1,0 +1,295 @@
+"""Backward of the engine's output stage from the forward's scores A (Pallas), in three
+chunk-parallel kernels, the mirror of the Triton engine's output_bwd (its _bwd_dv_kernel,
+_bwd_intra_kernel, _bwd_inter_kernel in fla_torch/ops/common/engine/output_stage.py).
+
+With b the in-chunk inclusive cumsum of the log-decay (split, gates.Cum), `last` its chunk
+total, S = h[slot] (state before the chunk), dS = dh[slot] (cotangent of the state after it)
+and A the causal scores A_ij = sum_c q_ic k_jc exp(b_ic - b_jc) (j <= i) of the forward:
+    dv_j = scale sum_{i >= j} A_ij do_i + (k_j exp(last - b_j)) dS           (kernel dv_dA,
+    dA   = scale do v^T (causal, fp32 [slots, H, BT, BT])                     per (slot, head))
+    dq_i = scale exp(b_i) do_i S^T + sum_{j <= i} dA_ij exp(b_i - b_j) k_j
+    dk_j = exp(last - b_j) v_j dS^T + sum_{i >= j} dA_ij exp(b_i - b_j) q_i
+The intra-chunk sums leave out the pair i == j (added as dA_ii k_i / dA_ii q_i): kernel intra
+(per (slot, head, K block)) forms them per sub-chunk I of SUB rows: the other sub-chunks in one
+16-bit dot each, through the row just before I (dq: k_j exp(b_{i0-1} - b_j), then
+exp(b_i - b_{i0-1})) or just after it (dk: q_i exp(b_i - b_{i0+SUB}), then exp(b_{i0+SUB} -
+b_j)): every exponent <= 0 and the 16-bit operand keeps its row next to I undecayed (fp16
+would flush k exp(-10) to subnormals); the diagonal block as output_stage._diag_grads does
+(one fp32-accurate dot through the sub-chunk's start when its decay is under gates.SPAN, else
+per pair). They go through memory (dqi, dki fp32 [slots, H, BT, Kp]) to kernel inter (per
+(slot, head, K block)): the state terms, dq, dk and per-chunk dg (nothing carried between
+chunks, no O(1) term formed and cancelled):
+    dg_s = exp(last) <S, dS>_row + sum_{j < s} r_j + sum_{i >= s} x_i,
+    r_j  = k_j . (exp(last - b_j) v_j dS^T)            (0 for the chunk's last valid token),
+    x_i  = q_i . (dq_i without the pair i == i) - k_i . (the intra-chunk dk_i without it).
+Shapes: q, k [B, T, H, K]; v, do [B, T, H, V]; g per the gate switch (fp32); h, dh
+[slots, H, Kp, Vp]; A [slots, H, BT, BT] (any float dtype; rounded to q's for its dot).
+Outputs dq, dk, dv in their inputs' dtypes (dk_dtype may override), dg fp32.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+from .. import pallas_triton as ptr
+from . import gates as gt
+from . import specs
+from . import varlen as vl
+from .launch import SUB, Launch, Problem, call, launch_for, width
+from .output_stage import _chunk, _diag_grads, _gate_input, _gated, _grid, _parallel_inputs
+
+F32 = jnp.float32
+WIDE = 128   # widest column block a kernel holds at once (larger K / V loop over blocks)
+
+
+def _ld(ref, start, rows, nv, n_cols, c0, w):
+    """ref[start:start+rows, c0:c0+w] ([T, D] block), rows >= nv and columns >= n_cols 0."""
+    r = jnp.arange(rows)[:, None] < nv
+    c = (c0 + jnp.arange(w))[None, :] < n_cols
+    return plt.load(ref.at[pl.ds(start, rows), pl.ds(c0, w)], mask=r & c, other=0.0)
+
+
+def _st(ref, start, nv, n_cols, value, c0):
+    rows, w = value.shape
+    r = jnp.arange(rows)[:, None] < nv
+    c = (c0 + jnp.arange(w))[None, :] < n_cols
+    plt.store(ref.at[pl.ds(start, rows), pl.ds(c0, w)], value.astype(ref.dtype), mask=r & c)
+
+
+def _tile(ref, r0, c0, rows, cols):
+    """ref[r0:r0+rows, c0:c0+cols] of a padded per-slot tile (no mask needed)."""
+    return ref[pl.ds(r0, rows), pl.ds(c0, cols)]
+
+
+def _graw(refs, pb, start, rows, nv, w, c0, sliced=False):
+    """Raw gate tile [rows, w] fp32 of key columns c0.. (a scalar gate broadcast over them).
+    sliced: the g block spans every key column (take columns c0..c0+w of it); else the block is
+    already the program's key block (c0 only masks)."""
+    if pb.gate == gt.GATE_KEY and sliced:
+        return _ld(refs["g"], start, rows, nv, pb.K, c0, w).astype(F32)
+    return gt.load_gate(refs["g"], pb.gate, start, rows, nv, w, pb.K, c0)
+
+
+# ----------------------------------------------------------------------------- dv and dA
+def _dv_dA_kernel(refs, pb, want_dv):
+    start, nv = _chunk(refs, pb)
+    bt = pb.bt
+    dt = refs["do"].dtype
+    bk, bv = min(pb.Kp, WIDE), min(pb.Vp, WIDE)
+    kgs = []
+    if want_dv:
+        At = refs["A"][...].astype(dt)
+        for c0 in range(0, pb.Kp, bk):
+            k = _ld(refs["k"], start, bt, nv, pb.K, c0, bk)
+            if _gated(pb):
+                cum, tot = gt.cumsum(_graw(refs, pb, start, bt, nv, bk, c0, sliced=True))
+                k = k * jnp.exp(gt.gap(gt.bcast(tot), cum))
+            kgs.append(k.astype(dt))
+    dA = jnp.zeros((bt, bt), F32)
+    for v0 in range(0, pb.Vp, bv):
+        do = _ld(refs["do"], start, bt, nv, pb.V, v0, bv)
+        v = _ld(refs["v"], start, bt, nv, pb.V, v0, bv)
+        dA = dA + ptr.matmul(do, v, (1, 1), pb.precision)
+        if not want_dv:
+            continue
+        acc = pb.scale * ptr.matmul(At, do, (0, 0), pb.precision)
+        for i, c0 in enumerate(range(0, pb.Kp, bk)):
+            acc = acc + ptr.matmul(kgs[i], _tile(refs["dh"], c0, v0, bk, bv).astype(dt),
+                                   (1, 0), pb.precision)
+        _st(refs["dv"], start, nv, pb.V, acc, v0)
+    ii = jnp.arange(bt)[:, None]
+    jj = jnp.arange(bt)[None, :]
+    refs["dA"][...] = jnp.where(ii >= jj, pb.scale * dA, 0.0)
+
+
+def output_dv_dA(pb: Problem, k, v, g, A, do, dh, cu, seq, launch: Launch | None = None,
+                 want_dv=True):
+    """(dv [B, T, H, V] in v's dtype, dA [slots, H, BT, BT] fp32) from the forward's A.
+    want_dv=False: dA alone (dv None; k, g, A and dh are not read)."""
+    launch = launch or launch_for("output_dv", pb.K, pb.V, k.dtype)
+    par = dict(parallel=True)
+    ins = [("v", v, specs.seq_rows(pb, pb.Vp, specs.zero, **par)),
+           ("do", do, specs.seq_rows(pb, pb.Vp, specs.zero, **par))]
+    ins += _parallel_inputs(pb, cu, seq)
+    outs = [("dA", jax.ShapeDtypeStruct((pb.n_slots, pb.H, pb.bt, pb.bt), F32),
+             specs.slot_state(pb.bt, pb.bt, specs.zero, specs.zero))]
+    if want_dv:
+        ins += [("k", k, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
+                ("A", A, specs.slot_state(pb.bt, pb.bt, specs.zero, specs.zero)),
+                ("dh", dh, specs.slot_state(pb.Kp, pb.Vp, specs.zero, specs.zero))]
+        ins += _gate_input(pb, g, pb.Kp, specs.zero)
+        outs.append(("dv", jax.ShapeDtypeStruct(v.shape, v.dtype),
+                     specs.seq_rows(pb, pb.Vp, specs.zero, **par)))
+    r = call(lambda refs: _dv_dA_kernel(refs, pb, want_dv), _grid(pb, 1), ins, outs, launch,
+             "engine_output_dv_dA")
+    return r.get("dv"), r["dA"]
+
+
+# ----------------------------------------------------------------------------- intra
+def _intra_kernel(refs, pb, bk):
+    r0 = pl.program_id(2) * bk
+    start, nv = _chunk(refs, pb)
+    bt = pb.bt
+    dt = refs["q"].dtype
+    row = jnp.arange(bt)[:, None]
+    q = ptr.load_rows(refs["q"], start, bt, nv, pb.K, r0)
+    k = ptr.load_rows(refs["k"], start, bt, nv, pb.K, r0)
+    gated = _gated(pb)
+    if gated:
+        b, _ = gt.cumsum(_graw(refs, pb, start, bt, nv, bk, r0))
+    for I in range(bt // SUB):
+        i0 = I * SUB
+        rs, nvI = start + i0, nv - i0
+        qI = ptr.load_rows(refs["q"], rs, SUB, nvI, pb.K, r0)
+        kI = ptr.load_rows(refs["k"], rs, SUB, nvI, pb.K, r0)
+        locI = None
+        if gated:
+            locI, _ = gt.cumsum(_graw(refs, pb, rs, SUB, nvI, bk, r0))
+        dq = jnp.zeros((SUB, bk), F32)
+        dk = jnp.zeros((SUB, bk), F32)
+        if I > 0:
+            # earlier sub-chunks, through the row before I (b_before = b_{i0-1})
+            dA_I = jnp.where(jnp.arange(bt)[None, :] < i0, _tile(refs["dA"], i0, 0, SUB, bt), 0.0)
+            if gated:
+                before = _prefix(b, row, i0 - 1)
+                kd = k * gt.masked_exp(gt.gap(gt.bcast(before), b), row < i0)
+            else:
+                kd = k.astype(F32)
+            x = ptr.matmul(dA_I.astype(dt), kd.astype(dt), (1, 0), pb.precision)
+            if gated:
+                x = x * jnp.exp(locI.value())    # b_i - b_{i0-1} = loc_i (inclusive from i0)
+            dq = dq + x
+        if I < bt // SUB - 1:
+            # later sub-chunks, through the row after I (b_after = b_{i0+SUB})
+            n0 = i0 + SUB
+            dAt = jnp.where(row >= n0, _tile(refs["dA"], 0, i0, bt, SUB), 0.0)
+            if gated:
+                after = _prefix(b, row, n0)
+                qd = q * gt.masked_exp(gt.gap(b, gt.bcast(after)), row >= n0)
+            else:
+                qd = q.astype(F32)
+            y = ptr.matmul(dAt.astype(dt), qd.astype(dt), (0, 0), pb.precision)
+            if gated:
+                # b_after - b_j for j in I: (after - start_I) - loc_j, start_I = b_{i0-1}
+                startI = _prefix(b, row, i0 - 1) if I > 0 else gt.zero_cum(bk)
+                y = y * jnp.exp(gt.span(after, startI, locI))
+            dk = dk + y
+        dA_II = _tile(refs["dA"], i0, i0, SUB, SUB)
+        dqd, dkd = _diag_grads(refs, pb, rs, nvI, qI, kI, (locI, None), dA_II, pb.K, r0)
+        ptr.store_rows(refs["dqi"], i0, None, None, dq + dqd)
+        ptr.store_rows(refs["dki"], i0, None, None, dk + dkd)
+
+
+def _prefix(b: gt.Cum, row, r):
+    """b at row r (static) of a [bt, w] Cum, as a [w] Cum (a masked sum: no tile slicing)."""
+    sel = row == r
+    return gt.Cum(jnp.sum(jnp.where(sel, b.hi, 0.0), axis=0),
+                  jnp.sum(jnp.where(sel, b.lo, 0.0), axis=0))
+
+
+def _intra(pb, q, k, g, dA, cu, seq, bk, launch):
+    par = dict(parallel=True)
+    ins = [("q", q, specs.seq_rows(pb, bk, specs.same, **par)),
+           ("k", k, specs.seq_rows(pb, bk, specs.same, **par)),
+           ("dA", dA, specs.slot_state(pb.bt, pb.bt, specs.zero, specs.zero))]
+    ins += _gate_input(pb, g, bk, specs.same) + _parallel_inputs(pb, cu, seq)
+    shp = jax.ShapeDtypeStruct((pb.n_slots, pb.H, pb.bt, pb.Kp), F32)
+    blk = specs.slot_state(pb.bt, bk, specs.zero, specs.same)
+    outs = [("dqi", shp, blk), ("dki", shp, blk)]
+    r = call(lambda refs: _intra_kernel(refs, pb, bk), _grid(pb, pl.cdiv(pb.K, bk)), ins, outs,
+             launch, "engine_output_intra")
+    return r["dqi"], r["dki"]
+
+
+# ----------------------------------------------------------------------------- inter
+def _inter_kernel(refs, pb, bk):
+    r0 = pl.program_id(2) * bk
+    start, nv = _chunk(refs, pb)
+    bt = pb.bt
+    dt = refs["q"].dtype
+    bv = min(pb.Vp, WIDE)
+    row = jnp.arange(bt)[:, None]
+    q = ptr.load_rows(refs["q"], start, bt, nv, pb.K, r0).astype(F32)
+    k = ptr.load_rows(refs["k"], start, bt, nv, pb.K, r0).astype(F32)
+    dq_s = jnp.zeros((bt, bk), F32)
+    dk_s = jnp.zeros((bt, bk), F32)
+    ct = jnp.zeros((bk,), F32)
+    for v0 in range(0, pb.Vp, bv):
+        do = _ld(refs["do"], start, bt, nv, pb.V, v0, bv)
+        v = _ld(refs["v"], start, bt, nv, pb.V, v0, bv)
+        S = _tile(refs["h"], 0, v0, bk, bv)
+        dS = _tile(refs["dh"], 0, v0, bk, bv)
+        dq_s = dq_s + ptr.matmul(do, S.astype(dt), (1, 1), pb.precision)
+        dk_s = dk_s + ptr.matmul(v, dS.astype(dt), (1, 1), pb.precision)
+        if _gated(pb):
+            ct = ct + jnp.sum(S.astype(F32) * dS.astype(F32), axis=1)
+    dq_s = pb.scale * dq_s
+    if _gated(pb):
+        b, tot = gt.cumsum(_graw(refs, pb, start, bt, nv, bk, r0))
+        dq_s = dq_s * jnp.exp(b.value())
+        dk_s = dk_s * jnp.exp(gt.gap(gt.bcast(tot), b))
+    dqi = refs["dqi"][...]
+    dki = refs["dki"][...]
+    dA = refs["dA"][...]
+    d_ii = jnp.sum(jnp.where(row == jnp.arange(bt)[None, :], dA, 0.0), axis=1)[:, None]
+    ptr.store_rows(refs["dq"], start, nv, pb.K, dq_s + dqi + d_ii * k, r0)
+    ptr.store_rows(refs["dk"], start, nv, pb.K, dk_s + dki + d_ii * q, r0)
+    if not _gated(pb):
+        return
+    ct = ct * jnp.exp(tot.value())
+    x = q * (dq_s + dqi) - k * dki
+    r = jnp.where(row == jnp.minimum(nv, bt) - 1, 0.0, k * dk_s)
+    w = (ct[None, :] + (jnp.cumsum(r, axis=0) - r) - (jnp.cumsum(x, axis=0) - x)
+         + jnp.sum(x, axis=0)[None, :])
+    if pb.gate == gt.GATE_KEY:
+        ptr.store_rows(refs["dg"], start, nv, pb.K, w, r0)
+    else:
+        ptr.store_rows(refs["dg"], start, nv, None, jnp.sum(w, axis=1))
+
+
+def output_bwd_from_scores(pb: Problem, q, k, v, g, A, h, do, dh, cu, seq,
+                           launch_dv: Launch | None = None, launch_intra: Launch | None = None,
+                           launch_inter: Launch | None = None, dk_dtype=None, want_dv=True):
+    """output_stage.output_bwd's cotangents (dq, dk, dv, dg; same shapes, dtypes and options)
+    from the forward's scores A [slots, H, BT, BT] (zero above the diagonal) instead of
+    re-forming them. want_dv=False: dv None (its kernel forms dA alone)."""
+    li = launch_intra or launch_for("output_intra", pb.K, pb.V, q.dtype)
+    lo = launch_inter or launch_for("output_inter", pb.K, pb.V, q.dtype)
+    dv, dA = output_dv_dA(pb, k, v, g, A, do, dh, cu, seq, launch_dv, want_dv)
+    dqi, dki = _intra(pb, q, k, g, dA, cu, seq, width(pb.Kp, li.bk), li)
+    dq, dk, dg = _inter(pb, q, k, v, g, h, do, dh, dA, dqi, dki, cu, seq, width(pb.Kp, lo.bk),
+                        lo, dk_dtype)
+    return dq, dk, dv, dg
+
+
+def _inter(pb, q, k, v, g, h, do, dh, dA, dqi, dki, cu, seq, bk, launch, dk_dtype=None):
+    nkb = pl.cdiv(pb.K, bk)
+    par = dict(parallel=True)
+    ins = [("q", q, specs.seq_rows(pb, bk, specs.same, **par)),
+           ("k", k, specs.seq_rows(pb, bk, specs.same, **par)),
+           ("v", v, specs.seq_rows(pb, pb.Vp, specs.zero, **par)),
+           ("do", do, specs.seq_rows(pb, pb.Vp, specs.zero, **par)),
+           ("dA", dA, specs.slot_state(pb.bt, pb.bt, specs.zero, specs.zero)),
+           ("dqi", dqi, specs.slot_state(pb.bt, bk, specs.zero, specs.same)),
+           ("dki", dki, specs.slot_state(pb.bt, bk, specs.zero, specs.same))]
+    ins += _gate_input(pb, g, bk, specs.same) + _parallel_inputs(pb, cu, seq)
+    ins += [("h", h, specs.slot_state(bk, pb.Vp, specs.same, specs.zero)),
+            ("dh", dh, specs.slot_state(bk, pb.Vp, specs.same, specs.zero))]
+    outs = [("dq", jax.ShapeDtypeStruct(q.shape, q.dtype), specs.seq_rows(pb, bk, specs.same, **par)),
+            ("dk", jax.ShapeDtypeStruct(k.shape, dk_dtype or k.dtype),
+             specs.seq_rows(pb, bk, specs.same, **par))]
+    if pb.gate == gt.GATE_KEY:
+        outs.append(("dg", jax.ShapeDtypeStruct(g.shape, F32), specs.seq_rows(pb, bk, specs.same, **par)))
+    elif pb.gate == gt.GATE_SCALAR:
+        part = jax.ShapeDtypeStruct((nkb,) + g.shape, F32)
+        batch = vl.batch_of_slot(pb.varlen, pb.T, pb.bt)
+        outs.append(("dg", part, pl.BlockSpec((None, None, pb.T, None),
+                                              lambda s, hh, j: (j, batch(s), 0, hh))))
+    r = call(lambda refs: _inter_kernel(refs, pb, bk), _grid(pb, nkb), ins, outs, launch,
+             "engine_output_inter")
+    dg = r.get("dg")
+    if pb.gate == gt.GATE_SCALAR:
+        dg = jnp.sum(dg, axis=0)
+    return r["dq"], r["dk"], dg
