@@ -11,7 +11,8 @@ from __future__ import annotations
 from .cumsum_scores import cumsum_scores
 from .gates import GATE_KEY, chunk_cumsum
 from .launch import launch_for
-from .output_stage import output_bwd, output_fwd
+from .output_grads import output_bwd
+from .output_stage import output_fwd
 from .scores import intra_scores
 from .state_pass import state_pass_bwd, state_pass_fwd
 
