@@ -1,0 +1,151 @@
+"""Key-gate forward front stage (Pallas, Triton lowering): the mirror of
+fla_torch/ops/common/engine/cumsum_scores.py. The gate cumsum of a chunk and its intra-chunk
+scores in one program, so neither the state pass nor the output stage does gate work.
+
+Per program (chunk slot, head; key channels in blocks of `bk`, the scores summed over them),
+with b the in-chunk inclusive cumsum of the log-decay (split hi + lo, gates.py), `last` its
+value at the chunk's end, R_I = b just before sub-chunk I and loc = b - R_I inside it:
+    A_ij = sum_c q_ic k_jc exp(b_ic - b_jc)   (j <= i; 0 above the diagonal), formed in fp32
+      earlier sub-chunks (J < I): (q_i exp(loc_i)) . (k_j exp(R_I - b_j)), every exponent
+        <= 0, one dot per row block I against the whole chunk's keys (16-bit operands in q's
+        dtype, pb.precision for fp32);
+      the diagonal block of I: DIAG = "cond": (q_i exp(loc_i)) . (k_j exp(-loc_j)) as one
+        fp32-accurate dot (3xTF32 on the GPU) when the decay across the sub-chunk stays under
+        gates.SPAN in this key block (factors within e^SPAN: exact fp32 numbers, each pair's
+        exponent error ~SPAN * 6e-8), else exact per pair (output_stage._diag_scores) under
+        lax.cond; DIAG = "loop": always per pair.
+    qg = q exp(b), kg = k exp(last - b)  [B, T, H, K] in q's dtype (rows past a sequence's
+      end are not written; the output stage and the state pass mask them on load)
+    el = exp(last)  [slots, H, Kp] fp32 (padded columns: 1)
+A is written [slots, H, BT, BT] in q's dtype (the output stage rounds it to that for its dot
+in any case; fp32 for fp32), every entry of every slot (unused varlen slots: zeros), so no
+reader meets an unwritten value. Rows past the chunk's valid rows read q = k = g = 0.
+SPLIT: one program per (chunk slot, head, sub-chunk I) writing rows I of A and sub-chunk I of
+qg / kg (the chunk's gates and keys re-read by each), instead of one per (chunk slot, head);
+identical numbers, the GPU timing decides.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+from .. import pallas_triton as ptr
+from . import gates as gt
+from . import specs
+from .launch import SUB, Launch, Problem, call, launch_for
+from .output_stage import _chunk, _diag_fits, _diag_scores, _parallel_inputs
+
+F32 = jnp.float32
+DIAGS = ("cond", "loop")
+DIAG = "cond"       # diagonal sub-blocks: factored dot under lax.cond(_diag_fits), or per pair
+SPLIT = False       # True: one program per (chunk slot, head, sub-chunk)
+
+
+def _tile(ref, r0, rows, nv, c0, bk, n_cols):
+    """ref[r0:r0+rows, c0:c0+bk] of a [T, Kp] ref; rows >= nv and columns >= n_cols read 0."""
+    mask = (jnp.arange(rows) < nv)[:, None] & ((c0 + jnp.arange(bk)) < n_cols)[None, :]
+    return plt.load(ref.at[pl.ds(r0, rows), pl.ds(c0, bk)], mask=mask, other=0.0)
+
+
+def _put(ref, r0, nv, c0, n_cols, value):
+    """ref[r0:r0+rows, c0:c0+bk] = value ([rows, bk]), masked like _tile."""
+    rows, bk = value.shape
+    mask = (jnp.arange(rows) < nv)[:, None] & ((c0 + jnp.arange(bk)) < n_cols)[None, :]
+    plt.store(ref.at[pl.ds(r0, rows), pl.ds(c0, bk)], value.astype(ref.dtype), mask=mask)
+
+
+def _row_block(refs, pb, I, first, c0, bk, chunk, diag):
+    """One key block's part of score rows I [SUB, BT] fp32; stores qg / kg of sub-chunk I.
+    I: Python int or traced; first: I is statically 0 (no earlier sub-chunks).
+    chunk = (start, nv, b [BT, bk] Cum, tot [bk] Cum, k [BT, bk]) of the whole chunk."""
+    start, nv, b, tot, k = chunk
+    K, bt, dt = pb.K, pb.bt, k.dtype
+    rs, nvI = start + I * SUB, nv - I * SUB
+    loc, _ = gt.cumsum(_tile(refs["g"], rs, SUB, nvI, c0, bk, K).astype(F32))
+    R = gt.row(b, I * SUB - 1)                  # b before sub-chunk I (0 for I == 0)
+    Rb = gt.bcast(R)
+    qI = _tile(refs["q"], rs, SUB, nvI, c0, bk, K)
+    kI = _tile(refs["k"], rs, SUB, nvI, c0, bk, K)
+    _put(refs["qg"], rs, nvI, c0, K, qI * jnp.exp(gt.add(Rb, loc).value()))
+    _put(refs["kg"], rs, nvI, c0, K, kI * jnp.exp(gt.span(tot, R, loc)))
+    eloc = jnp.exp(loc.value())
+    sub = (jnp.arange(bt) // SUB)[:, None]
+    acc = jnp.zeros((SUB, bt), F32)
+    if not first:
+        kd = (k * gt.masked_exp(gt.gap(Rb, b), sub < I)).astype(dt)
+        acc = ptr.matmul((qI * eloc).astype(dt), kd, (1, 1), pb.precision)
+
+    def loop(_):
+        return _diag_scores(refs, pb, rs, nvI, qI, kI, (loc, R), K, c0, width=bk,
+                            frame=(bt, I * SUB))
+
+    def fast(_):
+        # exp(R - b_j) = exp(-loc_j) in [1, e^SPAN) for the rows j of sub-chunk I, 0 elsewhere
+        ka = k.astype(F32) * gt.masked_exp(gt.gap(Rb, b), sub == I)
+        a = ptr.matmul(qI.astype(F32) * eloc, ka, (1, 1), ptr.accurate_precision())
+        causal = jnp.arange(bt)[None, :] <= I * SUB + jnp.arange(SUB)[:, None]
+        return jnp.where(causal, a, 0.0)
+
+    if diag == "loop":
+        return acc + loop(0)
+    return acc + lax.cond(_diag_fits(loc), fast, loop, 0)
+
+
+def _kernel(refs, pb, bk, split, diag):
+    bt, K = pb.bt, pb.K
+    nb, nk = bt // SUB, pb.Kp // bk
+    start, nv = _chunk(refs, pb)
+    blocks = [pl.program_id(2)] if split else list(range(nb))
+
+    def kblock(kb, accs):
+        c0 = kb * bk
+        g = _tile(refs["g"], start, bt, nv, c0, bk, K).astype(F32)
+        b, tot = gt.cumsum(g)
+        k = _tile(refs["k"], start, bt, nv, c0, bk, K)
+
+        def put_el():
+            refs["el"][pl.ds(c0, bk)] = jnp.exp(tot.value())
+
+        if split:
+            pl.when(blocks[0] == 0)(put_el)
+        else:
+            put_el()
+        chunk = (start, nv, b, tot, k)
+        return tuple(acc + _row_block(refs, pb, I, not split and I == 0, c0, bk, chunk, diag)
+                     for I, acc in zip(blocks, accs))
+
+    accs = tuple(jnp.zeros((SUB, bt), F32) for _ in blocks)
+    accs = kblock(0, accs) if nk == 1 else lax.fori_loop(0, nk, kblock, accs)
+    for I, acc in zip(blocks, accs):
+        refs["A"][pl.ds(I * SUB, SUB), :] = acc.astype(refs["A"].dtype)
+
+
+def cumsum_scores(pb: Problem, q, k, g, cu, seq, launch: Launch | None = None, split=None,
+                  diag=None):
+    """q, k [B, T, H, K] (one dtype), g [B, T, H, K] fp32 key gate (pb.gate == GATE_KEY),
+    cu / seq (varlen: cu_seqlens int32 [N+1] and varlen.slot_sequences; else None).
+    Returns (A [slots, H, BT, BT] in q's dtype, qg = q exp(b), kg = k exp(last - b)
+    [B, T, H, K] in q's dtype, el = exp(last) [slots, H, Kp] fp32); see the module docstring.
+    launch.bk: key block (None: whole Kp); split / diag: None takes SPLIT / DIAG."""
+    if pb.gate != gt.GATE_KEY:
+        raise ValueError(f"cumsum_scores: key gate only (pb.gate={pb.gate})")
+    split = SPLIT if split is None else split
+    diag = DIAG if diag is None else diag
+    if diag not in DIAGS:
+        raise ValueError(f"cumsum_scores: diag={diag!r}; expected one of {DIAGS}")
+    launch = launch or launch_for("cumsum_scores", pb.K, pb.V, q.dtype)
+    bk = min(pb.Kp, launch.bk or pb.Kp)
+    rows = specs.seq_rows(pb, pb.Kp, specs.zero, parallel=True)
+    ins = [("q", q, rows), ("k", k, rows), ("g", g, rows)] + _parallel_inputs(pb, cu, seq)
+    outs = [("A", jax.ShapeDtypeStruct((pb.n_slots, pb.H, pb.bt, pb.bt), q.dtype),
+             specs.slot_state(pb.bt, pb.bt, specs.zero, specs.zero)),
+            ("qg", jax.ShapeDtypeStruct(q.shape, q.dtype), rows),
+            ("kg", jax.ShapeDtypeStruct(k.shape, q.dtype), rows),
+            ("el", jax.ShapeDtypeStruct((pb.n_slots, pb.H, pb.Kp), F32), specs.slot_vec(pb.Kp))]
+    grid = (pb.n_slots, pb.H, pb.bt // SUB if split else 1)
+    r = call(lambda refs: _kernel(refs, pb, bk, split, diag), grid, ins, outs, launch,
+             "engine_cumsum_scores")
+    return r["A"], r["qg"], r["kg"], r["el"]
