@@ -7,7 +7,7 @@ the same relative accuracy as O(1) ones (fp32), up to the 16-bit rounding floor.
 gates (the factored diagonal dot), per-channel gates down to -20 (the per-pair fallback),
 channels and sub-chunks of both kinds in one call (both branches within one key block loop),
 varlen with an empty, a sub-chunk and a multi-chunk sequence, K = 48 / 100 (partial key blocks),
-T not a multiple of the chunk; every launch switch (SPLIT, DIAG, key block). Unused varlen slots
+T not a multiple of the chunk; every launch switch (SPLIT, FRAME, DIAG, key block). Unused varlen slots
 must hold A = 0. `test_checker_catches_*`: forcing the factored diagonal under strong gates, or
 dropping the varlen row mask, makes the same check fail.
 """
@@ -151,30 +151,36 @@ def test_cumsum_scores(case, dtype):
     assert not bad, f"{case} {dtype}: {bad}"
 
 
+LAYOUTS = [(False, "rows"), (True, "rows"), (False, "chunk")]     # (split, frame)
+
+
 @pytest.mark.parametrize("bk", [None, 16, 32])
 @pytest.mark.parametrize("diag", ["cond", "loop"])
-@pytest.mark.parametrize("split", [False, True])
-def test_launch_switches(split, diag, bk):
-    """Every SPLIT / DIAG / key-block choice on the varlen case with both kinds of gates."""
+@pytest.mark.parametrize("split,frame", LAYOUTS)
+def test_launch_switches(split, frame, diag, bk):
+    """Every SPLIT / FRAME / DIAG / key-block choice on the varlen case with both kinds of
+    gates (bk 16: bf16)."""
     B, T, H, K, cu, gates = CASES["varlen_mixed"]
     dtype = "fp32" if bk != 16 else "bf16"
     q, k, g = _inputs(dtype, B, T, H, K, gates, seed=11)
-    got = run(q, k, g, cu, launch=Launch(bk, None, 4, 1), split=split, diag=diag)
+    got = run(q, k, g, cu, launch=Launch(bk, None, 4, 1), split=split, diag=diag, frame=frame)
     bad = mismatches(got, reference(q, k, g, cu), dtype)
-    assert not bad, f"split={split} diag={diag} bk={bk}: {bad}"
+    assert not bad, f"split={split} frame={frame} diag={diag} bk={bk}: {bad}"
 
 
-def test_checker_catches_forced_fast_diagonal(monkeypatch):
+@pytest.mark.parametrize("frame", ["rows", "chunk"])
+def test_checker_catches_forced_fast_diagonal(monkeypatch, frame):
     """Strong gates through the factored diagonal dot (the fallback bypassed) fail the check:
     the test above would see a broken fallback."""
     B, T, H, K, cu, gates = CASES["mixed_k48"]
     q, k, g = _inputs("fp32", B, T, H, K, gates, seed=3)
     monkeypatch.setattr(cs, "_diag_fits", lambda loc: jnp.asarray(True))
-    bad = mismatches(run(q, k, g, cu, diag="cond"), reference(q, k, g, cu), "fp32")
+    bad = mismatches(run(q, k, g, cu, diag="cond", frame=frame), reference(q, k, g, cu), "fp32")
     assert "A" in bad, bad
 
 
-def test_checker_catches_unmasked_varlen_rows(monkeypatch):
+@pytest.mark.parametrize("frame", ["rows", "chunk"])
+def test_checker_catches_unmasked_varlen_rows(monkeypatch, frame):
     """Rows past a sequence's end read (the chunk's row count ignored) fail the check."""
     B, T, H, K, cu, gates = CASES["varlen_mixed"]
     q, k, g = _inputs("fp32", B, T, H, K, gates, seed=5)
@@ -185,5 +191,5 @@ def test_checker_catches_unmasked_varlen_rows(monkeypatch):
         return start, jnp.where(nv > 0, pb.bt, nv)
 
     monkeypatch.setattr(cs, "_chunk", unmasked)
-    bad = mismatches(run(q, k, g, cu), reference(q, k, g, cu), "fp32")
+    bad = mismatches(run(q, k, g, cu, frame=frame), reference(q, k, g, cu), "fp32")
     assert "A" in bad, bad
