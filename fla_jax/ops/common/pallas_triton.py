@@ -54,6 +54,16 @@ def dot_precision():
     return lax.Precision.HIGH
 
 
+def accurate_precision():
+    """lax precision for an in-kernel fp32 matmul that must stay fp32-accurate whatever
+    allow_tf32() says (the factored diagonal score blocks): 3xTF32 on the GPU
+    (GPU_IEEE_ALGORITHM; Precision.HIGHEST would lower to Triton's slow FMA 'ieee' path),
+    HIGHEST interpreted."""
+    if not interpret() and GPU_IEEE_ALGORITHM[-1] == "tf32x3":
+        return lax.DotAlgorithmPreset.TF32_TF32_F32_X3
+    return lax.Precision.HIGHEST
+
+
 def matmul(a, b, contract=(1, 0), precision=lax.Precision.HIGHEST):
     """2-D matmul accumulated in fp32. contract=(1, 0): a @ b; (1, 1): a @ b.T;
     (0, 0): a.T @ b. a and b must share a dtype (cast before the call); `precision` applies

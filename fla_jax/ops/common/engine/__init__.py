@@ -3,6 +3,7 @@ shares, with a gate switch (gates.GATE_NONE / GATE_SCALAR / GATE_KEY).
 
     state_pass.state_pass_fwd / state_pass_bwd   inter-chunk state pass (sequential over chunks)
     output_stage.output_fwd / output_bwd         output stage (chunk-parallel)
+    cumsum_scores.cumsum_scores                  key gate: gate cumsum + scores A, qg, kg, el
     launch.Problem, launch.Launch, launch.launch_for   static problem, launch configuration
     varlen                                       the one varlen slot scheme (no host sync)
     gates                                        gate switch, split cumsums, accurate gaps

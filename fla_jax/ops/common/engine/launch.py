@@ -16,8 +16,8 @@ from jax.experimental import pallas as pl
 from .. import pallas_triton as ptr
 from . import varlen as vl
 
-KERNELS = ("state_fwd", "state_bwd", "output_fwd", "output_dv", "output_dqk", "output_intra",
-           "output_inter")
+KERNELS = ("cumsum_scores", "state_fwd", "state_bwd", "output_fwd", "output_dv", "output_dqk",
+           "output_intra", "output_inter")
 STATE_TILE_BYTES = 32 * 1024
 SUB = 16           # sub-chunk length of the key-gate intra-chunk scores (tl.dot needs >= 16)
 
@@ -79,6 +79,10 @@ def launch_for(kernel: str, K: int, V: int, dtype) -> Launch:
             b //= 2
         return b
 
+    if kernel == "cumsum_scores":
+        # key blocks of 32 as Triton's: the [BT, bk] gate cumsum (hi, lo) and key tiles stay
+        # small next to the [BT, BT] fp32 score accumulators
+        return Launch(min(Kp, 32), None, 4, stages)
     if kernel in ("state_fwd", "state_bwd"):
         return Launch(min(Kp, 64), min(Vp, 64), 4, stages)
     if kernel in ("output_fwd", "output_dv"):

@@ -39,10 +39,15 @@ from .launch import SUB, Launch, Problem, call, launch_for, width
 F32 = jnp.float32
 
 
-def _row(ref, t, ok, n_cols, col0):
-    """Row t of a [T, D] ref as [D] fp32; zeros unless `ok`, columns >= n_cols masked."""
-    cols = col0 + jnp.arange(ref.shape[1])
-    return plt.load(ref.at[t, :], mask=(cols < n_cols) & ok, other=0.0).astype(F32)
+def _row(ref, t, ok, n_cols, col0, width=None):
+    """Row t of a [T, D] ref as [D] fp32 (col0: the column index of the ref's first column);
+    width given: only the columns col0 .. col0 + width of a ref whose first column is 0
+    ([width]). Zeros unless `ok`; columns >= n_cols masked."""
+    if width is None:
+        view, cols = ref.at[t, :], col0 + jnp.arange(ref.shape[1])
+    else:
+        view, cols = ref.at[t, pl.ds(col0, width)], col0 + jnp.arange(width)
+    return plt.load(view, mask=(cols < n_cols) & ok, other=0.0).astype(F32)
 
 
 def _chunk(refs, pb):
@@ -89,27 +94,30 @@ def _diag_fits(loc) -> object:
     return jnp.max(-loc.value()) < gt.SPAN
 
 
-def _diag_scores(refs, pb, rs, nvI, q, k, gI, n_cols, col0):
+def _diag_scores(refs, pb, rs, nvI, q, k, gI, n_cols, col0, width=None, frame=(SUB, 0)):
     """A_II [SUB, SUB] fp32 of one sub-chunk: sum_c q_ic k_jc exp(loc_ic - loc_jc), j <= i,
-    exact per pair (one column per loop step; k's rows read from refs['k']). Measured on an
-    H100 (GLA bf16 B=4 T=4096 H=16 K=V=128): this loop beats the _diag_fits dot here (forward
-    2.69 ms against 3.91 ms through lax.cond), unlike in _diag_grads."""
+    exact per pair (one column per loop step; k's rows read from refs['k'], `width` as _row).
+    frame = (n, at): the block is returned inside a [SUB, n] tile at columns at .. at + SUB
+    (zeros elsewhere; cumsum_scores writes whole score rows). Measured on an H100 (GLA bf16
+    B=4 T=4096 H=16 K=V=128): this loop beats the _diag_fits dot here (forward 2.69 ms against
+    3.91 ms through lax.cond; that dot was Precision.HIGHEST, Triton's FMA path on the GPU)."""
     ii = jnp.arange(SUB)[:, None]
-    jj = jnp.arange(SUB)[None, :]
+    jj = jnp.arange(frame[0])[None, :]
     qf = q.astype(F32)
     loc = gI[0]
     if loc is None:
+        assert frame == (SUB, 0)
         return jnp.where(ii >= jj, ptr.matmul(qf, k.astype(F32), (1, 1), lax.Precision.HIGHEST),
                          0.0)
 
     def body(j, A):
-        kj = _row(refs["k"], rs + j, j < nvI, n_cols, col0)
+        kj = _row(refs["k"], rs + j, j < nvI, n_cols, col0, width)
         lj = gt.bcast(gt.row(loc, j))
         d = jnp.where(ii == j, 1.0, gt.masked_exp(gt.gap(loc, lj), ii > j))
         col = jnp.sum(qf * kj[None, :] * d, axis=1)
-        return jnp.where(jj == j, col[:, None], A)
+        return jnp.where(jj == frame[1] + j, col[:, None], A)
 
-    return lax.fori_loop(0, SUB, body, jnp.zeros((SUB, SUB), F32))
+    return lax.fori_loop(0, SUB, body, jnp.zeros((SUB, frame[0]), F32))
 
 
 def _scores(refs, pb, qs, ks, gs, rows, n_cols, col0, dt):
@@ -160,6 +168,19 @@ def _fwd_kernel(refs, pb, bv):
         ptr.store_rows(refs["o"], rows[I][0], rows[I][1], pb.V, o * pb.scale, c0)
 
 
+def _fwd_given_kernel(refs, pb, bv):
+    """o = scale (qg S + A v) of one chunk and V block, qg = q exp(b) and A given
+    (cumsum_scores): two dots, no gate work."""
+    c0 = pl.program_id(2) * bv
+    start, nv = _chunk(refs, pb)
+    qg = ptr.load_rows(refs["qg"], start, pb.bt, nv, pb.K)
+    v = ptr.load_rows(refs["v"], start, pb.bt, nv, pb.V, c0)
+    dt = qg.dtype
+    o = ptr.matmul(qg, refs["h"][...].astype(dt), (1, 0), pb.precision)
+    o = o + ptr.matmul(refs["A"][...].astype(dt), v, (1, 0), pb.precision)
+    ptr.store_rows(refs["o"], start, nv, pb.V, o * pb.scale, c0)
+
+
 def _parallel_inputs(pb, cu, seq):
     ins = []
     if pb.varlen:
@@ -177,12 +198,17 @@ def _grid(pb, nb):
     return (pb.n_slots, pb.H, nb)
 
 
-def output_fwd(pb: Problem, q, k, v, g, h, cu, seq, launch: Launch | None = None, A=None):
+def output_fwd(pb: Problem, q, k, v, g, h, cu, seq, launch: Launch | None = None, A=None,
+               qg=None):
     """o [B, T, H, V] in q's dtype from q, k [B, T, H, K], v [B, T, H, V], g (gate switch),
     h [slots, H, Kp, Vp] (state_pass_fwd), cu / seq (varlen: cu_seqlens int32 [N+1] and
     varlen.slot_sequences; else None). A: None (the scores are formed here from q, k, g) or
-    the causal scores [slots, H, BT, BT] fp32 (zero above the diagonal; k is then unused),
-    as Triton's output stage reads them (KDA's delta_scores forms them)."""
+    the causal scores [slots, H, BT, BT] (fp32 or q's dtype; zero above the diagonal; k is
+    then unused), as Triton's output stage reads them (KDA's delta_scores forms them).
+    qg: None, or q exp(b) [B, T, H, K] with A (both from cumsum_scores): o = scale (qg h + A v),
+    no gate work (q, k, g unused; o in qg's dtype)."""
+    if qg is not None:
+        return _output_fwd_given(pb, qg, v, h, A, cu, seq, launch)
     launch = launch or launch_for("output_fwd", pb.K, pb.V, q.dtype)
     bv = width(pb.Vp, launch.bv)
     par = dict(parallel=True)
@@ -197,6 +223,22 @@ def output_fwd(pb: Problem, q, k, v, g, h, cu, seq, launch: Launch | None = None
     outs = [("o", jax.ShapeDtypeStruct(v.shape, q.dtype), specs.seq_rows(pb, bv, specs.same, **par))]
     r = call(lambda refs: _fwd_kernel(refs, pb, bv), _grid(pb, pl.cdiv(pb.V, bv)), ins, outs,
              launch, "engine_output_fwd")
+    return r["o"]
+
+
+def _output_fwd_given(pb, qg, v, h, A, cu, seq, launch):
+    launch = launch or launch_for("output_fwd", pb.K, pb.V, qg.dtype)
+    bv = width(pb.Vp, launch.bv)
+    par = dict(parallel=True)
+    ins = [("qg", qg, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
+           ("A", A, specs.slot_state(pb.bt, pb.bt, specs.zero, specs.zero)),
+           ("v", v, specs.seq_rows(pb, bv, specs.same, **par))]
+    ins += _parallel_inputs(pb, cu, seq)
+    ins.append(("h", h, specs.slot_state(pb.Kp, bv, specs.zero, specs.same)))
+    outs = [("o", jax.ShapeDtypeStruct(v.shape, qg.dtype),
+             specs.seq_rows(pb, bv, specs.same, **par))]
+    r = call(lambda refs: _fwd_given_kernel(refs, pb, bv), _grid(pb, pl.cdiv(pb.V, bv)), ins,
+             outs, launch, "engine_output_fwd_given")
     return r["o"]
 
 

@@ -1,11 +1,15 @@
 """The engine's stages in order, forward and backward, for a gated chunked recurrence (Pallas):
 the mirror of fla_torch/ops/common/engine/pipeline.py.
 
-    forward:  h, ht = state_pass_fwd(k, v, g, h0);  o = output_fwd(q, k, v, g, h)
+    forward (key gate):   A, qg, kg, el = cumsum_scores(q, k, g);
+                          h, ht = state_pass_fwd(kg, v, el, h0);  o = output_fwd(qg, v, h, A)
+    forward (otherwise):  h, ht = state_pass_fwd(k, v, g, h0);  o = output_fwd(q, k, v, g, h)
     backward: dh, dh0 = state_pass_bwd(q, do, g, dht);
-              dq, dk, dv, dg = output_bwd(q, k, v, g, h, do, dh)
+              dq, dk, dv, dg = output_bwd_from_scores(q, k, v, g, A, h, do, dh)   (key gate)
+                             = output_bwd(q, k, v, g, h, do, dh)                  (otherwise)
 `engine_chunk` is one custom_vjp for every gate of the switch (g [B, T, H, K] for GATE_KEY,
-[B, T, H] for GATE_SCALAR, None for GATE_NONE); `make_problem` builds its static Problem.
+[B, T, H] for GATE_SCALAR, None for GATE_NONE; its residuals keep the key gate's A for the
+backward); `make_problem` builds its static Problem.
 """
 from __future__ import annotations
 
@@ -17,6 +21,9 @@ import jax.numpy as jnp
 from .. import pallas_triton as ptr
 from . import varlen as vl
 from .launch import Problem
+from .cumsum_scores import cumsum_scores
+from .gates import GATE_KEY
+from .output_grads import output_bwd_from_scores
 from .output_stage import output_bwd, output_fwd
 from .state_pass import state_pass_bwd, state_pass_fwd
 
@@ -35,30 +42,39 @@ def _seq(pb, cu):
 
 
 def _forward(pb, q, k, v, g, h0, cu):
+    """(o, final state, h, A): A the key gate's intra-chunk scores (cumsum_scores) for the
+    backward, None for the other gates."""
+    seq = _seq(pb, cu)
+    if pb.gate == GATE_KEY:
+        A, qg, kg, el = cumsum_scores(pb, q, k, g, cu, seq)
+        h, ht = state_pass_fwd(pb, None, v, None, h0, cu, kg=kg, el=el)
+        return output_fwd(pb, None, None, v, None, h, cu, seq, A=A, qg=qg), ht, h, A
     h, ht = state_pass_fwd(pb, k, v, g, h0, cu)
-    o = output_fwd(pb, q, k, v, g, h, cu, _seq(pb, cu))
-    return o, ht, h
+    return output_fwd(pb, q, k, v, g, h, cu, seq), ht, h, None
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def engine_chunk(pb, q, k, v, g, h0, cu):
     """(o [B, T, H, V] in q's dtype, final state [N, H, K, V] fp32); differentiable w.r.t.
     q, k, v, g, h0 through the engine's backward kernels."""
-    o, ht, _ = _forward(pb, q, k, v, g, h0, cu)
+    o, ht, _, _ = _forward(pb, q, k, v, g, h0, cu)
     return o, ht
 
 
 def _fwd(pb, q, k, v, g, h0, cu):
-    o, ht, h = _forward(pb, q, k, v, g, h0, cu)
-    return (o, ht), (q, k, v, g, h0, cu, h)
+    o, ht, h, A = _forward(pb, q, k, v, g, h0, cu)
+    return (o, ht), (q, k, v, g, h0, cu, h, A)
 
 
 def _bwd(pb, res, cts):
-    q, k, v, g, h0, cu, h = res
+    q, k, v, g, h0, cu, h, A = res
     do, dht = cts
     do = do.astype(q.dtype)
     dh, dh0 = state_pass_bwd(pb, q, do, g, dht.astype(jnp.float32), cu)
-    dq, dk, dv, dg = output_bwd(pb, q, k, v, g, h, do, dh, cu, _seq(pb, cu))
+    if A is not None:
+        dq, dk, dv, dg = output_bwd_from_scores(pb, q, k, v, g, A, h, do, dh, cu, _seq(pb, cu))
+    else:
+        dq, dk, dv, dg = output_bwd(pb, q, k, v, g, h, do, dh, cu, _seq(pb, cu))
     return dq, dk, dv, dg, dh0, None
 
 

@@ -12,6 +12,14 @@ from . import varlen as vl
 from .gates import GATE_KEY
 
 
+def zero(j):
+    return 0
+
+
+def same(j):
+    return j
+
+
 def seq_rows(pb, width, col_block, parallel=False):
     """[B, T, H, D] activation (or key gate)."""
     if parallel:
@@ -56,22 +64,14 @@ def slot_vec(width):
     return pl.BlockSpec((None, None, width), lambda s, h, j: (s, h, 0))
 
 
-def chunk_vecs(pb, width):
-    """[slots, H, width] per-chunk vectors: every slot of one head (sequential kernels index
-    the slot)."""
-    return pl.BlockSpec((pb.n_slots, None, width), lambda n, h, j: (0, h, 0))
+def chunk_vecs(pb, width, col_block=zero):
+    """[slots, H, D] per-chunk vectors: every slot of one head, `width` columns (block
+    col_block(j)) (sequential kernels index the slot)."""
+    return pl.BlockSpec((pb.n_slots, None, width), lambda n, h, j: (0, h, col_block(j)))
 
 
 def full(x):
     return pl.BlockSpec(x.shape, lambda s, h, j: (0,) * x.ndim)
-
-
-def zero(j):
-    return 0
-
-
-def same(j):
-    return j
 
 
 def split(nb):

@@ -64,8 +64,12 @@ def _fwd_kernel(refs, pb, bk, bv, nvb):
     def body(c, S):
         start, nv = bos + c * bt, L - c * bt
         refs["h"][slot0 + c, :, :] = S.astype(refs["h"].dtype)
-        k = ptr.load_rows(refs["k"], start, bt, nv, pb.K, r0)
         v = ptr.load_rows(refs["v"], start, bt, nv, pb.V, c0)
+        if "el" in refs:
+            # k exp(last - b) and exp(last) given (cumsum_scores): no gate work here
+            kg = ptr.load_rows(refs["kg"], start, bt, nv, pb.K, r0)
+            return S * refs["el"][slot0 + c, :][:, None] + ptr.matmul(kg, v, (0, 0), pb.precision)
+        k = ptr.load_rows(refs["k"], start, bt, nv, pb.K, r0)
         if pb.gate != gt.GATE_NONE:
             g = gt.load_gate(refs["g"], pb.gate, start, bt, nv, bk, pb.K, r0)
             cum, tot = gt.cumsum(g)
@@ -77,15 +81,25 @@ def _fwd_kernel(refs, pb, bk, bv, nvb):
     ptr.store_tile(refs["ht"], S, pb.K, pb.V, r0, c0)
 
 
-def state_pass_fwd(pb: Problem, k, v, g, h0, cu, launch: Launch | None = None):
+def state_pass_fwd(pb: Problem, k, v, g, h0, cu, launch: Launch | None = None, *, kg=None,
+                   el=None):
     """k [B, T, H, K], v [B, T, H, V], g (gate switch) fp32, h0 None or [N, H, K, V] fp32,
     cu None or int32 [N+1]. Returns h [slots, H, Kp, Vp] (pb.state_dtype; the state before
-    each chunk) and the final state [N, H, K, V] fp32."""
+    each chunk) and the final state [N, H, K, V] fp32.
+    kg / el (key gate, from cumsum_scores): k exp(last - b) [B, T, H, K] in v's dtype and
+    exp(last) [slots, H, Kp] fp32; the loop then does S <- el S + kg^T v (k, g unused)."""
     launch = launch or launch_for("state_fwd", pb.K, pb.V, v.dtype)
     bk, bv, nkb, nvb = _tiles(pb, launch)
     kb, vb = specs.split(nvb)
-    ins = [("k", k, specs.seq_rows(pb, bk, kb)), ("v", v, specs.seq_rows(pb, bv, vb))]
-    ins += _common(pb, bk, kb, cu, g)
+    if el is not None:
+        assert pb.gate == gt.GATE_KEY and kg is not None
+        ins = [("kg", kg, specs.seq_rows(pb, bk, kb)), ("v", v, specs.seq_rows(pb, bv, vb)),
+               ("el", el, specs.chunk_vecs(pb, bk, kb))]
+        if pb.varlen:
+            ins.append(("cu", cu, specs.full(cu)))
+    else:
+        ins = [("k", k, specs.seq_rows(pb, bk, kb)), ("v", v, specs.seq_rows(pb, bv, vb))]
+        ins += _common(pb, bk, kb, cu, g)
     if pb.has_h0:
         ins.append(("h0", h0, specs.state(bk, bv, kb, vb)))
     outs = [("h", jax.ShapeDtypeStruct((pb.n_slots, pb.H, pb.Kp, pb.Vp), pb.state_dtype),
