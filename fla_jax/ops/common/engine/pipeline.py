@@ -4,7 +4,8 @@ the mirror of fla_torch/ops/common/engine/pipeline.py.
     forward (key gate):   A, qg, kg, el = cumsum_scores(q, k, g);
                           h, ht = state_pass_fwd(kg, v, el, h0);  o = output_fwd(qg, v, h, A)
     forward (otherwise):  h, ht = state_pass_fwd(k, v, g, h0);  o = output_fwd(q, k, v, g, h)
-    backward: dh, dh0 = state_pass_bwd(q, do, g, dht);
+    backward: dh, dh0 = state_pass_bwd(q, do, g, dht)   (key gate: on state_prep_bwd's
+                                                        qd, e0, el, formed chunk-parallel);
               dq, dk, dv, dg = output_bwd_from_scores(q, k, v, g, A, h, do, dh)   (key gate)
                              = output_bwd(q, k, v, g, h, do, dh)                  (otherwise)
 `engine_chunk` is one custom_vjp for every gate of the switch (g [B, T, H, K] for GATE_KEY,
@@ -25,7 +26,7 @@ from .cumsum_scores import cumsum_scores
 from .gates import GATE_KEY
 from .output_grads import output_bwd_from_scores
 from .output_stage import output_bwd, output_fwd
-from .state_pass import state_pass_bwd, state_pass_fwd
+from .state_pass import state_pass_bwd, state_pass_fwd, state_prep_bwd
 
 
 def make_problem(q, v, g, initial_state, cu_seqlens, scale, gate, bt=64):
@@ -70,10 +71,13 @@ def _bwd(pb, res, cts):
     q, k, v, g, h0, cu, h, A = res
     do, dht = cts
     do = do.astype(q.dtype)
-    dh, dh0 = state_pass_bwd(pb, q, do, g, dht.astype(jnp.float32), cu)
+    seq = _seq(pb, cu)
     if A is not None:
-        dq, dk, dv, dg = output_bwd_from_scores(pb, q, k, v, g, A, h, do, dh, cu, _seq(pb, cu))
+        prep = state_prep_bwd(pb, q, g, cu, seq)
+        dh, dh0 = state_pass_bwd(pb, None, do, None, dht.astype(jnp.float32), cu, prep=prep)
+        dq, dk, dv, dg = output_bwd_from_scores(pb, q, k, v, g, A, h, do, dh, cu, seq)
     else:
+        dh, dh0 = state_pass_bwd(pb, q, do, g, dht.astype(jnp.float32), cu)
         dq, dk, dv, dg = output_bwd(pb, q, k, v, g, h, do, dh, cu, _seq(pb, cu))
     return dq, dk, dv, dg, dh0, None
 

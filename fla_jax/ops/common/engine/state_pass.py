@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
 
 from .. import pallas_triton as ptr
 from . import gates as gt
@@ -120,8 +121,14 @@ def _bwd_kernel(refs, pb, bk, bv, nvb):
         c = nt - 1 - i
         start, nv = bos + c * bt, L - c * bt
         refs["dh"][slot0 + c, :, :] = dS.astype(refs["dh"].dtype)
-        q = ptr.load_rows(refs["q"], start, bt, nv, pb.K, r0)
         do = ptr.load_rows(refs["do"], start, bt, nv, pb.V, c0)
+        if "e0" in refs:
+            # q exp(b - b_0), exp(b_0), exp(last) given (state_prep_bwd): no gate work here
+            qd = ptr.load_rows(refs["qd"], start, bt, nv, pb.K, r0)
+            upd = ptr.matmul(qd, do, (0, 0), pb.precision)
+            return (dS * refs["el"][slot0 + c, :][:, None]
+                    + (pb.scale * refs["e0"][slot0 + c, :])[:, None] * upd)
+        q = ptr.load_rows(refs["q"], start, bt, nv, pb.K, r0)
         if pb.gate == gt.GATE_NONE:
             return dS + pb.scale * ptr.matmul(q, do, (0, 0), pb.precision)
         g = gt.load_gate(refs["g"], pb.gate, start, bt, nv, bk, pb.K, r0)
@@ -136,15 +143,26 @@ def _bwd_kernel(refs, pb, bk, bv, nvb):
         ptr.store_tile(refs["dh0"], dS, pb.K, pb.V, r0, c0)
 
 
-def state_pass_bwd(pb: Problem, q, do, g, dht, cu, launch: Launch | None = None):
+def state_pass_bwd(pb: Problem, q, do, g, dht, cu, launch: Launch | None = None, *,
+                   prep=None):
     """q [B, T, H, K], do [B, T, H, V], g (gate switch) fp32, dht [N, H, K, V] fp32 (the final
     state's cotangent). Returns dh [slots, H, Kp, Vp] (pb.state_dtype; the cotangent of the
-    state after each chunk) and dh0 [N, H, K, V] fp32 (None without pb.has_h0)."""
+    state after each chunk) and dh0 [N, H, K, V] fp32 (None without pb.has_h0).
+    prep (key gate): state_prep_bwd's (qd, e0, el); the loop then does
+    dS <- el dS + scale e0 (qd^T do) (q, g unused)."""
     launch = launch or launch_for("state_bwd", pb.K, pb.V, do.dtype)
     bk, bv, nkb, nvb = _tiles(pb, launch)
     kb, vb = specs.split(nvb)
-    ins = [("q", q, specs.seq_rows(pb, bk, kb)), ("do", do, specs.seq_rows(pb, bv, vb))]
-    ins += _common(pb, bk, kb, cu, g)
+    if prep is not None:
+        assert pb.gate == gt.GATE_KEY
+        qd, e0, el = prep
+        ins = [("qd", qd, specs.seq_rows(pb, bk, kb)), ("do", do, specs.seq_rows(pb, bv, vb)),
+               ("e0", e0, specs.chunk_vecs(pb, bk, kb)), ("el", el, specs.chunk_vecs(pb, bk, kb))]
+        if pb.varlen:
+            ins.append(("cu", cu, specs.full(cu)))
+    else:
+        ins = [("q", q, specs.seq_rows(pb, bk, kb)), ("do", do, specs.seq_rows(pb, bv, vb))]
+        ins += _common(pb, bk, kb, cu, g)
     ins.append(("dht", dht, specs.state(bk, bv, kb, vb)))
     outs = [("dh", jax.ShapeDtypeStruct((pb.n_slots, pb.H, pb.Kp, pb.Vp), pb.state_dtype),
              specs.chunk_states(pb, bk, bv, kb, vb))]
@@ -154,3 +172,41 @@ def state_pass_bwd(pb: Problem, q, do, g, dht, cu, launch: Launch | None = None)
     r = call(lambda refs: _bwd_kernel(refs, pb, bk, bv, nvb), (pb.N, pb.H, nkb * nvb),
              ins, outs, launch, "engine_state_bwd")
     return r["dh"], r.get("dh0")
+
+
+
+def _prep_kernel(refs, pb, bk):
+    """Per (slot, head): b = the chunk's gate cumsum, per key block of bk columns."""
+    _, bos, c, nv = vl.slot_chunk(refs, pb.varlen, pb.T, pb.bt, pl.program_id(0))
+    start, bt = bos + c * pb.bt, pb.bt
+    for c0 in range(0, pb.Kp, bk):
+        mask = (jnp.arange(bt) < nv)[:, None] & ((c0 + jnp.arange(bk)) < pb.K)[None, :]
+        view = (pl.ds(start, bt), pl.ds(c0, bk))
+        g = plt.load(refs["g"].at[view], mask=mask, other=0.0).astype(jnp.float32)
+        q = plt.load(refs["q"].at[view], mask=mask, other=0.0)
+        cum, tot = gt.cumsum(g)
+        first = gt.row(cum, 0)
+        qd = q * jnp.exp(gt.gap(cum, gt.bcast(first)))
+        plt.store(refs["qd"].at[view], qd.astype(refs["qd"].dtype), mask=mask)
+        refs["e0"][pl.ds(c0, bk)] = jnp.exp(first.value())
+        refs["el"][pl.ds(c0, bk)] = jnp.exp(tot.value())
+
+
+def state_prep_bwd(pb: Problem, q, g, cu, seq, launch: Launch | None = None):
+    """Key gate: the gate work of state_pass_bwd's loop done chunk-parallel, out of the
+    sequential pass: qd = q exp(b - b_0) [B, T, H, K] in q's dtype (every exponent <= 0: fp16's
+    range holds it under any gate; q exp(b) would underflow), e0 = exp(b_0) and el = exp(last)
+    [slots, H, Kp] fp32 (1 past K), b the in-chunk inclusive cumsum of g [B, T, H, K] fp32.
+    cu / seq: varlen cu_seqlens int32 [N+1] and varlen.slot_sequences (else None)."""
+    launch = launch or launch_for("state_bwd", pb.K, pb.V, q.dtype)
+    bk = min(pb.Kp, 64)
+    rows = specs.seq_rows(pb, pb.Kp, specs.zero, parallel=True)
+    ins = [("q", q, rows), ("g", g, rows)]
+    if pb.varlen:
+        ins += [("cu", cu, specs.full(cu)), ("seq", seq, specs.full(seq))]
+    vec = jax.ShapeDtypeStruct((pb.n_slots, pb.H, pb.Kp), jnp.float32)
+    outs = [("qd", jax.ShapeDtypeStruct(q.shape, q.dtype), rows),
+            ("e0", vec, specs.slot_vec(pb.Kp)), ("el", vec, specs.slot_vec(pb.Kp))]
+    r = call(lambda refs: _prep_kernel(refs, pb, bk), (pb.n_slots, pb.H, 1), ins, outs,
+             Launch(None, None, 4, 1), "engine_state_prep_bwd")
+    return r["qd"], r["e0"], r["el"]
