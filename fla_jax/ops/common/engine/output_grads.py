@@ -82,6 +82,9 @@ def _dv_dA_kernel(refs, pb, want_dv):
     if want_dv:
         At = refs["A"][...].astype(dt)
         for c0 in range(0, pb.Kp, bk):
+            if "kg" in refs:          # k exp(last - b) from the forward (cumsum_scores)
+                kgs.append(_ld(refs["kg"], start, bt, nv, pb.K, c0, bk).astype(dt))
+                continue
             k = _ld(refs["k"], start, bt, nv, pb.K, c0, bk)
             if _gated(pb):
                 cum, tot = gt.cumsum(_graw(refs, pb, start, bt, nv, bk, c0, sliced=True))
@@ -105,9 +108,10 @@ def _dv_dA_kernel(refs, pb, want_dv):
 
 
 def output_dv_dA(pb: Problem, k, v, g, A, do, dh, cu, seq, launch: Launch | None = None,
-                 want_dv=True):
+                 want_dv=True, kg=None):
     """(dv [B, T, H, V] in v's dtype, dA [slots, H, BT, BT] fp32) from the forward's A.
-    want_dv=False: dA alone (dv None; k, g, A and dh are not read)."""
+    want_dv=False: dA alone (dv None; k, g, A and dh are not read). kg: k exp(last - b)
+    [B, T, H, K] in k's dtype when the forward kept it (k and g are then not read)."""
     launch = launch or launch_for("output_dv", pb.K, pb.V, k.dtype)
     par = dict(parallel=True)
     ins = [("v", v, specs.seq_rows(pb, pb.Vp, specs.zero, **par)),
@@ -116,10 +120,13 @@ def output_dv_dA(pb: Problem, k, v, g, A, do, dh, cu, seq, launch: Launch | None
     outs = [("dA", jax.ShapeDtypeStruct((pb.n_slots, pb.H, pb.bt, pb.bt), F32),
              specs.slot_state(pb.bt, pb.bt, specs.zero, specs.zero))]
     if want_dv:
-        ins += [("k", k, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
-                ("A", A, specs.slot_state(pb.bt, pb.bt, specs.zero, specs.zero)),
+        ins += [("A", A, specs.slot_state(pb.bt, pb.bt, specs.zero, specs.zero)),
                 ("dh", dh, specs.slot_state(pb.Kp, pb.Vp, specs.zero, specs.zero))]
-        ins += _gate_input(pb, g, pb.Kp, specs.zero)
+        if kg is not None:
+            ins.append(("kg", kg, specs.seq_rows(pb, pb.Kp, specs.zero, **par)))
+        else:
+            ins.append(("k", k, specs.seq_rows(pb, pb.Kp, specs.zero, **par)))
+            ins += _gate_input(pb, g, pb.Kp, specs.zero)
         outs.append(("dv", jax.ShapeDtypeStruct(v.shape, v.dtype),
                      specs.seq_rows(pb, pb.Vp, specs.zero, **par)))
     r = call(lambda refs: _dv_dA_kernel(refs, pb, want_dv), _grid(pb, 1), ins, outs, launch,
@@ -251,13 +258,15 @@ def _inter_kernel(refs, pb, bk):
 
 def output_bwd_from_scores(pb: Problem, q, k, v, g, A, h, do, dh, cu, seq,
                            launch_dv: Launch | None = None, launch_intra: Launch | None = None,
-                           launch_inter: Launch | None = None, dk_dtype=None, want_dv=True):
+                           launch_inter: Launch | None = None, dk_dtype=None, want_dv=True,
+                           kg=None):
     """output_stage.output_bwd's cotangents (dq, dk, dv, dg; same shapes, dtypes and options)
     from the forward's scores A [slots, H, BT, BT] (zero above the diagonal) instead of
-    re-forming them. want_dv=False: dv None (its kernel forms dA alone)."""
+    re-forming them. want_dv=False: dv None (its kernel forms dA alone). kg: the forward's
+    k exp(last - b) (cumsum_scores), read by the dv kernel instead of k and g."""
     li = launch_intra or launch_for("output_intra", pb.K, pb.V, q.dtype)
     lo = launch_inter or launch_for("output_inter", pb.K, pb.V, q.dtype)
-    dv, dA = output_dv_dA(pb, k, v, g, A, do, dh, cu, seq, launch_dv, want_dv)
+    dv, dA = output_dv_dA(pb, k, v, g, A, do, dh, cu, seq, launch_dv, want_dv, kg)
     dqi, dki = _intra(pb, q, k, g, dA, cu, seq, width(pb.Kp, li.bk), li)
     dq, dk, dg = _inter(pb, q, k, v, g, h, do, dh, dA, dqi, dki, cu, seq, width(pb.Kp, lo.bk),
                         lo, dk_dtype)

@@ -43,13 +43,13 @@ def _seq(pb, cu):
 
 
 def _forward(pb, q, k, v, g, h0, cu):
-    """(o, final state, h, A): A the key gate's intra-chunk scores (cumsum_scores) for the
-    backward, None for the other gates."""
+    """(o, final state, h, saved): saved = (A, kg), the key gate's intra-chunk scores and
+    k exp(last - b) (cumsum_scores) for the backward, None for the other gates."""
     seq = _seq(pb, cu)
     if pb.gate == GATE_KEY:
         A, qg, kg, el = cumsum_scores(pb, q, k, g, cu, seq)
         h, ht = state_pass_fwd(pb, None, v, None, h0, cu, kg=kg, el=el)
-        return output_fwd(pb, None, None, v, None, h, cu, seq, A=A, qg=qg), ht, h, A
+        return output_fwd(pb, None, None, v, None, h, cu, seq, A=A, qg=qg), ht, h, (A, kg)
     h, ht = state_pass_fwd(pb, k, v, g, h0, cu)
     return output_fwd(pb, q, k, v, g, h, cu, seq), ht, h, None
 
@@ -63,19 +63,20 @@ def engine_chunk(pb, q, k, v, g, h0, cu):
 
 
 def _fwd(pb, q, k, v, g, h0, cu):
-    o, ht, h, A = _forward(pb, q, k, v, g, h0, cu)
-    return (o, ht), (q, k, v, g, h0, cu, h, A)
+    o, ht, h, saved = _forward(pb, q, k, v, g, h0, cu)
+    return (o, ht), (q, k, v, g, h0, cu, h, saved)
 
 
 def _bwd(pb, res, cts):
-    q, k, v, g, h0, cu, h, A = res
+    q, k, v, g, h0, cu, h, saved = res
     do, dht = cts
     do = do.astype(q.dtype)
     seq = _seq(pb, cu)
-    if A is not None:
+    if saved is not None:
         prep = state_prep_bwd(pb, q, g, cu, seq)
         dh, dh0 = state_pass_bwd(pb, None, do, None, dht.astype(jnp.float32), cu, prep=prep)
-        dq, dk, dv, dg = output_bwd_from_scores(pb, q, k, v, g, A, h, do, dh, cu, seq)
+        A, kg = saved
+        dq, dk, dv, dg = output_bwd_from_scores(pb, q, k, v, g, A, h, do, dh, cu, seq, kg=kg)
     else:
         dh, dh0 = state_pass_bwd(pb, q, do, g, dht.astype(jnp.float32), cu)
         dq, dk, dv, dg = output_bwd(pb, q, k, v, g, h, do, dh, cu, _seq(pb, cu))
