@@ -101,6 +101,20 @@ def load_rows(ref, start, bt, n_valid, n_cols=None, col0=0):
     return plt.load(view, mask=mask, other=0.0)
 
 
+def load_block(ref, r0, rows, n_valid, c0, width, n_cols):
+    """ref[r0:r0+rows, c0:c0+width] of a [T, D] ref (columns sliced, unlike load_rows);
+    rows >= n_valid and columns c0 + j >= n_cols read as 0."""
+    mask = (jnp.arange(rows) < n_valid)[:, None] & ((c0 + jnp.arange(width)) < n_cols)[None, :]
+    return plt.load(ref.at[pl.ds(r0, rows), pl.ds(c0, width)], mask=mask, other=0.0)
+
+
+def store_block(ref, r0, n_valid, c0, n_cols, value):
+    """ref[r0:r0+rows, c0:c0+width] = value ([rows, width]), masked like load_block."""
+    rows, width = value.shape
+    mask = (jnp.arange(rows) < n_valid)[:, None] & ((c0 + jnp.arange(width)) < n_cols)[None, :]
+    plt.store(ref.at[pl.ds(r0, rows), pl.ds(c0, width)], value.astype(ref.dtype), mask=mask)
+
+
 def load_row(ref, t, n_cols, col0=0):
     """Row t of a [T, D] ref as a [D] vector; columns col0 + j >= n_cols read as 0."""
     cols = col0 + jnp.arange(ref.shape[1])

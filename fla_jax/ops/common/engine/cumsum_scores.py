@@ -33,7 +33,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plt
 
 from .. import pallas_triton as ptr
 from . import gates as gt
@@ -54,15 +53,11 @@ FRAME = "chunk"     # "rows": [SUB, BT] dots per row block; "chunk": [BT, BT] on
 
 def _tile(ref, r0, rows, nv, c0, bk, n_cols):
     """ref[r0:r0+rows, c0:c0+bk] of a [T, Kp] ref; rows >= nv and columns >= n_cols read 0."""
-    mask = (jnp.arange(rows) < nv)[:, None] & ((c0 + jnp.arange(bk)) < n_cols)[None, :]
-    return plt.load(ref.at[pl.ds(r0, rows), pl.ds(c0, bk)], mask=mask, other=0.0)
+    return ptr.load_block(ref, r0, rows, nv, c0, bk, n_cols)
 
 
 def _put(ref, r0, nv, c0, n_cols, value):
-    """ref[r0:r0+rows, c0:c0+bk] = value ([rows, bk]), masked like _tile."""
-    rows, bk = value.shape
-    mask = (jnp.arange(rows) < nv)[:, None] & ((c0 + jnp.arange(bk)) < n_cols)[None, :]
-    plt.store(ref.at[pl.ds(r0, rows), pl.ds(c0, bk)], value.astype(ref.dtype), mask=mask)
+    ptr.store_block(ref, r0, nv, c0, n_cols, value)
 
 
 def _row_block(refs, pb, I, first, c0, bk, chunk, diag):

@@ -31,7 +31,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plt
 
 from .. import pallas_triton as ptr
 from . import gates as gt
@@ -45,17 +44,11 @@ WIDE = 128   # widest column block a kernel holds at once (larger K / V loop ove
 
 
 def _ld(ref, start, rows, nv, n_cols, c0, w):
-    """ref[start:start+rows, c0:c0+w] ([T, D] block), rows >= nv and columns >= n_cols 0."""
-    r = jnp.arange(rows)[:, None] < nv
-    c = (c0 + jnp.arange(w))[None, :] < n_cols
-    return plt.load(ref.at[pl.ds(start, rows), pl.ds(c0, w)], mask=r & c, other=0.0)
+    return ptr.load_block(ref, start, rows, nv, c0, w, n_cols)
 
 
 def _st(ref, start, nv, n_cols, value, c0):
-    rows, w = value.shape
-    r = jnp.arange(rows)[:, None] < nv
-    c = (c0 + jnp.arange(w))[None, :] < n_cols
-    plt.store(ref.at[pl.ds(start, rows), pl.ds(c0, w)], value.astype(ref.dtype), mask=r & c)
+    ptr.store_block(ref, start, nv, c0, n_cols, value)
 
 
 def _tile(ref, r0, c0, rows, cols):

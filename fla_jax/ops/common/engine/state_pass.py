@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plt
 
 from .. import pallas_triton as ptr
 from . import gates as gt
@@ -180,14 +179,11 @@ def _prep_kernel(refs, pb, bk):
     _, bos, c, nv = vl.slot_chunk(refs, pb.varlen, pb.T, pb.bt, pl.program_id(0))
     start, bt = bos + c * pb.bt, pb.bt
     for c0 in range(0, pb.Kp, bk):
-        mask = (jnp.arange(bt) < nv)[:, None] & ((c0 + jnp.arange(bk)) < pb.K)[None, :]
-        view = (pl.ds(start, bt), pl.ds(c0, bk))
-        g = plt.load(refs["g"].at[view], mask=mask, other=0.0).astype(jnp.float32)
-        q = plt.load(refs["q"].at[view], mask=mask, other=0.0)
+        g = ptr.load_block(refs["g"], start, bt, nv, c0, bk, pb.K).astype(jnp.float32)
+        q = ptr.load_block(refs["q"], start, bt, nv, c0, bk, pb.K)
         cum, tot = gt.cumsum(g)
         first = gt.row(cum, 0)
-        qd = q * jnp.exp(gt.gap(cum, gt.bcast(first)))
-        plt.store(refs["qd"].at[view], qd.astype(refs["qd"].dtype), mask=mask)
+        ptr.store_block(refs["qd"], start, nv, c0, pb.K, q * jnp.exp(gt.gap(cum, gt.bcast(first))))
         refs["e0"][pl.ds(c0, bk)] = jnp.exp(first.value())
         refs["el"][pl.ds(c0, bk)] = jnp.exp(tot.value())
 
