@@ -105,3 +105,29 @@ def test_engine_scalar_gate_is_simple_gla(case, dtype):
             for t in got}
     bad = {t: e for t, e in errs.items() if not e <= tolerance(dtype, t)}
     assert not bad, f"engine {case.name} {dtype}: over tolerance {bad}; all {errs}"
+
+
+@pytest.mark.parametrize("case,dtype", [("pgla_strong_channels", "fp16"),
+                                        ("pgla_varlen_empty_sub", "bf16")])
+def test_chunk_gla_intra_rows_frame(case, dtype, monkeypatch):
+    """The output backward's intra-chunk kernel in its other layout (output_grads.INTRA_FRAME
+    'rows': one [16, BT] dot per sub-chunk; the case list above runs the default 'chunk'),
+    kept for GPU timing: same oracle and tolerances (traced afresh: jit caches cleared)."""
+    from fla_jax.ops.common.engine import output_grads
+
+    assert output_grads.INTRA_FRAME == "chunk"
+    traced = []
+    rows_kernel = output_grads._intra_kernel
+
+    def counted(*a, **kw):
+        traced.append(1)
+        return rows_kernel(*a, **kw)
+
+    monkeypatch.setattr(output_grads, "INTRA_FRAME", "rows")
+    monkeypatch.setattr(output_grads, "_intra_kernel", counted)
+    jax.clear_caches()
+    try:
+        assert_passed(check("chunk_gla", case, dtype, PALLAS))
+    finally:
+        jax.clear_caches()
+    assert traced, "the 'rows' intra kernel was not traced"

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 
 from .. import pallas_triton as ptr
@@ -37,9 +38,12 @@ from . import gates as gt
 from . import specs
 from . import varlen as vl
 from .launch import SUB, Launch, Problem, call, launch_for, width
-from .output_stage import _chunk, _diag_grads, _gate_input, _gated, _grid, _parallel_inputs
+from .output_stage import (_chunk, _diag_fits, _diag_grads, _gate_input, _gated, _grid,
+                           _parallel_inputs, _row)
 
 F32 = jnp.float32
+INTRA_FRAMES = ("rows", "chunk")
+INTRA_FRAME = "chunk"   # "rows": _intra_kernel (per sub-chunk, [16, BT] dots); "chunk": [BT, BT]
 WIDE = 128   # widest column block a kernel holds at once (larger K / V loop over blocks)
 
 
@@ -182,6 +186,80 @@ def _intra_kernel(refs, pb, bk):
         ptr.store_rows(refs["dki"], i0, None, None, dk + dkd)
 
 
+def _intra_chunk_kernel(refs, pb, bk):
+    """INTRA_FRAME = "chunk": the same sums as _intra_kernel with every dot over the whole
+    chunk ([BT, BT] x [BT, bk], Triton's shape; rows / columns of other sub-chunks masked to
+    zero): one dot per sub-chunk for each cross term, the diagonal blocks of all sub-chunks in
+    one fp32-accurate dot when every sub-chunk's decay stays under SPAN, else a BT-step per-pair
+    column loop."""
+    r0 = pl.program_id(2) * bk
+    start, nv = _chunk(refs, pb)
+    bt, nb = pb.bt, pb.bt // SUB
+    dt = refs["q"].dtype
+    row = jnp.arange(bt)[:, None]
+    col = jnp.arange(bt)[None, :]
+    sub, csub = row // SUB, col // SUB
+    q = ptr.load_rows(refs["q"], start, bt, nv, pb.K, r0)
+    k = ptr.load_rows(refs["k"], start, bt, nv, pb.K, r0)
+    q32, k32 = q.astype(F32), k.astype(F32)
+    dA = refs["dA"][...]
+    gated = _gated(pb)
+    dq = jnp.zeros((bt, bk), F32)
+    dk = jnp.zeros((bt, bk), F32)
+    if gated:
+        b, _ = gt.cumsum(_graw(refs, pb, start, bt, nv, bk, r0))
+        Rs = [gt.zero_cum(bk)] + [_prefix(b, row, I * SUB - 1) for I in range(1, nb)]
+        P = gt.Cum(sum(jnp.where(sub == I, R.hi[None, :], 0.0) for I, R in enumerate(Rs)),
+                   sum(jnp.where(sub == I, R.lo[None, :], 0.0) for I, R in enumerate(Rs)))
+        loc = gt.Cum(b.hi - P.hi, b.lo - P.lo)      # b - b before the row's sub-chunk
+    for I in range(1, nb):
+        # rows of sub-chunk I against earlier columns, through b_{i0-1} = Rs[I]
+        i0 = I * SUB
+        kd = k32 * gt.masked_exp(gt.gap(gt.bcast(Rs[I]), b), row < i0) if gated else k32
+        dq = dq + ptr.matmul(jnp.where((sub == I) & (col < i0), dA, 0.0).astype(dt),
+                             kd.astype(dt), (1, 0), pb.precision)
+    if gated:
+        dq = dq * jnp.exp(loc.value())
+    for J in range(nb - 1):
+        # columns of sub-chunk J against later rows, through b_n (n = the row after J)
+        n0 = (J + 1) * SUB
+        if gated:
+            N = gt.bcast(_prefix(b, row, n0))
+            qd = q32 * gt.masked_exp(gt.gap(b, N), row >= n0)
+        else:
+            qd = q32
+        y = ptr.matmul(jnp.where((row >= n0) & (csub == J), dA, 0.0).astype(dt),
+                       qd.astype(dt), (0, 0), pb.precision)
+        dk = dk + (y * gt.masked_exp(gt.gap(N, b), sub == J) if gated else y)
+    D = jnp.where((row > col) & (sub == csub), dA, 0.0)
+    acc = ptr.accurate_precision()
+    if not gated:
+        refs["dqi"][...] = dq + ptr.matmul(D, k32, (1, 0), acc)
+        refs["dki"][...] = dk + ptr.matmul(D, q32, (0, 0), acc)
+        return
+
+    def fast(_):
+        e = jnp.exp(loc.value())
+        return (e * ptr.matmul(D, k32 / e, (1, 0), acc), ptr.matmul(D, q32 * e, (0, 0), acc) / e)
+
+    def loop(_):
+        def body(j, carry):
+            xq, xk = carry
+            kj = _row(refs["k"], start + j, j < nv, pb.K, r0)
+            a = jnp.sum(jnp.where(col == j, D, 0.0), axis=1)[:, None]
+            d = gt.masked_exp(gt.gap(loc, gt.bcast(gt.row(loc, j))), (row > j) & (sub == j // SUB))
+            w = a * d
+            xq = xq + w * kj[None, :]
+            xk = xk + jnp.where(row == j, jnp.sum(w * q32, axis=0)[None, :], 0.0)
+            return xq, xk
+        z = jnp.zeros((bt, bk), F32)
+        return lax.fori_loop(0, bt, body, (z, z))
+
+    dqd, dkd = lax.cond(_diag_fits(loc), fast, loop, 0)
+    refs["dqi"][...] = dq + dqd
+    refs["dki"][...] = dk + dkd
+
+
 def _prefix(b: gt.Cum, row, r):
     """b at row r (static) of a [bt, w] Cum, as a [w] Cum (a masked sum: no tile slicing)."""
     sel = row == r
@@ -189,7 +267,7 @@ def _prefix(b: gt.Cum, row, r):
                   jnp.sum(jnp.where(sel, b.lo, 0.0), axis=0))
 
 
-def _intra(pb, q, k, g, dA, cu, seq, bk, launch):
+def _intra(pb, q, k, g, dA, cu, seq, bk, launch, frame=None):
     par = dict(parallel=True)
     ins = [("q", q, specs.seq_rows(pb, bk, specs.same, **par)),
            ("k", k, specs.seq_rows(pb, bk, specs.same, **par)),
@@ -198,7 +276,8 @@ def _intra(pb, q, k, g, dA, cu, seq, bk, launch):
     shp = jax.ShapeDtypeStruct((pb.n_slots, pb.H, pb.bt, pb.Kp), F32)
     blk = specs.slot_state(pb.bt, bk, specs.zero, specs.same)
     outs = [("dqi", shp, blk), ("dki", shp, blk)]
-    r = call(lambda refs: _intra_kernel(refs, pb, bk), _grid(pb, pl.cdiv(pb.K, bk)), ins, outs,
+    kern = _intra_chunk_kernel if (frame or INTRA_FRAME) == "chunk" else _intra_kernel
+    r = call(lambda refs: kern(refs, pb, bk), _grid(pb, pl.cdiv(pb.K, bk)), ins, outs,
              launch, "engine_output_intra")
     return r["dqi"], r["dki"]
 
