@@ -1,6 +1,6 @@
 """Backward of the engine's output stage from the forward's scores A (Pallas), in three
 chunk-parallel kernels, the mirror of the Triton engine's output_bwd (its _bwd_dv_kernel,
-_bwd_intra_kernel, _bwd_inter_kernel in fla_torch/ops/common/engine/output_stage.py).
+_bwd_intra_kernel, _bwd_inter_kernel in fla_torch/ops/common/engine/output_grads.py).
 
 With b the in-chunk inclusive cumsum of the log-decay (split, gates.Cum), `last` its chunk
 total, S = h[slot] (state before the chunk), dS = dh[slot] (cotangent of the state after it)
@@ -16,7 +16,9 @@ exp(b_i - b_{i0-1})) or just after it (dk: q_i exp(b_i - b_{i0+SUB}), then exp(b
 b_j)): every exponent <= 0 and the 16-bit operand keeps its row next to I undecayed (fp16
 would flush k exp(-10) to subnormals); the diagonal block as output_stage._diag_grads does
 (one fp32-accurate dot through the sub-chunk's start when its decay is under gates.SPAN, else
-per pair). They go through memory (dqi, dki fp32 [slots, H, BT, Kp]) to kernel inter (per
+per pair). INTRA_FRAME "chunk" (shipped) takes every one of those dots over the whole chunk
+([BT, BT] x [BT, bk], other sub-chunks masked: Triton's shape), "rows" one [SUB, BT] dot per
+sub-chunk. They go through memory (dqi, dki fp32 [slots, H, BT, Kp]) to kernel inter (per
 (slot, head, K block)): the state terms, dq, dk and per-chunk dg (nothing carried between
 chunks, no O(1) term formed and cancelled):
     dg_s = exp(last) <S, dS>_row + sum_{j < s} r_j + sum_{i >= s} x_i,
@@ -276,7 +278,10 @@ def _intra(pb, q, k, g, dA, cu, seq, bk, launch, frame=None):
     shp = jax.ShapeDtypeStruct((pb.n_slots, pb.H, pb.bt, pb.Kp), F32)
     blk = specs.slot_state(pb.bt, bk, specs.zero, specs.same)
     outs = [("dqi", shp, blk), ("dki", shp, blk)]
-    kern = _intra_chunk_kernel if (frame or INTRA_FRAME) == "chunk" else _intra_kernel
+    frame = frame or INTRA_FRAME
+    if frame not in INTRA_FRAMES:
+        raise ValueError(f"output_grads: frame={frame!r}; expected one of {INTRA_FRAMES}")
+    kern = _intra_chunk_kernel if frame == "chunk" else _intra_kernel
     r = call(lambda refs: kern(refs, pb, bk), _grid(pb, pl.cdiv(pb.K, bk)), ins, outs,
              launch, "engine_output_intra")
     return r["dqi"], r["dki"]
