@@ -112,10 +112,7 @@ def _chunk_block(refs, pb, c0, bk, start, nv, diag):
     _put(refs["qg"], start, nv, c0, K, q * jnp.exp(b.value()))
     _put(refs["kg"], start, nv, c0, K, k * jnp.exp(gt.gap(gt.bcast(tot), b)))
     sub = (jnp.arange(bt) // SUB)[:, None]
-    Rs = [gt.row(b, I * SUB - 1) for I in range(bt // SUB)]   # b before sub-chunk I
-    P = gt.Cum(sum(jnp.where(sub == I, R.hi[None, :], 0.0) for I, R in enumerate(Rs)),
-               sum(jnp.where(sub == I, R.lo[None, :], 0.0) for I, R in enumerate(Rs)))
-    loc = gt.Cum(b.hi - P.hi, b.lo - P.lo)                      # b - b before the sub-chunk
+    Rs, loc = gt.sub_chunk_split(b, SUB)      # b before sub-chunk I; b - b before the row's
     eloc = jnp.exp(loc.value())
     qf = (q * eloc).astype(dt)
     acc = jnp.zeros((bt, bt), F32)

@@ -93,3 +93,15 @@ def span(later: Cum, earlier: Cum, loc: Cum):
     """(later - earlier) - loc for [width] Cums later / earlier and a [rows, width] Cum loc:
     the log-decay from rows of a sub-chunk (cumsum loc from its start `earlier`) to `later`."""
     return ((later.hi - earlier.hi)[None, :] - loc.hi) + ((later.lo - earlier.lo)[None, :] - loc.lo)
+
+
+def sub_chunk_split(b: Cum, sub: int):
+    """b [bt, w] (a chunk's inclusive cumsum) -> (Rs, loc): Rs[I] = b just before sub-chunk I
+    of `sub` rows ([w] Cum; zero for I = 0) and loc = b - Rs[row's sub-chunk] ([bt, w] Cum, the
+    cumsum from the row's sub-chunk start; every part exact as in `gap`)."""
+    n = b.hi.shape[0] // sub
+    part = (jnp.arange(b.hi.shape[0]) // sub)[:, None]
+    Rs = [row(b, I * sub - 1) for I in range(n)]
+    P = Cum(sum(jnp.where(part == I, R.hi[None, :], 0.0) for I, R in enumerate(Rs)),
+            sum(jnp.where(part == I, R.lo[None, :], 0.0) for I, R in enumerate(Rs)))
+    return Rs, Cum(b.hi - P.hi, b.lo - P.lo)

@@ -38,10 +38,9 @@ from jax.experimental import pallas as pl
 from .. import pallas_triton as ptr
 from . import gates as gt
 from . import specs
-from . import varlen as vl
 from .launch import SUB, Launch, Problem, call, launch_for, width
-from .output_stage import (_chunk, _diag_fits, _diag_grads, _gate_input, _gated, _grid,
-                           _parallel_inputs, _row)
+from .output_stage import (_chunk, _diag_fits, _diag_grads, _dqk_dg, _dqk_outputs, _gate_input,
+                           _gated, _grid, _parallel_inputs, _row)
 
 F32 = jnp.float32
 INTRA_FRAMES = ("rows", "chunk")
@@ -159,7 +158,7 @@ def _intra_kernel(refs, pb, bk):
             # earlier sub-chunks, through the row before I (b_before = b_{i0-1})
             dA_I = jnp.where(jnp.arange(bt)[None, :] < i0, _tile(refs["dA"], i0, 0, SUB, bt), 0.0)
             if gated:
-                before = _prefix(b, row, i0 - 1)
+                before = gt.row(b, i0 - 1)
                 kd = k * gt.masked_exp(gt.gap(gt.bcast(before), b), row < i0)
             else:
                 kd = k.astype(F32)
@@ -172,14 +171,14 @@ def _intra_kernel(refs, pb, bk):
             n0 = i0 + SUB
             dAt = jnp.where(row >= n0, _tile(refs["dA"], 0, i0, bt, SUB), 0.0)
             if gated:
-                after = _prefix(b, row, n0)
+                after = gt.row(b, n0)
                 qd = q * gt.masked_exp(gt.gap(b, gt.bcast(after)), row >= n0)
             else:
                 qd = q.astype(F32)
             y = ptr.matmul(dAt.astype(dt), qd.astype(dt), (0, 0), pb.precision)
             if gated:
                 # b_after - b_j for j in I: (after - start_I) - loc_j, start_I = b_{i0-1}
-                startI = _prefix(b, row, i0 - 1) if I > 0 else gt.zero_cum(bk)
+                startI = gt.row(b, i0 - 1) if I > 0 else gt.zero_cum(bk)
                 y = y * jnp.exp(gt.span(after, startI, locI))
             dk = dk + y
         dA_II = _tile(refs["dA"], i0, i0, SUB, SUB)
@@ -210,10 +209,7 @@ def _intra_chunk_kernel(refs, pb, bk):
     dk = jnp.zeros((bt, bk), F32)
     if gated:
         b, _ = gt.cumsum(_graw(refs, pb, start, bt, nv, bk, r0))
-        Rs = [gt.zero_cum(bk)] + [_prefix(b, row, I * SUB - 1) for I in range(1, nb)]
-        P = gt.Cum(sum(jnp.where(sub == I, R.hi[None, :], 0.0) for I, R in enumerate(Rs)),
-                   sum(jnp.where(sub == I, R.lo[None, :], 0.0) for I, R in enumerate(Rs)))
-        loc = gt.Cum(b.hi - P.hi, b.lo - P.lo)      # b - b before the row's sub-chunk
+        Rs, loc = gt.sub_chunk_split(b, SUB)
     for I in range(1, nb):
         # rows of sub-chunk I against earlier columns, through b_{i0-1} = Rs[I]
         i0 = I * SUB
@@ -226,7 +222,7 @@ def _intra_chunk_kernel(refs, pb, bk):
         # columns of sub-chunk J against later rows, through b_n (n = the row after J)
         n0 = (J + 1) * SUB
         if gated:
-            N = gt.bcast(_prefix(b, row, n0))
+            N = gt.bcast(gt.row(b, n0))
             qd = q32 * gt.masked_exp(gt.gap(b, N), row >= n0)
         else:
             qd = q32
@@ -260,13 +256,6 @@ def _intra_chunk_kernel(refs, pb, bk):
     dqd, dkd = lax.cond(_diag_fits(loc), fast, loop, 0)
     refs["dqi"][...] = dq + dqd
     refs["dki"][...] = dk + dkd
-
-
-def _prefix(b: gt.Cum, row, r):
-    """b at row r (static) of a [bt, w] Cum, as a [w] Cum (a masked sum: no tile slicing)."""
-    sel = row == r
-    return gt.Cum(jnp.sum(jnp.where(sel, b.hi, 0.0), axis=0),
-                  jnp.sum(jnp.where(sel, b.lo, 0.0), axis=0))
 
 
 def _intra(pb, q, k, g, dA, cu, seq, bk, launch, frame=None):
@@ -363,19 +352,7 @@ def _inter(pb, q, k, v, g, h, do, dh, dA, dqi, dki, cu, seq, bk, launch, dk_dtyp
     ins += _gate_input(pb, g, bk, specs.same) + _parallel_inputs(pb, cu, seq)
     ins += [("h", h, specs.slot_state(bk, pb.Vp, specs.same, specs.zero)),
             ("dh", dh, specs.slot_state(bk, pb.Vp, specs.same, specs.zero))]
-    outs = [("dq", jax.ShapeDtypeStruct(q.shape, q.dtype), specs.seq_rows(pb, bk, specs.same, **par)),
-            ("dk", jax.ShapeDtypeStruct(k.shape, dk_dtype or k.dtype),
-             specs.seq_rows(pb, bk, specs.same, **par))]
-    if pb.gate == gt.GATE_KEY:
-        outs.append(("dg", jax.ShapeDtypeStruct(g.shape, F32), specs.seq_rows(pb, bk, specs.same, **par)))
-    elif pb.gate == gt.GATE_SCALAR:
-        part = jax.ShapeDtypeStruct((nkb,) + g.shape, F32)
-        batch = vl.batch_of_slot(pb.varlen, pb.T, pb.bt)
-        outs.append(("dg", part, pl.BlockSpec((None, None, pb.T, None),
-                                              lambda s, hh, j: (j, batch(s), 0, hh))))
+    outs = _dqk_outputs(pb, q, k, g, bk, nkb, dk_dtype)
     r = call(lambda refs: _inter_kernel(refs, pb, bk), _grid(pb, nkb), ins, outs, launch,
              "engine_output_inter")
-    dg = r.get("dg")
-    if pb.gate == gt.GATE_SCALAR:
-        dg = jnp.sum(dg, axis=0)
-    return r["dq"], r["dk"], dg
+    return r["dq"], r["dk"], _dqk_dg(pb, r)

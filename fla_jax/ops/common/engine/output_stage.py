@@ -455,6 +455,30 @@ def _output_dv(pb, q, k, v, g, do, dh, common, launch_dv):
                 launch_dv, "engine_output_dv")["dv"]
 
 
+def _dqk_outputs(pb, q, k, g, bk, nkb, dk_dtype):
+    """Outputs of a dq / dk / dg kernel on grid (slots, H, nkb): dq, dk ([B, T, H, K], K
+    blocks of bk; dk in dk_dtype or k's) and dg: fp32 [B, T, H, K] (key gate), one partial
+    [B, T, H] per K block (scalar gate, summed by _dqk_dg) or none."""
+    par = dict(parallel=True)
+    rows = specs.seq_rows(pb, bk, specs.same, **par)
+    outs = [("dq", jax.ShapeDtypeStruct(q.shape, q.dtype), rows),
+            ("dk", jax.ShapeDtypeStruct(k.shape, dk_dtype or k.dtype), rows)]
+    if pb.gate == gt.GATE_KEY:
+        outs.append(("dg", jax.ShapeDtypeStruct(g.shape, F32), rows))
+    elif pb.gate == gt.GATE_SCALAR:
+        part = jax.ShapeDtypeStruct((nkb,) + g.shape, F32)
+        batch = vl.batch_of_slot(pb.varlen, pb.T, pb.bt)
+        outs.append(("dg", part, pl.BlockSpec((None, None, pb.T, None),
+                                              lambda s, hh, j: (j, batch(s), 0, hh))))
+    return outs
+
+
+def _dqk_dg(pb, r):
+    """dg from the kernel results r (None without a gate)."""
+    dg = r.get("dg")
+    return jnp.sum(dg, axis=0) if pb.gate == gt.GATE_SCALAR else dg
+
+
 def output_bwd(pb: Problem, q, k, v, g, h, do, dh, cu, seq,
                launch_dv: Launch | None = None, launch_dqk: Launch | None = None,
                dk_dtype=None, want_dv=True):
@@ -479,19 +503,7 @@ def output_bwd(pb: Problem, q, k, v, g, h, do, dh, cu, seq,
     ins += _gate_input(pb, g, bk, specs.same) + common
     ins += [("h", h, specs.slot_state(bk, pb.Vp, specs.same, specs.zero)),
             ("dh", dh, specs.slot_state(bk, pb.Vp, specs.same, specs.zero))]
-    outs = [("dq", jax.ShapeDtypeStruct(q.shape, q.dtype), specs.seq_rows(pb, bk, specs.same, **par)),
-            ("dk", jax.ShapeDtypeStruct(k.shape, dk_dtype or k.dtype),
-             specs.seq_rows(pb, bk, specs.same, **par))]
-    if pb.gate == gt.GATE_KEY:
-        outs.append(("dg", jax.ShapeDtypeStruct(g.shape, F32), specs.seq_rows(pb, bk, specs.same, **par)))
-    elif pb.gate == gt.GATE_SCALAR:
-        part = jax.ShapeDtypeStruct((nkb,) + g.shape, F32)
-        batch = vl.batch_of_slot(pb.varlen, pb.T, pb.bt)
-        outs.append(("dg", part, pl.BlockSpec((None, None, pb.T, None),
-                                              lambda s, hh, j: (j, batch(s), 0, hh))))
+    outs = _dqk_outputs(pb, q, k, g, bk, nkb, dk_dtype)
     r = call(lambda refs: _dqk_kernel(refs, pb, bk), _grid(pb, nkb), ins, outs, launch_dqk,
              "engine_output_dqk")
-    dg = r.get("dg")
-    if pb.gate == gt.GATE_SCALAR:
-        dg = jnp.sum(dg, axis=0)
-    return r["dq"], r["dk"], dv, dg
+    return r["dq"], r["dk"], dv, _dqk_dg(pb, r)
