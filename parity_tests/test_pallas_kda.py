@@ -1,5 +1,5 @@
 """Kernel tests of the Pallas chunk_kda on the delta-rule stages (fla_jax/ops/kda/pallas_chunk.py:
-engine delta_scores, wy, delta_state, delta_bwd and the engine's output stage) on CPU,
+engine delta_scores, wy, delta_prep, delta_state and the engine's output stage / output_grads) on CPU,
 interpreted: the features test_ops' kernel subset does not reach, as a case list on the shared
 harness (cases.PALLAS_KDA_CASES, harness.check: the fp64 oracle, jax_runner under jax.jit with
 traced cu_seqlens, cases.rel_rms and THE tolerance table; o, ht and every gradient).
@@ -56,7 +56,7 @@ MAX_KERNEL_IR = 100_000
 KDA_KERNELS = {"kda_delta_scores", "kda_wy_fwd", "kda_state_prep_fwd", "kda_state_fwd",
                "engine_output_fwd", "kda_state_prep_bwd", "kda_state_bwd", "engine_output_dv_dA",
                "engine_output_intra", "engine_output_inter",
-               "kda_wy_bwd", "kda_delta_bwd"}
+               "kda_wy_bwd"}
 
 
 def _kernel_ir_sizes(K: int) -> dict:

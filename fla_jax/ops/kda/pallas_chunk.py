@@ -13,9 +13,10 @@ k exp(last - b), exp(b_0), exp(last): chunk-parallel, out of the sequential pass
 delta_state.delta_state_fwd (h, vn, final state), output_stage.output_fwd (o on vn: the
 engine's GATE_KEY output stage, reading Aqk instead of forming it again).
 Backward: delta_prep.delta_prep_bwd (q exp(b - b_0), scale Aqk^T do: chunk-parallel),
-delta_state.delta_state_bwd (dh, dvn, dh0), output_grads.output_bwd_from_scores on vn
-reading Aqk (dq, and the dk, dg of Aqk / q exp(b) h / the state update; no dv), wy.wy_bwd (dv, dbeta, dkb, dAk),
-delta_bwd.delta_key_bwd (dk, dg: adds the Ak and kb terms).
+delta_state.delta_state_bwd (dh, dvn, dh0), wy.wy_bwd (dv, dbeta, dkb, dAk: the gradients of
+kb and of the key scores Ak), output_grads.output_bwd_from_scores on vn reading Aqk, with dAk
+and dkb (dq, dk, dg: the output's Aqk / q exp(b) h / state-update terms and the key scores' and
+kb's in the same intra / inter kernels, as Triton's delta_bwd; no dv kernel).
 Grouped heads: q and k are repeated to the HV value heads (their gradients summed back by
 autodiff). use_qk_l2norm_in_kernel: q, k normalised in fp32 and rounded back to their dtype
 first (jnp, differentiable).
@@ -34,7 +35,6 @@ from ..common import pallas_triton as ptr
 from ..common.compute_operands import expand_heads, l2_normalize
 from ..common.engine import GATE_KEY, output_fwd
 from ..common.engine import varlen as vl
-from ..common.engine.delta_bwd import delta_key_bwd
 from ..common.engine.delta_prep import delta_prep_bwd, delta_prep_fwd
 from ..common.engine.delta_scores import delta_scores
 from ..common.engine.delta_state import delta_state_bwd, delta_state_fwd
@@ -79,10 +79,9 @@ def _bwd(pb, res, cts):
     seq = _seq(pb, cu)
     qd, ado = delta_prep_bwd(pb, q, g, Aqk, do, cu, seq)
     dh, dvn, dh0 = delta_state_bwd(pb, qd, kg, w, e0, el, ado, do, dht.astype(F32), cu)
-    dq, dk_o, _, dg_o = output_bwd_from_scores(pb, q, k, vn, g, Aqk, h, do, dh, cu, seq,
-                                               dk_dtype=F32, want_dv=False)
     dv, dbeta, dkb, dAk = wy_bwd(pb, Ak, Tm, kb, v, beta, g, h, dvn, cu, seq)
-    dk, dg = delta_key_bwd(pb, k, g, dAk, dkb, dk_o, dg_o, cu, seq)
+    dq, dk, _, dg = output_bwd_from_scores(pb, q, k, vn, g, Aqk, h, do, dh, cu, seq,
+                                           want_dv=False, dAk=dAk, dkb=dkb)
     return dq, dk, dv, dg, dbeta, dh0, None
 
 

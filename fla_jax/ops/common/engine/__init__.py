@@ -8,8 +8,9 @@ shares, with a gate switch (gates.GATE_NONE / GATE_SCALAR / GATE_KEY).
     varlen                                       the one varlen slot scheme (no host sync)
     gates                                        gate switch, split cumsums, accurate gaps
     pipeline.engine_chunk, pipeline.make_problem the stages in order as one custom_vjp
-    delta_scores, wy, delta_prep, delta_state,   the per-key-gated delta rule's stages
-    delta_bwd                                    (chunk_kda, chained by kda/pallas_chunk.py)
+    delta_scores, wy, delta_prep, delta_state    the per-key-gated delta rule's stages
+                                                 (chunk_kda, chained by kda/pallas_chunk.py;
+                                                 its dq, dk, dg: output_grads with dAk, dkb)
     dplr, dplr_scores, dplr_state                the DPLR stage (chunk_rwkv7, chunk_kda_pallas_dplr)
 """
 from .gates import GATE_KEY, GATE_NONE, GATE_SCALAR
