@@ -25,9 +25,9 @@ chunks, no O(1) term formed and cancelled):
     r_j  = k_j . (exp(last - b_j) v_j dS^T)            (0 for the chunk's last valid token),
     x_i  = q_i . (dq_i without the pair i == i) - k_i . (the intra-chunk dk_i without it).
 chunk_kda (the per-key-gated delta rule) passes the gradient dAk of its key scores Ak (k . k,
-strictly lower) and dkb of kb = k exp(b - b_0) (wy.wy_bwd): the intra kernel runs Ak's sums
-on (k, k) beside A's, sharing the decayed key operands, and the inter kernel adds the kb terms,
-so its dk, dg come out whole (the role of Triton's delta_bwd; see _intra_chunk_kernel).
+strictly lower) and dkb of kb = k exp(b - b_0) (wy.wy_bwd): the intra kernel runs a second
+time on (k, k, dAk) (row sums rk, column sums ck) and the inter kernel adds them and the kb
+terms, so its dk, dg come out whole (the role of Triton's delta_bwd).
 Shapes: q, k [B, T, H, K]; v, do [B, T, H, V]; g per the gate switch (fp32); h, dh
 [slots, H, Kp, Vp]; A [slots, H, BT, BT] (any float dtype; rounded to q's for its dot).
 Outputs dq, dk, dv in their inputs' dtypes (dk_dtype may override), dg fp32.
@@ -196,11 +196,7 @@ def _intra_chunk_kernel(refs, pb, bk):
     chunk ([BT, BT] x [BT, bk], Triton's shape; rows / columns of other sub-chunks masked to
     zero): one dot per sub-chunk for each cross term, the diagonal blocks of all sub-chunks in
     one fp32-accurate dot when every sub-chunk's decay stays under SPAN, else a BT-step per-pair
-    column loop. With refs["dAk"] (the delta rule's key scores Ak_ij = k_i . k_j decayed, j < i:
-    their gradient, strictly lower) the same sums run on (k, k) beside (q, k), sharing the
-    decayed key operands: r_i = sum_{j<i} dAk_ij exp(b_i - b_j) k_j, c_j = sum_{i>j} dAk_ij
-    exp(b_i - b_j) k_i; dki then carries r + c and xr = 2 k r goes out for the gate gradient
-    (inter's x = ... - k dki + xr gives db = k (r - c))."""
+    column loop."""
     r0 = pl.program_id(2) * bk
     start, nv = _chunk(refs, pb)
     bt, nb = pb.bt, pb.bt // SUB
@@ -211,14 +207,10 @@ def _intra_chunk_kernel(refs, pb, bk):
     q = ptr.load_rows(refs["q"], start, bt, nv, pb.K, r0)
     k = ptr.load_rows(refs["k"], start, bt, nv, pb.K, r0)
     q32, k32 = q.astype(F32), k.astype(F32)
-    # (score gradient, the left operand of its scores); the right operand is k for both
-    pairs = [(refs["dA"][...], q32)]
-    if "dAk" in refs:
-        pairs.append((refs["dAk"][...], k32))
-    n = len(pairs)
+    dA = refs["dA"][...]
     gated = _gated(pb)
-    z = jnp.zeros((bt, bk), F32)
-    rsum, csum = [z] * n, [z] * n
+    dq = jnp.zeros((bt, bk), F32)
+    dk = jnp.zeros((bt, bk), F32)
     if gated:
         b, _ = gt.cumsum(_graw(refs, pb, start, bt, nv, bk, r0))
         Rs, loc = gt.sub_chunk_split(b, SUB)
@@ -226,82 +218,66 @@ def _intra_chunk_kernel(refs, pb, bk):
         # rows of sub-chunk I against earlier columns, through b_{i0-1} = Rs[I]
         i0 = I * SUB
         kd = k32 * gt.masked_exp(gt.gap(gt.bcast(Rs[I]), b), row < i0) if gated else k32
-        kd = kd.astype(dt)
-        m = (sub == I) & (col < i0)
-        for p, (dA, _) in enumerate(pairs):
-            rsum[p] = rsum[p] + ptr.matmul(jnp.where(m, dA, 0.0).astype(dt), kd, (1, 0),
-                                           pb.precision)
+        dq = dq + ptr.matmul(jnp.where((sub == I) & (col < i0), dA, 0.0).astype(dt),
+                             kd.astype(dt), (1, 0), pb.precision)
     if gated:
-        eloc = jnp.exp(loc.value())
-        rsum = [x * eloc for x in rsum]
+        dq = dq * jnp.exp(loc.value())
     for J in range(nb - 1):
         # columns of sub-chunk J against later rows, through b_n (n = the row after J)
         n0 = (J + 1) * SUB
-        m = (row >= n0) & (csub == J)
         if gated:
             N = gt.bcast(gt.row(b, n0))
-            to_n, from_n = gt.masked_exp(gt.gap(b, N), row >= n0), gt.masked_exp(gt.gap(N, b), sub == J)
-        for p, (dA, left) in enumerate(pairs):
-            ld = (left * to_n if gated else left).astype(dt)
-            y = ptr.matmul(jnp.where(m, dA, 0.0).astype(dt), ld, (0, 0), pb.precision)
-            csum[p] = csum[p] + (y * from_n if gated else y)
-    Ds = [jnp.where((row > col) & (sub == csub), dA, 0.0) for dA, _ in pairs]
+            qd = q32 * gt.masked_exp(gt.gap(b, N), row >= n0)
+        else:
+            qd = q32
+        y = ptr.matmul(jnp.where((row >= n0) & (csub == J), dA, 0.0).astype(dt),
+                       qd.astype(dt), (0, 0), pb.precision)
+        dk = dk + (y * gt.masked_exp(gt.gap(N, b), sub == J) if gated else y)
+    D = jnp.where((row > col) & (sub == csub), dA, 0.0)
     acc = ptr.accurate_precision()
     if not gated:
-        diag = [(ptr.matmul(D, k32, (1, 0), acc), ptr.matmul(D, left, (0, 0), acc))
-                for D, (_, left) in zip(Ds, pairs)]
-    else:
-        def fast(_):
-            e = jnp.exp(loc.value())
-            kr = k32 / e
-            return [(e * ptr.matmul(D, kr, (1, 0), acc), ptr.matmul(D, left * e, (0, 0), acc) / e)
-                    for D, (_, left) in zip(Ds, pairs)]
+        refs["dqi"][...] = dq + ptr.matmul(D, k32, (1, 0), acc)
+        refs["dki"][...] = dk + ptr.matmul(D, q32, (0, 0), acc)
+        return
 
-        def loop(_):
-            def body(j, carry):
-                kj = _row(refs["k"], start + j, j < nv, pb.K, r0)
-                d = gt.masked_exp(gt.gap(loc, gt.bcast(gt.row(loc, j))),
-                                  (row > j) & (sub == j // SUB))
-                out = []
-                for D, (_, left), (xr, xc) in zip(Ds, pairs, carry):
-                    w = jnp.sum(jnp.where(col == j, D, 0.0), axis=1)[:, None] * d
-                    out.append((xr + w * kj[None, :],
-                                xc + jnp.where(row == j, jnp.sum(w * left, axis=0)[None, :], 0.0)))
-                return out
-            return lax.fori_loop(0, bt, body, [(z, z)] * n)
+    def fast(_):
+        e = jnp.exp(loc.value())
+        return (e * ptr.matmul(D, k32 / e, (1, 0), acc), ptr.matmul(D, q32 * e, (0, 0), acc) / e)
 
-        diag = lax.cond(_diag_fits(loc), fast, loop, 0)
-    refs["dqi"][...] = rsum[0] + diag[0][0]
-    dki = csum[0] + diag[0][1]
-    if n > 1:
-        r, c = rsum[1] + diag[1][0], csum[1] + diag[1][1]
-        dki = dki + r + c
-        refs["xr"][...] = 2.0 * k32 * r
-    refs["dki"][...] = dki
+    def loop(_):
+        def body(j, carry):
+            xq, xk = carry
+            kj = _row(refs["k"], start + j, j < nv, pb.K, r0)
+            a = jnp.sum(jnp.where(col == j, D, 0.0), axis=1)[:, None]
+            d = gt.masked_exp(gt.gap(loc, gt.bcast(gt.row(loc, j))), (row > j) & (sub == j // SUB))
+            w = a * d
+            xq = xq + w * kj[None, :]
+            xk = xk + jnp.where(row == j, jnp.sum(w * q32, axis=0)[None, :], 0.0)
+            return xq, xk
+        z = jnp.zeros((bt, bk), F32)
+        return lax.fori_loop(0, bt, body, (z, z))
+
+    dqd, dkd = lax.cond(_diag_fits(loc), fast, loop, 0)
+    refs["dqi"][...] = dq + dqd
+    refs["dki"][...] = dk + dkd
 
 
-def _intra(pb, q, k, g, dA, cu, seq, bk, launch, frame=None, dAk=None):
-    """(dqi, dki, xr or None) [slots, H, BT, Kp] fp32: the intra-chunk sums (see the kernels);
-    dAk [slots, H, BT, BT] fp32 (the key scores' gradient; "chunk" frame only) adds r + c to
-    dki and returns xr = 2 k r."""
+def _intra(pb, q, k, g, dA, cu, seq, bk, launch, frame=None):
     par = dict(parallel=True)
-    sq = specs.slot_state(pb.bt, pb.bt, specs.zero, specs.zero)
     ins = [("q", q, specs.seq_rows(pb, bk, specs.same, **par)),
-           ("k", k, specs.seq_rows(pb, bk, specs.same, **par)), ("dA", dA, sq)]
-    if dAk is not None:
-        ins.append(("dAk", dAk, sq))
+           ("k", k, specs.seq_rows(pb, bk, specs.same, **par)),
+           ("dA", dA, specs.slot_state(pb.bt, pb.bt, specs.zero, specs.zero))]
     ins += _gate_input(pb, g, bk, specs.same) + _parallel_inputs(pb, cu, seq)
     shp = jax.ShapeDtypeStruct((pb.n_slots, pb.H, pb.bt, pb.Kp), F32)
     blk = specs.slot_state(pb.bt, bk, specs.zero, specs.same)
-    outs = [("dqi", shp, blk), ("dki", shp, blk)] + ([("xr", shp, blk)] if dAk is not None else [])
+    outs = [("dqi", shp, blk), ("dki", shp, blk)]
     frame = frame or INTRA_FRAME
-    if frame not in INTRA_FRAMES or (dAk is not None and frame != "chunk"):
-        raise ValueError(f"output_grads: frame={frame!r}{' with dAk' if dAk is not None else ''}; "
-                         f"expected one of {INTRA_FRAMES if dAk is None else ('chunk',)}")
+    if frame not in INTRA_FRAMES:
+        raise ValueError(f"output_grads: frame={frame!r}; expected one of {INTRA_FRAMES}")
     kern = _intra_chunk_kernel if frame == "chunk" else _intra_kernel
     r = call(lambda refs: kern(refs, pb, bk), _grid(pb, pl.cdiv(pb.K, bk)), ins, outs,
              launch, "engine_output_intra")
-    return r["dqi"], r["dki"], r.get("xr")
+    return r["dqi"], r["dki"]
 
 
 # ----------------------------------------------------------------------------- inter
@@ -337,11 +313,12 @@ def _inter_kernel(refs, pb, bk):
     d_ii = jnp.sum(jnp.where(row == jnp.arange(bt)[None, :], dA, 0.0), axis=1)[:, None]
     dk = dk_s + dki + d_ii * q
     if "dkb" in refs:
-        # the delta rule's relative keys kb = k exp(b - b_0): dk += dkb exp(b - b_0), db the same
-        # times k; xr = 2 k r from the intra kernel (with r + c in dki: db = k (r - c))
+        # the delta rule's key scores (rk, ck: their row / column sums) and relative keys
+        # kb = k exp(b - b_0): dk += r + c + dkb exp(b - b_0); db = k (r - c) + k dkb exp(b - b_0)
         dkb = ptr.load_rows(refs["dkb"], start, bt, nv, pb.K, r0).astype(F32)
         dkb = dkb * jnp.exp(gt.gap(b, gt.bcast(gt.row(b, 0))))
-        dk = dk + dkb
+        rk, ck = refs["rk"][...], refs["ck"][...]
+        dk = dk + rk + ck + dkb
     ptr.store_rows(refs["dq"], start, nv, pb.K, dq_s + dqi + d_ii * k, r0)
     ptr.store_rows(refs["dk"], start, nv, pb.K, dk, r0)
     if not _gated(pb):
@@ -349,7 +326,7 @@ def _inter_kernel(refs, pb, bk):
     ct = ct * jnp.exp(tot.value())
     x = q * (dq_s + dqi) - k * dki
     if "dkb" in refs:
-        x = x + refs["xr"][...] + k * dkb
+        x = x + k * (rk - ck + dkb)
     r = jnp.where(row == jnp.minimum(nv, bt) - 1, 0.0, k * dk_s)
     w = (ct[None, :] + (jnp.cumsum(r, axis=0) - r) - (jnp.cumsum(x, axis=0) - x)
          + jnp.sum(x, axis=0)[None, :])
@@ -370,7 +347,7 @@ def output_bwd_from_scores(pb: Problem, q, k, v, g, A, h, do, dh, cu, seq,
     The per-key-gated delta rule (chunk_kda) passes dAk [slots, H, BT, BT] fp32 (the gradient
     of its key scores Ak, strictly lower) and dkb [B, T, H, K] fp32 (the gradient of
     kb = k exp(b - b_0)), both from wy.wy_bwd: dk and dg then include their terms (GATE_KEY
-    and the "chunk" intra frame only)."""
+    only)."""
     if (dAk is None) != (dkb is None) or (dAk is not None and pb.gate != gt.GATE_KEY):
         raise ValueError(f"output_bwd_from_scores: dAk and dkb go together and with the key "
                          f"gate; got dAk={dAk is not None}, dkb={dkb is not None}, "
@@ -378,15 +355,20 @@ def output_bwd_from_scores(pb: Problem, q, k, v, g, A, h, do, dh, cu, seq,
     li = launch_intra or launch_for("output_intra", pb.K, pb.V, q.dtype)
     lo = launch_inter or launch_for("output_inter", pb.K, pb.V, q.dtype)
     dv, dA = output_dv_dA(pb, k, v, g, A, do, dh, cu, seq, launch_dv, want_dv, kg)
-    frame = "chunk" if dAk is not None else None
-    dqi, dki, xr = _intra(pb, q, k, g, dA, cu, seq, width(pb.Kp, li.bk), li, frame, dAk)
+    bk = width(pb.Kp, li.bk)
+    dqi, dki = _intra(pb, q, k, g, dA, cu, seq, bk, li)
+    # the key scores' sums on (k, k) in a second launch of the same kernel (one kernel holding
+    # both dA tiles spilled: 5.45 ms against 2.17 + 1.06 on the H100, session 11):
+    # rk_i = sum_{j<i} dAk_ij exp(b_i - b_j) k_j (its "dqi"), ck_j = sum_{i>j} ... k_i ("dki")
+    rc = _intra(pb, k, k, g, dAk, cu, seq, bk, li) if dAk is not None else (None, None)
     dq, dk, dg = _inter(pb, q, k, v, g, h, do, dh, dA, dqi, dki, cu, seq, width(pb.Kp, lo.bk),
-                        lo, dk_dtype, xr, dkb)
+                        lo, dk_dtype, rc, dkb)
     return dq, dk, dv, dg
 
 
 def _inter(pb, q, k, v, g, h, do, dh, dA, dqi, dki, cu, seq, bk, launch, dk_dtype=None,
-           xr=None, dkb=None):
+           rc=(None, None), dkb=None):
+    rk, ck = rc
     nkb = pl.cdiv(pb.K, bk)
     par = dict(parallel=True)
     ins = [("q", q, specs.seq_rows(pb, bk, specs.same, **par)),
@@ -397,7 +379,8 @@ def _inter(pb, q, k, v, g, h, do, dh, dA, dqi, dki, cu, seq, bk, launch, dk_dtyp
            ("dqi", dqi, specs.slot_state(pb.bt, bk, specs.zero, specs.same)),
            ("dki", dki, specs.slot_state(pb.bt, bk, specs.zero, specs.same))]
     if dkb is not None:
-        ins += [("xr", xr, specs.slot_state(pb.bt, bk, specs.zero, specs.same)),
+        ins += [("rk", rk, specs.slot_state(pb.bt, bk, specs.zero, specs.same)),
+                ("ck", ck, specs.slot_state(pb.bt, bk, specs.zero, specs.same)),
                 ("dkb", dkb, specs.seq_rows(pb, bk, specs.same, **par))]
     ins += _gate_input(pb, g, bk, specs.same) + _parallel_inputs(pb, cu, seq)
     ins += [("h", h, specs.slot_state(bk, pb.Vp, specs.same, specs.zero)),
