@@ -5,21 +5,33 @@ fla_torch/ops/common/engine/delta_scores.py.
     Ak_ij  = sum_c k_ic k_jc exp(b_ic - b_jc)   (j < i)
     kb     = k exp(b - b_0)                     (relative to the chunk's first row)
 b the in-chunk inclusive cumsum of the per-key log-decay, split hi + lo (gates.cumsum), b_0
-its value at the chunk's first row. Both matrices are formed by sub-chunks of SUB = 16 rows as
-the output stage forms its scores (output_stage._scores): pairs of different sub-chunks
-through the later sub-chunk's start, every exponent <= 0, in one dot each (the key factor
-shared by both matrices); pairs inside a sub-chunk exact per pair, both matrices in one column
-loop. SPLIT (default): one program per (chunk slot, head, sub-chunk I) writes rows I (the
-earlier sub-chunks' keys and gates re-read in lax.fori_loops), as Triton's delta_scores;
-else one program per (chunk slot, head). The two give identical numbers.
+its value at the chunk's first row. Both matrices are formed by sub-chunks of SUB = 16 rows:
+pairs of different sub-chunks through the later sub-chunk I's start R_I (query side
+x_i exp(b_i - R_I), key side k_j exp(R_I - b_j), every exponent <= 0), the key factor shared
+by both matrices; pairs inside a sub-chunk in fp32, exactly per pair or (FRAME "chunk") as one
+fp32-accurate dot where the decay allows.
+FRAME (or delta_scores(frame=...)) picks the kernel; the results agree to fp32 rounding:
+  "rows": one program per (chunk slot, head, sub-chunk I) writing rows I (SPLIT; the earlier
+    sub-chunks' keys and gates re-read in lax.fori_loops, as Triton's delta_scores), or with
+    SPLIT = False one per (chunk slot, head); [SUB, SUB] dots, whole Kp at once, the diagonal
+    blocks always exact per pair (_diag_pair, 16 column steps).
+  "chunk": one program per (chunk slot, head), key channels in blocks of `bk` (the scores
+    summed over them, as cumsum_scores' FRAME "chunk"): per sub-chunk I one [BT, BT] dot for
+    each matrix (query / key rows masked to sub-chunk I, keys to the earlier sub-chunks); the
+    diagonal blocks of all sub-chunks in one fp32-accurate dot per matrix when the decay across
+    every sub-chunk stays under gates.SPAN in the key block (_diag_fits), else exact per pair
+    in one BT-step column loop (lax.cond).
 kb is kept relative to the chunk's first row in every dtype (the Triton `rel` variant): exp(b)
 of strong gates is subnormal in fp16, and exp(b_0) is applied in fp32 by the users of kb / w
 (the state pass, the WY backward).
 Shapes: q, k [B, T, H, K] (one dtype), g [B, T, H, K] fp32; outputs Aqk, Ak
-[slots, H, BT, BT] fp32 (zero above the diagonal; Ak's diagonal zero), kb [B, T, H, K] in
-k's dtype.
+[slots, H, BT, BT] fp32 (zero above the diagonal; Ak's diagonal zero; every entry of every
+slot written, unused varlen slots zeros), kb [B, T, H, K] in k's dtype (rows past a
+sequence's end not written). Rows past the chunk's valid rows read q = k = g = 0.
 """
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -30,14 +42,18 @@ from .. import pallas_triton as ptr
 from . import gates as gt
 from . import specs
 from .launch import SUB, Launch, Problem, call
-from .output_stage import (_chunk, _k_factor, _load_sub, _parallel_inputs, _q_factor, _row,
-                           _sub_gates, _sub_rows)
+from .output_stage import (_chunk, _diag_fits, _k_factor, _load_sub, _parallel_inputs, _q_factor,
+                           _row, _sub_gates, _sub_rows)
 
 F32 = jnp.float32
 LAUNCH = Launch(None, None, 4, 1)
-# True: one program per (chunk slot, head, sub-chunk) (_sub_kernel, as Triton's); False: one
-# per (chunk slot, head) (_kernel). The same numbers either way; the GPU timing decides.
+FRAMES = ("rows", "chunk")
+FRAME = "chunk"     # "rows": _sub_kernel / _kernel ([SUB, SUB] dots); "chunk": _chunk_kernel
+# FRAME "rows" only: True: one program per (chunk slot, head, sub-chunk) (_sub_kernel, as
+# Triton's); False: one per (chunk slot, head) (_kernel). The same numbers either way.
+# H100, KDA bf16 B4 T4096 H16 K=V=128: rows + SPLIT 1.83 ms.
 SPLIT = True
+BK = 64             # FRAME "chunk": key block width (cumsum_scores' GLA timing: 64 beats 32)
 
 
 def chunk_b(gs):
@@ -174,10 +190,93 @@ def _sub_kernel(refs, pb):
     ptr.store_rows(refs["kb"], rs, nvI, pb.K, k * rel_exp(bI, b0))
 
 
-def delta_scores(pb: Problem, q, k, g, cu, seq):
+def _chunk_diag(refs, pb, c0, bk, start, nv, q, k, loc, eloc):
+    """FRAME "chunk": the diagonal [SUB, SUB] blocks of all sub-chunks of one key block as
+    (Aqk, Ak) [BT, BT] fp32 (zero outside them; Aqk ii >= jj, Ak ii > jj): one fp32-accurate
+    dot per matrix through each sub-chunk's start when _diag_fits(loc) (factors exp(+-loc)
+    within e^SPAN), else exact per pair in one BT-step column loop (the key row read from
+    refs['k']), both matrices from one decay factor. q, k [BT, bk]; loc [BT, bk] Cum (b less
+    b before the row's sub-chunk), eloc = exp(loc) fp32."""
+    bt = pb.bt
+    ii, jj = jnp.arange(bt)[:, None], jnp.arange(bt)[None, :]
+    same = ii // SUB == jj // SUB
+    q32, k32 = q.astype(F32), k.astype(F32)
+
+    def fast(_):
+        ke = k32 * jnp.exp(-loc.value())        # in [1, e^SPAN) here
+        prec = ptr.accurate_precision()
+        return (ptr.matmul(q32 * eloc, ke, (1, 1), prec),
+                ptr.matmul(k32 * eloc, ke, (1, 1), prec))
+
+    def loop(_):
+        def body(j, acc):
+            aq, ak = acc
+            kj = _row(refs["k"], start + j, j < nv, pb.K, c0, bk)
+            d = jnp.where(ii == j, 1.0, gt.masked_exp(gt.gap(loc, gt.bcast(gt.row(loc, j))),
+                                                      (ii > j) & (ii // SUB == j // SUB)))
+            x = kj[None, :] * d
+            return (jnp.where(jj == j, jnp.sum(q32 * x, axis=1)[:, None], aq),
+                    jnp.where(jj == j, jnp.sum(k32 * x, axis=1)[:, None], ak))
+
+        z = jnp.zeros((bt, bt), F32)
+        return lax.fori_loop(0, bt, body, (z, z))
+
+    aq, ak = lax.cond(_diag_fits(loc), fast, loop, 0)
+    return jnp.where(same & (ii >= jj), aq, 0.0), jnp.where(same & (ii > jj), ak, 0.0)
+
+
+def _chunk_block(refs, pb, c0, bk, start, nv):
+    """FRAME "chunk": one key block's part (columns c0 .. c0 + bk) of (Aqk, Ak) [BT, BT] fp32;
+    stores kb's columns. Per sub-chunk I >= 1 one dot per matrix over the whole chunk: rows of
+    I (q, resp. k, times exp(loc)) against the earlier sub-chunks' keys k_j exp(R_I - b_j)."""
+    K, bt = pb.K, pb.bt
+    b, _ = gt.cumsum(ptr.load_block(refs["g"], start, bt, nv, c0, bk, K))
+    q = ptr.load_block(refs["q"], start, bt, nv, c0, bk, K)
+    k = ptr.load_block(refs["k"], start, bt, nv, c0, bk, K)
+    dt = q.dtype
+    ptr.store_block(refs["kb"], start, nv, c0, K, (k * rel_exp(b, gt.row(b, 0))).astype(dt))
+    Rs, loc = gt.sub_chunk_split(b, SUB)      # Rs[I]: b before sub-chunk I; loc = b - Rs[row's]
+    eloc = jnp.exp(loc.value())
+    qf, kf = (q * eloc).astype(dt), (k * eloc).astype(dt)
+    sub = (jnp.arange(bt) // SUB)[:, None]
+    aq, ak = _chunk_diag(refs, pb, c0, bk, start, nv, q, k, loc, eloc)
+    for I in range(1, bt // SUB):
+        kd = (k * gt.masked_exp(gt.gap(gt.bcast(Rs[I]), b), sub < I)).astype(dt)
+        aq = aq + ptr.matmul(jnp.where(sub == I, qf, 0.0).astype(dt), kd, (1, 1), pb.precision)
+        ak = ak + ptr.matmul(jnp.where(sub == I, kf, 0.0).astype(dt), kd, (1, 1), pb.precision)
+    return aq, ak
+
+
+def _chunk_kernel(refs, pb, bk):
+    """FRAME "chunk": one program per (chunk slot, head); Aqk, Ak summed over the key blocks
+    in fp32 and stored once."""
+    start, nv = _chunk(refs, pb)
+
+    def kblock(c, acc):
+        aq, ak = _chunk_block(refs, pb, c * bk, bk, start, nv)
+        return acc[0] + aq, acc[1] + ak
+
+    z = jnp.zeros((pb.bt, pb.bt), F32)
+    nk = pb.Kp // bk
+    aq, ak = kblock(0, (z, z)) if nk == 1 else lax.fori_loop(0, nk, kblock, (z, z))
+    refs["Aqk"][...] = aq
+    refs["Ak"][...] = ak
+
+
+def delta_scores(pb: Problem, q, k, g, cu, seq, frame=None, bk=None):
     """(Aqk, Ak [slots, H, BT, BT] fp32, kb [B, T, H, K] in k's dtype) from q, k
     [B, T, H, K], the key gate g [B, T, H, K] fp32 and cu / seq (varlen: cu_seqlens int32
-    [N+1] and varlen.slot_sequences; else None)."""
+    [N+1] and varlen.slot_sequences; else None). frame: one of FRAMES (None: FRAME); bk: the
+    key block of FRAME "chunk" (None: BK; a power of two >= 16, capped at Kp)."""
+    frame = FRAME if frame is None else frame
+    bk = BK if bk is None else bk
+    if frame not in FRAMES:
+        raise ValueError(f"delta_scores: frame={frame!r}; expected one of {FRAMES}")
+    if not isinstance(bk, int) or bk < 16 or bk & (bk - 1):
+        raise ValueError(f"delta_scores: bk={bk!r}; expected a power of two >= 16")
+    if q.dtype != k.dtype or g.dtype != F32:
+        raise ValueError(f"delta_scores: q {q.dtype}, k {k.dtype}, g {g.dtype}; expected q and "
+                         f"k of one dtype, g float32")
     par = dict(parallel=True)
     ins = [("q", q, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
            ("k", k, specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
@@ -188,7 +287,10 @@ def delta_scores(pb: Problem, q, k, g, cu, seq):
     outs = [("Aqk", sq, blk), ("Ak", sq, blk),
             ("kb", jax.ShapeDtypeStruct(k.shape, k.dtype),
              specs.seq_rows(pb, pb.Kp, specs.zero, **par))]
-    kern, nprog = (_sub_kernel, pb.bt // SUB) if SPLIT else (_kernel, 1)
+    if frame == "chunk":
+        kern, nprog = functools.partial(_chunk_kernel, bk=min(bk, pb.Kp)), 1
+    else:
+        kern, nprog = (_sub_kernel, pb.bt // SUB) if SPLIT else (_kernel, 1)
     r = call(lambda refs: kern(refs, pb), (pb.n_slots, pb.H, nprog), ins, outs, LAUNCH,
              "kda_delta_scores")
     return r["Aqk"], r["Ak"], r["kb"]

@@ -1,0 +1,167 @@
+"""The Pallas KDA score stage `delta_scores` (Aqk, Ak, kb) in both frames against a float64 numpy
+reference, on CPU, interpreted (outputs start NaN-filled, so an unwritten element fails).
+
+Per element, |got - ref| <= rtol * scale + atol, scale the float64 sum of the absolute terms
+(Aqk: sum_c |q_ic k_jc| exp(b_ic - b_jc), Ak the same with k_ic; kb: |ref|), so tiny decayed
+entries are held to the same relative accuracy as O(1) ones (fp32), up to the 16-bit rounding
+floor. Cases: weak gates and gates up to just under gates.SPAN across a sub-chunk (the factored
+diagonal dots of FRAME "chunk"), channels at -20 per token (its per-pair loop), key blocks of
+both decisions in one call (K = 144: weak, strong, weak, padding), varlen with an empty
+sequence and sequences crossing chunks, K = 48 / 100 / 144 (not powers of two, K > 64: more
+than one key block), T not a multiple of the chunk. Unused varlen slots must hold Aqk = Ak = 0.
+`test_checker_catches_forced_fast_diagonal`: the factored diagonal forced under strong gates
+makes the same check fail.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fla_jax.ops.common.engine import GATE_KEY, make_problem
+from fla_jax.ops.common.engine import delta_scores as ds
+from fla_jax.ops.common.engine import varlen as vl
+
+BT = 64
+DT = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
+# (rtol, atol) per output kind and dtype (as test_pallas_cumsum_scores)
+TOL = {
+    "fp32": {"A": (1e-5, 1e-30), "x": (2e-5, 1e-37)},
+    "bf16": {"A": (1e-2, 1e-30), "x": (5e-3, 1e-37)},
+    "fp16": {"A": (3e-3, 1e-5), "x": (1e-3, 4e-8)},
+}
+
+
+def _gates(kind, rng, shape):
+    K = shape[-1]
+    c = np.arange(K)[None, None, None, :]
+    if kind == "weak":
+        return -rng.uniform(0.0, 0.01, shape)
+    if kind == "edge":                # up to 19.2 nats across a sub-chunk: factors near e^SPAN
+        return -rng.uniform(0.0, 1.2, shape)
+    g = -rng.uniform(0.0, 0.5, shape)
+    strong = c % 3 == 0                               # "strong": every key block
+    if kind == "mixed":                               # key blocks of 64: 1 strong, 0 / 2 weak
+        strong &= (c // 64) % 2 == 1
+    return np.where(strong, -20.0, g)
+
+
+def _inputs(dtype, B, T, H, K, gates, seed):
+    rng = np.random.default_rng(seed)
+    dt = DT[dtype]
+    q = jnp.asarray(rng.standard_normal((B, T, H, K)), jnp.float32).astype(dt)
+    k = jnp.asarray(rng.standard_normal((B, T, H, K)) / np.sqrt(K), jnp.float32).astype(dt)
+    g = jnp.asarray(_gates(gates, rng, (B, T, H, K)), jnp.float32)
+    return q, k, g
+
+
+def reference(q, k, g, cu):
+    """float64 (Aqk, Ak, their scales, kb) over the slots of varlen.py; unused slots: zeros
+    (kb: NaN past every sequence, nothing is defined there)."""
+    q, k, g = (np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (q, k, g))
+    B, T, H, K = q.shape
+    if cu is None:
+        seqs = [(n, n, 0, T) for n in range(B)]
+    else:
+        seqs = [(n, 0, cu[n], cu[n + 1]) for n in range(len(cu) - 1)]
+    S = vl.n_slots(T, BT, len(seqs), cu is not None)
+    out = {x: np.zeros((S, H, BT, BT)) for x in ("Aqk", "Ak", "sAqk", "sAk")}
+    kb = np.full(q.shape, np.nan)
+    for n, row, bos, eos in seqs:
+        first = bos // BT + n if cu is not None else n * vl.n_chunks(T, BT)
+        for c in range(-(-(eos - bos) // BT)):
+            s, e = bos + c * BT, min(bos + (c + 1) * BT, eos)
+            slot, L = first + c, e - s
+            b = np.cumsum(g[row, s:e], axis=0)                          # [L, H, K]
+            kb[row, s:e] = k[row, s:e] * np.exp(b - b[:1])
+            for name, x, diag in (("Aqk", q, 0), ("Ak", k, -1)):
+                mask = np.tril(np.ones((L, L), bool), diag)[:, :, None, None]
+                gapx = np.where(mask, b[:, None] - b[None, :], -np.inf)  # [i, j, H, K]
+                terms = x[row, s:e][:, None] * k[row, s:e][None, :] * np.exp(gapx)
+                out[name][slot, :, :L, :L] = np.transpose(terms.sum(-1), (2, 0, 1))
+                out["s" + name][slot, :, :L, :L] = np.transpose(np.abs(terms).sum(-1), (2, 0, 1))
+    return out, kb
+
+
+def run(q, k, g, cu, **kw):
+    pb = make_problem(q, q, g, None, None if cu is None else jnp.asarray(cu), 1.0, GATE_KEY)
+    cuj = None if cu is None else jnp.asarray(cu, jnp.int32)
+
+    @jax.jit
+    def f(q, k, g, cuj):
+        seq = None if cuj is None else vl.slot_sequences(cuj, pb.T, pb.bt)
+        return ds.delta_scores(pb, q, k, g, cuj, seq, **kw)
+
+    return f(q, k, g, cuj)
+
+
+def mismatches(got, ref, dtype):
+    """{output: (bad element count, worst |err| / (rtol scale + atol))} of the outputs that
+    fail their bound (empty: all pass)."""
+    Aqk, Ak, kb = got
+    r, rkb = ref
+    out = {}
+
+    def check(name, x, want, s, tol):
+        x = np.asarray(jnp.asarray(x, jnp.float32), np.float64)
+        ok = ~np.isnan(want)                  # kb: rows no sequence covers are not written
+        bound = tol[0] * s + tol[1]
+        err = np.where(np.isfinite(x), np.abs(x - want), np.inf)
+        bad = ok & ~(err <= bound)
+        if bad.any():
+            out[name] = (int(bad.sum()), float(np.max(np.where(ok, err / bound, 0.0))))
+
+    assert Aqk.dtype == Ak.dtype == jnp.float32 and kb.dtype == DT[dtype], (Aqk.dtype, kb.dtype)
+    assert Aqk.shape == Ak.shape == r["Aqk"].shape and kb.shape == rkb.shape
+    check("Aqk", Aqk, r["Aqk"], r["sAqk"], TOL[dtype]["A"])
+    check("Ak", Ak, r["Ak"], r["sAk"], TOL[dtype]["A"])
+    check("kb", kb, rkb, np.abs(rkb), TOL[dtype]["x"])
+    return out
+
+
+# (B, T, H, K, cu_seqlens, gates)
+CASES = {
+    "weak_k48": (2, 100, 2, 48, None, "weak"),
+    "edge_k64": (1, 64, 2, 64, None, "edge"),
+    "strong_k100": (1, 130, 1, 100, None, "strong"),
+    "mixed_k144": (1, 80, 1, 144, None, "mixed"),
+    "varlen_mixed_k100": (1, 160, 1, 100, (0, 0, 5, 70, 150, 160), "mixed"),
+    "varlen_strong_k48": (1, 90, 1, 48, (0, 12, 12, 90), "strong"),
+}
+
+
+@pytest.mark.parametrize("dtype", list(DT))
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("frame", ds.FRAMES)
+def test_delta_scores(frame, case, dtype):
+    B, T, H, K, cu, gates = CASES[case]
+    q, k, g = _inputs(dtype, B, T, H, K, gates, seed=len(case) * 7 + len(dtype))
+    bad = mismatches(run(q, k, g, cu, frame=frame), reference(q, k, g, cu), dtype)
+    assert not bad, f"{frame} {case} {dtype}: {bad}"
+
+
+@pytest.mark.parametrize("bk", [16, 32])
+def test_chunk_key_blocks(bk):
+    """Narrower key blocks of FRAME "chunk" (more blocks, each its own diagonal decision)."""
+    B, T, H, K, cu, gates = CASES["varlen_mixed_k100"]
+    q, k, g = _inputs("fp32", B, T, H, K, gates, seed=11)
+    bad = mismatches(run(q, k, g, cu, frame="chunk", bk=bk), reference(q, k, g, cu), "fp32")
+    assert not bad, f"bk={bk}: {bad}"
+
+
+def test_checker_catches_forced_fast_diagonal(monkeypatch):
+    """Strong gates through the factored diagonal dots (the per-pair loop bypassed) fail the
+    check: the tests above would see a broken fallback."""
+    B, T, H, K, cu, gates = CASES["strong_k100"]
+    q, k, g = _inputs("fp32", B, T, H, K, gates, seed=3)
+    monkeypatch.setattr(ds, "_diag_fits", lambda loc: jnp.asarray(True))
+    bad = mismatches(run(q, k, g, cu, frame="chunk"), reference(q, k, g, cu), "fp32")
+    assert "Aqk" in bad and "Ak" in bad, bad
+
+
+@pytest.mark.parametrize("kw,name", [(dict(frame="rowz"), "frame="), (dict(bk=48), "bk=")])
+def test_bad_switch_names_argument(kw, name):
+    q, k, g = _inputs("fp32", 1, 16, 1, 16, "weak", seed=0)
+    with pytest.raises(ValueError, match=name):
+        run(q, k, g, None, **kw)
