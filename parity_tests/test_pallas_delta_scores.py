@@ -1,4 +1,4 @@
-"""The Pallas KDA score stage `delta_scores` (Aqk, Ak, kb) in both frames against a float64 numpy
+"""The Pallas KDA score stage `delta_scores` (Aqk, Ak, kb, qg) in both frames against a float64 numpy
 reference, on CPU, interpreted (outputs start NaN-filled, so an unwritten element fails).
 
 Per element, |got - ref| <= rtol * scale + atol, scale the float64 sum of the absolute terms
@@ -57,7 +57,7 @@ def _inputs(dtype, B, T, H, K, gates, seed):
 
 
 def reference(q, k, g, cu):
-    """float64 (Aqk, Ak, their scales, kb) over the slots of varlen.py; unused slots: zeros
+    """float64 (Aqk, Ak, their scales, kb, qg) over the slots of varlen.py; unused slots: zeros
     (kb: NaN past every sequence, nothing is defined there)."""
     q, k, g = (np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (q, k, g))
     B, T, H, K = q.shape
@@ -67,7 +67,7 @@ def reference(q, k, g, cu):
         seqs = [(n, 0, cu[n], cu[n + 1]) for n in range(len(cu) - 1)]
     S = vl.n_slots(T, BT, len(seqs), cu is not None)
     out = {x: np.zeros((S, H, BT, BT)) for x in ("Aqk", "Ak", "sAqk", "sAk")}
-    kb = np.full(q.shape, np.nan)
+    kb, qg = np.full(q.shape, np.nan), np.full(q.shape, np.nan)
     for n, row, bos, eos in seqs:
         first = bos // BT + n if cu is not None else n * vl.n_chunks(T, BT)
         for c in range(-(-(eos - bos) // BT)):
@@ -75,13 +75,14 @@ def reference(q, k, g, cu):
             slot, L = first + c, e - s
             b = np.cumsum(g[row, s:e], axis=0)                          # [L, H, K]
             kb[row, s:e] = k[row, s:e] * np.exp(b - b[:1])
+            qg[row, s:e] = q[row, s:e] * np.exp(b)
             for name, x, diag in (("Aqk", q, 0), ("Ak", k, -1)):
                 mask = np.tril(np.ones((L, L), bool), diag)[:, :, None, None]
                 gapx = np.where(mask, b[:, None] - b[None, :], -np.inf)  # [i, j, H, K]
                 terms = x[row, s:e][:, None] * k[row, s:e][None, :] * np.exp(gapx)
                 out[name][slot, :, :L, :L] = np.transpose(terms.sum(-1), (2, 0, 1))
                 out["s" + name][slot, :, :L, :L] = np.transpose(np.abs(terms).sum(-1), (2, 0, 1))
-    return out, kb
+    return out, kb, qg
 
 
 def run(q, k, g, cu, **kw):
@@ -99,8 +100,8 @@ def run(q, k, g, cu, **kw):
 def mismatches(got, ref, dtype):
     """{output: (bad element count, worst |err| / (rtol scale + atol))} of the outputs that
     fail their bound (empty: all pass)."""
-    Aqk, Ak, kb = got
-    r, rkb = ref
+    Aqk, Ak, kb, qg = got
+    r, rkb, rqg = ref
     out = {}
 
     def check(name, x, want, s, tol):
@@ -117,6 +118,8 @@ def mismatches(got, ref, dtype):
     check("Aqk", Aqk, r["Aqk"], r["sAqk"], TOL[dtype]["A"])
     check("Ak", Ak, r["Ak"], r["sAk"], TOL[dtype]["A"])
     check("kb", kb, rkb, np.abs(rkb), TOL[dtype]["x"])
+    assert qg.dtype == DT[dtype] and qg.shape == rqg.shape
+    check("qg", qg, rqg, np.abs(rqg), TOL[dtype]["x"])
     return out
 
 

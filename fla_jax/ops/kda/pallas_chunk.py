@@ -8,10 +8,10 @@ the chunk's end, per chunk of 64 tokens and value head (h: the state before the 
     T = (I + diag(beta) Ak)^-1,  w = T diag(beta) (k exp(b - b_0)),  u = T diag(beta) v
     vn = u - w diag(exp(b_0)) h,  h_next = diag(exp(last)) h + (k exp(last - b))^T vn
     o = scale ((q exp(b)) h + Aqk vn)
-Stages: delta_scores (Aqk, Ak, kb), wy.wy_fwd (T, w, u), delta_prep.delta_prep_fwd (kg =
+Stages: delta_scores (Aqk, Ak, kb, qg = q exp(b)), wy.wy_fwd (T, w, u), delta_prep.delta_prep_fwd (kg =
 k exp(last - b), exp(b_0), exp(last): chunk-parallel, out of the sequential pass),
 delta_state.delta_state_fwd (h, vn, final state), output_stage.output_fwd (o on vn: the
-engine's GATE_KEY output stage, reading Aqk instead of forming it again).
+engine's output stage on the given qg and Aqk: two dots, no gate work).
 Backward: delta_prep.delta_prep_bwd (q exp(b - b_0), scale Aqk^T do: chunk-parallel),
 delta_state.delta_state_bwd (dh, dvn, dh0), wy.wy_bwd (dv, dbeta, dkb, dAk: the gradients of
 kb and of the key scores Ak), output_grads.output_bwd_from_scores on vn reading Aqk, with dAk
@@ -53,11 +53,11 @@ def _seq(pb, cu):
 
 def _forward(pb, q, k, v, g, beta, h0, cu):
     seq = _seq(pb, cu)
-    Aqk, Ak, kb = delta_scores(pb, q, k, g, cu, seq)
+    Aqk, Ak, kb, qg = delta_scores(pb, q, k, g, cu, seq)
     Tm, w, u = wy_fwd(pb, Ak, kb, v, beta, cu, seq)
     kg, e0, el = delta_prep_fwd(pb, k, g, cu, seq)
     h, vn, ht = delta_state_fwd(pb, kg, w, u, e0, el, h0, cu)
-    o = output_fwd(pb, q, k, vn, g, h, cu, seq, A=Aqk)
+    o = output_fwd(pb, None, None, vn, None, h, cu, seq, A=Aqk, qg=qg)
     return o, ht, (Aqk, Ak, kb, Tm, w, h, vn, kg, e0, el)
 
 

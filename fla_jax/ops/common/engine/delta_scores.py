@@ -4,6 +4,7 @@ fla_torch/ops/common/engine/delta_scores.py.
     Aqk_ij = sum_c q_ic k_jc exp(b_ic - b_jc)   (j <= i)
     Ak_ij  = sum_c k_ic k_jc exp(b_ic - b_jc)   (j < i)
     kb     = k exp(b - b_0)                     (relative to the chunk's first row)
+    qg     = q exp(b)                           (the output stage's query, every exponent <= 0)
 b the in-chunk inclusive cumsum of the per-key log-decay, split hi + lo (gates.cumsum), b_0
 its value at the chunk's first row. Both matrices are formed by sub-chunks of SUB = 16 rows:
 pairs of different sub-chunks through the later sub-chunk I's start R_I (query side
@@ -26,7 +27,7 @@ of strong gates is subnormal in fp16, and exp(b_0) is applied in fp32 by the use
 (the state pass, the WY backward).
 Shapes: q, k [B, T, H, K] (one dtype), g [B, T, H, K] fp32; outputs Aqk, Ak
 [slots, H, BT, BT] fp32 (zero above the diagonal; Ak's diagonal zero; every entry of every
-slot written, unused varlen slots zeros), kb [B, T, H, K] in k's dtype (rows past a
+slot written, unused varlen slots zeros), kb, qg [B, T, H, K] in k's dtype (rows past a
 sequence's end not written). Rows past the chunk's valid rows read q = k = g = 0.
 """
 from __future__ import annotations
@@ -133,6 +134,7 @@ def _kernel(refs, pb):
     b0 = gt.row(gs[0][0], 0)
     for I in range(nb):
         ptr.store_rows(refs["kb"], rows[I][0], rows[I][1], pb.K, ks[I] * rel_exp(bs[I], b0))
+        ptr.store_rows(refs["qg"], rows[I][0], rows[I][1], pb.K, qs[I] * jnp.exp(bs[I].value()))
 
 
 def _gate_sub(refs, pb, rs, n_valid):
@@ -188,14 +190,15 @@ def _sub_kernel(refs, pb):
     lax.fori_loop(I + 1, nb, zero, 0)
     bI = gt.Cum(loc.hi + R.hi[None, :], loc.lo + R.lo[None, :])
     ptr.store_rows(refs["kb"], rs, nvI, pb.K, k * rel_exp(bI, b0))
+    ptr.store_rows(refs["qg"], rs, nvI, pb.K, q * jnp.exp(bI.value()))
 
 
 def _chunk_diag(refs, pb, c0, bk, start, nv, q, k, loc, eloc):
     """FRAME "chunk": the diagonal [SUB, SUB] blocks of all sub-chunks of one key block as
     (Aqk, Ak) [BT, BT] fp32 (zero outside them; Aqk ii >= jj, Ak ii > jj): one fp32-accurate
     dot per matrix through each sub-chunk's start when _diag_fits(loc) (factors exp(+-loc)
-    within e^SPAN), else exact per pair in one BT-step column loop (the key row read from
-    refs['k']), both matrices from one decay factor. q, k [BT, bk]; loc [BT, bk] Cum (b less
+    within e^SPAN), else exact per pair in a SUB-step loop (step s: column s of every
+    sub-chunk, its key rows read from refs['k']), both matrices from one decay factor. q, k [BT, bk]; loc [BT, bk] Cum (b less
     b before the row's sub-chunk), eloc = exp(loc) fp32."""
     bt = pb.bt
     ii, jj = jnp.arange(bt)[:, None], jnp.arange(bt)[None, :]
@@ -209,17 +212,29 @@ def _chunk_diag(refs, pb, c0, bk, start, nv, q, k, loc, eloc):
                 ptr.matmul(k32 * eloc, ke, (1, 1), prec))
 
     def loop(_):
-        def body(j, acc):
+        # step s takes column j = I * SUB + s of every sub-chunk I at once (SUB steps, not BT)
+        sub = ii // SUB
+
+        def body(s, acc):
             aq, ak = acc
-            kj = _row(refs["k"], start + j, j < nv, pb.K, c0, bk)
-            d = jnp.where(ii == j, 1.0, gt.masked_exp(gt.gap(loc, gt.bcast(gt.row(loc, j))),
-                                                      (ii > j) & (ii // SUB == j // SUB)))
-            x = kj[None, :] * d
-            return (jnp.where(jj == j, jnp.sum(q32 * x, axis=1)[:, None], aq),
-                    jnp.where(jj == j, jnp.sum(k32 * x, axis=1)[:, None], ak))
+            j = sub * SUB + s                                     # [BT, 1]: each row's column
+            kj = jnp.zeros((bt, bk), F32)
+            lj = gt.Cum(kj, kj)
+            for I in range(bt // SUB):
+                t = I * SUB + s
+                mine = sub == I
+                kj = jnp.where(mine, _row(refs["k"], start + t, t < nv, pb.K, c0, bk)[None, :], kj)
+                lt = gt.row(loc, t)
+                lj = gt.Cum(jnp.where(mine, lt.hi[None, :], lj.hi),
+                            jnp.where(mine, lt.lo[None, :], lj.lo))
+            d = jnp.where(ii == j, 1.0, gt.masked_exp(gt.gap(loc, lj), ii > j))
+            x = kj * d
+            at = jj == j
+            return (jnp.where(at, jnp.sum(q32 * x, axis=1)[:, None], aq),
+                    jnp.where(at, jnp.sum(k32 * x, axis=1)[:, None], ak))
 
         z = jnp.zeros((bt, bt), F32)
-        return lax.fori_loop(0, bt, body, (z, z))
+        return lax.fori_loop(0, SUB, body, (z, z))
 
     aq, ak = lax.cond(_diag_fits(loc), fast, loop, 0)
     return jnp.where(same & (ii >= jj), aq, 0.0), jnp.where(same & (ii > jj), ak, 0.0)
@@ -235,6 +250,7 @@ def _chunk_block(refs, pb, c0, bk, start, nv):
     k = ptr.load_block(refs["k"], start, bt, nv, c0, bk, K)
     dt = q.dtype
     ptr.store_block(refs["kb"], start, nv, c0, K, (k * rel_exp(b, gt.row(b, 0))).astype(dt))
+    ptr.store_block(refs["qg"], start, nv, c0, K, (q * jnp.exp(b.value())).astype(dt))
     Rs, loc = gt.sub_chunk_split(b, SUB)      # Rs[I]: b before sub-chunk I; loc = b - Rs[row's]
     eloc = jnp.exp(loc.value())
     qf, kf = (q * eloc).astype(dt), (k * eloc).astype(dt)
@@ -264,7 +280,7 @@ def _chunk_kernel(refs, pb, bk):
 
 
 def delta_scores(pb: Problem, q, k, g, cu, seq, frame=None, bk=None):
-    """(Aqk, Ak [slots, H, BT, BT] fp32, kb [B, T, H, K] in k's dtype) from q, k
+    """(Aqk, Ak [slots, H, BT, BT] fp32, kb, qg [B, T, H, K] in k's dtype) from q, k
     [B, T, H, K], the key gate g [B, T, H, K] fp32 and cu / seq (varlen: cu_seqlens int32
     [N+1] and varlen.slot_sequences; else None). frame: one of FRAMES (None: FRAME); bk: the
     key block of FRAME "chunk" (None: BK; a power of two >= 16, capped at Kp)."""
@@ -286,6 +302,8 @@ def delta_scores(pb: Problem, q, k, g, cu, seq, frame=None, bk=None):
     blk = specs.slot_state(pb.bt, pb.bt, specs.zero, specs.zero)
     outs = [("Aqk", sq, blk), ("Ak", sq, blk),
             ("kb", jax.ShapeDtypeStruct(k.shape, k.dtype),
+             specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
+            ("qg", jax.ShapeDtypeStruct(q.shape, q.dtype),
              specs.seq_rows(pb, pb.Kp, specs.zero, **par))]
     if frame == "chunk":
         kern, nprog = functools.partial(_chunk_kernel, bk=min(bk, pb.Kp)), 1
@@ -293,4 +311,4 @@ def delta_scores(pb: Problem, q, k, g, cu, seq, frame=None, bk=None):
         kern, nprog = (_sub_kernel, pb.bt // SUB) if SPLIT else (_kernel, 1)
     r = call(lambda refs: kern(refs, pb), (pb.n_slots, pb.H, nprog), ins, outs, LAUNCH,
              "kda_delta_scores")
-    return r["Aqk"], r["Ak"], r["kb"]
+    return r["Aqk"], r["Ak"], r["kb"], r["qg"]
