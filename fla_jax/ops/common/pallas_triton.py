@@ -5,6 +5,8 @@
 - `interpret()`: True off-GPU, so every kernel also runs (slowly) on CPU arrays.
 - `matmul(a, b, contract)`: fp32-accumulating 2-D matmul; fp32 operands run at IEEE precision
   unless `fla_jax.dtypes.allow_tf32()` was active when the op was traced.
+- `split_matmul` / `split_matmul32`: fp32-accurate products of fp32 operands on bf16 tensor
+  cores (hi + lo splits), for the fp32 intermediates of 16-bit problems.
 - `load_rows` / `store_rows`: a [BT, D] tile at rows `start + arange(BT)` of a [T, D] ref,
   rows >= `n_valid` and columns >= `n_cols` masked (loaded as 0, never stored).
 - `split_cumsum`: a cumsum whose pairwise gaps stay fp32-accurate (used by chunk_gates and the
@@ -72,6 +74,40 @@ def matmul(a, b, contract=(1, 0), precision=lax.Precision.HIGHEST):
         precision = None
     return lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((), ())),
                            precision=precision, preferred_element_type=jnp.float32)
+
+
+def _bf16_pair(x):
+    """x (fp32 / fp16) -> (hi, lo) bf16 with hi + lo = x to ~2^-17 relative (fp16: exact)."""
+    x = x.astype(jnp.float32)
+    hi = x.astype(jnp.bfloat16)
+    return hi, (x - hi.astype(jnp.float32)).astype(jnp.bfloat16)
+
+
+def split_matmul(a, b, contract=(1, 0), precision=lax.Precision.HIGHEST):
+    """fp32 a times b on 16-bit tensor cores, fp32-accurate to ~2^-17 (the Triton engine's
+    split_dot_wide): bf16 b: a = hi + lo in bf16, hi b + lo b; fp16 b (split exactly into
+    bf16 too): hi b_hi + lo b_hi + hi b_lo; fp32 b: one matmul at `precision`. Two / three
+    full-rate bf16 products instead of the three half-rate ones of tf32x3."""
+    if b.dtype == jnp.float32:
+        return matmul(a, b, contract, precision)
+    a_hi, a_lo = _bf16_pair(a)
+    if b.dtype == jnp.bfloat16:
+        return matmul(a_hi, b, contract) + matmul(a_lo, b, contract)
+    b_hi, b_lo = _bf16_pair(b)
+    return matmul(a_hi, b_hi, contract) + matmul(a_lo, b_hi, contract) + \
+        matmul(a_hi, b_lo, contract)
+
+
+def split_matmul32(a, b, contract=(1, 0), precision=lax.Precision.HIGHEST, split=True):
+    """fp32 a times fp32 b: split (for 16-bit problems) as three bf16 products
+    hi hi + lo hi + hi lo (~2^-16 relative, Triton engine's split_dot32); else one matmul at
+    `precision` (fp32 problems keep their fp32-accurate precision)."""
+    if not split:
+        return matmul(a, b, contract, precision)
+    a_hi, a_lo = _bf16_pair(a)
+    b_hi, b_lo = _bf16_pair(b)
+    return matmul(a_hi, b_hi, contract) + matmul(a_lo, b_hi, contract) + \
+        matmul(a_hi, b_lo, contract)
 
 
 def _mask(bt, n_valid, width, n_cols, col0):

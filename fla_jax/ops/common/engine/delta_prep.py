@@ -9,7 +9,8 @@ read as 0), b_0 its first row and `last` its value at the chunk's end:
               e0 = exp(b_0), el = exp(last)   [slots, H, Kp] fp32  (padded columns: 1)
     backward: qd = q exp(b - b_0)        [B, T, H, K] in q's dtype   (every exponent <= 0)
               A_do = scale Aqk^T do      [B, T, H, V] fp32 (Aqk [slots, H, BT, BT] fp32 from
-                                          delta_scores; fp32 operands at pb.precision)
+                                          delta_scores; ptr.split_matmul: bf16 hi + lo
+                                          products for 16-bit do, pb.precision for fp32)
 The same quantities, formed by the same operations, as the state loop formed them before.
 """
 from __future__ import annotations
@@ -52,7 +53,7 @@ def _bwd_kernel(refs, pb):
     ptr.store_rows(refs["qd"], start, nv, pb.K, qd)
     do = ptr.load_rows(refs["do"], start, pb.bt, nv, pb.V)
     A = refs["Aqk"][...]
-    ado = pb.scale * ptr.matmul(A, do.astype(F32), (0, 0), pb.precision)
+    ado = pb.scale * ptr.split_matmul(A, do, (0, 0), pb.precision)
     ptr.store_rows(refs["Ado"], start, nv, pb.V, ado)
 
 

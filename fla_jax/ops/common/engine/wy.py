@@ -7,8 +7,9 @@ the per-key log-decay, b_0 its first row), per chunk of BT = 64 rows:
     w   = T diag(beta) kb,                  u = T diag(beta) v   (in the input dtype)
 so that vn = u - w (diag(exp(b_0)) h) (delta_state.py). T is formed from the 16x16 blocks of
 Akk: the diagonal blocks by forward substitution (inv_unit_lower, a lax.fori_loop),
-T_IJ = -T_II sum_{J <= M < I} Akk_IM T_MJ below them. Every product has fp32 operands at the
-engine's fp32-accurate precision (16-bit kb, v are exact in fp32).
+T_IJ = -T_II sum_{J <= M < I} Akk_IM T_MJ below them. Products of fp32 factors: at the engine's
+fp32-accurate precision for fp32 problems; for 16-bit ones on bf16 tensor cores through hi + lo
+splits (pallas_triton.split_matmul / split_matmul32, ~2^-16 relative, as the Triton engine).
 
 Backward, from dvn (the gradient of vn, fp32) and h (the state before the chunk), with
 dw = -dvn (diag(exp(b_0)) h)^T the gradient of the relative w:
@@ -79,6 +80,7 @@ def _fwd_kernel(refs, pb):
     start, nv = _chunk(refs, pb)
     nb = pb.bt // SUB
     prec = pb.precision
+    split = refs["v"].dtype != F32          # 16-bit problem: fp32 products as bf16 splits
     betas = [ptr.load_rows(refs["beta"], start + I * SUB, SUB, nv - I * SUB).astype(F32)
              for I in range(nb)]
     a = {(I, J): betas[I][:, None] * _blk(refs["Ak"], I, J)
@@ -90,20 +92,20 @@ def _fwd_kernel(refs, pb):
             J = I - d
             acc = None
             for M in range(J, I):
-                x = ptr.matmul(a[I, M], Tm[M, J], (1, 0), prec)
+                x = ptr.split_matmul32(a[I, M], Tm[M, J], (1, 0), prec, split)
                 acc = x if acc is None else acc + x
-            Tm[I, J] = -ptr.matmul(Tm[I, I], acc, (1, 0), prec)
+            Tm[I, J] = -ptr.split_matmul32(Tm[I, I], acc, (1, 0), prec, split)
     z = jnp.zeros((SUB, SUB), F32)
     for I in range(nb):
         for J in range(nb):
             refs["T"][pl.ds(I * SUB, SUB), pl.ds(J * SUB, SUB)] = Tm[I, J] if J <= I else z
     rows = [(start + I * SUB, nv - I * SUB) for I in range(nb)]
     for name, src, n_cols in (("w", "kb", pb.K), ("u", "v", pb.V)):
-        xs = [ptr.load_rows(refs[src], rs, SUB, nvI, n_cols).astype(F32) for rs, nvI in rows]
+        xs = [ptr.load_rows(refs[src], rs, SUB, nvI, n_cols) for rs, nvI in rows]
         for I in range(nb):
             acc = None
             for J in range(I + 1):
-                x = ptr.matmul(Tm[I, J] * betas[J][None, :], xs[J], (1, 0), prec)
+                x = ptr.split_matmul(Tm[I, J] * betas[J][None, :], xs[J], (1, 0), prec)
                 acc = x if acc is None else acc + x
             ptr.store_rows(refs[name], rows[I][0], rows[I][1], n_cols, acc)
 
@@ -177,6 +179,65 @@ def _bwd_kernel(refs, pb):
     refs["dAk"][...] = dA * beta[:, None]
 
 
+BK_BWD = 64
+# "blocks" (Triton's order: dT, du, dv over V blocks; then dw = -(dvn h^T) exp(b_0), dT, T^T dw,
+# dkb per K block, fp32 intermediates of 16-bit problems through bf16 hi + lo splits) or
+# "whole" (dw [BT, Kp] carried across the V blocks, every fp32 product at pb.precision)
+BWD = "blocks"
+
+
+def _bwd_blocks_kernel(refs, pb):
+    start, nv = _chunk(refs, pb)
+    prec = pb.precision
+    bt = pb.bt
+    split = refs["v"].dtype != F32          # 16-bit problem: fp32 x fp32 products split
+    bv, bk = min(pb.Vp, BV_BWD), min(pb.Kp, BK_BWD)
+    Tm = refs["T"][...]
+    beta = ptr.load_rows(refs["beta"], start, bt, nv).astype(F32)
+
+    def ld(name, c0, w, n_cols):
+        return ptr.load_block(refs[name], start, bt, nv, c0, w, n_cols)
+
+    def v_block(j, carry):
+        dT, db = carry
+        c0 = j * bv
+        v, dvn = ld("v", c0, bv, pb.V), ld("dvn", c0, bv, pb.V)
+        dT = dT + ptr.split_matmul(dvn, v, (1, 1), prec)                    # dvn v^T
+        du = ptr.split_matmul32(Tm, dvn, (0, 0), prec, split)                # T^T dvn
+        ptr.store_block(refs["dv"], start, nv, c0, pb.V, (du * beta[:, None]).astype(v.dtype))
+        return dT, db + jnp.sum(du * v.astype(F32), axis=1)
+
+    def k_block(i, carry):
+        dT, db = carry
+        k0 = i * bk
+
+        def h_block(j, dw):
+            c0 = j * bv
+            h = refs["h"][pl.ds(k0, bk), pl.ds(c0, bv)]
+            return dw - ptr.split_matmul(ld("dvn", c0, bv, pb.V), h, (1, 1), prec)
+
+        e0 = jnp.exp(_row(refs["g"], start, nv > 0, pb.K, k0, bk))          # exp(b_0) [bk]
+        dw = lax.fori_loop(0, pl.cdiv(pb.V, bv), h_block, jnp.zeros((bt, bk), F32)) * e0[None, :]
+        kb = ld("kb", k0, bk, pb.K)
+        dT = dT + ptr.split_matmul(dw, kb, (1, 1), prec)
+        dW = ptr.split_matmul32(Tm, dw, (0, 0), prec, split)                 # T^T dw
+        ptr.store_block(refs["dkb"], start, nv, k0, pb.K, dW * beta[:, None])
+        return dT, db + jnp.sum(dW * kb.astype(F32), axis=1)
+
+    carry = lax.fori_loop(0, pl.cdiv(pb.V, bv), v_block,
+                          (jnp.zeros((bt, bt), F32), jnp.zeros((bt,), F32)))
+    dT, db = lax.fori_loop(0, pl.cdiv(pb.K, bk), k_block, carry)
+    dT = dT * beta[None, :]
+    ii = jnp.arange(bt)[:, None]
+    jj = jnp.arange(bt)[None, :]
+    dA = -ptr.split_matmul32(ptr.split_matmul32(Tm, dT, (0, 0), prec, split), Tm, (1, 1), prec,
+                             split)
+    dA = jnp.where(ii > jj, dA, 0.0)
+    db = db + jnp.sum(dA * jnp.where(ii > jj, refs["Ak"][...], 0.0), axis=1)
+    ptr.store_rows(refs["dbeta"], start, nv, None, db)
+    refs["dAk"][...] = dA * beta[:, None]
+
+
 def wy_bwd(pb: Problem, Ak, T, kb, v, beta, g, h, dvn, cu, seq):
     """Ak, T [slots, H, BT, BT] fp32; kb [B, T, H, K], v [B, T, H, V] (one dtype); beta
     [B, T, H] fp32; g [B, T, H, K] fp32 (for exp(b_0)); h [slots, H, Kp, Vp] (the state
@@ -197,6 +258,9 @@ def wy_bwd(pb: Problem, Ak, T, kb, v, beta, g, h, dvn, cu, seq):
             ("dkb", jax.ShapeDtypeStruct(kb.shape, F32),
              specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
             ("dAk", _sq(pb), _sq_spec(pb))]
-    r = call(lambda refs: _bwd_kernel(refs, pb), (pb.n_slots, pb.H, 1), ins, outs, LAUNCH,
+    if BWD not in ("blocks", "whole"):
+        raise ValueError(f"wy.BWD={BWD!r}; expected 'blocks' or 'whole'")
+    kern = _bwd_blocks_kernel if BWD == "blocks" else _bwd_kernel
+    r = call(lambda refs: kern(refs, pb), (pb.n_slots, pb.H, 1), ins, outs, LAUNCH,
              "kda_wy_bwd")
     return r["dv"], r["dbeta"], r["dkb"], r["dAk"]
