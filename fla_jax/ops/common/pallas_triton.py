@@ -110,6 +110,20 @@ def split_matmul32(a, b, contract=(1, 0), precision=lax.Precision.HIGHEST, split
         matmul(a_hi, b_lo, contract)
 
 
+# fp32-accurate in-kernel products of 16-bit problems (the factored diagonal score blocks):
+# True: split_matmul32 (three full-rate bf16 products, ~2^-16 relative per term); False:
+# accurate_precision() (tf32x3 on the GPU). fp32 problems always take accurate_precision().
+ACCURATE_SPLIT = [True]
+
+
+def accurate_matmul(a, b, contract=(1, 0), sixteen_bit=True):
+    """fp32 a times fp32 b, fp32-accurate per term: split into bf16 products for 16-bit
+    problems (ACCURATE_SPLIT), else at accurate_precision()."""
+    if sixteen_bit and ACCURATE_SPLIT[-1]:
+        return split_matmul32(a, b, contract)
+    return matmul(a, b, contract, accurate_precision())
+
+
 def _mask(bt, n_valid, width, n_cols, col0):
     """Row mask (None when n_valid is None) & column mask (None when n_cols is None).
     Leaving out a mask the shapes make unnecessary keeps loads vectorised."""

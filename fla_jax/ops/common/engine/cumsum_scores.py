@@ -124,8 +124,8 @@ def _chunk_block(refs, pb, c0, bk, start, nv, diag):
     q32 = q.astype(F32)
 
     def fast(_):
-        a = ptr.matmul(q32 * eloc, k.astype(F32) * jnp.exp(-loc.value()), (1, 1),
-                       ptr.accurate_precision())
+        a = ptr.accurate_matmul(q32 * eloc, k.astype(F32) * jnp.exp(-loc.value()), (1, 1),
+                                dt != F32)
         return jnp.where(same, a, 0.0)
 
     def loop(_):

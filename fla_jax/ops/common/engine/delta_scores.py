@@ -207,9 +207,9 @@ def _chunk_diag(refs, pb, c0, bk, start, nv, q, k, loc, eloc):
 
     def fast(_):
         ke = k32 * jnp.exp(-loc.value())        # in [1, e^SPAN) here
-        prec = ptr.accurate_precision()
-        return (ptr.matmul(q32 * eloc, ke, (1, 1), prec),
-                ptr.matmul(k32 * eloc, ke, (1, 1), prec))
+        half = q.dtype != F32
+        return (ptr.accurate_matmul(q32 * eloc, ke, (1, 1), half),
+                ptr.accurate_matmul(k32 * eloc, ke, (1, 1), half))
 
     def loop(_):
         # step s takes column j = I * SUB + s of every sub-chunk I at once (SUB steps, not BT)

@@ -234,15 +234,18 @@ def _intra_chunk_kernel(refs, pb, bk):
                        qd.astype(dt), (0, 0), pb.precision)
         dk = dk + (y * gt.masked_exp(gt.gap(N, b), sub == J) if gated else y)
     D = jnp.where((row > col) & (sub == csub), dA, 0.0)
-    acc = ptr.accurate_precision()
+    half = dt != F32
+
+    def amm(a, b, contract):
+        return ptr.accurate_matmul(a, b, contract, half)
     if not gated:
-        refs["dqi"][...] = dq + ptr.matmul(D, k32, (1, 0), acc)
-        refs["dki"][...] = dk + ptr.matmul(D, q32, (0, 0), acc)
+        refs["dqi"][...] = dq + amm(D, k32, (1, 0))
+        refs["dki"][...] = dk + amm(D, q32, (0, 0))
         return
 
     def fast(_):
         e = jnp.exp(loc.value())
-        return (e * ptr.matmul(D, k32 / e, (1, 0), acc), ptr.matmul(D, q32 * e, (0, 0), acc) / e)
+        return (e * amm(D, k32 / e, (1, 0)), amm(D, q32 * e, (0, 0)) / e)
 
     def loop(_):
         def body(j, carry):

@@ -17,8 +17,8 @@ dw = -dvn (diag(exp(b_0)) h)^T the gradient of the relative w:
     dv = diag(beta) T^T dvn,   dkb = diag(beta) T^T dw   (the gradient of the relative kb)
     dAkk = -strict(T^T dT T^T),   dAk = diag(beta) dAkk
     dbeta = rowsum((T^T dw) * kb) + rowsum((T^T dvn) * v) + rowsum(dAkk * Ak)
-The backward walks V in blocks of BV_BWD (a lax.fori_loop): at K = V = 256 a whole fp32 h
-would not fit shared memory as a dot operand.
+The backward walks V in blocks of BV_BWD, then K in blocks of BK_BWD (lax.fori_loops, as
+Triton's wy_bwd): dw = -(dvn h^T) diag(exp(b_0)) per K block, h in its own dtype.
 Shapes: Ak, T, dAk [slots, H, BT, BT] fp32; kb, dkb [B, T, H, K]; v, u, dv [B, T, H, V];
 w [B, T, H, K]; beta, dbeta [B, T, H] fp32; h [slots, H, Kp, Vp]; dvn [B, T, H, V] fp32.
 """
@@ -28,7 +28,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plt
 
 from .. import pallas_triton as ptr
 from . import specs
@@ -130,63 +129,16 @@ def wy_fwd(pb: Problem, Ak, kb, v, beta, cu, seq):
     return r["T"], r["w"], r["u"]
 
 
-BV_BWD = 64        # V block of the backward: h [Kp, BV] fp32 stays a small dot operand
-
-
-def _cols(ref, start, bt, nv, c0, bw, n_cols):
-    """[bt, bw] fp32 block (rows start.., columns c0..) of a [T, D] ref, masked."""
-    m = (jnp.arange(bt) < nv)[:, None] & ((c0 + jnp.arange(bw)) < n_cols)[None, :]
-    return plt.load(ref.at[pl.ds(start, bt), pl.ds(c0, bw)], mask=m, other=0.0).astype(F32)
-
-
-def _bwd_kernel(refs, pb):
-    start, nv = _chunk(refs, pb)
-    prec = pb.precision
-    bt = pb.bt
-    bv = min(pb.Vp, BV_BWD)
-    Tm = refs["T"][...]
-    Ak = refs["Ak"][...]
-    beta = ptr.load_rows(refs["beta"], start, bt, nv).astype(F32)
-    kb = ptr.load_rows(refs["kb"], start, bt, nv, pb.K).astype(F32)
-    e0 = jnp.exp(_row(refs["g"], start, nv > 0, pb.K, 0))
-
-    def v_block(j, carry):
-        dw, dT, db = carry
-        c0 = j * bv
-        v = _cols(refs["v"], start, bt, nv, c0, bv, pb.V)
-        dvn = _cols(refs["dvn"], start, bt, nv, c0, bv, pb.V)
-        h = refs["h"][:, pl.ds(c0, bv)].astype(F32) * e0[:, None]          # [Kp, bv]
-        dw = dw - ptr.matmul(dvn, h, (1, 1), prec)                          # [BT, Kp]
-        dT = dT + ptr.matmul(dvn, v, (1, 1), prec)
-        du = ptr.matmul(Tm, dvn, (0, 0), prec)                              # T^T dvn
-        db = db + jnp.sum(du * v, axis=1)
-        m = (jnp.arange(bt) < nv)[:, None] & ((c0 + jnp.arange(bv)) < pb.V)[None, :]
-        plt.store(refs["dv"].at[pl.ds(start, bt), pl.ds(c0, bv)],
-                  (du * beta[:, None]).astype(refs["dv"].dtype), mask=m)
-        return dw, dT, db
-
-    zero = (jnp.zeros((bt, pb.Kp), F32), jnp.zeros((bt, bt), F32), jnp.zeros((bt,), F32))
-    dw, dT, db = lax.fori_loop(0, pl.cdiv(pb.V, bv), v_block, zero)
-    dT = (dT + ptr.matmul(dw, kb, (1, 1), prec)) * beta[None, :]
-    dW = ptr.matmul(Tm, dw, (0, 0), prec)                               # T^T dw
-    ii = jnp.arange(bt)[:, None]
-    jj = jnp.arange(bt)[None, :]
-    dA = -ptr.matmul(ptr.matmul(Tm, dT, (0, 0), prec), Tm, (1, 1), prec)
-    dA = jnp.where(ii > jj, dA, 0.0)
-    db = db + jnp.sum(dW * kb, axis=1) + jnp.sum(dA * jnp.where(ii > jj, Ak, 0.0), axis=1)
-    ptr.store_rows(refs["dkb"], start, nv, pb.K, dW * beta[:, None])
-    ptr.store_rows(refs["dbeta"], start, nv, None, db)
-    refs["dAk"][...] = dA * beta[:, None]
+BV_BWD = 64        # V and K blocks of the backward (h [BK, BV] tiles as dot operands)
 
 
 BK_BWD = 64
-# "blocks" (Triton's order: dT, du, dv over V blocks; then dw = -(dvn h^T) exp(b_0), dT, T^T dw,
-# dkb per K block, fp32 intermediates of 16-bit problems through bf16 hi + lo splits) or
-# "whole" (dw [BT, Kp] carried across the V blocks, every fp32 product at pb.precision)
-BWD = "blocks"
 
 
-def _bwd_blocks_kernel(refs, pb):
+def _bwd_kernel(refs, pb):
+    """Triton's order: dT, du = T^T dvn, dv over V blocks; then per K block dw =
+    -(dvn h^T) exp(b_0), dT += dw kb^T, dkb = beta T^T dw (H100 bf16 K=V=128: 0.50 ms; the
+    former whole-Kp dw carried across the V blocks with tf32x3 products: 1.92 ms)."""
     start, nv = _chunk(refs, pb)
     prec = pb.precision
     bt = pb.bt
@@ -258,9 +210,6 @@ def wy_bwd(pb: Problem, Ak, T, kb, v, beta, g, h, dvn, cu, seq):
             ("dkb", jax.ShapeDtypeStruct(kb.shape, F32),
              specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
             ("dAk", _sq(pb), _sq_spec(pb))]
-    if BWD not in ("blocks", "whole"):
-        raise ValueError(f"wy.BWD={BWD!r}; expected 'blocks' or 'whole'")
-    kern = _bwd_blocks_kernel if BWD == "blocks" else _bwd_kernel
-    r = call(lambda refs: kern(refs, pb), (pb.n_slots, pb.H, 1), ins, outs, LAUNCH,
+    r = call(lambda refs: _bwd_kernel(refs, pb), (pb.n_slots, pb.H, 1), ins, outs, LAUNCH,
              "kda_wy_bwd")
     return r["dv"], r["dbeta"], r["dkb"], r["dAk"]
