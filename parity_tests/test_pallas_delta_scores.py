@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fla_jax.ops.common import pallas_triton as ptr
 from fla_jax.ops.common.engine import GATE_KEY, make_problem
 from fla_jax.ops.common.engine import delta_scores as ds
 from fla_jax.ops.common.engine import varlen as vl
@@ -57,7 +58,7 @@ def _inputs(dtype, B, T, H, K, gates, seed):
 
 
 def reference(q, k, g, cu):
-    """float64 (Aqk, Ak, their scales, kb, qg) over the slots of varlen.py; unused slots: zeros
+    """float64 (Aqk, Ak, their scales, kb, qg, (kg, e0, el)) over the slots of varlen.py; unused slots: zeros
     (kb: NaN past every sequence, nothing is defined there)."""
     q, k, g = (np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (q, k, g))
     B, T, H, K = q.shape
@@ -67,7 +68,9 @@ def reference(q, k, g, cu):
         seqs = [(n, 0, cu[n], cu[n + 1]) for n in range(len(cu) - 1)]
     S = vl.n_slots(T, BT, len(seqs), cu is not None)
     out = {x: np.zeros((S, H, BT, BT)) for x in ("Aqk", "Ak", "sAqk", "sAk")}
-    kb, qg = np.full(q.shape, np.nan), np.full(q.shape, np.nan)
+    kb, qg, kg = (np.full(q.shape, np.nan) for _ in range(3))
+    Kp = ptr.padded(K)
+    e0, el = np.full((S, H, Kp), np.nan), np.full((S, H, Kp), np.nan)
     for n, row, bos, eos in seqs:
         first = bos // BT + n if cu is not None else n * vl.n_chunks(T, BT)
         for c in range(-(-(eos - bos) // BT)):
@@ -76,13 +79,15 @@ def reference(q, k, g, cu):
             b = np.cumsum(g[row, s:e], axis=0)                          # [L, H, K]
             kb[row, s:e] = k[row, s:e] * np.exp(b - b[:1])
             qg[row, s:e] = q[row, s:e] * np.exp(b)
+            kg[row, s:e] = k[row, s:e] * np.exp(b[-1:] - b)
+            e0[slot, :, :K], el[slot, :, :K] = np.exp(b[0]), np.exp(b[-1])
             for name, x, diag in (("Aqk", q, 0), ("Ak", k, -1)):
                 mask = np.tril(np.ones((L, L), bool), diag)[:, :, None, None]
                 gapx = np.where(mask, b[:, None] - b[None, :], -np.inf)  # [i, j, H, K]
                 terms = x[row, s:e][:, None] * k[row, s:e][None, :] * np.exp(gapx)
                 out[name][slot, :, :L, :L] = np.transpose(terms.sum(-1), (2, 0, 1))
                 out["s" + name][slot, :, :L, :L] = np.transpose(np.abs(terms).sum(-1), (2, 0, 1))
-    return out, kb, qg
+    return out, kb, qg, (kg, e0, el)
 
 
 def run(q, k, g, cu, **kw):
@@ -100,8 +105,8 @@ def run(q, k, g, cu, **kw):
 def mismatches(got, ref, dtype):
     """{output: (bad element count, worst |err| / (rtol scale + atol))} of the outputs that
     fail their bound (empty: all pass)."""
-    Aqk, Ak, kb, qg = got
-    r, rkb, rqg = ref
+    Aqk, Ak, kb, qg, kg, e0, el = got
+    r, rkb, rqg, (rkg, re0, rel) = ref
     out = {}
 
     def check(name, x, want, s, tol):
@@ -120,6 +125,11 @@ def mismatches(got, ref, dtype):
     check("kb", kb, rkb, np.abs(rkb), TOL[dtype]["x"])
     assert qg.dtype == DT[dtype] and qg.shape == rqg.shape
     check("qg", qg, rqg, np.abs(rqg), TOL[dtype]["x"])
+    assert kg.dtype == DT[dtype] and e0.dtype == el.dtype == jnp.float32
+    check("kg", kg, rkg, np.abs(rkg), TOL[dtype]["x"])
+    # exp(b_0), exp(last) of the used slots' key columns (fp32 whatever the dtype)
+    check("e0", e0, re0, np.abs(re0), TOL["fp32"]["x"])
+    check("el", el, rel, np.abs(rel), TOL["fp32"]["x"])
     return out
 
 

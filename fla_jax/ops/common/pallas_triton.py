@@ -86,8 +86,17 @@ def _bf16_pair(x):
 def split_matmul(a, b, contract=(1, 0), precision=lax.Precision.HIGHEST):
     """fp32 a times b on 16-bit tensor cores, fp32-accurate to ~2^-17 (the Triton engine's
     split_dot_wide): bf16 b: a = hi + lo in bf16, hi b + lo b; fp16 b (split exactly into
-    bf16 too): hi b_hi + lo b_hi + hi b_lo; fp32 b: one matmul at `precision`. Two / three
-    full-rate bf16 products instead of the three half-rate ones of tf32x3."""
+    bf16 too): hi b_hi + lo b_hi + hi b_lo; 16-bit a with fp32 b: the same with the roles
+    swapped; both fp32: one matmul at `precision`. Two / three full-rate bf16 products instead
+    of the three half-rate ones of tf32x3."""
+    if a.dtype != jnp.float32 and b.dtype == jnp.float32:
+        # the 16-bit operand on the left: split b instead (same products, mirrored)
+        b_hi, b_lo = _bf16_pair(b)
+        if a.dtype == jnp.bfloat16:
+            return matmul(a, b_hi, contract) + matmul(a, b_lo, contract)
+        a_hi, a_lo = _bf16_pair(a)
+        return matmul(a_hi, b_hi, contract) + matmul(a_hi, b_lo, contract) + \
+            matmul(a_lo, b_hi, contract)
     if b.dtype == jnp.float32:
         return matmul(a, b, contract, precision)
     a_hi, a_lo = _bf16_pair(a)

@@ -8,15 +8,16 @@ the chunk's end, per chunk of 64 tokens and value head (h: the state before the 
     T = (I + diag(beta) Ak)^-1,  w = T diag(beta) (k exp(b - b_0)),  u = T diag(beta) v
     vn = u - w diag(exp(b_0)) h,  h_next = diag(exp(last)) h + (k exp(last - b))^T vn
     o = scale ((q exp(b)) h + Aqk vn)
-Stages: delta_scores (Aqk, Ak, kb, qg = q exp(b)), wy.wy_fwd (T, w, u), delta_prep.delta_prep_fwd (kg =
-k exp(last - b), exp(b_0), exp(last): chunk-parallel, out of the sequential pass),
+Stages: delta_scores (Aqk, Ak, kb, qg = q exp(b), and the state pass's kg = k exp(last - b),
+exp(b_0), exp(last): chunk-parallel, out of the sequential pass), wy.wy_fwd (T, w, u),
 delta_state.delta_state_fwd (h, vn, final state), output_stage.output_fwd (o on vn: the
 engine's output stage on the given qg and Aqk: two dots, no gate work).
-Backward: delta_prep.delta_prep_bwd (q exp(b - b_0), scale Aqk^T do: chunk-parallel),
+Backward: delta_prep.delta_prep_bwd (q exp(b - b_0), scale Aqk^T do, dAqk = scale do vn^T:
+chunk-parallel),
 delta_state.delta_state_bwd (dh, dvn, dh0), wy.wy_bwd (dv, dbeta, dkb, dAk: the gradients of
 kb and of the key scores Ak), output_grads.output_bwd_from_scores on vn reading Aqk, with dAk
 and dkb (dq, dk, dg: the output's Aqk / q exp(b) h / state-update terms and the key scores' and
-kb's in the same intra / inter kernels, as Triton's delta_bwd; no dv kernel).
+kb's in the same intra / inter kernels, as Triton's delta_bwd; no dv / dA kernel).
 Grouped heads: q and k are repeated to the HV value heads (their gradients summed back by
 autodiff). use_qk_l2norm_in_kernel: q, k normalised in fp32 and rounded back to their dtype
 first (jnp, differentiable).
@@ -35,7 +36,7 @@ from ..common import pallas_triton as ptr
 from ..common.compute_operands import expand_heads, l2_normalize
 from ..common.engine import GATE_KEY, output_fwd
 from ..common.engine import varlen as vl
-from ..common.engine.delta_prep import delta_prep_bwd, delta_prep_fwd
+from ..common.engine.delta_prep import delta_prep_bwd
 from ..common.engine.delta_scores import delta_scores
 from ..common.engine.delta_state import delta_state_bwd, delta_state_fwd
 from ..common.engine.dplr import dplr_chunk
@@ -53,9 +54,8 @@ def _seq(pb, cu):
 
 def _forward(pb, q, k, v, g, beta, h0, cu):
     seq = _seq(pb, cu)
-    Aqk, Ak, kb, qg = delta_scores(pb, q, k, g, cu, seq)
+    Aqk, Ak, kb, qg, kg, e0, el = delta_scores(pb, q, k, g, cu, seq)
     Tm, w, u = wy_fwd(pb, Ak, kb, v, beta, cu, seq)
-    kg, e0, el = delta_prep_fwd(pb, k, g, cu, seq)
     h, vn, ht = delta_state_fwd(pb, kg, w, u, e0, el, h0, cu)
     o = output_fwd(pb, None, None, vn, None, h, cu, seq, A=Aqk, qg=qg)
     return o, ht, (Aqk, Ak, kb, Tm, w, h, vn, kg, e0, el)
@@ -77,11 +77,11 @@ def _bwd(pb, res, cts):
     do, dht = cts
     do = do.astype(q.dtype)
     seq = _seq(pb, cu)
-    qd, ado = delta_prep_bwd(pb, q, g, Aqk, do, cu, seq)
+    qd, ado, dA = delta_prep_bwd(pb, q, g, Aqk, do, vn, cu, seq)
     dh, dvn, dh0 = delta_state_bwd(pb, qd, kg, w, e0, el, ado, do, dht.astype(F32), cu)
     dv, dbeta, dkb, dAk = wy_bwd(pb, Ak, Tm, kb, v, beta, g, h, dvn, cu, seq)
     dq, dk, _, dg = output_bwd_from_scores(pb, q, k, vn, g, Aqk, h, do, dh, cu, seq,
-                                           want_dv=False, dAk=dAk, dkb=dkb)
+                                           want_dv=False, dAk=dAk, dkb=dkb, dA=dA)
     return dq, dk, dv, dg, dbeta, dh0, None
 
 

@@ -11,6 +11,8 @@ read as 0), b_0 its first row and `last` its value at the chunk's end:
               A_do = scale Aqk^T do      [B, T, H, V] fp32 (Aqk [slots, H, BT, BT] fp32 from
                                           delta_scores; ptr.split_matmul: bf16 hi + lo
                                           products for 16-bit do, pb.precision for fp32)
+              dA = scale do vn^T (causal)   [slots, H, BT, BT] fp32 (the output stage's score
+                                          gradient, so output_grads needs no dA kernel)
 The same quantities, formed by the same operations, as the state loop formed them before.
 """
 from __future__ import annotations
@@ -55,6 +57,10 @@ def _bwd_kernel(refs, pb):
     A = refs["Aqk"][...]
     ado = pb.scale * ptr.split_matmul(A, do, (0, 0), pb.precision)
     ptr.store_rows(refs["Ado"], start, nv, pb.V, ado)
+    vn = ptr.load_rows(refs["vn"], start, pb.bt, nv, pb.V)
+    ii, jj = jnp.arange(pb.bt)[:, None], jnp.arange(pb.bt)[None, :]
+    refs["dA"][...] = jnp.where(ii >= jj, pb.scale * ptr.matmul(do, vn, (1, 1), pb.precision),
+                                0.0)
 
 
 def _rows(pb, width):
@@ -75,15 +81,18 @@ def delta_prep_fwd(pb: Problem, k, g, cu, seq):
     return r["kg"], r["e0"], r["el"]
 
 
-def delta_prep_bwd(pb: Problem, q, g, Aqk, do, cu, seq):
-    """q [B, T, H, K], g [B, T, H, K] fp32, Aqk [slots, H, BT, BT] fp32, do [B, T, H, V],
-    cu / seq as delta_prep_fwd. Returns (qd [B, T, H, K] in q's dtype, A_do [B, T, H, V]
-    fp32)."""
-    ins = [("q", q, _rows(pb, pb.Kp)), ("g", g, _rows(pb, pb.Kp)),
-           ("Aqk", Aqk, specs.slot_state(pb.bt, pb.bt, specs.zero, specs.zero)),
-           ("do", do, _rows(pb, pb.Vp))] + _parallel_inputs(pb, cu, seq)
+def delta_prep_bwd(pb: Problem, q, g, Aqk, do, vn, cu, seq):
+    """q [B, T, H, K], g [B, T, H, K] fp32, Aqk [slots, H, BT, BT] fp32, do, vn [B, T, H, V]
+    (one dtype), cu / seq as delta_prep_fwd. Returns (qd [B, T, H, K] in q's dtype, A_do
+    [B, T, H, V] fp32, dA [slots, H, BT, BT] fp32: the output's score gradient
+    scale do vn^T, zero above the diagonal, for output_grads)."""
+    sq = specs.slot_state(pb.bt, pb.bt, specs.zero, specs.zero)
+    ins = [("q", q, _rows(pb, pb.Kp)), ("g", g, _rows(pb, pb.Kp)), ("Aqk", Aqk, sq),
+           ("do", do, _rows(pb, pb.Vp)), ("vn", vn, _rows(pb, pb.Vp))]
+    ins += _parallel_inputs(pb, cu, seq)
     outs = [("qd", jax.ShapeDtypeStruct(q.shape, q.dtype), _rows(pb, pb.Kp)),
-            ("Ado", jax.ShapeDtypeStruct(do.shape, F32), _rows(pb, pb.Vp))]
+            ("Ado", jax.ShapeDtypeStruct(do.shape, F32), _rows(pb, pb.Vp)),
+            ("dA", jax.ShapeDtypeStruct((pb.n_slots, pb.H, pb.bt, pb.bt), F32), sq)]
     r = call(lambda refs: _bwd_kernel(refs, pb), (pb.n_slots, pb.H, 1), ins, outs, LAUNCH,
              "kda_state_prep_bwd")
-    return r["qd"], r["Ado"]
+    return r["qd"], r["Ado"], r["dA"]

@@ -5,6 +5,7 @@ fla_torch/ops/common/engine/delta_scores.py.
     Ak_ij  = sum_c k_ic k_jc exp(b_ic - b_jc)   (j < i)
     kb     = k exp(b - b_0)                     (relative to the chunk's first row)
     qg     = q exp(b)                           (the output stage's query, every exponent <= 0)
+    kg     = k exp(last - b), e0 = exp(b_0), el = exp(last)   (the state pass's, as delta_prep)
 b the in-chunk inclusive cumsum of the per-key log-decay, split hi + lo (gates.cumsum), b_0
 its value at the chunk's first row. Both matrices are formed by sub-chunks of SUB = 16 rows:
 pairs of different sub-chunks through the later sub-chunk I's start R_I (query side
@@ -42,6 +43,7 @@ from jax.experimental import pallas as pl
 from .. import pallas_triton as ptr
 from . import gates as gt
 from . import specs
+from .delta_prep import delta_prep_fwd
 from .launch import SUB, Launch, Problem, call
 from .output_stage import (_chunk, _diag_fits, _k_factor, _load_sub, _parallel_inputs, _q_factor,
                            _row, _sub_gates, _sub_rows)
@@ -245,12 +247,18 @@ def _chunk_block(refs, pb, c0, bk, start, nv):
     stores kb's columns. Per sub-chunk I >= 1 one dot per matrix over the whole chunk: rows of
     I (q, resp. k, times exp(loc)) against the earlier sub-chunks' keys k_j exp(R_I - b_j)."""
     K, bt = pb.K, pb.bt
-    b, _ = gt.cumsum(ptr.load_block(refs["g"], start, bt, nv, c0, bk, K))
+    b, tot = gt.cumsum(ptr.load_block(refs["g"], start, bt, nv, c0, bk, K))
     q = ptr.load_block(refs["q"], start, bt, nv, c0, bk, K)
     k = ptr.load_block(refs["k"], start, bt, nv, c0, bk, K)
     dt = q.dtype
-    ptr.store_block(refs["kb"], start, nv, c0, K, (k * rel_exp(b, gt.row(b, 0))).astype(dt))
+    b0 = gt.row(b, 0)
+    ptr.store_block(refs["kb"], start, nv, c0, K, (k * rel_exp(b, b0)).astype(dt))
     ptr.store_block(refs["qg"], start, nv, c0, K, (q * jnp.exp(b.value())).astype(dt))
+    # the state pass's chunk-parallel inputs (delta_prep_fwd's kg, e0, el)
+    ptr.store_block(refs["kg"], start, nv, c0, K,
+                    (k * jnp.exp(gt.gap(gt.bcast(tot), b))).astype(dt))
+    refs["e0"][pl.ds(c0, bk)] = jnp.exp(b0.value())
+    refs["el"][pl.ds(c0, bk)] = jnp.exp(tot.value())
     Rs, loc = gt.sub_chunk_split(b, SUB)      # Rs[I]: b before sub-chunk I; loc = b - Rs[row's]
     eloc = jnp.exp(loc.value())
     qf, kf = (q * eloc).astype(dt), (k * eloc).astype(dt)
@@ -280,7 +288,9 @@ def _chunk_kernel(refs, pb, bk):
 
 
 def delta_scores(pb: Problem, q, k, g, cu, seq, frame=None, bk=None):
-    """(Aqk, Ak [slots, H, BT, BT] fp32, kb, qg [B, T, H, K] in k's dtype) from q, k
+    """(Aqk, Ak [slots, H, BT, BT] fp32, kb, qg [B, T, H, K] in k's dtype, and the state
+    pass's kg [B, T, H, K] in k's dtype, e0, el [slots, H, Kp] fp32 (delta_prep_fwd's; the
+    "chunk" frame forms them in the same program, "rows" calls delta_prep_fwd)) from q, k
     [B, T, H, K], the key gate g [B, T, H, K] fp32 and cu / seq (varlen: cu_seqlens int32
     [N+1] and varlen.slot_sequences; else None). frame: one of FRAMES (None: FRAME); bk: the
     key block of FRAME "chunk" (None: BK; a power of two >= 16, capped at Kp)."""
@@ -305,10 +315,19 @@ def delta_scores(pb: Problem, q, k, g, cu, seq, frame=None, bk=None):
              specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
             ("qg", jax.ShapeDtypeStruct(q.shape, q.dtype),
              specs.seq_rows(pb, pb.Kp, specs.zero, **par))]
+    vec = jax.ShapeDtypeStruct((pb.n_slots, pb.H, pb.Kp), F32)
+    if frame == "chunk":
+        outs += [("kg", jax.ShapeDtypeStruct(k.shape, k.dtype),
+                  specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
+                 ("e0", vec, specs.slot_vec(pb.Kp)), ("el", vec, specs.slot_vec(pb.Kp))]
     if frame == "chunk":
         kern, nprog = functools.partial(_chunk_kernel, bk=min(bk, pb.Kp)), 1
     else:
         kern, nprog = (_sub_kernel, pb.bt // SUB) if SPLIT else (_kernel, 1)
     r = call(lambda refs: kern(refs, pb), (pb.n_slots, pb.H, nprog), ins, outs, LAUNCH,
              "kda_delta_scores")
-    return r["Aqk"], r["Ak"], r["kb"], r["qg"]
+    if frame == "chunk":
+        kg, e0, el = r["kg"], r["e0"], r["el"]
+    else:
+        kg, e0, el = delta_prep_fwd(pb, k, g, cu, seq)
+    return r["Aqk"], r["Ak"], r["kb"], r["qg"], kg, e0, el

@@ -15,6 +15,7 @@ first row), the chunk loops only do:
               dvn = A_do + kg dS                             (stored fp32)
               dS <- diag(el) dS + diag(e0) (scale qd^T do - w^T dvn);
               dh0 = dS before the first chunk
+              (w^T dvn with the fp32 dvn split in bf16 hi + lo for 16-bit w: ptr.split_matmul)
 Shapes: kg, qd, w [B, T, H, K]; u, do [B, T, H, V] (one dtype); e0, el [slots, H, Kp] fp32;
 A_do [B, T, H, V] fp32; h0 / dht [N, H, K, V] fp32; h / dh [slots, H, Kp, Vp].
 Launch: V block `bv` and `num_warps` per call (None: the module knobs BV / NUM_WARPS, None:
@@ -127,7 +128,7 @@ def _bwd_kernel(refs, pb, bv):
         dvn = ado + ptr.matmul(kg, dS.astype(dt), (1, 0), prec)
         ptr.store_rows(refs["dvn"], start, nv, pb.V, dvn, c0)
         upd = pb.scale * ptr.matmul(qd, do, (0, 0), prec) \
-            - ptr.matmul(w.astype(F32), dvn, (0, 0), prec)
+            - ptr.split_matmul(w, dvn, (0, 0), prec)
         return dS * el[:, None] + e0[:, None] * upd
 
     dS = lax.fori_loop(0, nt, body, dS0)

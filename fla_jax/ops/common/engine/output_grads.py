@@ -342,7 +342,7 @@ def _inter_kernel(refs, pb, bk):
 def output_bwd_from_scores(pb: Problem, q, k, v, g, A, h, do, dh, cu, seq,
                            launch_dv: Launch | None = None, launch_intra: Launch | None = None,
                            launch_inter: Launch | None = None, dk_dtype=None, want_dv=True,
-                           kg=None, dAk=None, dkb=None):
+                           kg=None, dAk=None, dkb=None, dA=None):
     """output_stage.output_bwd's cotangents (dq, dk, dv, dg; same shapes, dtypes and options)
     from the forward's scores A [slots, H, BT, BT] (zero above the diagonal) instead of
     re-forming them. want_dv=False: dv None (its kernel forms dA alone). kg: the forward's
@@ -350,14 +350,18 @@ def output_bwd_from_scores(pb: Problem, q, k, v, g, A, h, do, dh, cu, seq,
     The per-key-gated delta rule (chunk_kda) passes dAk [slots, H, BT, BT] fp32 (the gradient
     of its key scores Ak, strictly lower) and dkb [B, T, H, K] fp32 (the gradient of
     kb = k exp(b - b_0)), both from wy.wy_bwd: dk and dg then include their terms (GATE_KEY
-    only)."""
+    only). dA: the score gradient scale do v^T (causal, fp32) when the caller formed it
+    (KDA's delta_prep_bwd); with want_dv=False no dv / dA kernel runs then."""
     if (dAk is None) != (dkb is None) or (dAk is not None and pb.gate != gt.GATE_KEY):
         raise ValueError(f"output_bwd_from_scores: dAk and dkb go together and with the key "
                          f"gate; got dAk={dAk is not None}, dkb={dkb is not None}, "
                          f"gate={pb.gate}")
     li = launch_intra or launch_for("output_intra", pb.K, pb.V, q.dtype)
     lo = launch_inter or launch_for("output_inter", pb.K, pb.V, q.dtype)
-    dv, dA = output_dv_dA(pb, k, v, g, A, do, dh, cu, seq, launch_dv, want_dv, kg)
+    if dA is None or want_dv:
+        dv, dA = output_dv_dA(pb, k, v, g, A, do, dh, cu, seq, launch_dv, want_dv, kg)
+    else:
+        dv = None
     bk = width(pb.Kp, li.bk)
     dqi, dki = _intra(pb, q, k, g, dA, cu, seq, bk, li)
     # the key scores' sums on (k, k) in a second launch of the same kernel (one kernel holding
