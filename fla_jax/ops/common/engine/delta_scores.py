@@ -21,9 +21,8 @@ FRAME (or delta_scores(frame=...)) picks the kernel; the results agree to fp32 r
     summed over them, as cumsum_scores' FRAME "chunk"): per sub-chunk I one [BT, BT] dot for
     each matrix (query / key rows masked to sub-chunk I, keys to the earlier sub-chunks); the
     diagonal blocks of all sub-chunks in one fp32-accurate dot per matrix when the decay across
-    every sub-chunk stays under gates.SPAN in the key block (_diag_fits, flagged per key
-    block); a second kernel (_exact_kernel) adds the exact per-pair blocks (SUB-step loop) of
-    the key blocks that did not fit, so the scores kernel holds no loop.
+    every sub-chunk stays under gates.SPAN in the key block (_diag_fits), else exact per pair
+    in one BT-step column loop (lax.cond).
 kb is kept relative to the chunk's first row in every dtype (the Triton `rel` variant): exp(b)
 of strong gates is subnormal in fp16, and exp(b_0) is applied in fp32 by the users of kb / w
 (the state pass, the WY backward).
@@ -51,7 +50,6 @@ from .output_stage import (_chunk, _diag_fits, _k_factor, _load_sub, _parallel_i
 
 F32 = jnp.float32
 LAUNCH = Launch(None, None, 4, 1)
-NFIT = 16          # key blocks a chunk-frame program can hold (Kp <= 256, bk >= 16)
 FRAMES = ("rows", "chunk")
 FRAME = "chunk"     # "rows": _sub_kernel / _kernel ([SUB, SUB] dots); "chunk": _chunk_kernel
 # FRAME "rows" only: True: one program per (chunk slot, head, sub-chunk) (_sub_kernel, as
@@ -197,95 +195,51 @@ def _sub_kernel(refs, pb):
     ptr.store_rows(refs["qg"], rs, nvI, pb.K, q * jnp.exp(bI.value()))
 
 
-def _fast_diag(pb, q, k, loc, eloc):
+def _chunk_diag(refs, pb, c0, bk, start, nv, q, k, loc, eloc):
     """FRAME "chunk": the diagonal [SUB, SUB] blocks of all sub-chunks of one key block as
-    (Aqk, Ak) [BT, BT] fp32 (zero outside them; Aqk ii >= jj, Ak ii > jj), one fp32-accurate
-    dot per matrix through each sub-chunk's start, and `fits` (traced bool): whether every
-    factor exp(+-loc) stays within e^SPAN (_diag_fits). Where it does not, the blocks are
-    returned as zeros (exp(-loc) may overflow: where() keeps its inf / NaN out) and
-    _exact_kernel adds the exact ones. q, k [BT, bk]; loc [BT, bk] Cum (b less b before the
-    row's sub-chunk), eloc = exp(loc) fp32."""
+    (Aqk, Ak) [BT, BT] fp32 (zero outside them; Aqk ii >= jj, Ak ii > jj): one fp32-accurate
+    dot per matrix through each sub-chunk's start when _diag_fits(loc) (factors exp(+-loc)
+    within e^SPAN), else exact per pair in a SUB-step loop (step s: column s of every
+    sub-chunk, its key rows read from refs['k']), both matrices from one decay factor. q, k [BT, bk]; loc [BT, bk] Cum (b less
+    b before the row's sub-chunk), eloc = exp(loc) fp32."""
     bt = pb.bt
     ii, jj = jnp.arange(bt)[:, None], jnp.arange(bt)[None, :]
     same = ii // SUB == jj // SUB
     q32, k32 = q.astype(F32), k.astype(F32)
-    fits = _diag_fits(loc)
-    ke = k32 * jnp.exp(-loc.value())        # in [1, e^SPAN) where it fits
-    half = q.dtype != F32
-    aq = ptr.accurate_matmul(q32 * eloc, ke, (1, 1), half)
-    ak = ptr.accurate_matmul(k32 * eloc, ke, (1, 1), half)
-    return (jnp.where(fits & same & (ii >= jj), aq, 0.0),
-            jnp.where(fits & same & (ii > jj), ak, 0.0), fits)
 
+    def fast(_):
+        ke = k32 * jnp.exp(-loc.value())        # in [1, e^SPAN) here
+        half = q.dtype != F32
+        return (ptr.accurate_matmul(q32 * eloc, ke, (1, 1), half),
+                ptr.accurate_matmul(k32 * eloc, ke, (1, 1), half))
 
-def _exact_diag(refs, pb, c0, bk, start, nv, q32, k32, loc):
-    """The diagonal blocks of one key block exact per pair (Aqk ii >= jj, Ak ii > jj; no
-    exponent > 0): SUB steps, step s taking column j = I * SUB + s of every sub-chunk I at
-    once (its key rows read from refs['k'])."""
-    bt = pb.bt
-    ii, jj = jnp.arange(bt)[:, None], jnp.arange(bt)[None, :]
-    sub = ii // SUB
+    def loop(_):
+        # step s takes column j = I * SUB + s of every sub-chunk I at once (SUB steps, not BT)
+        sub = ii // SUB
 
-    def body(s, acc):
-        aq, ak = acc
-        j = sub * SUB + s                                     # [BT, 1]: each row's column
-        kj = jnp.zeros((bt, bk), F32)
-        lj = gt.Cum(kj, kj)
-        for I in range(bt // SUB):
-            t = I * SUB + s
-            mine = sub == I
-            kj = jnp.where(mine, _row(refs["k"], start + t, t < nv, pb.K, c0, bk)[None, :], kj)
-            lt = gt.row(loc, t)
-            lj = gt.Cum(jnp.where(mine, lt.hi[None, :], lj.hi),
-                        jnp.where(mine, lt.lo[None, :], lj.lo))
-        d = jnp.where(ii == j, 1.0, gt.masked_exp(gt.gap(loc, lj), ii > j))
-        x = kj * d
-        at = jj == j
-        return (jnp.where(at, jnp.sum(q32 * x, axis=1)[:, None], aq),
-                jnp.where(at, jnp.sum(k32 * x, axis=1)[:, None], ak))
+        def body(s, acc):
+            aq, ak = acc
+            j = sub * SUB + s                                     # [BT, 1]: each row's column
+            kj = jnp.zeros((bt, bk), F32)
+            lj = gt.Cum(kj, kj)
+            for I in range(bt // SUB):
+                t = I * SUB + s
+                mine = sub == I
+                kj = jnp.where(mine, _row(refs["k"], start + t, t < nv, pb.K, c0, bk)[None, :], kj)
+                lt = gt.row(loc, t)
+                lj = gt.Cum(jnp.where(mine, lt.hi[None, :], lj.hi),
+                            jnp.where(mine, lt.lo[None, :], lj.lo))
+            d = jnp.where(ii == j, 1.0, gt.masked_exp(gt.gap(loc, lj), ii > j))
+            x = kj * d
+            at = jj == j
+            return (jnp.where(at, jnp.sum(q32 * x, axis=1)[:, None], aq),
+                    jnp.where(at, jnp.sum(k32 * x, axis=1)[:, None], ak))
 
-    z = jnp.zeros((bt, bt), F32)
-    aq, ak = lax.fori_loop(0, SUB, body, (z, z))
-    return aq, jnp.where(ii > jj, ak, 0.0)     # Ak strictly lower (the loop's ii == j is 1)
+        z = jnp.zeros((bt, bt), F32)
+        return lax.fori_loop(0, SUB, body, (z, z))
 
-
-def _tiles(refs, pb, c0, bk, start, nv):
-    """(b, last: Cum, q, k [BT, bk]) of one key block of the program's chunk."""
-    b, tot = gt.cumsum(ptr.load_block(refs["g"], start, pb.bt, nv, c0, bk, pb.K))
-    q = ptr.load_block(refs["q"], start, pb.bt, nv, c0, bk, pb.K)
-    k = ptr.load_block(refs["k"], start, pb.bt, nv, c0, bk, pb.K)
-    return b, tot, q, k
-
-
-def _exact_kernel(refs, pb, bk):
-    """FRAME "chunk", second kernel: adds the exact diagonal blocks of the key blocks whose
-    decay did not fit (refs['fit'] from _chunk_kernel; a key block that fits costs a flag
-    read), so the scores kernel carries no per-pair loop (H100 bf16 K=128, session 11:
-    0.62 ms without the loop in it, 0.97 with it under lax.cond)."""
-    start, nv = _chunk(refs, pb)
-    fit = refs["fit"][...]
-    cols = jnp.arange(fit.shape[0])
-
-    def kblock(c, acc):
-        c0 = c * bk
-
-        def exact(_):
-            b, _, q, k = _tiles(refs, pb, c0, bk, start, nv)
-            _, loc = gt.sub_chunk_split(b, SUB)
-            return _exact_diag(refs, pb, c0, bk, start, nv, q.astype(F32), k.astype(F32), loc)
-
-        def skip(_):
-            z = jnp.zeros((pb.bt, pb.bt), F32)
-            return z, z
-
-        fits = jnp.sum(jnp.where(cols == c, fit, 0)) > 0
-        aq, ak = lax.cond(fits, skip, exact, 0)
-        return acc[0] + aq, acc[1] + ak
-
-    z = jnp.zeros((pb.bt, pb.bt), F32)
-    aq, ak = lax.fori_loop(0, pb.Kp // bk, kblock, (z, z))
-    refs["Aqk_out"][...] = refs["Aqk"][...] + aq
-    refs["Ak_out"][...] = refs["Ak"][...] + ak
+    aq, ak = lax.cond(_diag_fits(loc), fast, loop, 0)
+    return jnp.where(same & (ii >= jj), aq, 0.0), jnp.where(same & (ii > jj), ak, 0.0)
 
 
 def _chunk_block(refs, pb, c0, bk, start, nv):
@@ -293,7 +247,9 @@ def _chunk_block(refs, pb, c0, bk, start, nv):
     stores kb's columns. Per sub-chunk I >= 1 one dot per matrix over the whole chunk: rows of
     I (q, resp. k, times exp(loc)) against the earlier sub-chunks' keys k_j exp(R_I - b_j)."""
     K, bt = pb.K, pb.bt
-    b, tot, q, k = _tiles(refs, pb, c0, bk, start, nv)
+    b, tot = gt.cumsum(ptr.load_block(refs["g"], start, bt, nv, c0, bk, K))
+    q = ptr.load_block(refs["q"], start, bt, nv, c0, bk, K)
+    k = ptr.load_block(refs["k"], start, bt, nv, c0, bk, K)
     dt = q.dtype
     b0 = gt.row(b, 0)
     ptr.store_block(refs["kb"], start, nv, c0, K, (k * rel_exp(b, b0)).astype(dt))
@@ -307,32 +263,28 @@ def _chunk_block(refs, pb, c0, bk, start, nv):
     eloc = jnp.exp(loc.value())
     qf, kf = (q * eloc).astype(dt), (k * eloc).astype(dt)
     sub = (jnp.arange(bt) // SUB)[:, None]
-    aq, ak, fits = _fast_diag(pb, q, k, loc, eloc)
+    aq, ak = _chunk_diag(refs, pb, c0, bk, start, nv, q, k, loc, eloc)
     for I in range(1, bt // SUB):
         kd = (k * gt.masked_exp(gt.gap(gt.bcast(Rs[I]), b), sub < I)).astype(dt)
         aq = aq + ptr.matmul(jnp.where(sub == I, qf, 0.0).astype(dt), kd, (1, 1), pb.precision)
         ak = ak + ptr.matmul(jnp.where(sub == I, kf, 0.0).astype(dt), kd, (1, 1), pb.precision)
-    return aq, ak, fits
+    return aq, ak
 
 
 def _chunk_kernel(refs, pb, bk):
     """FRAME "chunk": one program per (chunk slot, head); Aqk, Ak summed over the key blocks
-    in fp32 and stored once, with the diagonal blocks of the key blocks that fit; refs['fit']
-    [NFIT] int32: 1 where key block c fit (the rest are _exact_kernel's)."""
+    in fp32 and stored once."""
     start, nv = _chunk(refs, pb)
-    cols = jnp.arange(NFIT)
 
     def kblock(c, acc):
-        aq, ak, fits = _chunk_block(refs, pb, c * bk, bk, start, nv)
-        return acc[0] + aq, acc[1] + ak, jnp.where(cols == c, fits.astype(jnp.int32), acc[2])
+        aq, ak = _chunk_block(refs, pb, c * bk, bk, start, nv)
+        return acc[0] + aq, acc[1] + ak
 
     z = jnp.zeros((pb.bt, pb.bt), F32)
     nk = pb.Kp // bk
-    init = (z, z, jnp.ones((NFIT,), jnp.int32))
-    aq, ak, fit = kblock(0, init) if nk == 1 else lax.fori_loop(0, nk, kblock, init)
+    aq, ak = kblock(0, (z, z)) if nk == 1 else lax.fori_loop(0, nk, kblock, (z, z))
     refs["Aqk"][...] = aq
     refs["Ak"][...] = ak
-    refs["fit"][...] = fit
 
 
 def delta_scores(pb: Problem, q, k, g, cu, seq, frame=None, bk=None):
@@ -367,9 +319,7 @@ def delta_scores(pb: Problem, q, k, g, cu, seq, frame=None, bk=None):
     if frame == "chunk":
         outs += [("kg", jax.ShapeDtypeStruct(k.shape, k.dtype),
                   specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
-                 ("e0", vec, specs.slot_vec(pb.Kp)), ("el", vec, specs.slot_vec(pb.Kp)),
-                 ("fit", jax.ShapeDtypeStruct((pb.n_slots, pb.H, NFIT), jnp.int32),
-                  specs.slot_vec(NFIT))]
+                 ("e0", vec, specs.slot_vec(pb.Kp)), ("el", vec, specs.slot_vec(pb.Kp))]
     if frame == "chunk":
         kern, nprog = functools.partial(_chunk_kernel, bk=min(bk, pb.Kp)), 1
     else:
@@ -378,12 +328,6 @@ def delta_scores(pb: Problem, q, k, g, cu, seq, frame=None, bk=None):
              "kda_delta_scores")
     if frame == "chunk":
         kg, e0, el = r["kg"], r["e0"], r["el"]
-        bk = min(bk, pb.Kp)
-        ex = [("Aqk", r["Aqk"], blk), ("Ak", r["Ak"], blk), ("fit", r["fit"], specs.slot_vec(NFIT)),
-              ins[0], ins[1], ins[2]] + ins[3:]
-        x = call(lambda refs: _exact_kernel(refs, pb, bk), (pb.n_slots, pb.H, 1), ex,
-                 [("Aqk_out", sq, blk), ("Ak_out", sq, blk)], LAUNCH, "kda_delta_scores_exact")
-        r = dict(r, Aqk=x["Aqk_out"], Ak=x["Ak_out"])
     else:
         kg, e0, el = delta_prep_fwd(pb, k, g, cu, seq)
     return r["Aqk"], r["Ak"], r["kb"], r["qg"], kg, e0, el
