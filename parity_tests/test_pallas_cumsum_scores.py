@@ -13,28 +13,24 @@ dropping the varlen row mask, makes the same check fail.
 """
 from __future__ import annotations
 
-import jax
+import functools
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from fla_jax.ops.common import pallas_triton as ptr
-from fla_jax.ops.common.engine import GATE_KEY, Launch, make_problem
+from fla_jax.ops.common.engine import Launch
 from fla_jax.ops.common.engine import cumsum_scores as cs
 from fla_jax.ops.common.engine import varlen as vl
 
-BT = 64
-DT = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
-# (rtol, atol) per output kind and dtype (see the module docstring)
-TOL = {
-    "fp32": {"A": (1e-5, 1e-30), "x": (2e-5, 1e-37)},
-    "bf16": {"A": (1e-2, 1e-30), "x": (5e-3, 1e-37)},
-    "fp16": {"A": (3e-3, 1e-5), "x": (1e-3, 4e-8)},
-}
+from .score_stage import BT, DT, TOL, bounded_mismatch, inputs, run_stage
+
 EL_TOL = (2e-5, 1e-37)
 
 
-def _gates(kind, rng, B, T, H, K):
+def _gates(kind, rng, shape):
+    B, T, H, K = shape
     if kind == "weak":
         return -rng.uniform(0.0, 0.01, (B, T, H, K))
     if kind == "strong":                      # every sub-chunk far past gates.SPAN
@@ -51,12 +47,7 @@ def _gates(kind, rng, B, T, H, K):
 
 
 def _inputs(dtype, B, T, H, K, gates, seed):
-    rng = np.random.default_rng(seed)
-    dt = DT[dtype]
-    q = jnp.asarray(rng.standard_normal((B, T, H, K)), jnp.float32).astype(dt)
-    k = jnp.asarray(rng.standard_normal((B, T, H, K)) / np.sqrt(K), jnp.float32).astype(dt)
-    g = jnp.asarray(_gates(gates, rng, B, T, H, K), jnp.float32)
-    return q, k, g
+    return inputs(dtype, B, T, H, K, functools.partial(_gates, gates), seed)
 
 
 def reference(q, k, g, cu):
@@ -95,15 +86,7 @@ def reference(q, k, g, cu):
 
 
 def run(q, k, g, cu, **kw):
-    pb = make_problem(q, q, g, None, None if cu is None else jnp.asarray(cu), 1.0, GATE_KEY)
-    cuj = None if cu is None else jnp.asarray(cu, jnp.int32)
-
-    @jax.jit
-    def f(q, k, g, cuj):
-        seq = None if cuj is None else vl.slot_sequences(cuj, pb.T, pb.bt)
-        return cs.cumsum_scores(pb, q, k, g, cuj, seq, **kw)
-
-    return f(q, k, g, cuj)
+    return run_stage(cs.cumsum_scores, q, k, g, cu, **kw)
 
 
 def mismatches(got, ref, dtype):
@@ -114,12 +97,9 @@ def mismatches(got, ref, dtype):
     out = {}
 
     def check(name, x, r, s, tol):
-        x = np.asarray(jnp.asarray(x, jnp.float32), np.float64)
-        bound = tol[0] * s + tol[1]
-        err = np.where(np.isfinite(x), np.abs(x - r), np.inf)
-        ratio = err / bound
-        if not (ratio <= 1.0).all():
-            out[name] = (int((~(ratio <= 1.0)).sum()), float(np.nanmax(ratio)))
+        bad = bounded_mismatch(x, r, s, tol)
+        if bad:
+            out[name] = bad
 
     assert A.shape == rA.shape and A.dtype == qg.dtype and el.dtype == jnp.float32
     check("A", A, rA, sA, TOL[dtype]["A"])

@@ -14,24 +14,17 @@ makes the same check fail.
 """
 from __future__ import annotations
 
-import jax
+import functools
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from fla_jax.ops.common import pallas_triton as ptr
-from fla_jax.ops.common.engine import GATE_KEY, make_problem
 from fla_jax.ops.common.engine import delta_scores as ds
 from fla_jax.ops.common.engine import varlen as vl
 
-BT = 64
-DT = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
-# (rtol, atol) per output kind and dtype (as test_pallas_cumsum_scores)
-TOL = {
-    "fp32": {"A": (1e-5, 1e-30), "x": (2e-5, 1e-37)},
-    "bf16": {"A": (1e-2, 1e-30), "x": (5e-3, 1e-37)},
-    "fp16": {"A": (3e-3, 1e-5), "x": (1e-3, 4e-8)},
-}
+from .score_stage import BT, DT, TOL, bounded_mismatch, inputs, run_stage
 
 
 def _gates(kind, rng, shape):
@@ -49,12 +42,7 @@ def _gates(kind, rng, shape):
 
 
 def _inputs(dtype, B, T, H, K, gates, seed):
-    rng = np.random.default_rng(seed)
-    dt = DT[dtype]
-    q = jnp.asarray(rng.standard_normal((B, T, H, K)), jnp.float32).astype(dt)
-    k = jnp.asarray(rng.standard_normal((B, T, H, K)) / np.sqrt(K), jnp.float32).astype(dt)
-    g = jnp.asarray(_gates(gates, rng, (B, T, H, K)), jnp.float32)
-    return q, k, g
+    return inputs(dtype, B, T, H, K, functools.partial(_gates, gates), seed)
 
 
 def reference(q, k, g, cu):
@@ -91,15 +79,7 @@ def reference(q, k, g, cu):
 
 
 def run(q, k, g, cu, **kw):
-    pb = make_problem(q, q, g, None, None if cu is None else jnp.asarray(cu), 1.0, GATE_KEY)
-    cuj = None if cu is None else jnp.asarray(cu, jnp.int32)
-
-    @jax.jit
-    def f(q, k, g, cuj):
-        seq = None if cuj is None else vl.slot_sequences(cuj, pb.T, pb.bt)
-        return ds.delta_scores(pb, q, k, g, cuj, seq, **kw)
-
-    return f(q, k, g, cuj)
+    return run_stage(ds.delta_scores, q, k, g, cu, **kw)
 
 
 def mismatches(got, ref, dtype):
@@ -110,13 +90,10 @@ def mismatches(got, ref, dtype):
     out = {}
 
     def check(name, x, want, s, tol):
-        x = np.asarray(jnp.asarray(x, jnp.float32), np.float64)
-        ok = ~np.isnan(want)                  # kb: rows no sequence covers are not written
-        bound = tol[0] * s + tol[1]
-        err = np.where(np.isfinite(x), np.abs(x - want), np.inf)
-        bad = ok & ~(err <= bound)
-        if bad.any():
-            out[name] = (int(bad.sum()), float(np.max(np.where(ok, err / bound, 0.0))))
+        # NaN in want: rows no sequence covers (kb, qg, kg are not written there), unused slots
+        bad = bounded_mismatch(x, want, s, tol, skip_undefined=True)
+        if bad:
+            out[name] = bad
 
     assert Aqk.dtype == Ak.dtype == jnp.float32 and kb.dtype == DT[dtype], (Aqk.dtype, kb.dtype)
     assert Aqk.shape == Ak.shape == r["Aqk"].shape and kb.shape == rkb.shape

@@ -83,28 +83,28 @@ def _bf16_pair(x):
     return hi, (x - hi.astype(jnp.float32)).astype(jnp.bfloat16)
 
 
+def _split_products(a, b, contract):
+    """a times b on bf16 tensor cores: a bf16 operand as is, any other split into bf16
+    hi + lo; the products hi hi + lo hi + hi lo (lo lo, ~2^-16 relative, dropped)."""
+    a_hi, a_lo = (a, None) if a.dtype == jnp.bfloat16 else _bf16_pair(a)
+    b_hi, b_lo = (b, None) if b.dtype == jnp.bfloat16 else _bf16_pair(b)
+    out = matmul(a_hi, b_hi, contract)
+    if a_lo is not None:
+        out = out + matmul(a_lo, b_hi, contract)
+    if b_lo is not None:
+        out = out + matmul(a_hi, b_lo, contract)
+    return out
+
+
 def split_matmul(a, b, contract=(1, 0), precision=lax.Precision.HIGHEST):
-    """fp32 a times b on 16-bit tensor cores, fp32-accurate to ~2^-17 (the Triton engine's
-    split_dot_wide): bf16 b: a = hi + lo in bf16, hi b + lo b; fp16 b (split exactly into
-    bf16 too): hi b_hi + lo b_hi + hi b_lo; 16-bit a with fp32 b: the same with the roles
-    swapped; both fp32: one matmul at `precision`. Two / three full-rate bf16 products instead
-    of the three half-rate ones of tf32x3."""
-    if a.dtype != jnp.float32 and b.dtype == jnp.float32:
-        # the 16-bit operand on the left: split b instead (same products, mirrored)
-        b_hi, b_lo = _bf16_pair(b)
-        if a.dtype == jnp.bfloat16:
-            return matmul(a, b_hi, contract) + matmul(a, b_lo, contract)
-        a_hi, a_lo = _bf16_pair(a)
-        return matmul(a_hi, b_hi, contract) + matmul(a_hi, b_lo, contract) + \
-            matmul(a_lo, b_hi, contract)
-    if b.dtype == jnp.float32:
+    """fp32 a times a 16-bit b (or a 16-bit a times an fp32 b) on 16-bit tensor cores,
+    fp32-accurate to ~2^-17 (the Triton engine's split_dot_wide): bf16 operand x fp32 one:
+    two bf16 products; fp16 operand (split exactly into bf16 too): three. Both fp32: one
+    matmul at `precision`. Two / three full-rate bf16 products instead of the three half-rate
+    ones of tf32x3."""
+    if a.dtype == jnp.float32 and b.dtype == jnp.float32:
         return matmul(a, b, contract, precision)
-    a_hi, a_lo = _bf16_pair(a)
-    if b.dtype == jnp.bfloat16:
-        return matmul(a_hi, b, contract) + matmul(a_lo, b, contract)
-    b_hi, b_lo = _bf16_pair(b)
-    return matmul(a_hi, b_hi, contract) + matmul(a_lo, b_hi, contract) + \
-        matmul(a_hi, b_lo, contract)
+    return _split_products(a, b, contract)
 
 
 def split_matmul32(a, b, contract=(1, 0), precision=lax.Precision.HIGHEST, split=True):
@@ -113,10 +113,7 @@ def split_matmul32(a, b, contract=(1, 0), precision=lax.Precision.HIGHEST, split
     `precision` (fp32 problems keep their fp32-accurate precision)."""
     if not split:
         return matmul(a, b, contract, precision)
-    a_hi, a_lo = _bf16_pair(a)
-    b_hi, b_lo = _bf16_pair(b)
-    return matmul(a_hi, b_hi, contract) + matmul(a_lo, b_hi, contract) + \
-        matmul(a_hi, b_lo, contract)
+    return _split_products(a, b, contract)
 
 
 # fp32-accurate in-kernel products of 16-bit problems (the factored diagonal score blocks):

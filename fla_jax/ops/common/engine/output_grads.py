@@ -351,17 +351,19 @@ def output_bwd_from_scores(pb: Problem, q, k, v, g, A, h, do, dh, cu, seq,
     of its key scores Ak, strictly lower) and dkb [B, T, H, K] fp32 (the gradient of
     kb = k exp(b - b_0)), both from wy.wy_bwd: dk and dg then include their terms (GATE_KEY
     only). dA: the score gradient scale do v^T (causal, fp32) when the caller formed it
-    (KDA's delta_prep_bwd); with want_dv=False no dv / dA kernel runs then."""
+    (KDA's delta_prep_bwd; only with want_dv=False): no dv / dA kernel runs then."""
+    if dA is not None and want_dv:
+        raise ValueError("output_bwd_from_scores: dA given with want_dv=True; expected "
+                         "want_dv=False (the dv kernel forms dA itself)")
     if (dAk is None) != (dkb is None) or (dAk is not None and pb.gate != gt.GATE_KEY):
         raise ValueError(f"output_bwd_from_scores: dAk and dkb go together and with the key "
                          f"gate; got dAk={dAk is not None}, dkb={dkb is not None}, "
                          f"gate={pb.gate}")
     li = launch_intra or launch_for("output_intra", pb.K, pb.V, q.dtype)
     lo = launch_inter or launch_for("output_inter", pb.K, pb.V, q.dtype)
-    if dA is None or want_dv:
+    dv = None
+    if dA is None:
         dv, dA = output_dv_dA(pb, k, v, g, A, do, dh, cu, seq, launch_dv, want_dv, kg)
-    else:
-        dv = None
     bk = width(pb.Kp, li.bk)
     dqi, dki = _intra(pb, q, k, g, dA, cu, seq, bk, li)
     # the key scores' sums on (k, k) in a second launch of the same kernel (one kernel holding
