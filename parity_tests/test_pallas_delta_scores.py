@@ -9,8 +9,10 @@ diagonal dots of FRAME "chunk"), channels at -20 per token (its per-pair loop), 
 both decisions in one call (K = 144: weak, strong, weak, padding), varlen with an empty
 sequence and sequences crossing chunks, K = 48 / 100 / 144 (not powers of two, K > 64: more
 than one key block), T not a multiple of the chunk. Unused varlen slots must hold Aqk = Ak = 0.
-`test_checker_catches_forced_fast_diagonal`: the factored diagonal forced under strong gates
-makes the same check fail.
+FRAME "chunk" runs with its diagonal blocks in the second kernel (DIAG "kernel", exact per pair)
+and in the scores kernel (DIAG "cond"). `test_checker_catches_forced_fast_diagonal`: the factored
+diagonal forced under strong gates makes the same check fail; likewise the second kernel's
+blocks left out.
 """
 from __future__ import annotations
 
@@ -121,14 +123,19 @@ CASES = {
 }
 
 
+# (frame, diag): FRAME "rows", and FRAME "chunk" with its diagonal blocks in the second kernel
+# (exact per pair) or in the scores kernel (factored dot where the decay fits, else per pair)
+VARIANTS = [("rows", None)] + [("chunk", d) for d in ds.DIAGS]
+
+
 @pytest.mark.parametrize("dtype", list(DT))
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("frame", ds.FRAMES)
-def test_delta_scores(frame, case, dtype):
+@pytest.mark.parametrize("frame,diag", VARIANTS, ids=[f"{f}-{d}" for f, d in VARIANTS])
+def test_delta_scores(frame, diag, case, dtype):
     B, T, H, K, cu, gates = CASES[case]
     q, k, g = _inputs(dtype, B, T, H, K, gates, seed=len(case) * 7 + len(dtype))
-    bad = mismatches(run(q, k, g, cu, frame=frame), reference(q, k, g, cu), dtype)
-    assert not bad, f"{frame} {case} {dtype}: {bad}"
+    bad = mismatches(run(q, k, g, cu, frame=frame, diag=diag), reference(q, k, g, cu), dtype)
+    assert not bad, f"{frame} {diag} {case} {dtype}: {bad}"
 
 
 @pytest.mark.parametrize("bk", [16, 32])
@@ -146,11 +153,24 @@ def test_checker_catches_forced_fast_diagonal(monkeypatch):
     B, T, H, K, cu, gates = CASES["strong_k100"]
     q, k, g = _inputs("fp32", B, T, H, K, gates, seed=3)
     monkeypatch.setattr(ds, "_diag_fits", lambda loc: jnp.asarray(True))
-    bad = mismatches(run(q, k, g, cu, frame="chunk"), reference(q, k, g, cu), "fp32")
+    bad = mismatches(run(q, k, g, cu, frame="chunk", diag="cond"), reference(q, k, g, cu),
+                     "fp32")
     assert "Aqk" in bad and "Ak" in bad, bad
 
 
-@pytest.mark.parametrize("kw,name", [(dict(frame="rowz"), "frame="), (dict(bk=48), "bk=")])
+def test_checker_catches_missing_diagonal_kernel(monkeypatch):
+    """The second kernel's blocks left out (its stores dropped) fail the check: the scores
+    kernel of diag "kernel" does not form them itself."""
+    B, T, H, K, cu, gates = CASES["weak_k48"]
+    q, k, g = _inputs("fp32", B, T, H, K, gates, seed=5)
+    monkeypatch.setattr(ds, "_diag_kernel", lambda refs, pb, bk: None)
+    bad = mismatches(run(q, k, g, cu, frame="chunk", diag="kernel"), reference(q, k, g, cu),
+                     "fp32")
+    assert "Aqk" in bad and "Ak" in bad, bad
+
+
+@pytest.mark.parametrize("kw,name", [(dict(frame="rowz"), "frame="), (dict(bk=48), "bk="),
+                                     (dict(diag="loop"), "diag=")])
 def test_bad_switch_names_argument(kw, name):
     q, k, g = _inputs("fp32", 1, 16, 1, 16, "weak", seed=0)
     with pytest.raises(ValueError, match=name):

@@ -98,10 +98,14 @@ def launch_for(kernel: str, K: int, V: int, dtype) -> Launch:
     return Launch(min(64, fit(Vp, Kp)), None, 4, stages)
 
 
-def call(kernel, grid, inputs, outputs, launch: Launch, name: str):
+def call(kernel, grid, inputs, outputs, launch: Launch, name: str, aliases=None):
     """inputs / outputs: lists of (name, array-or-ShapeDtypeStruct, BlockSpec); kernel(refs)
-    gets {name: Ref}. Returns {output name: array}."""
+    gets {name: Ref}. aliases: {input name: output name} updated in place (the output starts
+    as that input; what the kernel does not store keeps its value). Returns {output name:
+    array}."""
     names = [n for n, _, _ in inputs] + [n for n, _, _ in outputs]
+    ins, outs = [n for n, _, _ in inputs], [n for n, _, _ in outputs]
+    io = {ins.index(a): outs.index(b) for a, b in (aliases or {}).items()}
 
     def body(*refs):
         kernel(dict(zip(names, refs)))
@@ -112,7 +116,7 @@ def call(kernel, grid, inputs, outputs, launch: Launch, name: str):
         out_specs=[s for _, _, s in outputs],
         out_shape=[a for _, a, _ in outputs],
         compiler_params=ptr.compiler_params(launch.num_warps, launch.num_stages),
-        interpret=ptr.interpret(), name=name,
+        interpret=ptr.interpret(), name=name, input_output_aliases=io,
     )(*[a for _, a, _ in inputs])
     return dict(zip([n for n, _, _ in outputs], out))
 
