@@ -9,10 +9,10 @@ diagonal dots of FRAME "chunk"), channels at -20 per token (its per-pair loop), 
 both decisions in one call (K = 144: weak, strong, weak, padding), varlen with an empty
 sequence and sequences crossing chunks, K = 48 / 100 / 144 (not powers of two, K > 64: more
 than one key block), T not a multiple of the chunk. Unused varlen slots must hold Aqk = Ak = 0.
-FRAME "chunk" runs with its diagonal blocks in the second kernel (DIAG "kernel", exact per pair)
-and in the scores kernel (DIAG "cond"). `test_checker_catches_forced_fast_diagonal`: the factored
+FRAME "chunk" runs with both DIAG variants: "split" (factored blocks kept by the flags of
+gates.sub_chunk_spans, the exact blocks of the rest added by a second kernel) and "cond". `test_checker_catches_forced_fast_diagonal`: the factored
 diagonal forced under strong gates makes the same check fail; likewise the second kernel's
-blocks left out.
+exact blocks left out.
 """
 from __future__ import annotations
 
@@ -158,13 +158,13 @@ def test_checker_catches_forced_fast_diagonal(monkeypatch):
     assert "Aqk" in bad and "Ak" in bad, bad
 
 
-def test_checker_catches_missing_diagonal_kernel(monkeypatch):
-    """The second kernel's blocks left out (its stores dropped) fail the check: the scores
-    kernel of diag "kernel" does not form them itself."""
-    B, T, H, K, cu, gates = CASES["weak_k48"]
+def test_checker_catches_missing_fix_kernel(monkeypatch):
+    """DIAG "split" with the second kernel's exact blocks left out (its stores dropped) fails
+    under strong gates: the scores kernel drops its factored blocks where they do not fit."""
+    B, T, H, K, cu, gates = CASES["strong_k100"]
     q, k, g = _inputs("fp32", B, T, H, K, gates, seed=5)
-    monkeypatch.setattr(ds, "_diag_kernel", lambda refs, pb, bk: None)
-    bad = mismatches(run(q, k, g, cu, frame="chunk", diag="kernel"), reference(q, k, g, cu),
+    monkeypatch.setattr(ds, "_fix_kernel", lambda refs, pb, bk: None)
+    bad = mismatches(run(q, k, g, cu, frame="chunk", diag="split"), reference(q, k, g, cu),
                      "fp32")
     assert "Aqk" in bad and "Ak" in bad, bad
 

@@ -53,9 +53,9 @@ def test_registry_points_at_delta_stages():
 # bound is 80k: unrolled loops of 6k-24k TTIR lines did not compile within 10 minutes on the
 # H100 host)
 MAX_KERNEL_IR = 100_000
-KDA_KERNELS = {"kda_delta_scores", "kda_delta_scores_diag", "kda_wy_fwd", "kda_state_fwd",
+KDA_KERNELS = {"kda_delta_scores", "kda_delta_scores_fix", "kda_wy_fwd", "kda_state_fwd",
                "engine_output_fwd_given", "kda_state_prep_bwd", "kda_state_bwd",
-               "engine_output_intra", "engine_output_inter",
+               "engine_output_intra", "engine_output_intra_fix", "engine_output_inter",
                "kda_wy_bwd"}
 
 

@@ -57,15 +57,18 @@ FRAME = "chunk"     # "rows": _sub_kernel / _kernel ([SUB, SUB] dots); "chunk": 
 # H100, KDA bf16 B4 T4096 H16 K=V=128: rows + SPLIT 1.83 ms.
 SPLIT = True
 BK = 64             # FRAME "chunk": key block width (cumsum_scores' GLA timing: 64 beats 32)
-# FRAME "chunk": where the diagonal [SUB, SUB] blocks are formed.
-#   "kernel": always exact per pair, in a second kernel (_diag_kernel: one program per
-#     sub-chunk, [SUB, DIAG_BK] tiles) writing them into the scores in place; the scores
-#     kernel then holds no diagonal work (H100 bf16 K=128, session 11: 0.62 ms with the fast
-#     diagonal dot alone, 0.97 with the per-pair loop beside it under lax.cond).
-#   "cond": in the scores kernel, one fp32-accurate dot where the decay fits, else per pair.
-DIAGS = ("kernel", "cond")
-DIAG = "kernel"
-DIAG_BK = 64
+# FRAME "chunk": how the diagonal [SUB, SUB] blocks are formed.
+#   "split": the scores kernel forms every key block's diagonal blocks as one fp32-accurate
+#     dot (no branch), kept where gates.fits_flags (from gates.sub_chunk_spans, outside the
+#     kernels) says the decay fits; a second kernel (_fix_kernel: one program per sub-chunk,
+#     [SUB, BK] tiles, skipped where every key block fits) adds the exact per-pair blocks
+#     of the key blocks that do not, in place. H100 bf16 K=128 (session 12): the scores kernel
+#     without diagonal work 0.475 ms, with the loop beside the dot under lax.cond 0.977, the
+#     exact per-pair blocks of every key block in the second kernel 0.77.
+#   "cond": in the scores kernel, the dot where the decay fits (tested on the cumsum), else per
+#     pair, under lax.cond.
+DIAGS = ("split", "cond")
+DIAG = "split"
 LAUNCH_DIAG = Launch(None, None, 4, 1)
 
 
@@ -205,7 +208,7 @@ def _sub_kernel(refs, pb):
     ptr.store_rows(refs["qg"], rs, nvI, pb.K, q * jnp.exp(bI.value()))
 
 
-def _chunk_diag(refs, pb, c0, bk, start, nv, q, k, loc, eloc):
+def _chunk_diag(refs, pb, c0, bk, start, nv, q, k, loc, eloc, fit=None):
     """FRAME "chunk": the diagonal [SUB, SUB] blocks of all sub-chunks of one key block as
     (Aqk, Ak) [BT, BT] fp32 (zero outside them; Aqk ii >= jj, Ak ii > jj): one fp32-accurate
     dot per matrix through each sub-chunk's start when _diag_fits(loc) (factors exp(+-loc)
@@ -248,52 +251,63 @@ def _chunk_diag(refs, pb, c0, bk, start, nv, q, k, loc, eloc):
         z = jnp.zeros((bt, bt), F32)
         return lax.fori_loop(0, SUB, body, (z, z))
 
-    aq, ak = lax.cond(_diag_fits(loc), fast, loop, 0)
-    return jnp.where(same & (ii >= jj), aq, 0.0), jnp.where(same & (ii > jj), ak, 0.0)
+    if fit is None:
+        aq, ak = lax.cond(_diag_fits(loc), fast, loop, 0)
+        ok = True
+    else:       # DIAG "split": the dot alone, dropped where the flag says it does not fit
+        (aq, ak), ok = fast(0), fit != 0
+    return (jnp.where(same & (ii >= jj) & ok, aq, 0.0),
+            jnp.where(same & (ii > jj) & ok, ak, 0.0))
 
 
-def _diag_kernel(refs, pb, bk):
-    """DIAG "kernel": one program per (chunk slot, head, sub-chunk I) writes the diagonal
-    block I of Aqk (ii >= jj) and Ak (ii > jj) exactly per pair, in place (the rest of both
-    is the scores kernel's): SUB column steps per key block of `bk`, step j reading key row j
-    and its raw gate (the running split sum of the gates gives loc_j, so no row of a tile is
-    extracted), every exponent <= 0."""
-    I = pl.program_id(2)
-    start, nv = _chunk(refs, pb)
-    i0 = I * SUB
+def _fix_kernel(refs, pb, bk):
+    """DIAG "split", second kernel: one program per (chunk slot, head, sub-chunk I) adds to
+    the diagonal block I of Aqk (ii >= jj) and Ak (ii > jj), in place, the exact per-pair
+    terms of the scores kernel's key blocks (of bk columns) whose flag (refs['fits']) is 0;
+    nothing runs where every flag is 1. SUB column steps per key block, step
+    j reading key row j and its raw gate (their running split sum gives loc_j: no row of a
+    tile is extracted), every exponent <= 0."""
+    fits = refs["fits"][...]
+    start, nv = _chunk(refs, pb)            # (program ids outside pl.when: interpret mode)
+    i0 = pl.program_id(2) * SUB
     rs, nvI = start + i0, nv - i0
-    ii, jj = jnp.arange(SUB)[:, None], jnp.arange(SUB)[None, :]
 
-    def kblock(c, acc):
-        c0 = c * bk
-        q = ptr.load_block(refs["q"], rs, SUB, nvI, c0, bk, pb.K).astype(F32)
-        k = ptr.load_block(refs["k"], rs, SUB, nvI, c0, bk, pb.K).astype(F32)
-        loc, _ = gt.cumsum(ptr.load_block(refs["g"], rs, SUB, nvI, c0, bk, pb.K))
+    @pl.when(jnp.min(fits) == 0)
+    def _():
+        ii, jj = jnp.arange(SUB)[:, None], jnp.arange(SUB)[None, :]
 
-        def body(j, carry):
-            aq, ak, r = carry
-            ok = j < nvI
-            gj = _row(refs["g"], rs + j, ok, pb.K, c0, bk)
-            hi = jnp.floor(gj * 256.0 + 0.5) * (1.0 / 256.0)       # as gates.cumsum splits
-            r = gt.Cum(r.hi + hi, r.lo + (gj - hi))                # loc at row j
-            kj = _row(refs["k"], rs + j, ok, pb.K, c0, bk)
-            d = jnp.where(ii == j, 1.0, gt.masked_exp(gt.gap(loc, gt.bcast(r)), ii > j))
-            x = kj[None, :] * d
-            at = jj == j
-            return (aq + jnp.where(at, jnp.sum(q * x, axis=1)[:, None], 0.0),
-                    ak + jnp.where(at, jnp.sum(k * x, axis=1)[:, None], 0.0), r)
+        def kblock(c, acc):
+            c0 = c * bk
+            fit = refs["fits"][c]
+            q = ptr.load_block(refs["q"], rs, SUB, nvI, c0, bk, pb.K).astype(F32)
+            k = ptr.load_block(refs["k"], rs, SUB, nvI, c0, bk, pb.K).astype(F32)
+            loc, _ = gt.cumsum(ptr.load_block(refs["g"], rs, SUB, nvI, c0, bk, pb.K))
 
-        aq, ak, _ = lax.fori_loop(0, SUB, body, acc + (gt.zero_cum(bk),))
-        return aq, ak
+            def body(j, carry):
+                aq, ak, r = carry
+                ok = j < nvI
+                gj = _row(refs["g"], rs + j, ok, pb.K, c0, bk)
+                hi = jnp.floor(gj * 256.0 + 0.5) * (1.0 / 256.0)       # as gates.cumsum
+                r = gt.Cum(r.hi + hi, r.lo + (gj - hi))                # loc at row j
+                kj = _row(refs["k"], rs + j, ok, pb.K, c0, bk)
+                d = jnp.where(ii == j, 1.0, gt.masked_exp(gt.gap(loc, gt.bcast(r)), ii > j))
+                x = kj[None, :] * d
+                at = (jj == j) & (fit == 0)
+                return (aq + jnp.where(at, jnp.sum(q * x, axis=1)[:, None], 0.0),
+                        ak + jnp.where(at, jnp.sum(k * x, axis=1)[:, None], 0.0), r)
 
-    z = jnp.zeros((SUB, SUB), F32)
-    nk = pb.Kp // bk
-    aq, ak = kblock(0, (z, z)) if nk == 1 else lax.fori_loop(0, nk, kblock, (z, z))
-    refs["Aqk"][pl.ds(i0, SUB), pl.ds(i0, SUB)] = jnp.where(ii >= jj, aq, 0.0)
-    refs["Ak"][pl.ds(i0, SUB), pl.ds(i0, SUB)] = jnp.where(ii > jj, ak, 0.0)
+            aq, ak, _ = lax.fori_loop(0, SUB, body, acc + (gt.zero_cum(bk),))
+            return aq, ak
+
+        z = jnp.zeros((SUB, SUB), F32)
+        nk = pb.Kp // bk
+        aq, ak = kblock(0, (z, z)) if nk == 1 else lax.fori_loop(0, nk, kblock, (z, z))
+        blk = (pl.ds(i0, SUB), pl.ds(i0, SUB))
+        refs["Aqk"][blk] = refs["Aqk"][blk] + jnp.where(ii >= jj, aq, 0.0)
+        refs["Ak"][blk] = refs["Ak"][blk] + jnp.where(ii > jj, ak, 0.0)
 
 
-def _chunk_block(refs, pb, c0, bk, start, nv, diag=True):
+def _chunk_block(refs, pb, c0, bk, start, nv, fit=None):
     """FRAME "chunk": one key block's part (columns c0 .. c0 + bk) of (Aqk, Ak) [BT, BT] fp32;
     stores kb's columns. Per sub-chunk I >= 1 one dot per matrix over the whole chunk: rows of
     I (q, resp. k, times exp(loc)) against the earlier sub-chunks' keys k_j exp(R_I - b_j)."""
@@ -314,10 +328,7 @@ def _chunk_block(refs, pb, c0, bk, start, nv, diag=True):
     eloc = jnp.exp(loc.value())
     qf, kf = (q * eloc).astype(dt), (k * eloc).astype(dt)
     sub = (jnp.arange(bt) // SUB)[:, None]
-    if diag:
-        aq, ak = _chunk_diag(refs, pb, c0, bk, start, nv, q, k, loc, eloc)
-    else:       # the diagonal blocks stay zero here (_diag_kernel writes them)
-        aq = ak = jnp.zeros((bt, bt), F32)
+    aq, ak = _chunk_diag(refs, pb, c0, bk, start, nv, q, k, loc, eloc, fit)
     for I in range(1, bt // SUB):
         kd = (k * gt.masked_exp(gt.gap(gt.bcast(Rs[I]), b), sub < I)).astype(dt)
         aq = aq + ptr.matmul(jnp.where(sub == I, qf, 0.0).astype(dt), kd, (1, 1), pb.precision)
@@ -325,13 +336,14 @@ def _chunk_block(refs, pb, c0, bk, start, nv, diag=True):
     return aq, ak
 
 
-def _chunk_kernel(refs, pb, bk, diag):
+def _chunk_kernel(refs, pb, bk):
     """FRAME "chunk": one program per (chunk slot, head); Aqk, Ak summed over the key blocks
-    in fp32 and stored once (diag False: without their diagonal blocks)."""
+    in fp32 and stored once (DIAG "split": refs['fits'] gives each key block's flag)."""
     start, nv = _chunk(refs, pb)
 
     def kblock(c, acc):
-        aq, ak = _chunk_block(refs, pb, c * bk, bk, start, nv, diag)
+        fit = refs["fits"][c] if "fits" in refs else None
+        aq, ak = _chunk_block(refs, pb, c * bk, bk, start, nv, fit)
         return acc[0] + aq, acc[1] + ak
 
     z = jnp.zeros((pb.bt, pb.bt), F32)
@@ -341,14 +353,15 @@ def _chunk_kernel(refs, pb, bk, diag):
     refs["Ak"][...] = ak
 
 
-def delta_scores(pb: Problem, q, k, g, cu, seq, frame=None, bk=None, diag=None):
+def delta_scores(pb: Problem, q, k, g, cu, seq, frame=None, bk=None, diag=None, spans=None):
     """(Aqk, Ak [slots, H, BT, BT] fp32, kb, qg [B, T, H, K] in k's dtype, and the state
     pass's kg [B, T, H, K] in k's dtype, e0, el [slots, H, Kp] fp32 (delta_prep_fwd's; the
     "chunk" frame forms them in the same program, "rows" calls delta_prep_fwd)) from q, k
     [B, T, H, K], the key gate g [B, T, H, K] fp32 and cu / seq (varlen: cu_seqlens int32
     [N+1] and varlen.slot_sequences; else None). frame: one of FRAMES (None: FRAME); bk: the
     key block of FRAME "chunk" (None: BK; a power of two >= 16, capped at Kp); diag: where
-    FRAME "chunk" forms the diagonal blocks, one of DIAGS (None: DIAG)."""
+    FRAME "chunk" forms the diagonal blocks, one of DIAGS (None: DIAG); spans: DIAG "split"'s
+    gates.sub_chunk_spans of g when the caller formed them (None: formed here)."""
     frame = FRAME if frame is None else frame
     bk = BK if bk is None else bk
     diag = DIAG if diag is None else diag
@@ -379,17 +392,21 @@ def delta_scores(pb: Problem, q, k, g, cu, seq, frame=None, bk=None, diag=None):
                   specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
                  ("e0", vec, specs.slot_vec(pb.Kp)), ("el", vec, specs.slot_vec(pb.Kp))]
     if frame == "chunk":
-        kern = functools.partial(_chunk_kernel, bk=min(bk, pb.Kp), diag=diag == "cond")
-        nprog = 1
+        kern, nprog = functools.partial(_chunk_kernel, bk=min(bk, pb.Kp)), 1
+        if diag == "split":
+            if spans is None:
+                spans = gt.sub_chunk_spans(g, pb.bt, SUB, pb.varlen, cu, seq)
+            fl = gt.fits_flags(spans, min(bk, pb.Kp))
+            ins.append(("fits", fl, specs.slot_vec(fl.shape[-1])))
     else:
         kern, nprog = (_sub_kernel, pb.bt // SUB) if SPLIT else (_kernel, 1)
     r = call(lambda refs: kern(refs, pb), (pb.n_slots, pb.H, nprog), ins, outs, LAUNCH,
              "kda_delta_scores")
-    if frame == "chunk" and diag == "kernel":
+    if frame == "chunk" and diag == "split":
         io = [("Aqk_in", r["Aqk"], blk), ("Ak_in", r["Ak"], blk)]
-        d = call(lambda refs: _diag_kernel(refs, pb, min(DIAG_BK, pb.Kp)),
+        d = call(lambda refs: _fix_kernel(refs, pb, min(bk, pb.Kp)),
                  (pb.n_slots, pb.H, pb.bt // SUB), ins + io, outs[:2], LAUNCH_DIAG,
-                 "kda_delta_scores_diag", aliases={"Aqk_in": "Aqk", "Ak_in": "Ak"})
+                 "kda_delta_scores_fix", aliases={"Aqk_in": "Aqk", "Ak_in": "Ak"})
         r = dict(r, Aqk=d["Aqk"], Ak=d["Ak"])
     if frame == "chunk":
         kg, e0, el = r["kg"], r["e0"], r["el"]

@@ -248,24 +248,61 @@ def _intra_chunk_kernel(refs, pb, bk):
         return (e * amm(D, k32 / e, (1, 0)), amm(D, q32 * e, (0, 0)) / e)
 
     def loop(_):
-        def body(j, carry):
-            xq, xk = carry
-            kj = _row(refs["k"], start + j, j < nv, pb.K, r0)
-            a = jnp.sum(jnp.where(col == j, D, 0.0), axis=1)[:, None]
-            d = gt.masked_exp(gt.gap(loc, gt.bcast(gt.row(loc, j))), (row > j) & (sub == j // SUB))
-            w = a * d
-            xq = xq + w * kj[None, :]
-            xk = xk + jnp.where(row == j, jnp.sum(w * q32, axis=0)[None, :], 0.0)
-            return xq, xk
-        z = jnp.zeros((bt, bk), F32)
-        return lax.fori_loop(0, bt, body, (z, z))
+        return _diag_loop(refs, pb, r0, start, nv, D, loc, q32)
 
-    dqd, dkd = lax.cond(_diag_fits(loc), fast, loop, 0)
+    if "fits" in refs:      # the dot alone; where it does not fit, _intra_fix_kernel's loop
+        dqd, dkd = fast(0)
+        ok = refs["fits"][pl.program_id(2)] != 0
+        dqd, dkd = jnp.where(ok, dqd, 0.0), jnp.where(ok, dkd, 0.0)
+    else:
+        dqd, dkd = lax.cond(_diag_fits(loc), fast, loop, 0)
     refs["dqi"][...] = dq + dqd
     refs["dki"][...] = dk + dkd
 
 
-def _intra(pb, q, k, g, dA, cu, seq, bk, launch, frame=None):
+def _diag_loop(refs, pb, r0, start, nv, D, loc, q32):
+    """The in-sub-chunk pairs (D = dA's strictly lower diagonal blocks [BT, BT]) exactly per
+    pair: (xq, xk) [BT, bk] fp32, one column j per step (BT steps; key row j read from
+    refs['k'] at column r0)."""
+    bt, bk = D.shape[0], q32.shape[1]
+    row, col = jnp.arange(bt)[:, None], jnp.arange(bt)[None, :]
+    sub = row // SUB
+
+    def body(j, carry):
+        xq, xk = carry
+        kj = _row(refs["k"], start + j, j < nv, pb.K, r0)
+        a = jnp.sum(jnp.where(col == j, D, 0.0), axis=1)[:, None]
+        d = gt.masked_exp(gt.gap(loc, gt.bcast(gt.row(loc, j))), (row > j) & (sub == j // SUB))
+        w = a * d
+        xq = xq + w * kj[None, :]
+        xk = xk + jnp.where(row == j, jnp.sum(w * q32, axis=0)[None, :], 0.0)
+        return xq, xk
+    z = jnp.zeros((bt, bk), F32)
+    return lax.fori_loop(0, bt, body, (z, z))
+
+
+def _intra_fix_kernel(refs, pb, bk):
+    """Spans given (chunk_kda): per (slot, head, key block) whose flag (refs['fits']) is 0,
+    adds the exact in-sub-chunk pairs to dqi / dki in place (the intra kernel dropped its
+    factored dot there); nothing runs where the flag is 1."""
+    c = pl.program_id(2)
+    r0 = c * bk
+    start, nv = _chunk(refs, pb)          # (program ids outside pl.when: interpret mode)
+
+    @pl.when(refs["fits"][c] == 0)
+    def _():
+        bt = pb.bt
+        row, col = jnp.arange(bt)[:, None], jnp.arange(bt)[None, :]
+        q32 = ptr.load_rows(refs["q"], start, bt, nv, pb.K, r0).astype(F32)
+        b, _ = gt.cumsum(_graw(refs, pb, start, bt, nv, bk, r0))
+        _, loc = gt.sub_chunk_split(b, SUB)
+        D = jnp.where((row > col) & (row // SUB == col // SUB), refs["dA"][...], 0.0)
+        xq, xk = _diag_loop(refs, pb, r0, start, nv, D, loc, q32)
+        refs["dqi"][...] = refs["dqi"][...] + xq
+        refs["dki"][...] = refs["dki"][...] + xk
+
+
+def _intra(pb, q, k, g, dA, cu, seq, bk, launch, frame=None, spans=None):
     par = dict(parallel=True)
     ins = [("q", q, specs.seq_rows(pb, bk, specs.same, **par)),
            ("k", k, specs.seq_rows(pb, bk, specs.same, **par)),
@@ -277,9 +314,17 @@ def _intra(pb, q, k, g, dA, cu, seq, bk, launch, frame=None):
     frame = frame or INTRA_FRAME
     if frame not in INTRA_FRAMES:
         raise ValueError(f"output_grads: frame={frame!r}; expected one of {INTRA_FRAMES}")
+    split = spans is not None and frame == "chunk" and _gated(pb)
+    if split:
+        fl = gt.fits_flags(spans, bk)
+        ins.append(("fits", fl, specs.slot_vec(fl.shape[-1])))
     kern = _intra_chunk_kernel if frame == "chunk" else _intra_kernel
-    r = call(lambda refs: kern(refs, pb, bk), _grid(pb, pl.cdiv(pb.K, bk)), ins, outs,
-             launch, "engine_output_intra")
+    grid = _grid(pb, pl.cdiv(pb.K, bk))
+    r = call(lambda refs: kern(refs, pb, bk), grid, ins, outs, launch, "engine_output_intra")
+    if split:
+        io = [("dqi_in", r["dqi"], blk), ("dki_in", r["dki"], blk)]
+        r = call(lambda refs: _intra_fix_kernel(refs, pb, bk), grid, ins + io, outs, launch,
+                 "engine_output_intra_fix", aliases={"dqi_in": "dqi", "dki_in": "dki"})
     return r["dqi"], r["dki"]
 
 
@@ -342,7 +387,7 @@ def _inter_kernel(refs, pb, bk):
 def output_bwd_from_scores(pb: Problem, q, k, v, g, A, h, do, dh, cu, seq,
                            launch_dv: Launch | None = None, launch_intra: Launch | None = None,
                            launch_inter: Launch | None = None, dk_dtype=None, want_dv=True,
-                           kg=None, dAk=None, dkb=None, dA=None):
+                           kg=None, dAk=None, dkb=None, dA=None, spans=None):
     """output_stage.output_bwd's cotangents (dq, dk, dv, dg; same shapes, dtypes and options)
     from the forward's scores A [slots, H, BT, BT] (zero above the diagonal) instead of
     re-forming them. want_dv=False: dv None (its kernel forms dA alone). kg: the forward's
@@ -351,7 +396,10 @@ def output_bwd_from_scores(pb: Problem, q, k, v, g, A, h, do, dh, cu, seq,
     of its key scores Ak, strictly lower) and dkb [B, T, H, K] fp32 (the gradient of
     kb = k exp(b - b_0)), both from wy.wy_bwd: dk and dg then include their terms (GATE_KEY
     only). dA: the score gradient scale do v^T (causal, fp32) when the caller formed it
-    (KDA's delta_prep_bwd; only with want_dv=False): no dv / dA kernel runs then."""
+    (KDA's delta_prep_bwd; only with want_dv=False): no dv / dA kernel runs then. spans:
+    gates.sub_chunk_spans of g (GATE_KEY; chunk_kda's): the intra kernels then keep their
+    factored diagonal dot by its flag (no lax.cond) and a second kernel adds the exact pairs
+    of the key blocks that do not fit."""
     if dA is not None and want_dv:
         raise ValueError("output_bwd_from_scores: dA given with want_dv=True; expected "
                          "want_dv=False (the dv kernel forms dA itself)")
@@ -365,11 +413,12 @@ def output_bwd_from_scores(pb: Problem, q, k, v, g, A, h, do, dh, cu, seq,
     if dA is None:
         dv, dA = output_dv_dA(pb, k, v, g, A, do, dh, cu, seq, launch_dv, want_dv, kg)
     bk = width(pb.Kp, li.bk)
-    dqi, dki = _intra(pb, q, k, g, dA, cu, seq, bk, li)
+    dqi, dki = _intra(pb, q, k, g, dA, cu, seq, bk, li, spans=spans)
     # the key scores' sums on (k, k) in a second launch of the same kernel (one kernel holding
     # both dA tiles spilled: 5.45 ms against 2.17 + 1.06 on the H100, session 11):
     # rk_i = sum_{j<i} dAk_ij exp(b_i - b_j) k_j (its "dqi"), ck_j = sum_{i>j} ... k_i ("dki")
-    rc = _intra(pb, k, k, g, dAk, cu, seq, bk, li) if dAk is not None else (None, None)
+    rc = (_intra(pb, k, k, g, dAk, cu, seq, bk, li, spans=spans) if dAk is not None
+          else (None, None))
     dq, dk, dg = _inter(pb, q, k, v, g, h, do, dh, dA, dqi, dki, cu, seq, width(pb.Kp, lo.bk),
                         lo, dk_dtype, rc, dkb)
     return dq, dk, dv, dg
