@@ -9,8 +9,9 @@ diagonal dots of FRAME "chunk"), channels at -20 per token (its per-pair loop), 
 both decisions in one call (K = 144: weak, strong, weak, padding), varlen with an empty
 sequence and sequences crossing chunks, K = 48 / 100 / 144 (not powers of two, K > 64: more
 than one key block), T not a multiple of the chunk. Unused varlen slots must hold Aqk = Ak = 0.
-FRAME "chunk" runs with both DIAG variants: "split" (factored blocks kept by the flags of
-gates.sub_chunk_spans, the exact blocks of the rest added by a second kernel) and "cond". `test_checker_catches_forced_fast_diagonal`: the factored
+FRAME "chunk" runs with both DIAG variants: "split" (the factored blocks kept where the key
+block's decay fits, the exact blocks of the rest added by a second kernel) and "cond".
+`test_checker_catches_forced_fast_diagonal`: the factored
 diagonal forced under strong gates makes the same check fail; likewise the second kernel's
 exact blocks left out.
 """

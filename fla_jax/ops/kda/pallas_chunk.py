@@ -40,8 +40,7 @@ from ..common.engine.delta_prep import delta_prep_bwd
 from ..common.engine.delta_scores import delta_scores
 from ..common.engine.delta_state import delta_state_bwd, delta_state_fwd
 from ..common.engine.dplr import dplr_chunk
-from ..common.engine import gates as gt
-from ..common.engine.launch import SUB, Problem
+from ..common.engine.launch import Problem
 from ..common.engine.output_grads import output_bwd_from_scores
 from ..common.engine.wy import wy_bwd, wy_fwd
 
@@ -55,13 +54,12 @@ def _seq(pb, cu):
 
 def _forward(pb, q, k, v, g, beta, h0, cu):
     seq = _seq(pb, cu)
-    # the diagonal-block decisions of delta_scores and of the backward's intra kernels
-    spans = gt.sub_chunk_spans(g, pb.bt, SUB, pb.varlen, cu, seq)
-    Aqk, Ak, kb, qg, kg, e0, el = delta_scores(pb, q, k, g, cu, seq, spans=spans)
+    # fits: the diagonal-block decisions of delta_scores, kept for the backward's intra kernels
+    Aqk, Ak, kb, qg, kg, e0, el, fits = delta_scores(pb, q, k, g, cu, seq, with_fits=True)
     Tm, w, u = wy_fwd(pb, Ak, kb, v, beta, cu, seq)
     h, vn, ht = delta_state_fwd(pb, kg, w, u, e0, el, h0, cu)
     o = output_fwd(pb, None, None, vn, None, h, cu, seq, A=Aqk, qg=qg)
-    return o, ht, (Aqk, Ak, kb, Tm, w, h, vn, kg, e0, el, spans)
+    return o, ht, (Aqk, Ak, kb, Tm, w, h, vn, kg, e0, el, fits)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -76,7 +74,7 @@ def _fwd(pb, q, k, v, g, beta, h0, cu):
 
 
 def _bwd(pb, res, cts):
-    q, k, v, g, beta, cu, Aqk, Ak, kb, Tm, w, h, vn, kg, e0, el, spans = res
+    q, k, v, g, beta, cu, Aqk, Ak, kb, Tm, w, h, vn, kg, e0, el, fits = res
     do, dht = cts
     do = do.astype(q.dtype)
     seq = _seq(pb, cu)
@@ -85,7 +83,7 @@ def _bwd(pb, res, cts):
     dv, dbeta, dkb, dAk = wy_bwd(pb, Ak, Tm, kb, v, beta, g, h, dvn, cu, seq)
     dq, dk, _, dg = output_bwd_from_scores(pb, q, k, vn, g, Aqk, h, do, dh, cu, seq,
                                            want_dv=False, dAk=dAk, dkb=dkb, dA=dA,
-                                           spans=spans)
+                                           fits=fits)
     return dq, dk, dv, dg, dbeta, dh0, None
 
 

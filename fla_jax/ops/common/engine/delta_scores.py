@@ -59,12 +59,14 @@ SPLIT = True
 BK = 64             # FRAME "chunk": key block width (cumsum_scores' GLA timing: 64 beats 32)
 # FRAME "chunk": how the diagonal [SUB, SUB] blocks are formed.
 #   "split": the scores kernel forms every key block's diagonal blocks as one fp32-accurate
-#     dot (no branch), kept where gates.fits_flags (from gates.sub_chunk_spans, outside the
-#     kernels) says the decay fits; a second kernel (_fix_kernel: one program per sub-chunk,
-#     [SUB, BK] tiles, skipped where every key block fits) adds the exact per-pair blocks
-#     of the key blocks that do not, in place. H100 bf16 K=128 (session 12): the scores kernel
-#     without diagonal work 0.475 ms, with the loop beside the dot under lax.cond 0.977, the
-#     exact per-pair blocks of every key block in the second kernel 0.77.
+#     dot (no branch), kept where the key block's decay fits (_diag_fits), and writes that flag
+#     per key block (`fits`, also read by the backward's intra kernels); a second kernel
+#     (_fix_kernel: one program per sub-chunk, [SUB, BK] tiles, nothing done where every key
+#     block fits) adds the exact per-pair blocks of the key blocks that do not, in place.
+#     H100 bf16 K=128 (session 12): the scores kernel without diagonal work 0.475 ms, with the
+#     loop beside the dot under lax.cond 0.977 (the tile maximum itself costs ~0: formed outside
+#     the kernel the total did not drop), the exact blocks of every key block in the second
+#     kernel 0.77.
 #   "cond": in the scores kernel, the dot where the decay fits (tested on the cumsum), else per
 #     pair, under lax.cond.
 DIAGS = ("split", "cond")
@@ -208,7 +210,7 @@ def _sub_kernel(refs, pb):
     ptr.store_rows(refs["qg"], rs, nvI, pb.K, q * jnp.exp(bI.value()))
 
 
-def _chunk_diag(refs, pb, c0, bk, start, nv, q, k, loc, eloc, fit=None):
+def _chunk_diag(refs, pb, c0, bk, start, nv, q, k, loc, eloc, split=False):
     """FRAME "chunk": the diagonal [SUB, SUB] blocks of all sub-chunks of one key block as
     (Aqk, Ak) [BT, BT] fp32 (zero outside them; Aqk ii >= jj, Ak ii > jj): one fp32-accurate
     dot per matrix through each sub-chunk's start when _diag_fits(loc) (factors exp(+-loc)
@@ -251,13 +253,13 @@ def _chunk_diag(refs, pb, c0, bk, start, nv, q, k, loc, eloc, fit=None):
         z = jnp.zeros((bt, bt), F32)
         return lax.fori_loop(0, SUB, body, (z, z))
 
-    if fit is None:
-        aq, ak = lax.cond(_diag_fits(loc), fast, loop, 0)
-        ok = True
-    else:       # DIAG "split": the dot alone, dropped where the flag says it does not fit
-        (aq, ak), ok = fast(0), fit != 0
+    ok = _diag_fits(loc)
+    if split:   # DIAG "split": the dot alone, dropped where it does not fit (_fix_kernel's)
+        aq, ak = fast(0)
+    else:
+        aq, ak, ok = *lax.cond(ok, fast, loop, 0), jnp.asarray(True)
     return (jnp.where(same & (ii >= jj) & ok, aq, 0.0),
-            jnp.where(same & (ii > jj) & ok, ak, 0.0))
+            jnp.where(same & (ii > jj) & ok, ak, 0.0), ok)
 
 
 def _fix_kernel(refs, pb, bk):
@@ -307,7 +309,7 @@ def _fix_kernel(refs, pb, bk):
         refs["Ak"][blk] = refs["Ak"][blk] + jnp.where(ii > jj, ak, 0.0)
 
 
-def _chunk_block(refs, pb, c0, bk, start, nv, fit=None):
+def _chunk_block(refs, pb, c0, bk, start, nv, split=False):
     """FRAME "chunk": one key block's part (columns c0 .. c0 + bk) of (Aqk, Ak) [BT, BT] fp32;
     stores kb's columns. Per sub-chunk I >= 1 one dot per matrix over the whole chunk: rows of
     I (q, resp. k, times exp(loc)) against the earlier sub-chunks' keys k_j exp(R_I - b_j)."""
@@ -328,40 +330,47 @@ def _chunk_block(refs, pb, c0, bk, start, nv, fit=None):
     eloc = jnp.exp(loc.value())
     qf, kf = (q * eloc).astype(dt), (k * eloc).astype(dt)
     sub = (jnp.arange(bt) // SUB)[:, None]
-    aq, ak = _chunk_diag(refs, pb, c0, bk, start, nv, q, k, loc, eloc, fit)
+    aq, ak, ok = _chunk_diag(refs, pb, c0, bk, start, nv, q, k, loc, eloc, split)
     for I in range(1, bt // SUB):
         kd = (k * gt.masked_exp(gt.gap(gt.bcast(Rs[I]), b), sub < I)).astype(dt)
         aq = aq + ptr.matmul(jnp.where(sub == I, qf, 0.0).astype(dt), kd, (1, 1), pb.precision)
         ak = ak + ptr.matmul(jnp.where(sub == I, kf, 0.0).astype(dt), kd, (1, 1), pb.precision)
-    return aq, ak
+    return aq, ak, ok
 
 
 def _chunk_kernel(refs, pb, bk):
     """FRAME "chunk": one program per (chunk slot, head); Aqk, Ak summed over the key blocks
-    in fp32 and stored once (DIAG "split": refs['fits'] gives each key block's flag)."""
+    in fp32 and stored once (DIAG "split": the diagonal blocks of the key blocks that fit, and
+    each key block's flag into refs['fits'])."""
     start, nv = _chunk(refs, pb)
+    split = "fits" in refs
+    nk = pb.Kp // bk
 
     def kblock(c, acc):
-        fit = refs["fits"][c] if "fits" in refs else None
-        aq, ak = _chunk_block(refs, pb, c * bk, bk, start, nv, fit)
-        return acc[0] + aq, acc[1] + ak
+        aq, ak, ok = _chunk_block(refs, pb, c * bk, bk, start, nv, split)
+        return acc[0] + aq, acc[1] + ak, jnp.where(jnp.arange(nk) == c, ok.astype(jnp.int32),
+                                                   acc[2])
 
     z = jnp.zeros((pb.bt, pb.bt), F32)
-    nk = pb.Kp // bk
-    aq, ak = kblock(0, (z, z)) if nk == 1 else lax.fori_loop(0, nk, kblock, (z, z))
+    init = (z, z, jnp.ones((nk,), jnp.int32))
+    aq, ak, fits = kblock(0, init) if nk == 1 else lax.fori_loop(0, nk, kblock, init)
     refs["Aqk"][...] = aq
     refs["Ak"][...] = ak
+    if split:
+        refs["fits"][...] = fits
 
 
-def delta_scores(pb: Problem, q, k, g, cu, seq, frame=None, bk=None, diag=None, spans=None):
+def delta_scores(pb: Problem, q, k, g, cu, seq, frame=None, bk=None, diag=None,
+                 with_fits=False):
     """(Aqk, Ak [slots, H, BT, BT] fp32, kb, qg [B, T, H, K] in k's dtype, and the state
     pass's kg [B, T, H, K] in k's dtype, e0, el [slots, H, Kp] fp32 (delta_prep_fwd's; the
     "chunk" frame forms them in the same program, "rows" calls delta_prep_fwd)) from q, k
     [B, T, H, K], the key gate g [B, T, H, K] fp32 and cu / seq (varlen: cu_seqlens int32
     [N+1] and varlen.slot_sequences; else None). frame: one of FRAMES (None: FRAME); bk: the
     key block of FRAME "chunk" (None: BK; a power of two >= 16, capped at Kp); diag: where
-    FRAME "chunk" forms the diagonal blocks, one of DIAGS (None: DIAG); spans: DIAG "split"'s
-    gates.sub_chunk_spans of g when the caller formed them (None: formed here)."""
+    FRAME "chunk" forms the diagonal blocks, one of DIAGS (None: DIAG). with_fits: also
+    return (fits, bk): DIAG "split"'s flags int32 [slots, H, Kp / bk] (1 where the key block's
+    decay across every sub-chunk stays under gates.SPAN), else None."""
     frame = FRAME if frame is None else frame
     bk = BK if bk is None else bk
     diag = DIAG if diag is None else diag
@@ -394,16 +403,16 @@ def delta_scores(pb: Problem, q, k, g, cu, seq, frame=None, bk=None, diag=None, 
     if frame == "chunk":
         kern, nprog = functools.partial(_chunk_kernel, bk=min(bk, pb.Kp)), 1
         if diag == "split":
-            if spans is None:
-                spans = gt.sub_chunk_spans(g, pb.bt, SUB, pb.varlen, cu, seq)
-            fl = gt.fits_flags(spans, min(bk, pb.Kp))
-            ins.append(("fits", fl, specs.slot_vec(fl.shape[-1])))
+            nk = pb.Kp // min(bk, pb.Kp)
+            outs.append(("fits", jax.ShapeDtypeStruct((pb.n_slots, pb.H, nk), jnp.int32),
+                         specs.slot_vec(nk)))
     else:
         kern, nprog = (_sub_kernel, pb.bt // SUB) if SPLIT else (_kernel, 1)
     r = call(lambda refs: kern(refs, pb), (pb.n_slots, pb.H, nprog), ins, outs, LAUNCH,
              "kda_delta_scores")
     if frame == "chunk" and diag == "split":
-        io = [("Aqk_in", r["Aqk"], blk), ("Ak_in", r["Ak"], blk)]
+        io = [("Aqk_in", r["Aqk"], blk), ("Ak_in", r["Ak"], blk),
+              ("fits", r["fits"], specs.slot_vec(r["fits"].shape[-1]))]
         d = call(lambda refs: _fix_kernel(refs, pb, min(bk, pb.Kp)),
                  (pb.n_slots, pb.H, pb.bt // SUB), ins + io, outs[:2], LAUNCH_DIAG,
                  "kda_delta_scores_fix", aliases={"Aqk_in": "Aqk", "Ak_in": "Ak"})
@@ -412,4 +421,7 @@ def delta_scores(pb: Problem, q, k, g, cu, seq, frame=None, bk=None, diag=None, 
         kg, e0, el = r["kg"], r["e0"], r["el"]
     else:
         kg, e0, el = delta_prep_fwd(pb, k, g, cu, seq)
-    return r["Aqk"], r["Ak"], r["kb"], r["qg"], kg, e0, el
+    out = r["Aqk"], r["Ak"], r["kb"], r["qg"], kg, e0, el
+    if with_fits:
+        out += ((r["fits"], min(bk, pb.Kp)) if "fits" in r else None,)
+    return out

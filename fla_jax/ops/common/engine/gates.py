@@ -28,7 +28,6 @@ GATES = (GATE_NONE, GATE_SCALAR, GATE_KEY)
 # sub-chunk's start: its factors exp(+-loc) stay within e^20 and are exact fp32 numbers, and
 # each pair's exponent error stays ~20 * 6e-8. Stronger decays take the per-pair path.
 SPAN = 20.0
-GROUP = 16     # key channels per bound of sub_chunk_spans (the narrowest key block of a kernel)
 
 
 class Cum(NamedTuple):
@@ -106,46 +105,3 @@ def sub_chunk_split(b: Cum, sub: int):
     P = Cum(sum(jnp.where(part == I, R.hi[None, :], 0.0) for I, R in enumerate(Rs)),
             sum(jnp.where(part == I, R.lo[None, :], 0.0) for I, R in enumerate(Rs)))
     return Rs, Cum(b.hi - P.hi, b.lo - P.lo)
-
-
-def sub_chunk_spans(g, bt, sub, varlen, cu=None, seq=None):
-    """Bounds of the decay across each sub-chunk, formed outside the kernels (jnp, one read of
-    g): a kernel then takes its diagonal decision from one scalar load, with no lax.cond on a
-    tile maximum (that cond cost ~0.35 ms of KDA's 0.98 ms scores kernel on the H100).
-    g: key gate [B, T, H, K] fp32; bt / sub: chunk / sub-chunk length; varlen with cu (int32
-    [N+1]) and seq (varlen.slot_sequences). Returns [slots, H, Kp / GROUP] fp32: per slot,
-    head and group of GROUP key channels, max over the chunk's sub-chunks of
-    sum_{rows} max_{channels} max(-g, 0), an upper bound of every channel's -loc (the
-    in-sub-chunk cumsum) whatever the signs of g; inf where g is NaN. Rows past a sequence's
-    end count 0, as the kernels load them."""
-    from . import varlen as vl          # noqa: PLC0415 (varlen imports pallas only)
-    B, T, H, K = g.shape
-    Kp = ptr.padded(K)
-    g = g.astype(jnp.float32)
-    m = jnp.where(g <= 0.0, -g, jnp.where(g > 0.0, 0.0, jnp.inf))     # NaN: never fits
-    m = jnp.pad(m, ((0, 0), (0, 0), (0, 0), (0, Kp - K)))
-    m = jnp.max(m.reshape(B, T, H, Kp // GROUP, GROUP), axis=-1)          # [B, T, H, G]
-    nt = vl.n_chunks(T, bt)
-    if varlen:
-        s = jnp.arange(vl.n_slots(T, bt, cu.shape[0] - 1, True), dtype=jnp.int32)
-        bos = cu[seq]
-        c = s - (bos // bt + seq)
-        nv = jnp.where(c >= 0, cu[seq + 1] - bos - c * bt, 0)
-        r = jnp.arange(bt, dtype=jnp.int32)[None, :]
-        t = bos[:, None] + c[:, None] * bt + r
-        rows = jnp.where((r < nv[:, None])[..., None, None],
-                         m[0, jnp.clip(t, 0, T - 1)], 0.0)                # [slots, bt, H, G]
-    else:
-        rows = jnp.pad(m, ((0, 0), (0, nt * bt - T), (0, 0), (0, 0)))
-        rows = rows.reshape(B * nt, bt, H, Kp // GROUP)
-    per_sub = jnp.sum(rows.reshape(rows.shape[0], bt // sub, sub, H, -1), axis=2)
-    return jnp.max(per_sub, axis=1)
-
-
-def fits_flags(spans, bk):
-    """int32 [slots, H, Kp / bk]: 1 where every sub-chunk's bound (sub_chunk_spans) in the key
-    block of `bk` columns stays under SPAN (its diagonal blocks factor through each
-    sub-chunk's start), 0 else (exact per pair; also for NaN gates)."""
-    n, H, G = spans.shape
-    worst = jnp.max(spans.reshape(n, H, G * GROUP // bk, bk // GROUP), axis=-1)
-    return (worst < SPAN).astype(jnp.int32)

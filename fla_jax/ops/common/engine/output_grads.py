@@ -284,25 +284,58 @@ def _diag_loop(refs, pb, r0, start, nv, D, loc, q32):
 def _intra_fix_kernel(refs, pb, bk):
     """Spans given (chunk_kda): per (slot, head, key block) whose flag (refs['fits']) is 0,
     adds the exact in-sub-chunk pairs to dqi / dki in place (the intra kernel dropped its
-    factored dot there); nothing runs where the flag is 1."""
+    factored dot there); nothing runs where the flag is 1. Per sub-chunk [SUB, bk] tiles and
+    SUB column steps, step j reading key row j, its raw gate (their running split sum gives
+    loc_j) and column j of dA's diagonal block, as delta_scores' _fix_kernel (H100, every block
+    exact: 6.6 ms with the BT-step loop of _diag_loop on [BT, bk] tiles)."""
     c = pl.program_id(2)
     r0 = c * bk
     start, nv = _chunk(refs, pb)          # (program ids outside pl.when: interpret mode)
+    ii, jj = jnp.arange(SUB)[:, None], jnp.arange(SUB)[None, :]
 
     @pl.when(refs["fits"][c] == 0)
     def _():
-        bt = pb.bt
-        row, col = jnp.arange(bt)[:, None], jnp.arange(bt)[None, :]
-        q32 = ptr.load_rows(refs["q"], start, bt, nv, pb.K, r0).astype(F32)
-        b, _ = gt.cumsum(_graw(refs, pb, start, bt, nv, bk, r0))
-        _, loc = gt.sub_chunk_split(b, SUB)
-        D = jnp.where((row > col) & (row // SUB == col // SUB), refs["dA"][...], 0.0)
-        xq, xk = _diag_loop(refs, pb, r0, start, nv, D, loc, q32)
-        refs["dqi"][...] = refs["dqi"][...] + xq
-        refs["dki"][...] = refs["dki"][...] + xk
+        def sub_chunk(I, carry):
+            i0 = I * SUB
+            rs, nvI = start + i0, nv - i0
+            q32 = ptr.load_rows(refs["q"], rs, SUB, nvI, pb.K, r0).astype(F32)
+            loc, _ = gt.cumsum(_graw(refs, pb, rs, SUB, nvI, bk, r0))
+            D = jnp.where(ii > jj, refs["dA"][pl.ds(i0, SUB), pl.ds(i0, SUB)], 0.0)
+
+            def body(j, acc):
+                xq, xk, r = acc
+                ok = j < nvI
+                gj = _row(refs["g"], rs + j, ok, pb.K, r0)
+                hi = jnp.floor(gj * 256.0 + 0.5) * (1.0 / 256.0)       # as gates.cumsum
+                r = gt.Cum(r.hi + hi, r.lo + (gj - hi))                # loc at row j
+                kj = _row(refs["k"], rs + j, ok, pb.K, r0)
+                a = jnp.sum(jnp.where(jj == j, D, 0.0), axis=1)[:, None]
+                w = a * gt.masked_exp(gt.gap(loc, gt.bcast(r)), ii > j)
+                xq = xq + w * kj[None, :]
+                xk = xk + jnp.where(ii == j, jnp.sum(w * q32, axis=0)[None, :], 0.0)
+                return xq, xk, r
+
+            z = jnp.zeros((SUB, bk), F32)
+            xq, xk, _ = lax.fori_loop(0, SUB, body, (z, z, gt.zero_cum(bk)))
+            rows = (pl.ds(i0, SUB), slice(None))
+            refs["dqi"][rows] = refs["dqi"][rows] + xq
+            refs["dki"][rows] = refs["dki"][rows] + xk
+            return carry
+
+        lax.fori_loop(0, pb.bt // SUB, sub_chunk, 0)
 
 
-def _intra(pb, q, k, g, dA, cu, seq, bk, launch, frame=None, spans=None):
+def flags_for(fits, bk):
+    """(flags int32 [slots, H, Kp / bkf], bkf) -> the flags of key blocks of `bk` columns: a
+    block fits where every block of bkf it overlaps fits."""
+    fl, bkf = fits
+    if bk <= bkf:
+        return jnp.repeat(fl, bkf // bk, axis=-1)
+    n, H, m = fl.shape
+    return jnp.min(fl.reshape(n, H, m * bkf // bk, bk // bkf), axis=-1)
+
+
+def _intra(pb, q, k, g, dA, cu, seq, bk, launch, frame=None, fits=None):
     par = dict(parallel=True)
     ins = [("q", q, specs.seq_rows(pb, bk, specs.same, **par)),
            ("k", k, specs.seq_rows(pb, bk, specs.same, **par)),
@@ -314,9 +347,9 @@ def _intra(pb, q, k, g, dA, cu, seq, bk, launch, frame=None, spans=None):
     frame = frame or INTRA_FRAME
     if frame not in INTRA_FRAMES:
         raise ValueError(f"output_grads: frame={frame!r}; expected one of {INTRA_FRAMES}")
-    split = spans is not None and frame == "chunk" and _gated(pb)
+    split = fits is not None and frame == "chunk" and _gated(pb)
     if split:
-        fl = gt.fits_flags(spans, bk)
+        fl = flags_for(fits, bk)
         ins.append(("fits", fl, specs.slot_vec(fl.shape[-1])))
     kern = _intra_chunk_kernel if frame == "chunk" else _intra_kernel
     grid = _grid(pb, pl.cdiv(pb.K, bk))
@@ -387,7 +420,7 @@ def _inter_kernel(refs, pb, bk):
 def output_bwd_from_scores(pb: Problem, q, k, v, g, A, h, do, dh, cu, seq,
                            launch_dv: Launch | None = None, launch_intra: Launch | None = None,
                            launch_inter: Launch | None = None, dk_dtype=None, want_dv=True,
-                           kg=None, dAk=None, dkb=None, dA=None, spans=None):
+                           kg=None, dAk=None, dkb=None, dA=None, fits=None):
     """output_stage.output_bwd's cotangents (dq, dk, dv, dg; same shapes, dtypes and options)
     from the forward's scores A [slots, H, BT, BT] (zero above the diagonal) instead of
     re-forming them. want_dv=False: dv None (its kernel forms dA alone). kg: the forward's
@@ -396,10 +429,10 @@ def output_bwd_from_scores(pb: Problem, q, k, v, g, A, h, do, dh, cu, seq,
     of its key scores Ak, strictly lower) and dkb [B, T, H, K] fp32 (the gradient of
     kb = k exp(b - b_0)), both from wy.wy_bwd: dk and dg then include their terms (GATE_KEY
     only). dA: the score gradient scale do v^T (causal, fp32) when the caller formed it
-    (KDA's delta_prep_bwd; only with want_dv=False): no dv / dA kernel runs then. spans:
-    gates.sub_chunk_spans of g (GATE_KEY; chunk_kda's): the intra kernels then keep their
-    factored diagonal dot by its flag (no lax.cond) and a second kernel adds the exact pairs
-    of the key blocks that do not fit."""
+    (KDA's delta_prep_bwd; only with want_dv=False): no dv / dA kernel runs then. fits:
+    (flags, bk) from delta_scores(with_fits=True) (GATE_KEY; chunk_kda's): the intra kernels
+    then keep their factored diagonal dot by the flag (no lax.cond) and a second kernel adds
+    the exact pairs of the key blocks that do not fit."""
     if dA is not None and want_dv:
         raise ValueError("output_bwd_from_scores: dA given with want_dv=True; expected "
                          "want_dv=False (the dv kernel forms dA itself)")
@@ -413,11 +446,11 @@ def output_bwd_from_scores(pb: Problem, q, k, v, g, A, h, do, dh, cu, seq,
     if dA is None:
         dv, dA = output_dv_dA(pb, k, v, g, A, do, dh, cu, seq, launch_dv, want_dv, kg)
     bk = width(pb.Kp, li.bk)
-    dqi, dki = _intra(pb, q, k, g, dA, cu, seq, bk, li, spans=spans)
+    dqi, dki = _intra(pb, q, k, g, dA, cu, seq, bk, li, fits=fits)
     # the key scores' sums on (k, k) in a second launch of the same kernel (one kernel holding
     # both dA tiles spilled: 5.45 ms against 2.17 + 1.06 on the H100, session 11):
     # rk_i = sum_{j<i} dAk_ij exp(b_i - b_j) k_j (its "dqi"), ck_j = sum_{i>j} ... k_i ("dki")
-    rc = (_intra(pb, k, k, g, dAk, cu, seq, bk, li, spans=spans) if dAk is not None
+    rc = (_intra(pb, k, k, g, dAk, cu, seq, bk, li, fits=fits) if dAk is not None
           else (None, None))
     dq, dk, dg = _inter(pb, q, k, v, g, h, do, dh, dA, dqi, dki, cu, seq, width(pb.Kp, lo.bk),
                         lo, dk_dtype, rc, dkb)
