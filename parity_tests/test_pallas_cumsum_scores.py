@@ -7,7 +7,8 @@ the same relative accuracy as O(1) ones (fp32), up to the 16-bit rounding floor.
 gates (the factored diagonal dot), per-channel gates down to -20 (the per-pair fallback),
 channels and sub-chunks of both kinds in one call (both branches within one key block loop),
 varlen with an empty, a sub-chunk and a multi-chunk sequence, K = 48 / 100 (partial key blocks),
-T not a multiple of the chunk; every launch switch (SPLIT, FRAME, DIAG, key block). Unused varlen slots
+T not a multiple of the chunk; every launch switch (SPLIT, FRAME, DIAG incl. "split" with its
+second kernel, key block). Unused varlen slots
 must hold A = 0. `test_checker_catches_*`: forcing the factored diagonal under strong gates, or
 dropping the varlen row mask, makes the same check fail.
 """
@@ -134,9 +135,12 @@ def test_cumsum_scores(case, dtype):
 LAYOUTS = [(False, "rows"), (True, "rows"), (False, "chunk")]     # (split, frame)
 
 
+# diag "split" (a second kernel for the blocks that do not fit) exists for FRAME "chunk" only
+COMBOS = [(sp, fr, d) for sp, fr in LAYOUTS for d in cs.DIAGS if d != "split" or fr == "chunk"]
+
+
 @pytest.mark.parametrize("bk", [None, 16, 32])
-@pytest.mark.parametrize("diag", ["cond", "loop"])
-@pytest.mark.parametrize("split,frame", LAYOUTS)
+@pytest.mark.parametrize("split,frame,diag", COMBOS)
 def test_launch_switches(split, frame, diag, bk):
     """Every SPLIT / FRAME / DIAG / key-block choice on the varlen case with both kinds of
     gates (bk 16: bf16)."""
@@ -156,6 +160,17 @@ def test_checker_catches_forced_fast_diagonal(monkeypatch, frame):
     q, k, g = _inputs("fp32", B, T, H, K, gates, seed=3)
     monkeypatch.setattr(cs, "_diag_fits", lambda loc: jnp.asarray(True))
     bad = mismatches(run(q, k, g, cu, diag="cond", frame=frame), reference(q, k, g, cu), "fp32")
+    assert "A" in bad, bad
+
+
+def test_checker_catches_missing_fix_kernel(monkeypatch):
+    """diag "split" with the second kernel's exact blocks left out fails under strong gates:
+    the scores kernel drops its factored blocks where they do not fit."""
+    B, T, H, K, cu, gates = CASES["mixed_k48"]
+    q, k, g = _inputs("fp32", B, T, H, K, gates, seed=3)
+    monkeypatch.setattr(cs, "diag_fix_kernel", lambda refs, pb, bk, mats: None)
+    bad = mismatches(run(q, k, g, cu, diag="split", frame="chunk"), reference(q, k, g, cu),
+                     "fp32")
     assert "A" in bad, bad
 
 

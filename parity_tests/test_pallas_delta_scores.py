@@ -164,7 +164,7 @@ def test_checker_catches_missing_fix_kernel(monkeypatch):
     under strong gates: the scores kernel drops its factored blocks where they do not fit."""
     B, T, H, K, cu, gates = CASES["strong_k100"]
     q, k, g = _inputs("fp32", B, T, H, K, gates, seed=5)
-    monkeypatch.setattr(ds, "_fix_kernel", lambda refs, pb, bk: None)
+    monkeypatch.setattr(ds, "diag_fix_kernel", lambda refs, pb, bk, mats: None)
     bad = mismatches(run(q, k, g, cu, frame="chunk", diag="split"), reference(q, k, g, cu),
                      "fp32")
     assert "Aqk" in bad and "Ak" in bad, bad

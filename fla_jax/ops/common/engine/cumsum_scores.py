@@ -38,11 +38,17 @@ from .. import pallas_triton as ptr
 from . import gates as gt
 from . import specs
 from .launch import SUB, Launch, Problem, call, launch_for
-from .output_stage import _chunk, _diag_fits, _diag_scores, _parallel_inputs, _row
+from .output_stage import (_chunk, _diag_fits, _diag_scores, _parallel_inputs, _row,
+                           diag_fix_kernel)
 
 F32 = jnp.float32
-DIAGS = ("cond", "loop")
-DIAG = "cond"       # diagonal sub-blocks: factored dot under lax.cond(_diag_fits), or per pair
+DIAGS = ("cond", "loop", "split")
+# diagonal sub-blocks: "split" (FRAME "chunk" only): the factored dot kept by the key block's
+# flag (no branch), a second kernel (output_stage.diag_fix_kernel) adding exact blocks where a
+# key block does not fit, as delta_scores' DIAG "split"; "cond": the factored dot under
+# lax.cond(_diag_fits) else per pair; "loop": always per pair
+DIAG = "split"
+LAUNCH_FIX = Launch(None, None, 4, 1)
 SPLIT = False       # True: one program per (chunk slot, head, sub-chunk) (FRAME "rows" only)
 FRAMES = ("rows", "chunk")
 FRAME = "chunk"     # "rows": [SUB, BT] dots per row block; "chunk": [BT, BT] ones (Triton's)
@@ -138,8 +144,11 @@ def _chunk_block(refs, pb, c0, bk, start, nv, diag):
         return lax.fori_loop(0, bt, body, jnp.zeros((bt, bt), F32))
 
     if diag == "loop":
-        return acc + loop(0)
-    return acc + lax.cond(_diag_fits(loc), fast, loop, 0)
+        return acc + loop(0), jnp.asarray(True)
+    if diag == "split":         # the dot alone, dropped where it does not fit
+        ok = _diag_fits(loc)
+        return acc + jnp.where(ok, fast(0), 0.0), ok
+    return acc + lax.cond(_diag_fits(loc), fast, loop, 0), jnp.asarray(True)
 
 
 def _kernel(refs, pb, bk, split, diag, frame):
@@ -148,10 +157,13 @@ def _kernel(refs, pb, bk, split, diag, frame):
     start, nv = _chunk(refs, pb)
     if frame == "chunk":
         def kchunk(kb, acc):
-            return acc + _chunk_block(refs, pb, kb * bk, bk, start, nv, diag)
-        acc = jnp.zeros((bt, bt), F32)
-        acc = kchunk(0, acc) if nk == 1 else lax.fori_loop(0, nk, kchunk, acc)
+            a, ok = _chunk_block(refs, pb, kb * bk, bk, start, nv, diag)
+            return acc[0] + a, jnp.where(jnp.arange(nk) == kb, ok.astype(jnp.int32), acc[1])
+        init = (jnp.zeros((bt, bt), F32), jnp.ones((nk,), jnp.int32))
+        acc, fits = kchunk(0, init) if nk == 1 else lax.fori_loop(0, nk, kchunk, init)
         refs["A"][...] = acc.astype(refs["A"].dtype)
+        if "fits" in refs:
+            refs["fits"][...] = fits
         return
     blocks = [pl.program_id(2)] if split else list(range(nb))
 
@@ -179,18 +191,22 @@ def _kernel(refs, pb, bk, split, diag, frame):
 
 
 def cumsum_scores(pb: Problem, q, k, g, cu, seq, launch: Launch | None = None, split=None,
-                  diag=None, frame=None):
+                  diag=None, frame=None, with_fits=False):
     """q, k [B, T, H, K] (one dtype), g [B, T, H, K] fp32 key gate (pb.gate == GATE_KEY),
     cu / seq (varlen: cu_seqlens int32 [N+1] and varlen.slot_sequences; else None).
     Returns (A [slots, H, BT, BT] in q's dtype, qg = q exp(b), kg = k exp(last - b)
     [B, T, H, K] in q's dtype, el = exp(last) [slots, H, Kp] fp32); see the module docstring.
     launch.bk: key block (None: whole Kp); split / diag / frame: None takes SPLIT / DIAG /
-    FRAME."""
+    FRAME (diag "split" with a "rows" frame runs as "cond"). with_fits: also return (fits,
+    bk): diag "split"'s flags int32 [slots, H, Kp / bk] (1 where the key block's diagonal
+    blocks factor), else None (for output_grads.output_bwd_from_scores)."""
     if pb.gate != gt.GATE_KEY:
         raise ValueError(f"cumsum_scores: key gate only (pb.gate={pb.gate})")
     split = SPLIT if split is None else split
     diag = DIAG if diag is None else diag
     frame = FRAME if frame is None else frame
+    if diag == "split" and frame == "rows":
+        diag = "cond"
     if diag not in DIAGS or frame not in FRAMES or (split and frame != "rows"):
         raise ValueError(f"cumsum_scores: diag={diag!r}, frame={frame!r}, split={split}; "
                          f"expected diag in {DIAGS}, frame in {FRAMES}, split only with 'rows'")
@@ -203,7 +219,20 @@ def cumsum_scores(pb: Problem, q, k, g, cu, seq, launch: Launch | None = None, s
             ("qg", jax.ShapeDtypeStruct(q.shape, q.dtype), rows),
             ("kg", jax.ShapeDtypeStruct(k.shape, q.dtype), rows),
             ("el", jax.ShapeDtypeStruct((pb.n_slots, pb.H, pb.Kp), F32), specs.slot_vec(pb.Kp))]
+    nk = pb.Kp // bk
+    if diag == "split":
+        outs.append(("fits", jax.ShapeDtypeStruct((pb.n_slots, pb.H, nk), jnp.int32),
+                     specs.slot_vec(nk)))
     grid = (pb.n_slots, pb.H, pb.bt // SUB if split else 1)
     r = call(lambda refs: _kernel(refs, pb, bk, split, diag, frame), grid, ins, outs, launch,
              "engine_cumsum_scores")
-    return r["A"], r["qg"], r["kg"], r["el"]
+    A = r["A"]
+    if diag == "split":
+        io = [("A_in", A, outs[0][2]), ("fits", r["fits"], specs.slot_vec(nk))]
+        A = call(lambda refs: diag_fix_kernel(refs, pb, bk, {"A": ("q", False)}),
+                 (pb.n_slots, pb.H, pb.bt // SUB), ins + io, outs[:1], LAUNCH_FIX,
+                 "engine_cumsum_scores_fix", aliases={"A_in": "A"})["A"]
+    out = A, r["qg"], r["kg"], r["el"]
+    if with_fits:
+        out += ((r["fits"], bk) if diag == "split" else None,)
+    return out

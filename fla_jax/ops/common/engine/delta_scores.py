@@ -45,7 +45,7 @@ from . import gates as gt
 from . import specs
 from .delta_prep import delta_prep_fwd
 from .launch import SUB, Launch, Problem, call
-from .output_stage import (_chunk, _diag_fits, _k_factor, _load_sub, _parallel_inputs, _q_factor,
+from .output_stage import (_chunk, _diag_fits, _k_factor, diag_fix_kernel, _load_sub, _parallel_inputs, _q_factor,
                            _row, _sub_gates, _sub_rows)
 
 F32 = jnp.float32
@@ -61,7 +61,7 @@ BK = 64             # FRAME "chunk": key block width (cumsum_scores' GLA timing:
 #   "split": the scores kernel forms every key block's diagonal blocks as one fp32-accurate
 #     dot (no branch), kept where the key block's decay fits (_diag_fits), and writes that flag
 #     per key block (`fits`, also read by the backward's intra kernels); a second kernel
-#     (_fix_kernel: one program per sub-chunk, [SUB, BK] tiles, nothing done where every key
+#     (output_stage.diag_fix_kernel: one program per sub-chunk, [SUB, BK] tiles, nothing done where every key
 #     block fits) adds the exact per-pair blocks of the key blocks that do not, in place.
 #     H100 bf16 K=128 (session 12): the scores kernel without diagonal work 0.475 ms, with the
 #     loop beside the dot under lax.cond 0.977 (the tile maximum itself costs ~0: formed outside
@@ -70,6 +70,7 @@ BK = 64             # FRAME "chunk": key block width (cumsum_scores' GLA timing:
 #   "cond": in the scores kernel, the dot where the decay fits (tested on the cumsum), else per
 #     pair, under lax.cond.
 DIAGS = ("split", "cond")
+FIX = {"Aqk": ("q", False), "Ak": ("k", True)}     # diag_fix_kernel's matrices
 DIAG = "split"
 LAUNCH_DIAG = Launch(None, None, 4, 1)
 
@@ -254,59 +255,12 @@ def _chunk_diag(refs, pb, c0, bk, start, nv, q, k, loc, eloc, split=False):
         return lax.fori_loop(0, SUB, body, (z, z))
 
     ok = _diag_fits(loc)
-    if split:   # DIAG "split": the dot alone, dropped where it does not fit (_fix_kernel's)
+    if split:   # DIAG "split": the dot alone, dropped where it does not fit (diag_fix_kernel's)
         aq, ak = fast(0)
     else:
         aq, ak, ok = *lax.cond(ok, fast, loop, 0), jnp.asarray(True)
     return (jnp.where(same & (ii >= jj) & ok, aq, 0.0),
             jnp.where(same & (ii > jj) & ok, ak, 0.0), ok)
-
-
-def _fix_kernel(refs, pb, bk):
-    """DIAG "split", second kernel: one program per (chunk slot, head, sub-chunk I) adds to
-    the diagonal block I of Aqk (ii >= jj) and Ak (ii > jj), in place, the exact per-pair
-    terms of the scores kernel's key blocks (of bk columns) whose flag (refs['fits']) is 0;
-    nothing runs where every flag is 1. SUB column steps per key block, step
-    j reading key row j and its raw gate (their running split sum gives loc_j: no row of a
-    tile is extracted), every exponent <= 0."""
-    fits = refs["fits"][...]
-    start, nv = _chunk(refs, pb)            # (program ids outside pl.when: interpret mode)
-    i0 = pl.program_id(2) * SUB
-    rs, nvI = start + i0, nv - i0
-
-    @pl.when(jnp.min(fits) == 0)
-    def _():
-        ii, jj = jnp.arange(SUB)[:, None], jnp.arange(SUB)[None, :]
-
-        def kblock(c, acc):
-            c0 = c * bk
-            fit = refs["fits"][c]
-            q = ptr.load_block(refs["q"], rs, SUB, nvI, c0, bk, pb.K).astype(F32)
-            k = ptr.load_block(refs["k"], rs, SUB, nvI, c0, bk, pb.K).astype(F32)
-            loc, _ = gt.cumsum(ptr.load_block(refs["g"], rs, SUB, nvI, c0, bk, pb.K))
-
-            def body(j, carry):
-                aq, ak, r = carry
-                ok = j < nvI
-                gj = _row(refs["g"], rs + j, ok, pb.K, c0, bk)
-                hi = jnp.floor(gj * 256.0 + 0.5) * (1.0 / 256.0)       # as gates.cumsum
-                r = gt.Cum(r.hi + hi, r.lo + (gj - hi))                # loc at row j
-                kj = _row(refs["k"], rs + j, ok, pb.K, c0, bk)
-                d = jnp.where(ii == j, 1.0, gt.masked_exp(gt.gap(loc, gt.bcast(r)), ii > j))
-                x = kj[None, :] * d
-                at = (jj == j) & (fit == 0)
-                return (aq + jnp.where(at, jnp.sum(q * x, axis=1)[:, None], 0.0),
-                        ak + jnp.where(at, jnp.sum(k * x, axis=1)[:, None], 0.0), r)
-
-            aq, ak, _ = lax.fori_loop(0, SUB, body, acc + (gt.zero_cum(bk),))
-            return aq, ak
-
-        z = jnp.zeros((SUB, SUB), F32)
-        nk = pb.Kp // bk
-        aq, ak = kblock(0, (z, z)) if nk == 1 else lax.fori_loop(0, nk, kblock, (z, z))
-        blk = (pl.ds(i0, SUB), pl.ds(i0, SUB))
-        refs["Aqk"][blk] = refs["Aqk"][blk] + jnp.where(ii >= jj, aq, 0.0)
-        refs["Ak"][blk] = refs["Ak"][blk] + jnp.where(ii > jj, ak, 0.0)
 
 
 def _chunk_block(refs, pb, c0, bk, start, nv, split=False):
@@ -413,7 +367,7 @@ def delta_scores(pb: Problem, q, k, g, cu, seq, frame=None, bk=None, diag=None,
     if frame == "chunk" and diag == "split":
         io = [("Aqk_in", r["Aqk"], blk), ("Ak_in", r["Ak"], blk),
               ("fits", r["fits"], specs.slot_vec(r["fits"].shape[-1]))]
-        d = call(lambda refs: _fix_kernel(refs, pb, min(bk, pb.Kp)),
+        d = call(lambda refs: diag_fix_kernel(refs, pb, min(bk, pb.Kp), FIX),
                  (pb.n_slots, pb.H, pb.bt // SUB), ins + io, outs[:2], LAUNCH_DIAG,
                  "kda_delta_scores_fix", aliases={"Aqk_in": "Aqk", "Ak_in": "Ak"})
         r = dict(r, Aqk=d["Aqk"], Ak=d["Ak"])

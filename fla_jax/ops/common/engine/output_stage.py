@@ -94,6 +94,58 @@ def _diag_fits(loc) -> object:
     return jnp.max(-loc.value()) < gt.SPAN
 
 
+def diag_fix_kernel(refs, pb, bk, mats):
+    """Second kernel of a "split" diagonal (delta_scores, cumsum_scores): one program per
+    (chunk slot, head, sub-chunk I) adds to the diagonal block I of each score matrix, in
+    place, the exact per-pair terms of the scores kernel's key blocks (of bk columns) whose
+    flag (refs['fits'], int32 [Kp / bk]) is 0 (the scores kernel dropped its factored dot
+    there); nothing runs where every flag is 1. mats: {output ref: (left operand ref, strict)}
+    for M_ij = sum_c x_ic k_jc exp(loc_ic - loc_jc), j <= i (strict: j < i). SUB column steps
+    per key block, step j reading key row j and its raw gate (their running split sum gives
+    loc_j: no row of a tile is extracted), every exponent <= 0; the sums in fp32, the block
+    rounded once to its ref's dtype."""
+    fits = refs["fits"][...]
+    start, nv = _chunk(refs, pb)            # (program ids outside pl.when: interpret mode)
+    i0 = pl.program_id(2) * SUB
+    rs, nvI = start + i0, nv - i0
+    names = list(mats)
+
+    @pl.when(jnp.min(fits) == 0)
+    def _():
+        ii, jj = jnp.arange(SUB)[:, None], jnp.arange(SUB)[None, :]
+
+        def kblock(c, acc):
+            c0 = c * bk
+            fit = refs["fits"][c]
+            xs = [ptr.load_block(refs[mats[n][0]], rs, SUB, nvI, c0, bk, pb.K).astype(F32)
+                  for n in names]
+            loc, _ = gt.cumsum(ptr.load_block(refs["g"], rs, SUB, nvI, c0, bk, pb.K))
+
+            def body(j, carry):
+                *ms, r = carry
+                ok = j < nvI
+                gj = _row(refs["g"], rs + j, ok, pb.K, c0, bk)
+                hi = jnp.floor(gj * 256.0 + 0.5) * (1.0 / 256.0)       # as gates.cumsum
+                r = gt.Cum(r.hi + hi, r.lo + (gj - hi))                # loc at row j
+                kj = _row(refs["k"], rs + j, ok, pb.K, c0, bk)
+                d = jnp.where(ii == j, 1.0, gt.masked_exp(gt.gap(loc, gt.bcast(r)), ii > j))
+                y = kj[None, :] * d
+                at = (jj == j) & (fit == 0)
+                return tuple(m + jnp.where(at, jnp.sum(x * y, axis=1)[:, None], 0.0)
+                             for m, x in zip(ms, xs)) + (r,)
+
+            return lax.fori_loop(0, SUB, body, acc + (gt.zero_cum(bk),))[:-1]
+
+        z = tuple(jnp.zeros((SUB, SUB), F32) for _ in names)
+        nk = pb.Kp // bk
+        ms = kblock(0, z) if nk == 1 else lax.fori_loop(0, nk, kblock, z)
+        blk = (pl.ds(i0, SUB), pl.ds(i0, SUB))
+        for n, m in zip(names, ms):
+            keep = ii > jj if mats[n][1] else ii >= jj
+            ref = refs[n]
+            ref[blk] = (ref[blk].astype(F32) + jnp.where(keep, m, 0.0)).astype(ref.dtype)
+
+
 def _diag_scores(refs, pb, rs, nvI, q, k, gI, n_cols, col0, width=None, frame=(SUB, 0)):
     """A_II [SUB, SUB] fp32 of one sub-chunk: sum_c q_ic k_jc exp(loc_ic - loc_jc), j <= i,
     exact per pair (one column per loop step; k's rows read from refs['k'], `width` as _row).

@@ -43,13 +43,15 @@ def _seq(pb, cu):
 
 
 def _forward(pb, q, k, v, g, h0, cu):
-    """(o, final state, h, saved): saved = (A, kg), the key gate's intra-chunk scores and
-    k exp(last - b) (cumsum_scores) for the backward, None for the other gates."""
+    """(o, final state, h, saved): saved = (A, kg, fits), the key gate's intra-chunk scores,
+    k exp(last - b) and the diagonal-block flags (cumsum_scores) for the backward, None for
+    the other gates."""
     seq = _seq(pb, cu)
     if pb.gate == GATE_KEY:
-        A, qg, kg, el = cumsum_scores(pb, q, k, g, cu, seq)
+        A, qg, kg, el, fits = cumsum_scores(pb, q, k, g, cu, seq, with_fits=True)
         h, ht = state_pass_fwd(pb, None, v, None, h0, cu, kg=kg, el=el)
-        return output_fwd(pb, None, None, v, None, h, cu, seq, A=A, qg=qg), ht, h, (A, kg)
+        return (output_fwd(pb, None, None, v, None, h, cu, seq, A=A, qg=qg), ht, h,
+                (A, kg, fits))
     h, ht = state_pass_fwd(pb, k, v, g, h0, cu)
     return output_fwd(pb, q, k, v, g, h, cu, seq), ht, h, None
 
@@ -75,8 +77,9 @@ def _bwd(pb, res, cts):
     if saved is not None:
         prep = state_prep_bwd(pb, q, g, cu, seq)
         dh, dh0 = state_pass_bwd(pb, None, do, None, dht.astype(jnp.float32), cu, prep=prep)
-        A, kg = saved
-        dq, dk, dv, dg = output_bwd_from_scores(pb, q, k, v, g, A, h, do, dh, cu, seq, kg=kg)
+        A, kg, fits = saved
+        dq, dk, dv, dg = output_bwd_from_scores(pb, q, k, v, g, A, h, do, dh, cu, seq, kg=kg,
+                                                fits=fits)
     else:
         dh, dh0 = state_pass_bwd(pb, q, do, g, dht.astype(jnp.float32), cu)
         dq, dk, dv, dg = output_bwd(pb, q, k, v, g, h, do, dh, cu, _seq(pb, cu))
