@@ -46,8 +46,11 @@ DIAGS = ("cond", "loop", "split")
 # diagonal sub-blocks: "split" (FRAME "chunk" only): the factored dot kept by the key block's
 # flag (no branch), a second kernel (output_stage.diag_fix_kernel) adding exact blocks where a
 # key block does not fit, as delta_scores' DIAG "split"; "cond": the factored dot under
-# lax.cond(_diag_fits) else per pair; "loop": always per pair
-DIAG = "split"
+# lax.cond(_diag_fits) else per pair; "loop": always per pair. FRAME "chunk" writes the flags
+# with "cond" and "split" (the backward's intra kernel reads them). H100 GLA bf16 K=128
+# (session 12): cond 0.555 ms, split 0.585 (its second kernel's launch); strong gates (every
+# 7th channel -5.5 .. -15 per token) cond 4.216, split 1.336.
+DIAG = "cond"
 LAUNCH_FIX = Launch(None, None, 4, 1)
 SPLIT = False       # True: one program per (chunk slot, head, sub-chunk) (FRAME "rows" only)
 FRAMES = ("rows", "chunk")
@@ -145,10 +148,10 @@ def _chunk_block(refs, pb, c0, bk, start, nv, diag):
 
     if diag == "loop":
         return acc + loop(0), jnp.asarray(True)
+    ok = _diag_fits(loc)
     if diag == "split":         # the dot alone, dropped where it does not fit
-        ok = _diag_fits(loc)
         return acc + jnp.where(ok, fast(0), 0.0), ok
-    return acc + lax.cond(_diag_fits(loc), fast, loop, 0), jnp.asarray(True)
+    return acc + lax.cond(ok, fast, loop, 0), ok
 
 
 def _kernel(refs, pb, bk, split, diag, frame):
@@ -198,8 +201,8 @@ def cumsum_scores(pb: Problem, q, k, g, cu, seq, launch: Launch | None = None, s
     [B, T, H, K] in q's dtype, el = exp(last) [slots, H, Kp] fp32); see the module docstring.
     launch.bk: key block (None: whole Kp); split / diag / frame: None takes SPLIT / DIAG /
     FRAME (diag "split" with a "rows" frame runs as "cond"). with_fits: also return (fits,
-    bk): diag "split"'s flags int32 [slots, H, Kp / bk] (1 where the key block's diagonal
-    blocks factor), else None (for output_grads.output_bwd_from_scores)."""
+    bk): FRAME "chunk"'s flags int32 [slots, H, Kp / bk] (1 where the key block's diagonal
+    blocks factor; diag "cond" / "split"), else None (for output_bwd_from_scores)."""
     if pb.gate != gt.GATE_KEY:
         raise ValueError(f"cumsum_scores: key gate only (pb.gate={pb.gate})")
     split = SPLIT if split is None else split
@@ -220,7 +223,8 @@ def cumsum_scores(pb: Problem, q, k, g, cu, seq, launch: Launch | None = None, s
             ("kg", jax.ShapeDtypeStruct(k.shape, q.dtype), rows),
             ("el", jax.ShapeDtypeStruct((pb.n_slots, pb.H, pb.Kp), F32), specs.slot_vec(pb.Kp))]
     nk = pb.Kp // bk
-    if diag == "split":
+    flags = frame == "chunk" and diag != "loop"
+    if flags:
         outs.append(("fits", jax.ShapeDtypeStruct((pb.n_slots, pb.H, nk), jnp.int32),
                      specs.slot_vec(nk)))
     grid = (pb.n_slots, pb.H, pb.bt // SUB if split else 1)
@@ -234,5 +238,5 @@ def cumsum_scores(pb: Problem, q, k, g, cu, seq, launch: Launch | None = None, s
                  "engine_cumsum_scores_fix", aliases={"A_in": "A"})["A"]
     out = A, r["qg"], r["kg"], r["el"]
     if with_fits:
-        out += ((r["fits"], bk) if diag == "split" else None,)
+        out += ((r["fits"], bk) if flags else None,)
     return out
