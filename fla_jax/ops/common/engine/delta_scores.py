@@ -20,9 +20,11 @@ FRAME (or delta_scores(frame=...)) picks the kernel; the results agree to fp32 r
   "chunk": one program per (chunk slot, head), key channels in blocks of `bk` (the scores
     summed over them, as cumsum_scores' FRAME "chunk"): per sub-chunk I one [BT, BT] dot for
     each matrix (query / key rows masked to sub-chunk I, keys to the earlier sub-chunks); the
-    diagonal blocks of all sub-chunks in one fp32-accurate dot per matrix when the decay across
-    every sub-chunk stays under gates.SPAN in the key block (_diag_fits), else exact per pair
-    in one BT-step column loop (lax.cond).
+    diagonal blocks of all sub-chunks in one fp32-accurate dot per matrix, kept when the decay
+    across every sub-chunk stays under gates.SPAN in the key block (_diag_fits); where it does
+    not, DIAG "split" (the default) adds the exact per-pair blocks in a second kernel
+    (output_stage.diag_fix_kernel, from the key-block flags the scores kernel writes), DIAG
+    "cond" forms them in the kernel (a SUB-step loop under lax.cond).
 kb is kept relative to the chunk's first row in every dtype (the Triton `rel` variant): exp(b)
 of strong gates is subnormal in fp16, and exp(b_0) is applied in fp32 by the users of kb / w
 (the state pass, the WY backward).
@@ -216,8 +218,10 @@ def _chunk_diag(refs, pb, c0, bk, start, nv, q, k, loc, eloc, split=False):
     (Aqk, Ak) [BT, BT] fp32 (zero outside them; Aqk ii >= jj, Ak ii > jj): one fp32-accurate
     dot per matrix through each sub-chunk's start when _diag_fits(loc) (factors exp(+-loc)
     within e^SPAN), else exact per pair in a SUB-step loop (step s: column s of every
-    sub-chunk, its key rows read from refs['k']), both matrices from one decay factor. q, k [BT, bk]; loc [BT, bk] Cum (b less
-    b before the row's sub-chunk), eloc = exp(loc) fp32."""
+    sub-chunk, its key rows read from refs['k']), both matrices from one decay factor; split
+    (DIAG "split"): the dot alone, zero where it does not fit. Returns (Aqk, Ak, fits: traced
+    bool). q, k [BT, bk]; loc [BT, bk] Cum (b less b before the row's sub-chunk), eloc =
+    exp(loc) fp32."""
     bt = pb.bt
     ii, jj = jnp.arange(bt)[:, None], jnp.arange(bt)[None, :]
     same = ii // SUB == jj // SUB
