@@ -47,8 +47,8 @@ from . import gates as gt
 from . import specs
 from .delta_prep import delta_prep_fwd
 from .launch import SUB, Launch, Problem, call
-from .output_stage import (_chunk, _diag_fits, _k_factor, diag_fix_kernel, _load_sub, _parallel_inputs, _q_factor,
-                           _row, _sub_gates, _sub_rows)
+from .output_stage import (_chunk, _diag_fits, _k_factor, _load_sub, _parallel_inputs, _q_factor,
+                           _row, _sub_gates, _sub_rows, diag_fix_kernel)
 
 F32 = jnp.float32
 LAUNCH = Launch(None, None, 4, 1)
@@ -63,12 +63,12 @@ BK = 64             # FRAME "chunk": key block width (cumsum_scores' GLA timing:
 #   "split": the scores kernel forms every key block's diagonal blocks as one fp32-accurate
 #     dot (no branch), kept where the key block's decay fits (_diag_fits), and writes that flag
 #     per key block (`fits`, also read by the backward's intra kernels); a second kernel
-#     (output_stage.diag_fix_kernel: one program per sub-chunk, [SUB, BK] tiles, nothing done where every key
-#     block fits) adds the exact per-pair blocks of the key blocks that do not, in place.
-#     H100 bf16 K=128 (session 12): the scores kernel without diagonal work 0.475 ms, with the
-#     loop beside the dot under lax.cond 0.977 (the tile maximum itself costs ~0: formed outside
-#     the kernel the total did not drop), the exact blocks of every key block in the second
-#     kernel 0.77.
+#     (output_stage.diag_fix_kernel: one program per sub-chunk, [SUB, BK] tiles, nothing done
+#     where every key block fits) adds, in place, the exact per-pair blocks of the key blocks
+#     that do not. H100 bf16 K=128 (session 12): the scores kernel without diagonal work
+#     0.475 ms, with the loop beside the dot under lax.cond 0.977 (the tile maximum itself
+#     costs ~0: formed outside the kernel the total did not drop), the exact blocks of every
+#     key block in the second kernel 0.77.
 #   "cond": in the scores kernel, the dot where the decay fits (tested on the cumsum), else per
 #     pair, under lax.cond.
 DIAGS = ("split", "cond")
