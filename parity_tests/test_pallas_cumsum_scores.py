@@ -23,6 +23,7 @@ import pytest
 from fla_jax.ops.common import pallas_triton as ptr
 from fla_jax.ops.common.engine import Launch
 from fla_jax.ops.common.engine import cumsum_scores as cs
+from fla_jax.ops.common.engine import output_stage
 from fla_jax.ops.common.engine import varlen as vl
 
 from .score_stage import BT, DT, TOL, bounded_mismatch, inputs, run_stage
@@ -168,7 +169,7 @@ def test_checker_catches_missing_fix_kernel(monkeypatch):
     the scores kernel drops its factored blocks where they do not fit."""
     B, T, H, K, cu, gates = CASES["mixed_k48"]
     q, k, g = _inputs("fp32", B, T, H, K, gates, seed=3)
-    monkeypatch.setattr(cs, "diag_fix_kernel", lambda refs, pb, bk, mats: None)
+    monkeypatch.setattr(output_stage, "diag_fix_kernel", lambda refs, pb, bk, mats: None)
     bad = mismatches(run(q, k, g, cu, diag="split", frame="chunk"), reference(q, k, g, cu),
                      "fp32")
     assert "A" in bad, bad
@@ -188,3 +189,12 @@ def test_checker_catches_unmasked_varlen_rows(monkeypatch, frame):
     monkeypatch.setattr(cs, "_chunk", unmasked)
     bad = mismatches(run(q, k, g, cu, frame=frame), reference(q, k, g, cu), "fp32")
     assert "A" in bad, bad
+
+
+@pytest.mark.parametrize("kw", [dict(diag="split", frame="rows"), dict(diag="lop"),
+                                dict(frame="rowz"), dict(split=True, frame="chunk")])
+def test_bad_switch_names_argument(kw):
+    """A switch combination the stage does not have raises (nothing silently swapped)."""
+    q, k, g = _inputs("fp32", 1, 16, 1, 16, "weak", seed=0)
+    with pytest.raises(ValueError, match="cumsum_scores: diag="):
+        run(q, k, g, None, **kw)

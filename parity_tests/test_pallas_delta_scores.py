@@ -25,6 +25,7 @@ import pytest
 
 from fla_jax.ops.common import pallas_triton as ptr
 from fla_jax.ops.common.engine import delta_scores as ds
+from fla_jax.ops.common.engine import output_stage
 from fla_jax.ops.common.engine import varlen as vl
 
 from .score_stage import BT, DT, TOL, bounded_mismatch, inputs, run_stage
@@ -164,7 +165,7 @@ def test_checker_catches_missing_fix_kernel(monkeypatch):
     under strong gates: the scores kernel drops its factored blocks where they do not fit."""
     B, T, H, K, cu, gates = CASES["strong_k100"]
     q, k, g = _inputs("fp32", B, T, H, K, gates, seed=5)
-    monkeypatch.setattr(ds, "diag_fix_kernel", lambda refs, pb, bk, mats: None)
+    monkeypatch.setattr(output_stage, "diag_fix_kernel", lambda refs, pb, bk, mats: None)
     bad = mismatches(run(q, k, g, cu, frame="chunk", diag="split"), reference(q, k, g, cu),
                      "fp32")
     assert "Aqk" in bad and "Ak" in bad, bad

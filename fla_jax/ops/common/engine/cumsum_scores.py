@@ -38,8 +38,7 @@ from .. import pallas_triton as ptr
 from . import gates as gt
 from . import specs
 from .launch import SUB, Launch, Problem, call, launch_for
-from .output_stage import (_chunk, _diag_fits, _diag_scores, _parallel_inputs, _row,
-                           diag_fix_kernel)
+from .output_stage import _chunk, _diag_fits, _diag_scores, _parallel_inputs, _row, diag_fix
 
 F32 = jnp.float32
 DIAGS = ("cond", "loop", "split")
@@ -51,7 +50,6 @@ DIAGS = ("cond", "loop", "split")
 # (session 12): cond 0.555 ms, split 0.585 (its second kernel's launch); strong gates (every
 # 7th channel -5.5 .. -15 per token) cond 4.216, split 1.336.
 DIAG = "cond"
-LAUNCH_FIX = Launch(None, None, 4, 1)
 SPLIT = False       # True: one program per (chunk slot, head, sub-chunk) (FRAME "rows" only)
 FRAMES = ("rows", "chunk")
 FRAME = "chunk"     # "rows": [SUB, BT] dots per row block; "chunk": [BT, BT] ones (Triton's)
@@ -200,7 +198,7 @@ def cumsum_scores(pb: Problem, q, k, g, cu, seq, launch: Launch | None = None, s
     Returns (A [slots, H, BT, BT] in q's dtype, qg = q exp(b), kg = k exp(last - b)
     [B, T, H, K] in q's dtype, el = exp(last) [slots, H, Kp] fp32); see the module docstring.
     launch.bk: key block (None: whole Kp); split / diag / frame: None takes SPLIT / DIAG /
-    FRAME (diag "split" with a "rows" frame runs as "cond"). with_fits: also return (fits,
+    FRAME (diag "split" needs FRAME "chunk"). with_fits: also return (fits,
     bk): FRAME "chunk"'s flags int32 [slots, H, Kp / bk] (1 where the key block's diagonal
     blocks factor; diag "cond" / "split"), else None (for output_bwd_from_scores)."""
     if pb.gate != gt.GATE_KEY:
@@ -208,11 +206,11 @@ def cumsum_scores(pb: Problem, q, k, g, cu, seq, launch: Launch | None = None, s
     split = SPLIT if split is None else split
     diag = DIAG if diag is None else diag
     frame = FRAME if frame is None else frame
-    if diag == "split" and frame == "rows":
-        diag = "cond"
-    if diag not in DIAGS or frame not in FRAMES or (split and frame != "rows"):
+    if (diag not in DIAGS or frame not in FRAMES or (split and frame != "rows")
+            or (diag == "split" and frame != "chunk")):
         raise ValueError(f"cumsum_scores: diag={diag!r}, frame={frame!r}, split={split}; "
-                         f"expected diag in {DIAGS}, frame in {FRAMES}, split only with 'rows'")
+                         f"expected diag in {DIAGS}, frame in {FRAMES}, split only with "
+                         f"'rows', diag 'split' only with 'chunk'")
     launch = launch or launch_for("cumsum_scores", pb.K, pb.V, q.dtype)
     bk = min(pb.Kp, launch.bk or pb.Kp)
     rows = specs.seq_rows(pb, pb.Kp, specs.zero, parallel=True)
@@ -232,10 +230,8 @@ def cumsum_scores(pb: Problem, q, k, g, cu, seq, launch: Launch | None = None, s
              "engine_cumsum_scores")
     A = r["A"]
     if diag == "split":
-        io = [("A_in", A, outs[0][2]), ("fits", r["fits"], specs.slot_vec(nk))]
-        A = call(lambda refs: diag_fix_kernel(refs, pb, bk, {"A": ("q", False)}),
-                 (pb.n_slots, pb.H, pb.bt // SUB), ins + io, outs[:1], LAUNCH_FIX,
-                 "engine_cumsum_scores_fix", aliases={"A_in": "A"})["A"]
+        A = diag_fix(pb, ins, {"A": A}, r["fits"], bk, {"A": ("q", False)},
+                     "engine_cumsum_scores_fix")["A"]
     out = A, r["qg"], r["kg"], r["el"]
     if with_fits:
         out += ((r["fits"], bk) if flags else None,)

@@ -48,7 +48,7 @@ from . import specs
 from .delta_prep import delta_prep_fwd
 from .launch import SUB, Launch, Problem, call
 from .output_stage import (_chunk, _diag_fits, _k_factor, _load_sub, _parallel_inputs, _q_factor,
-                           _row, _sub_gates, _sub_rows, diag_fix_kernel)
+                           _row, _sub_gates, _sub_rows, diag_fix)
 
 F32 = jnp.float32
 LAUNCH = Launch(None, None, 4, 1)
@@ -74,7 +74,6 @@ BK = 64             # FRAME "chunk": key block width (cumsum_scores' GLA timing:
 DIAGS = ("split", "cond")
 FIX = {"Aqk": ("q", False), "Ak": ("k", True)}     # diag_fix_kernel's matrices
 DIAG = "split"
-LAUNCH_DIAG = Launch(None, None, 4, 1)
 
 
 def chunk_b(gs):
@@ -220,7 +219,7 @@ def _chunk_diag(refs, pb, c0, bk, start, nv, q, k, loc, eloc, split=False):
     within e^SPAN), else exact per pair in a SUB-step loop (step s: column s of every
     sub-chunk, its key rows read from refs['k']), both matrices from one decay factor; split
     (DIAG "split"): the dot alone, zero where it does not fit. Returns (Aqk, Ak, fits: traced
-    bool). q, k [BT, bk]; loc [BT, bk] Cum (b less b before the row's sub-chunk), eloc =
+    bool, the decision either way). q, k [BT, bk]; loc [BT, bk] Cum (b less b before the row's sub-chunk), eloc =
     exp(loc) fp32."""
     bt = pb.bt
     ii, jj = jnp.arange(bt)[:, None], jnp.arange(bt)[None, :]
@@ -260,11 +259,11 @@ def _chunk_diag(refs, pb, c0, bk, start, nv, q, k, loc, eloc, split=False):
 
     ok = _diag_fits(loc)
     if split:   # DIAG "split": the dot alone, dropped where it does not fit (diag_fix_kernel's)
-        aq, ak = fast(0)
+        (aq, ak), keep = fast(0), ok
     else:
-        aq, ak, ok = *lax.cond(ok, fast, loop, 0), jnp.asarray(True)
-    return (jnp.where(same & (ii >= jj) & ok, aq, 0.0),
-            jnp.where(same & (ii > jj) & ok, ak, 0.0), ok)
+        (aq, ak), keep = lax.cond(ok, fast, loop, 0), True
+    return (jnp.where(same & (ii >= jj) & keep, aq, 0.0),
+            jnp.where(same & (ii > jj) & keep, ak, 0.0), ok)
 
 
 def _chunk_block(refs, pb, c0, bk, start, nv, split=False):
@@ -296,12 +295,11 @@ def _chunk_block(refs, pb, c0, bk, start, nv, split=False):
     return aq, ak, ok
 
 
-def _chunk_kernel(refs, pb, bk):
+def _chunk_kernel(refs, pb, bk, split):
     """FRAME "chunk": one program per (chunk slot, head); Aqk, Ak summed over the key blocks
-    in fp32 and stored once (DIAG "split": the diagonal blocks of the key blocks that fit, and
-    each key block's flag into refs['fits'])."""
+    in fp32 and stored once (split, DIAG "split": with the diagonal blocks of the key blocks
+    that fit only), and each key block's flag into refs['fits']."""
     start, nv = _chunk(refs, pb)
-    split = "fits" in refs
     nk = pb.Kp // bk
 
     def kblock(c, acc):
@@ -314,8 +312,7 @@ def _chunk_kernel(refs, pb, bk):
     aq, ak, fits = kblock(0, init) if nk == 1 else lax.fori_loop(0, nk, kblock, init)
     refs["Aqk"][...] = aq
     refs["Ak"][...] = ak
-    if split:
-        refs["fits"][...] = fits
+    refs["fits"][...] = fits
 
 
 def delta_scores(pb: Problem, q, k, g, cu, seq, frame=None, bk=None, diag=None,
@@ -327,8 +324,8 @@ def delta_scores(pb: Problem, q, k, g, cu, seq, frame=None, bk=None, diag=None,
     [N+1] and varlen.slot_sequences; else None). frame: one of FRAMES (None: FRAME); bk: the
     key block of FRAME "chunk" (None: BK; a power of two >= 16, capped at Kp); diag: where
     FRAME "chunk" forms the diagonal blocks, one of DIAGS (None: DIAG). with_fits: also
-    return (fits, bk): DIAG "split"'s flags int32 [slots, H, Kp / bk] (1 where the key block's
-    decay across every sub-chunk stays under gates.SPAN), else None."""
+    return (fits, bk): FRAME "chunk"'s flags int32 [slots, H, Kp / bk] (1 where the key
+    block's decay across every sub-chunk stays under gates.SPAN; either DIAG), else None."""
     frame = FRAME if frame is None else frame
     bk = BK if bk is None else bk
     diag = DIAG if diag is None else diag
@@ -359,22 +356,17 @@ def delta_scores(pb: Problem, q, k, g, cu, seq, frame=None, bk=None, diag=None,
                   specs.seq_rows(pb, pb.Kp, specs.zero, **par)),
                  ("e0", vec, specs.slot_vec(pb.Kp)), ("el", vec, specs.slot_vec(pb.Kp))]
     if frame == "chunk":
-        kern, nprog = functools.partial(_chunk_kernel, bk=min(bk, pb.Kp)), 1
-        if diag == "split":
-            nk = pb.Kp // min(bk, pb.Kp)
-            outs.append(("fits", jax.ShapeDtypeStruct((pb.n_slots, pb.H, nk), jnp.int32),
-                         specs.slot_vec(nk)))
+        kern = functools.partial(_chunk_kernel, bk=min(bk, pb.Kp), split=diag == "split")
+        nprog, nk = 1, pb.Kp // min(bk, pb.Kp)
+        outs.append(("fits", jax.ShapeDtypeStruct((pb.n_slots, pb.H, nk), jnp.int32),
+                     specs.slot_vec(nk)))
     else:
         kern, nprog = (_sub_kernel, pb.bt // SUB) if SPLIT else (_kernel, 1)
     r = call(lambda refs: kern(refs, pb), (pb.n_slots, pb.H, nprog), ins, outs, LAUNCH,
              "kda_delta_scores")
     if frame == "chunk" and diag == "split":
-        io = [("Aqk_in", r["Aqk"], blk), ("Ak_in", r["Ak"], blk),
-              ("fits", r["fits"], specs.slot_vec(r["fits"].shape[-1]))]
-        d = call(lambda refs: diag_fix_kernel(refs, pb, min(bk, pb.Kp), FIX),
-                 (pb.n_slots, pb.H, pb.bt // SUB), ins + io, outs[:2], LAUNCH_DIAG,
-                 "kda_delta_scores_fix", aliases={"Aqk_in": "Aqk", "Ak_in": "Ak"})
-        r = dict(r, Aqk=d["Aqk"], Ak=d["Ak"])
+        r = dict(r, **diag_fix(pb, ins, {"Aqk": r["Aqk"], "Ak": r["Ak"]}, r["fits"],
+                               min(bk, pb.Kp), FIX, "kda_delta_scores_fix"))
     if frame == "chunk":
         kg, e0, el = r["kg"], r["e0"], r["el"]
     else:

@@ -55,10 +55,16 @@ def load_gate(ref, gate, start, rows, n_valid, width, n_cols, col0=0):
     return ptr.load_rows(ref, start, rows, n_valid, n_cols, col0).astype(jnp.float32)
 
 
+def split(g) -> Cum:
+    """Raw log-decays (any shape) as Cum(hi on the 2^-8 grid, lo the rest): one row of a
+    running sum `add(r, split(g_row))` equals cumsum's row up to the order of the lo sums."""
+    hi = jnp.floor(g * 256.0 + 0.5) * (1.0 / 256.0)
+    return Cum(hi, g - hi)
+
+
 def cumsum(g):
     """g [rows, width] -> (Cum of the inclusive cumsum over rows, Cum of the column totals)."""
-    hi = jnp.floor(g * 256.0 + 0.5) * (1.0 / 256.0)
-    lo = g - hi
+    hi, lo = split(g)
     return (Cum(jnp.cumsum(hi, axis=0), jnp.cumsum(lo, axis=0)),
             Cum(jnp.sum(hi, axis=0), jnp.sum(lo, axis=0)))
 

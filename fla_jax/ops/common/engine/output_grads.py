@@ -306,9 +306,7 @@ def _intra_fix_kernel(refs, pb, bk):
             def body(j, acc):
                 xq, xk, r = acc
                 ok = j < nvI
-                gj = _row(refs["g"], rs + j, ok, pb.K, r0)
-                hi = jnp.floor(gj * 256.0 + 0.5) * (1.0 / 256.0)       # as gates.cumsum
-                r = gt.Cum(r.hi + hi, r.lo + (gj - hi))                # loc at row j
+                r = gt.add(r, gt.split(_row(refs["g"], rs + j, ok, pb.K, r0)))   # loc_j
                 kj = _row(refs["k"], rs + j, ok, pb.K, r0)
                 a = jnp.sum(jnp.where(jj == j, D, 0.0), axis=1)[:, None]
                 w = a * gt.masked_exp(gt.gap(loc, gt.bcast(r)), ii > j)

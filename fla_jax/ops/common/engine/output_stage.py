@@ -124,9 +124,7 @@ def diag_fix_kernel(refs, pb, bk, mats):
             def body(j, carry):
                 *ms, r = carry
                 ok = j < nvI
-                gj = _row(refs["g"], rs + j, ok, pb.K, c0, bk)
-                hi = jnp.floor(gj * 256.0 + 0.5) * (1.0 / 256.0)       # as gates.cumsum
-                r = gt.Cum(r.hi + hi, r.lo + (gj - hi))                # loc at row j
+                r = gt.add(r, gt.split(_row(refs["g"], rs + j, ok, pb.K, c0, bk)))  # loc_j
                 kj = _row(refs["k"], rs + j, ok, pb.K, c0, bk)
                 d = jnp.where(ii == j, 1.0, gt.masked_exp(gt.gap(loc, gt.bcast(r)), ii > j))
                 y = kj[None, :] * d
@@ -144,6 +142,22 @@ def diag_fix_kernel(refs, pb, bk, mats):
             keep = ii > jj if mats[n][1] else ii >= jj
             ref = refs[n]
             ref[blk] = (ref[blk].astype(F32) + jnp.where(keep, m, 0.0)).astype(ref.dtype)
+
+
+DIAG_FIX_LAUNCH = Launch(None, None, 4, 1)
+
+
+def diag_fix(pb, ins, scores, fits, bk, mats, name):
+    """Runs diag_fix_kernel after a split scores kernel: ins, the scores kernel's inputs (q,
+    k, g, varlen); scores {name: [slots, H, BT, BT] array} updated in place (mats as
+    diag_fix_kernel's, same names); fits int32 [slots, H, Kp / bk]. Returns {name: array}."""
+    blk = specs.slot_state(pb.bt, pb.bt, specs.zero, specs.zero)
+    io = [(n + "_in", a, blk) for n, a in scores.items()]
+    io.append(("fits", fits, specs.slot_vec(fits.shape[-1])))
+    outs = [(n, jax.ShapeDtypeStruct(a.shape, a.dtype), blk) for n, a in scores.items()]
+    return call(lambda refs: diag_fix_kernel(refs, pb, bk, mats),
+                (pb.n_slots, pb.H, pb.bt // SUB), ins + io, outs, DIAG_FIX_LAUNCH, name,
+                aliases={n + "_in": n for n in scores})
 
 
 def _diag_scores(refs, pb, rs, nvI, q, k, gI, n_cols, col0, width=None, frame=(SUB, 0)):
