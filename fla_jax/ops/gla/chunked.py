@@ -33,7 +33,21 @@ def _masked_exp(diff, mask):
 def intra_chunk_scores(qn, kn, gn, b, sub: int):
     """qn, kn, gn (log-decays), b (their in-chunk cumsum): [B, NC, H, C, K] -> A [B, NC, H, C, C]
     (zero above the diagonal). Zero-length gaps are constants and gaps to a sub-block's end
-    are direct suffix sums (see common/chunk_decay.py: no cancelled O(1) gradient terms)."""
+    are direct suffix sums (see common/chunk_decay.py: no cancelled O(1) gradient terms).
+
+    The leading axes are folded into one, so no tensor here has more than 5 axes: XLA:CPU's
+    YNNPACK fusions (jaxlib 0.10.2) segfault at run time on some 7-axis element-wise / reduce
+    fusions of this function's gradient (the varlen GLA and GSA parity cases)."""
+    *lead, C, K = qn.shape
+    L = 1
+    for n in lead:
+        L *= n
+    A = _scores(*(x.reshape(L, C, K) for x in (qn, kn, gn, b)), sub)
+    return A.reshape(*lead, C, C)
+
+
+def _scores(qn, kn, gn, b, sub: int):
+    """intra_chunk_scores on [L, C, K] operands -> [L, C, C]."""
     *lead, C, K = qn.shape
     nb = C // sub
     qs, ks, bs = (x.reshape(*lead, nb, sub, K) for x in (qn, kn, b))
@@ -49,7 +63,7 @@ def intra_chunk_scores(qn, kn, gn, b, sub: int):
     q_off = qn[..., :, None, :] * _masked_exp(b[..., :, None, :] - ref[..., None, :, :], earlier)
     gs = gn.reshape(*lead, nb, sub, K)
     k_off = ks * jnp.exp(chunk_suffix(gs, axis=-2))                       # exp(ref - b_j)
-    off = einsum("bnhiJk,bnhJjk->bnhiJj", q_off, k_off)                   # [.., C, nb, c]
+    off = einsum("liJk,lJjk->liJj", q_off, k_off)                           # [L, C, nb, c]
     off = off.reshape(*lead, nb, sub, nb, sub)
     eye = jnp.eye(nb, dtype=qn.dtype)[:, None, :, None]
     return (off + diag[..., :, :, None, :] * eye).reshape(*lead, C, C)
