@@ -9,23 +9,25 @@ common/dplr_chunked.py with chunks of BT = 64:
     rows zero;
  2. dplr_scores.dplr_scores: the per-key-decay scores A_ab, A_ak, A_rb, A_rk and the decayed
     vectors r_in, a_in, b_out, k_out, tot (Pallas, split-cumsum gates, exact pairs);
- 3. the WY terms [u | w] = (I - A_ab)^-1 [A_ak v | a_in] (batched unit-lower inverse, fp32);
+ 3. dplr_wy.dplr_wy: the WY terms [u | w] = (I - A_ab)^-1 [A_ak v | a_in] (Pallas, 16-row
+    block inversion in registers);
  4. dplr_state.dplr_state: U = u + w S_in and the states S_in per chunk (Pallas);
- 5. o = scale (r_in S_in + A_rb U + A_rk v), back to the token layout in r's dtype.
-Stages 2 and 4 are custom_vjp functions with Pallas backward kernels; autodiff carries the
-gradients through the jnp glue (1, 3, 5). fp32 matmuls of the glue run fp32-accurately
-(inside allow_tf32() the caller's setting applies).
+ 5. dplr_output.dplr_output: o = scale (r_in S_in + A_rb U + A_rk v) (Pallas), back to the
+    token layout in r's dtype.
+Stages 2-5 are custom_vjp functions with Pallas backward kernels; autodiff carries the
+gradients through the jnp glue (the slot layout, the row shifts). Every fp32 product is
+fp32-accurate (inside allow_tf32() the caller's setting applies).
 """
 from __future__ import annotations
 
 import jax.numpy as jnp
 
 from .. import pallas_triton as ptr
-from ..compute_operands import einsum
 from ..token_recurrence import token_sequence_ids
-from ..unit_lower_inverse import unit_lower_inverse
+from .dplr_output import dplr_output
 from .dplr_scores import dplr_scores
 from .dplr_state import dplr_state
+from .dplr_wy import dplr_wy
 from .varlen import n_chunks, n_slots
 
 BT = 64
@@ -95,14 +97,11 @@ def dplr_chunk(r, k, v, w, a, b, scale, initial_state, output_final_state, cu_se
         rs, ks, _shift_up(as_), bs, ws, prec)
     A_ab, A_ak = _shift_down(M_ab), _shift_down(M_ak)
     a_in = jnp.concatenate([as_[:, :, :1], as_in[:, :, :-1]], axis=2)
-    t_inv = unit_lower_inverse(-A_ab)                                   # (I - A_ab)^-1
-    u = einsum("shij,shjv->shiv", t_inv, einsum("shij,shjv->shiv", A_ak, vs))
-    wy = einsum("shij,shjk->shik", t_inv, a_in)
+    u, wy = dplr_wy(A_ab, A_ak, vs, a_in, prec)
     h0 = initial_state
     if h0 is not None and (Kp != K or Vp != V):
         h0 = jnp.pad(h0.astype(F32), ((0, 0), (0, 0), (0, Kp - K), (0, Vp - V)))
     U, S_in, ht = dplr_state(u, wy, b_out, k_out, vs, tot, h0, first, count, prec)
-    o = scale * (einsum("shck,shkv->shcv", r_in, S_in) + einsum("shij,shjv->shiv", M_rb, U)
-                 + einsum("shij,shjv->shiv", M_rk, vs))
+    o = dplr_output(r_in, S_in, M_rb, U, M_rk, vs, scale, prec)
     o = from_slots(o, row, B, T, V)
     return o, (ht[:, :, :K, :V] if output_final_state else None)

@@ -1,0 +1,142 @@
+"""The output of a DPLR chunk (Pallas, Triton lowering, chunk-parallel), forward and backward
+(jax.custom_vjp): the mirror of fla_torch/ops/common/engine/dplr_output.py (which reads v and
+writes o in the token layout; here both stay in the slot layout of dplr.py).
+
+Slot layout, fp32: r_in [S, H, BT, Kp], S_in [S, H, Kp, Vp], U, v [S, H, BT, Vp], A_rb, A_rk
+[S, H, BT, BT]. Per chunk and head
+    o = scale (r_in S_in + A_rb U + A_rk v)                          [S, H, BT, Vp]
+(one program per slot, head and V block). Backward (one program per slot and head), with
+do' = scale do:
+    dr_in = do' S_in^T,  dS_in = r_in^T do',  dA_rb = do' U^T,  dU = A_rb^T do',
+    dA_rk = do' v^T,  dv = A_rk^T do'.
+Every product is fp32-accurate (`prec`). Replaces the three jnp matmuls of the output and
+their six autodiff products.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from .. import pallas_triton as ptr
+from .launch import Launch, call
+
+F32 = jnp.float32
+LAUNCH = Launch(64, 64, 4, 1)     # bk, bv
+
+
+def _fwd_kernel(refs, scale, prec):
+    Kp = refs["r_in"].shape[1]
+    bk = min(LAUNCH.bk, Kp)
+    acc = ptr.matmul(refs["A_rb"][...], refs["U"][...], (1, 0), prec)
+    acc = acc + ptr.matmul(refs["A_rk"][...], refs["v"][...], (1, 0), prec)
+
+    def kblock(c, acc):
+        cols = pl.ds(c * bk, bk)
+        return acc + ptr.matmul(refs["r_in"][:, cols], refs["S_in"][cols, :], (1, 0), prec)
+
+    nk = Kp // bk
+    acc = kblock(0, acc) if nk == 1 else lax.fori_loop(0, nk, kblock, acc)
+    refs["o"][...] = acc * scale
+
+
+def _bwd_kernel(refs, scale, prec):
+    BT, Vp = refs["U"].shape
+    Kp = refs["r_in"].shape[1]
+    bv, bk = min(LAUNCH.bv, Vp), min(LAUNCH.bk, Kp)
+    A_rb, A_rk = refs["A_rb"][...], refs["A_rk"][...]
+
+    def vblock(c, acc):
+        g_rb, g_rk = acc
+        cols = pl.ds(c * bv, bv)
+        do = refs["do"][:, cols] * scale
+        refs["dU"][:, cols] = ptr.matmul(A_rb, do, (0, 0), prec)
+        refs["dv"][:, cols] = ptr.matmul(A_rk, do, (0, 0), prec)
+
+        def kblock(e, carry):
+            rows = pl.ds(e * bk, bk)
+            refs["dS_in"][rows, cols] = ptr.matmul(refs["r_in"][:, rows], do, (0, 0), prec)
+            return carry
+
+        nk = Kp // bk
+        if nk == 1:
+            kblock(0, 0)
+        else:
+            lax.fori_loop(0, nk, kblock, 0)
+        return (g_rb + ptr.matmul(do, refs["U"][:, cols], (1, 1), prec),
+                g_rk + ptr.matmul(do, refs["v"][:, cols], (1, 1), prec))
+
+    z = jnp.zeros((BT, BT), F32)
+    nv = Vp // bv
+    g_rb, g_rk = vblock(0, (z, z)) if nv == 1 else lax.fori_loop(0, nv, vblock, (z, z))
+    refs["dA_rb"][...] = g_rb
+    refs["dA_rk"][...] = g_rk
+
+    def kblock_r(e, carry):
+        rows = pl.ds(e * bk, bk)
+
+        def vpart(c, acc):
+            cols = pl.ds(c * bv, bv)
+            return acc + ptr.matmul(refs["do"][:, cols], refs["S_in"][rows, cols], (1, 1), prec)
+
+        acc = jnp.zeros((BT, bk), F32)
+        acc = vpart(0, acc) if nv == 1 else lax.fori_loop(0, nv, vpart, acc)
+        refs["dr_in"][:, rows] = acc * scale
+        return carry
+
+    nk = Kp // bk
+    if nk == 1:
+        kblock_r(0, 0)
+    else:
+        lax.fori_loop(0, nk, kblock_r, 0)
+
+
+def _forward(r_in, S_in, A_rb, U, A_rk, v, scale, prec):
+    S, H, BT, Kp = r_in.shape
+    Vp = U.shape[-1]
+    bv = min(LAUNCH.bv, Vp)
+    full = lambda r, c: pl.BlockSpec((None, None, r, c), lambda s, h, j: (s, h, 0, 0))  # noqa
+    vcol = lambda r: pl.BlockSpec((None, None, r, bv), lambda s, h, j: (s, h, 0, j))  # noqa
+    ins = [("r_in", r_in, full(BT, Kp)), ("S_in", S_in, vcol(Kp)), ("A_rb", A_rb, full(BT, BT)),
+           ("U", U, vcol(BT)), ("A_rk", A_rk, full(BT, BT)), ("v", v, vcol(BT))]
+    outs = [("o", jax.ShapeDtypeStruct((S, H, BT, Vp), F32), vcol(BT))]
+    return call(lambda refs: _fwd_kernel(refs, scale, prec), (S, H, Vp // bv), ins, outs,
+                LAUNCH, "dplr_output_fwd")["o"]
+
+
+def _backward(res, do, scale, prec):
+    r_in, S_in, A_rb, U, A_rk, v = res
+    S, H, BT, Kp = r_in.shape
+    Vp = U.shape[-1]
+    full = lambda r, c: pl.BlockSpec((None, None, r, c), lambda s, h: (s, h, 0, 0))  # noqa
+    ins = [("r_in", r_in, full(BT, Kp)), ("S_in", S_in, full(Kp, Vp)),
+           ("A_rb", A_rb, full(BT, BT)), ("U", U, full(BT, Vp)), ("A_rk", A_rk, full(BT, BT)),
+           ("v", v, full(BT, Vp)), ("do", do, full(BT, Vp))]
+    outs = [(n, jax.ShapeDtypeStruct(x.shape, F32), full(*x.shape[2:])) for n, x in
+            (("dr_in", r_in), ("dS_in", S_in), ("dA_rb", A_rb), ("dU", U), ("dA_rk", A_rk),
+             ("dv", v))]
+    r = call(lambda refs: _bwd_kernel(refs, scale, prec), (S, H), ins, outs, LAUNCH,
+             "dplr_output_bwd")
+    return tuple(r[n] for n, _, _ in outs)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def dplr_output(r_in, S_in, A_rb, U, A_rk, v, scale, prec):
+    """(r_in [S, H, BT, Kp], S_in [S, H, Kp, Vp], A_rb [S, H, BT, BT], U [S, H, BT, Vp], A_rk
+    [S, H, BT, BT], v [S, H, BT, Vp], fp32; scale: float) -> o [S, H, BT, Vp] fp32 (see the
+    module docstring). prec: the fp32 dot precision."""
+    return _forward(r_in, S_in, A_rb, U, A_rk, v, scale, prec)
+
+
+def _fwd(r_in, S_in, A_rb, U, A_rk, v, scale, prec):
+    return _forward(r_in, S_in, A_rb, U, A_rk, v, scale, prec), (r_in, S_in, A_rb, U, A_rk, v)
+
+
+def _bwd(scale, prec, res, do):
+    return _backward(res, do.astype(F32), scale, prec)
+
+
+dplr_output.defvjp(_fwd, _bwd)

@@ -1,0 +1,195 @@
+"""The WY terms of a DPLR chunk (Pallas, Triton lowering), forward and backward
+(jax.custom_vjp): the mirror of fla_torch/ops/common/engine/dplr_wy.py (whose backward lives
+in dplr_tail.py, fused with the state pass's chunk products; here it is this stage's own
+kernel).
+
+Slot layout (dplr.py), fp32: A_ab, A_ak [S, H, BT, BT] (A_ab strictly lower; entries on and
+above its diagonal are ignored), v [S, H, BT, Vp], a_in [S, H, BT, Kp]. Per chunk, with
+T = (I - A_ab)^-1 (unit lower triangular):
+    u = T (A_ak v)  [S, H, BT, Vp],     w = T a_in  [S, H, BT, Kp].
+Forward: one program per (slot, head) inverts I - A_ab by blocks of 16 rows in registers,
+    T_ii = (I - A_ii)^-1 = (I + A)(I + A^2)(I + A^4)(I + A^8)     (A^16 = 0)
+    T_ij = T_ii sum_{j <= m < i} A_im T_mj                          (i > j),
+stores T (the backward's), and forms u, w block row by block row (no [BT, BT] tile of T is
+assembled in registers). Backward, one program per (slot, head), X = A_ak v:
+    dX = T^T du,  dA_ak = dX v^T,  dv = A_ak^T dX,  da_in = T^T dw,
+    dA_ab = strictly-lower part of T^T (du X^T + dw a_in^T) T^T.
+Every product is fp32-accurate (`prec`: tf32x3 on the GPU unless allow_tf32()).
+This replaces the batched jnp inverse (common/unit_lower_inverse.py, six levels of small
+XLA matmuls) and its autodiff in the DPLR pipeline.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from .. import pallas_triton as ptr
+from .launch import Launch, call
+
+F32 = jnp.float32
+B16 = 16                       # block rows of the inversion
+LAUNCH = Launch(64, 64, 4, 1)  # bk, bv: K / V column blocks of u, w and the backward
+
+
+def _blk(ref, I, J):
+    """Block (I, J) [16, 16] of a [BT, BT] ref."""
+    return ref[pl.ds(I * B16, B16), pl.ds(J * B16, B16)]
+
+
+def _strict_lower(x):
+    ii = lax.broadcasted_iota(jnp.int32, x.shape, 0)
+    jj = lax.broadcasted_iota(jnp.int32, x.shape, 1)
+    return jnp.where(ii > jj, x, 0.0)
+
+
+def inv_diag(a, prec):
+    """(I - a)^-1 of a [16, 16] block (only its strictly lower part is used): a^16 = 0, so it
+    is a^0 + .. + a^15 = (I + a)(I + a^2)(I + a^4)(I + a^8), three squarings and three
+    products (no 16-step substitution)."""
+    a = _strict_lower(a)
+    eye = (lax.broadcasted_iota(jnp.int32, a.shape, 0)
+           == lax.broadcasted_iota(jnp.int32, a.shape, 1)).astype(F32)
+    p, t = a, eye + a
+    for _ in range(3):
+        p = ptr.matmul(p, p, (1, 0), prec)
+        t = t + ptr.matmul(t, p, (1, 0), prec)
+    return t
+
+
+def _inverse_blocks(A, nb, prec):
+    """{(i, j): T_ij [16, 16]} for j <= i of T = (I - A)^-1, A a [BT, BT] ref."""
+    T = {(i, i): inv_diag(_blk(A, i, i), prec) for i in range(nb)}
+    for d in range(1, nb):
+        for j in range(nb - d):
+            i = j + d
+            acc = sum(ptr.matmul(_blk(A, i, m), T[m, j], (1, 0), prec) for m in range(j, i))
+            T[i, j] = ptr.matmul(T[i, i], acc, (1, 0), prec)
+    return T
+
+
+def _fwd_kernel(refs, prec):
+    BT = refs["A_ab"].shape[0]
+    nb = BT // B16
+    T = _inverse_blocks(refs["A_ab"], nb, prec)
+    zero = jnp.zeros((B16, B16), F32)
+    for i in range(nb):
+        for j in range(nb):
+            refs["T"][pl.ds(i * B16, B16), pl.ds(j * B16, B16)] = T[i, j] if j <= i else zero
+
+    def rows_of(src_blocks, out, width):
+        """out[rows of block i] = sum_{j <= i} T_ij src_j for every column block."""
+        n = out.shape[1] // width
+
+        def col(c, carry):
+            cols = pl.ds(c * width, width)
+            src = [src_blocks(j, cols) for j in range(nb)]
+            for i in range(nb):
+                acc = sum(ptr.matmul(T[i, j], src[j], (1, 0), prec) for j in range(i + 1))
+                out[pl.ds(i * B16, B16), cols] = acc
+            return carry
+
+        if n == 1:
+            col(0, 0)
+        else:
+            lax.fori_loop(0, n, col, 0)
+
+    def x_block(j, cols):                     # rows of block j of X = A_ak v
+        return ptr.matmul(refs["A_ak"][pl.ds(j * B16, B16), :], refs["v"][:, cols], (1, 0),
+                          prec)
+
+    def a_block(j, cols):
+        return refs["a_in"][pl.ds(j * B16, B16), cols]
+
+    rows_of(x_block, refs["u"], min(LAUNCH.bv, refs["u"].shape[1]))
+    rows_of(a_block, refs["w"], min(LAUNCH.bk, refs["w"].shape[1]))
+
+
+def _bwd_kernel(refs, prec):
+    Tm = refs["T"][...]                       # [BT, BT]
+    A_ak = refs["A_ak"][...]
+    BT = Tm.shape[0]
+    Vp, Kp = refs["v"].shape[1], refs["a_in"].shape[1]
+    bv, bk = min(LAUNCH.bv, Vp), min(LAUNCH.bk, Kp)
+
+    def vblock(c, acc):
+        dT, dAak = acc
+        cols = pl.ds(c * bv, bv)
+        v, du = refs["v"][:, cols], refs["du"][:, cols]
+        X = ptr.matmul(A_ak, v, (1, 0), prec)                       # [BT, bv]
+        dX = ptr.matmul(Tm, du, (0, 0), prec)                       # T^T du
+        refs["dv"][:, cols] = ptr.matmul(A_ak, dX, (0, 0), prec)    # A_ak^T dX
+        return (dT + ptr.matmul(du, X, (1, 1), prec), dAak + ptr.matmul(dX, v, (1, 1), prec))
+
+    def kblock(c, dT):
+        cols = pl.ds(c * bk, bk)
+        a, dw = refs["a_in"][:, cols], refs["dw"][:, cols]
+        refs["da_in"][:, cols] = ptr.matmul(Tm, dw, (0, 0), prec)  # T^T dw
+        return dT + ptr.matmul(dw, a, (1, 1), prec)
+
+    z = jnp.zeros((BT, BT), F32)
+    nv, nk = Vp // bv, Kp // bk
+    dT, dAak = vblock(0, (z, z)) if nv == 1 else lax.fori_loop(0, nv, vblock, (z, z))
+    dT = kblock(0, dT) if nk == 1 else lax.fori_loop(0, nk, kblock, dT)
+    refs["dA_ak"][...] = dAak
+    # dA_ab = T^T dT T^T (d(I - A)^-1 = T dA T), its strictly lower part
+    left = ptr.matmul(Tm, dT, (0, 0), prec)
+    refs["dA_ab"][...] = _strict_lower(ptr.matmul(left, Tm, (1, 1), prec))
+
+
+def _spec(BT, D):
+    return pl.BlockSpec((None, None, BT, D), lambda s, h: (s, h, 0, 0))
+
+
+def _forward(A_ab, A_ak, v, a_in, prec):
+    S, H, BT, Vp = v.shape
+    Kp = a_in.shape[-1]
+    if BT != 64:
+        raise ValueError(f"dplr_wy: chunk length {BT}; the block inversion expects 64")
+    mat = pl.BlockSpec((None, None, BT, BT), lambda s, h: (s, h, 0, 0))
+    ins = [("A_ab", A_ab, mat), ("A_ak", A_ak, mat), ("v", v, _spec(BT, Vp)),
+           ("a_in", a_in, _spec(BT, Kp))]
+    outs = [("T", jax.ShapeDtypeStruct((S, H, BT, BT), F32), mat),
+            ("u", jax.ShapeDtypeStruct((S, H, BT, Vp), F32), _spec(BT, Vp)),
+            ("w", jax.ShapeDtypeStruct((S, H, BT, Kp), F32), _spec(BT, Kp))]
+    r = call(lambda refs: _fwd_kernel(refs, prec), (S, H), ins, outs, LAUNCH, "dplr_wy_fwd")
+    return r["T"], r["u"], r["w"]
+
+
+def _backward(Tm, A_ak, v, a_in, du, dw, prec):
+    S, H, BT, Vp = v.shape
+    Kp = a_in.shape[-1]
+    mat = pl.BlockSpec((None, None, BT, BT), lambda s, h: (s, h, 0, 0))
+    ins = [("T", Tm, mat), ("A_ak", A_ak, mat), ("v", v, _spec(BT, Vp)), ("a_in", a_in, _spec(BT, Kp)),
+           ("du", du, _spec(BT, Vp)), ("dw", dw, _spec(BT, Kp))]
+    outs = [("dA_ab", jax.ShapeDtypeStruct((S, H, BT, BT), F32), mat),
+            ("dA_ak", jax.ShapeDtypeStruct((S, H, BT, BT), F32), mat),
+            ("dv", jax.ShapeDtypeStruct((S, H, BT, Vp), F32), _spec(BT, Vp)),
+            ("da_in", jax.ShapeDtypeStruct((S, H, BT, Kp), F32), _spec(BT, Kp))]
+    r = call(lambda refs: _bwd_kernel(refs, prec), (S, H), ins, outs, LAUNCH, "dplr_wy_bwd")
+    return r["dA_ab"], r["dA_ak"], r["dv"], r["da_in"]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def dplr_wy(A_ab, A_ak, v, a_in, prec):
+    """(A_ab, A_ak [S, H, 64, 64], v [S, H, 64, Vp], a_in [S, H, 64, Kp], all fp32) ->
+    (u [S, H, 64, Vp], w [S, H, 64, Kp]) fp32 (see the module docstring). prec: the fp32
+    dot precision."""
+    _, u, w = _forward(A_ab, A_ak, v, a_in, prec)
+    return u, w
+
+
+def _fwd(A_ab, A_ak, v, a_in, prec):
+    Tm, u, w = _forward(A_ab, A_ak, v, a_in, prec)
+    return (u, w), (Tm, A_ak, v, a_in)
+
+
+def _bwd(prec, res, cts):
+    du, dw = (x.astype(F32) for x in cts)
+    return _backward(*res, du, dw, prec)
+
+
+dplr_wy.defvjp(_fwd, _bwd)
