@@ -55,8 +55,15 @@ def slot_rows(B: int, T: int, cu_seqlens):
 
 
 def to_slots(x, row, S, Dp):
-    """[B, T, H, D] -> fp32 [S, H, BT, Dp] (pad rows and columns zero; differentiable)."""
+    """[B, T, H, D] -> fp32 [S, H, BT, Dp] (pad rows and columns zero; differentiable).
+    row None (fixed length: slot b * NT + c holds tokens c * BT .. of row b): a pad and a
+    transpose, no scatter (whose gradient would be a gather, and the reverse's a
+    scatter-add)."""
     B, T, H, D = x.shape
+    if row is None:
+        NT = S // B
+        xp = jnp.pad(x.astype(F32), ((0, 0), (0, NT * BT - T), (0, 0), (0, Dp - D)))
+        return jnp.transpose(xp.reshape(S, BT, H, Dp), (0, 2, 1, 3))
     flat = x.reshape(B * T, H, D).astype(F32)
     if Dp != D:
         flat = jnp.pad(flat, ((0, 0), (0, 0), (0, Dp - D)))
@@ -65,10 +72,13 @@ def to_slots(x, row, S, Dp):
 
 
 def from_slots(y, row, B, T, D):
-    """[S, H, BT, Dp] -> [B, T, H, D] (differentiable)."""
+    """[S, H, BT, Dp] -> [B, T, H, D] (differentiable; row None: fixed length, a transpose
+    and a slice)."""
     S, H, _, Dp = y.shape
-    flat = jnp.transpose(y, (0, 2, 1, 3)).reshape(S * BT, H, Dp)
-    return flat[row][..., :D].reshape(B, T, H, D)
+    flat = jnp.transpose(y, (0, 2, 1, 3))
+    if row is None:
+        return flat.reshape(B, (S // B) * BT, H, Dp)[:, :T, :, :D]
+    return flat.reshape(S * BT, H, Dp)[row][..., :D].reshape(B, T, H, D)
 
 
 def _shift_up(x):
@@ -91,6 +101,8 @@ def dplr_chunk(r, k, v, w, a, b, scale, initial_state, output_final_state, cu_se
     Kp, Vp = ptr.padded(K), ptr.padded(V)
     prec = ptr.dot_precision()
     row, first, count, S = slot_rows(B, T, cu_seqlens)
+    if cu_seqlens is None:
+        row = None          # the slot layout is a reshape of the token layout
     rs, ks, ws, as_, bs = (to_slots(x, row, S, Kp) for x in (r, k, w, a, b))
     vs = to_slots(v, row, S, Vp)
     M_rb, M_rk, M_ab, M_ak, r_in, as_in, b_out, k_out, tot = dplr_scores(

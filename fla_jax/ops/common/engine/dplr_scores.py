@@ -39,12 +39,25 @@ from jax.experimental.pallas import triton as plt
 
 from .. import pallas_triton as ptr
 from . import gates as gt
-from .launch import SUB
+from .launch import SUB, Launch, call
 
 F32 = jnp.float32
 XS = ("r", "a")           # row vectors (a: shifted up by one row)
 YS = ("b", "k")           # column vectors
 PAIRS = tuple((x, y) for x in XS for y in YS)      # rb, rk, ab, ak
+
+# How the pairs inside a 16-row sub-chunk (the diagonal blocks) are formed, forward and
+# backward:
+#   "split": one fp32-accurate dot per pair through exp(+-loc) (from the sub-chunk's start)
+#     wherever the key block's decay across the sub-chunk stays under gates.SPAN, with no
+#     branch; a second kernel (_fix_fwd_kernel / _fix_bwd_kernel) adds, in place, the exact
+#     per-pair terms of the blocks past it, its programs doing nothing where every block fits
+#     (RWKV-7's decays, w > -0.61 per token, always do: 16 * 0.61 < 20). The KDA scores'
+#     split (delta_scores.py, output_stage.diag_fix) measured 0.98 -> 0.75 ms on the H100.
+#   "loop": every diagonal block exact per pair (SUB column steps per key block).
+DIAGS = ("split", "loop")
+DIAG = "split"
+FIX_LAUNCH = Launch(None, None, 4, 1)
 
 
 def _bk(Kp):
@@ -111,6 +124,48 @@ def _diag_grads(refs, xs, q, loc, i0, cols):
     return lax.fori_loop(0, SUB, column, ((z,) * len(XS), (z,) * len(YS)))
 
 
+def _fits(loc: gt.Cum):
+    """True (traced) when the decay across the sub-chunk's key block stays under gates.SPAN:
+    its diagonal block then factors through the sub-chunk's start, exp(loc_i - loc_j) =
+    exp(loc_i) exp(-loc_j), both factors within e^SPAN (fp32-exact enough: ~SPAN * 6e-8 per
+    exponent)."""
+    return jnp.max(-loc.value()) < gt.SPAN
+
+
+def _factors(loc: gt.Cum, fit):
+    """(exp(loc), exp(-loc)) [SUB, BK], both 0 where the block does not fit (no overflow)."""
+    lv = jnp.where(fit, loc.value(), 0.0)
+    return jnp.where(fit, jnp.exp(lv), 0.0), jnp.where(fit, jnp.exp(-lv), 0.0)
+
+
+def _diag_scores_dot(refs, xs, loc, i0, cols):
+    """_diag_scores by one fp32-accurate dot per pair through the factors (j <= i; 0 where
+    the block does not fit: diag_fix_fwd adds those exactly)."""
+    ii = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 0)
+    jj = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 1)
+    e_p, e_m = _factors(loc, _fits(loc))
+    ym = {y: refs[y][pl.ds(i0, SUB), cols] * e_m for y in YS}
+    acc = ptr.accurate_precision()
+    return tuple(jnp.where(ii >= jj, ptr.matmul(xs[x] * e_p, ym[y], (1, 1), acc), 0.0)
+                 for x, y in PAIRS)
+
+
+def _diag_grads_dot(xs, ys, q, loc):
+    """_diag_grads by dots through the factors (strict pairs; 0 where the block does not fit:
+    diag_fix_bwd adds those exactly): dx_i = e^{loc_i} sum_j q_ij y_j e^{-loc_j},
+    dy_j = e^{-loc_j} sum_i q_ij x_i e^{loc_i}."""
+    ii = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 0)
+    jj = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 1)
+    e_p, e_m = _factors(loc, _fits(loc))
+    acc = ptr.accurate_precision()
+    qs = {p: jnp.where(ii > jj, q[p], 0.0) for p in PAIRS}
+    dx = tuple(e_p * sum(ptr.matmul(qs[x, y], ys[y] * e_m, (1, 0), acc) for y in YS)
+               for x in XS)
+    dy = tuple(e_m * sum(ptr.matmul(qs[x, y], xs[x] * e_p, (0, 0), acc) for x in XS)
+               for y in YS)
+    return dx, dy
+
+
 # ------------------------------------------------------------------------------ forward
 def _fwd_kernel(refs, BT, Kp, prec):
     BK = _bk(Kp)
@@ -146,7 +201,10 @@ def _fwd_kernel(refs, BT, Kp, prec):
             cy = {y: refs[y][:, cols] * e_c for y in YS}
             acc = tuple(acc[n] + ptr.matmul(xs[x] * e_r, cy[y], (1, 1), prec)
                         for n, (x, y) in enumerate(PAIRS))
-            dd = _diag_scores(refs, xs, loc, i0, cols)
+            if DIAG == "split":
+                dd = _diag_scores_dot(refs, xs, loc, i0, cols)
+            else:
+                dd = _diag_scores(refs, xs, loc, i0, cols)
             return acc, tuple(dia[n] + dd[n] for n in range(len(PAIRS)))
 
         init = (tuple(jnp.zeros((SUB, BT), F32) for _ in PAIRS),
@@ -161,6 +219,87 @@ def _fwd_kernel(refs, BT, Kp, prec):
         return carry
 
     lax.fori_loop(0, nb, sub_chunk, 0)
+
+
+def _count_unfit(refs, i0, Kp):
+    """Number of key blocks of the sub-chunk at row i0 whose decay does not fit (int32)."""
+    BK = _bk(Kp)
+
+    def one(kb, bad):
+        loc, _ = _sub_gates(refs, i0, pl.ds(kb * BK, BK))
+        return bad + jnp.where(_fits(loc), jnp.int32(0), jnp.int32(1))
+
+    return lax.fori_loop(0, Kp // BK, one, jnp.int32(0))
+
+
+def _fix_fwd_kernel(refs, Kp):
+    """DIAG "split", forward: one program per (slot, head, sub-chunk) adds to the diagonal
+    block of every M_xy the exact per-pair terms of the key blocks that do not fit."""
+    i0 = pl.program_id(2) * SUB             # (program ids outside pl.when: interpret mode)
+    bad = _count_unfit(refs, i0, Kp)
+    BK = _bk(Kp)
+
+    @pl.when(bad > 0)
+    def _():
+        def block(kb, dia):
+            cols = pl.ds(kb * BK, BK)
+            xs = {x: refs[x][pl.ds(i0, SUB), cols] for x in XS}
+            loc, _ = _sub_gates(refs, i0, cols)
+            dd = _diag_scores(refs, xs, loc, i0, cols)
+            fit = _fits(loc)
+            return tuple(dia[n] + jnp.where(fit, 0.0, dd[n]) for n in range(len(PAIRS)))
+
+        dia = lax.fori_loop(0, Kp // BK, block,
+                            tuple(jnp.zeros((SUB, SUB), F32) for _ in PAIRS))
+        blk = (pl.ds(i0, SUB), pl.ds(i0, SUB))
+        for n, (x, y) in enumerate(PAIRS):
+            ref = refs[f"M_{x}{y}"]
+            ref[blk] = ref[blk] + dia[n]
+
+
+def _fix_bwd_kernel(refs, Kp):
+    """DIAG "split", backward: one program per (slot, head, sub-chunk) adds the exact
+    in-sub-chunk pair gradients of the key blocks that do not fit to dr, da, db, dk and to
+    pq (P - Q of the dw assembly), in place."""
+    i0 = pl.program_id(2) * SUB
+    bad = _count_unfit(refs, i0, Kp)
+    BK = _bk(Kp)
+
+    @pl.when(bad > 0)
+    def _():
+        sub = pl.ds(i0, SUB)
+        q = {p: refs[f"dM_{p[0]}{p[1]}"][sub, sub] for p in PAIRS}
+
+        def block(kb, carry):
+            cols = pl.ds(kb * BK, BK)
+            xs = {x: refs[x][sub, cols] for x in XS}
+            ys = {y: refs[y][sub, cols] for y in YS}
+            loc, _ = _sub_gates(refs, i0, cols)
+            keep = jnp.logical_not(_fits(loc))
+            dx, dy = _diag_grads(refs, xs, q, loc, i0, cols)
+            dx = {x: jnp.where(keep, d, 0.0) for x, d in zip(XS, dx)}
+            dy = {y: jnp.where(keep, d, 0.0) for y, d in zip(YS, dy)}
+            for x in XS:
+                refs[f"d{x}"][sub, cols] = refs[f"d{x}"][sub, cols] + dx[x]
+            for y in YS:
+                refs[f"d{y}"][sub, cols] = refs[f"d{y}"][sub, cols] + dy[y]
+            refs["pq"][sub, cols] = (refs["pq"][sub, cols] + sum(xs[x] * dx[x] for x in XS)
+                                     - sum(ys[y] * dy[y] for y in YS))
+            return carry
+
+        lax.fori_loop(0, Kp // BK, block, 0)
+
+
+def _fix(kernel, ins, fixed, name):
+    """Runs a fix kernel on grid (S, H, BT / SUB): ins [(name, array, spec)] read; fixed
+    {name: array} updated in place. Returns {name: array}."""
+    S, H, BT, _ = ins[0][1].shape
+    spec = lambda a: pl.BlockSpec((None, None) + a.shape[2:],  # noqa: E731
+                                  lambda s, h, i: (s, h) + (0,) * (a.ndim - 2))
+    io = [(n + "_in", a, spec(a)) for n, a in fixed.items()]
+    outs = [(n, jax.ShapeDtypeStruct(a.shape, a.dtype), spec(a)) for n, a in fixed.items()]
+    return call(kernel, (S, H, BT // SUB), [(n, a, spec(a)) for n, a, _ in ins] + io, outs,
+                FIX_LAUNCH, name, aliases={n + "_in": n for n in fixed})
 
 
 def _slot_spec(S, H, BT, D):
@@ -197,6 +336,9 @@ def _forward(r, k, a, b, w, prec):
     outs += [("tot", jax.ShapeDtypeStruct((S, H, Kp), F32), _vec_spec(Kp))]
     res = _call(lambda refs: _fwd_kernel(refs, BT, Kp, prec), ins, outs, (S, H),
                 "dplr_scores_fwd")
+    if DIAG == "split":
+        res.update(_fix(lambda refs: _fix_fwd_kernel(refs, Kp), ins,
+                        {f"M_{x}{y}": res[f"M_{x}{y}"] for x, y in PAIRS}, "dplr_scores_fix_fwd"))
     return tuple(res[n] for n, _, _ in outs)
 
 
@@ -235,7 +377,10 @@ def _bwd_kernel(refs, BT, Kp, prec):
             wx = {x: refs[x][:, cols] * e_w for x in XS}
             gy = {y: e_l * sum(ptr.matmul(refs[f"dM_{x}{y}"][:, sub], wx[x], (0, 0), prec)
                                for x in XS) for y in YS}
-            dx, dy = _diag_grads(refs, xs, q, loc, i0, cols)
+            if DIAG == "split":
+                dx, dy = _diag_grads_dot(xs, ys, q, loc)
+            else:
+                dx, dy = _diag_grads(refs, xs, q, loc, i0, cols)
             gx = {x: gx[x] + d for x, d in zip(XS, dx)}
             gy = {y: gy[y] + d for y, d in zip(YS, dy)}
             eG = jnp.exp(gt.add(gt.bcast(R), loc).value())
@@ -276,6 +421,10 @@ def _backward(r, k, a, b, w, cts, prec):
     outs += [("g_tot", jax.ShapeDtypeStruct((S, H, Kp), F32), _vec_spec(Kp))]
     res = _call(lambda refs: _bwd_kernel(refs, BT, Kp, prec), ins, outs, (S, H),
                 "dplr_scores_bwd")
+    if DIAG == "split":
+        res.update(_fix(lambda refs: _fix_bwd_kernel(refs, Kp), ins[:5] + ins[5:9],
+                        {n: res[n] for n in ("dr", "dk", "da", "db", "pq")},
+                        "dplr_scores_fix_bwd"))
     # dw_s = sum_{t >= s} (P_t - Q_t) + sum_{j < s} c_end_j + dtot exp(L)
     pq, c_end = res["pq"], res["c_end"]
     suffix = jnp.flip(jnp.cumsum(jnp.flip(pq, 2), axis=2), 2)
@@ -290,7 +439,10 @@ def _backward(r, k, a, b, w, cts, prec):
 def dplr_scores(r, k, a, b, w, prec):
     """(r, k, a_s, b, w) [S, H, BT, Kp] fp32 (a_s: a shifted up one row) ->
     (M_rb, M_rk, M_ab, M_ak [S, H, BT, BT], r_in, a_in, b_out, k_out [S, H, BT, Kp],
-    tot [S, H, Kp]), all fp32 (see the module docstring). prec: the fp32 dot precision."""
+    tot [S, H, Kp]), all fp32 (see the module docstring). prec: the fp32 dot precision.
+    The module's DIAG (one of DIAGS) picks how the diagonal blocks are formed."""
+    if DIAG not in DIAGS:
+        raise ValueError(f"dplr_scores: DIAG={DIAG!r}; expected one of {DIAGS}")
     return _forward(r, k, a, b, w, prec)
 
 
