@@ -75,3 +75,28 @@ def test_output_stage(K, V):
     got["o"] = o
     errs = {n: _rel(got[n], ref[n]) for n in ref}
     assert all(e < TOL for e in errs.values()), errs
+
+
+def test_scores_split_diagonal_matches_loop(monkeypatch):
+    """dplr_scores with DIAG 'split' (factored diagonal dots + the fix kernels) equals DIAG
+    'loop' (exact pairs) forward and backward, with one key block past gates.SPAN (gates to
+    -20 in columns 0..31) and one within it (columns 32..63, weak)."""
+    import fla_jax.ops.common.engine.dplr_scores as ds
+    rng = np.random.default_rng(7)
+    S, H, Kp = 1, 2, 64
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    r, k, a, b = (f32(_draw(rng, S, H, BT, Kp, scale=0.5)) for _ in range(4))
+    strength = np.where(np.arange(Kp) < 32, 20.0, 0.6)
+    w = f32(-rng.random((S, H, BT, Kp)) * strength)
+    outs = {}
+    for diag in ("loop", "split"):
+        monkeypatch.setattr(ds, "DIAG", diag)
+        y, vjp = jax.vjp(lambda *x: ds.dplr_scores(*x, P), r, k, a, b, w)
+        if diag == "loop":
+            cts = tuple(f32(_draw(rng, *t.shape)) for t in y)
+        outs[diag] = list(y) + list(vjp(cts))
+    errs = [_rel(p, q) for p, q in zip(outs["split"], outs["loop"])]
+    assert max(errs) < TOL, errs
+    monkeypatch.setattr(ds, "DIAG", "nope")
+    with pytest.raises(ValueError, match="DIAG"):
+        ds.dplr_scores(r, k, a, b, w, P)
