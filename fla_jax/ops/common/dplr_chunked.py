@@ -39,15 +39,18 @@ def _exclusive_cumsum(w):
 def pair_scores(x, y, ex, ey, shift: int):
     """x, y, ex, ey: [B, NC, HV, C, K] -> [B, NC, HV, C, C]:
     sum_c x_ic y_jc d_ijc with d = 1 at j == i - shift, exp(ex_i - ey_j) at j < i - shift,
-    0 elsewhere (masked before exp)."""
-    C = x.shape[3]
+    0 elsewhere (masked before exp). The leading axes are folded into one (tensors of at most
+    4 axes: XLA:CPU's YNNPACK fusions of jaxlib 0.10.2 segfault on some high-rank ones, see
+    gla/chunked.py)."""
+    *lead, C, K = x.shape
+    x, y, ex, ey = (t.reshape(-1, C, K) for t in (x, y, ex, ey))
     i = jnp.arange(C)[:, None]
     j = jnp.arange(C)[None, :]
     gap = (j < i - shift)[..., None]
     zero = (j == i - shift).astype(x.dtype)[..., None]
     diff = jnp.where(gap, ex[..., :, None, :] - ey[..., None, :, :], 0.0)
     d = jnp.where(gap, jnp.exp(diff), 0.0) + zero
-    return jnp.sum(x[..., :, None, :] * y[..., None, :, :] * d, axis=-1)
+    return jnp.sum(x[..., :, None, :] * y[..., None, :, :] * d, axis=-1).reshape(*lead, C, C)
 
 
 def dplr_chunks(r, w, k, v, a, b, *, scale, initial_state, output_final_state, cu_seqlens,

@@ -37,12 +37,16 @@ def slot_pass_chunked(q, k, s, g, scale, hk0, output_final_state, cu_seqlens,
     b = chunk_cumsum(gn)                                                  # [B,NC,H,C,M]
     C = chunk_size
     strict = causal_mask(C, inclusive=False)[..., None]                   # [C, C, 1]
-    gap = b[..., :, None, :] - b[..., None, :, :]                         # [.., C, C, M]
+    # the [C, C, M] decays with the leading axes folded into one (at most 4 axes: XLA:CPU's
+    # YNNPACK fusions of jaxlib 0.10.2 segfault on some high-rank ones, see gla/chunked.py)
+    lead = b.shape[:3]
+    bf = b.reshape(-1, C, M)
+    gap = bf[:, :, None, :] - bf[:, None, :, :]                           # [L, C, C, M]
     decay = jnp.where(strict, jnp.exp(jnp.where(strict, gap, 0.0)), 0.0)
     decay = decay + jnp.eye(C, dtype=cd)[..., None]
-    A = einsum("bnhik,bnhjk->bnhij", qn, kn)
-    o_intra = jnp.einsum("bnhij,bnhijm,bnhjm->bnhim", A, decay, sn,
-                         preferred_element_type=cd)
+    A = einsum("bnhik,bnhjk->bnhij", qn, kn).reshape(-1, C, C)
+    o_intra = jnp.einsum("lij,lijm,ljm->lim", A, decay, sn.reshape(-1, C, M),
+                         preferred_element_type=cd).reshape(*lead, C, M)
 
     shape = (H, M, K)
     h0t = None if hk0 is None else jnp.swapaxes(hk0, -1, -2)
