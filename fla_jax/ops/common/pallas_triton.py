@@ -116,6 +116,28 @@ def split_matmul32(a, b, contract=(1, 0), precision=lax.Precision.HIGHEST, split
     return _split_products(a, b, contract)
 
 
+# A `prec` value for in-kernel fp32 x fp32 products of a 16-bit problem: three full-rate bf16
+# products (split_matmul32, ~2^-16 relative per term) instead of tf32x3's three half-rate ones.
+SPLIT3 = "bf16x3"
+
+
+def dot(a, b, contract=(1, 0), prec=lax.Precision.HIGHEST):
+    """matmul at `prec`, or split_matmul32 when prec is SPLIT3."""
+    if isinstance(prec, str) and prec == SPLIT3:
+        return split_matmul32(a, b, contract)
+    return matmul(a, b, contract, prec)
+
+
+def problem_precision(dtype):
+    """The `prec` of a problem whose activations have `dtype`: SPLIT3 for 16-bit problems
+    where fp32 products must stay fp32-accurate (dot_precision() not tf32), else
+    dot_precision()."""
+    prec = dot_precision()
+    if jnp.dtype(dtype).itemsize == 2 and prec != lax.Precision.HIGH:
+        return SPLIT3
+    return prec
+
+
 # fp32-accurate in-kernel products of 16-bit problems (the factored diagonal score blocks):
 # True: split_matmul32 (three full-rate bf16 products, ~2^-16 relative per term); False:
 # accurate_precision() (tf32x3 on the GPU). fp32 problems always take accurate_precision().

@@ -16,7 +16,9 @@ common/dplr_chunked.py with chunks of BT = 64:
     token layout in r's dtype.
 Stages 2-5 are custom_vjp functions with Pallas backward kernels; autodiff carries the
 gradients through the jnp glue (the slot layout, the row shifts). Every fp32 product is
-fp32-accurate (inside allow_tf32() the caller's setting applies).
+fp32-accurate (inside allow_tf32() the caller's setting applies): tf32x3 on the GPU for fp32
+problems, three bf16 products (hi / lo splits, ~2^-16 relative per term; ptr.SPLIT3) for
+bf16 / fp16 ones, whose inputs carry 2^-8 / 2^-11 already.
 """
 from __future__ import annotations
 
@@ -99,7 +101,7 @@ def dplr_chunk(r, k, v, w, a, b, scale, initial_state, output_final_state, cu_se
     B, T, H, K = k.shape
     V = v.shape[-1]
     Kp, Vp = ptr.padded(K), ptr.padded(V)
-    prec = ptr.dot_precision()
+    prec = ptr.problem_precision(r.dtype)    # 16-bit problems: fp32 products as bf16 splits
     row, first, count, S = slot_rows(B, T, cu_seqlens)
     if cu_seqlens is None:
         row = None          # the slot layout is a reshape of the token layout

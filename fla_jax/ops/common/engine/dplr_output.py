@@ -31,12 +31,12 @@ LAUNCH = Launch(64, 64, 4, 1)     # bk, bv
 def _fwd_kernel(refs, scale, prec):
     Kp = refs["r_in"].shape[1]
     bk = min(LAUNCH.bk, Kp)
-    acc = ptr.matmul(refs["A_rb"][...], refs["U"][...], (1, 0), prec)
-    acc = acc + ptr.matmul(refs["A_rk"][...], refs["v"][...], (1, 0), prec)
+    acc = ptr.dot(refs["A_rb"][...], refs["U"][...], (1, 0), prec)
+    acc = acc + ptr.dot(refs["A_rk"][...], refs["v"][...], (1, 0), prec)
 
     def kblock(c, acc):
         cols = pl.ds(c * bk, bk)
-        return acc + ptr.matmul(refs["r_in"][:, cols], refs["S_in"][cols, :], (1, 0), prec)
+        return acc + ptr.dot(refs["r_in"][:, cols], refs["S_in"][cols, :], (1, 0), prec)
 
     nk = Kp // bk
     acc = kblock(0, acc) if nk == 1 else lax.fori_loop(0, nk, kblock, acc)
@@ -53,12 +53,12 @@ def _bwd_kernel(refs, scale, prec):
         g_rb, g_rk = acc
         cols = pl.ds(c * bv, bv)
         do = refs["do"][:, cols] * scale
-        refs["dU"][:, cols] = ptr.matmul(A_rb, do, (0, 0), prec)
-        refs["dv"][:, cols] = ptr.matmul(A_rk, do, (0, 0), prec)
+        refs["dU"][:, cols] = ptr.dot(A_rb, do, (0, 0), prec)
+        refs["dv"][:, cols] = ptr.dot(A_rk, do, (0, 0), prec)
 
         def kblock(e, carry):
             rows = pl.ds(e * bk, bk)
-            refs["dS_in"][rows, cols] = ptr.matmul(refs["r_in"][:, rows], do, (0, 0), prec)
+            refs["dS_in"][rows, cols] = ptr.dot(refs["r_in"][:, rows], do, (0, 0), prec)
             return carry
 
         nk = Kp // bk
@@ -66,8 +66,8 @@ def _bwd_kernel(refs, scale, prec):
             kblock(0, 0)
         else:
             lax.fori_loop(0, nk, kblock, 0)
-        return (g_rb + ptr.matmul(do, refs["U"][:, cols], (1, 1), prec),
-                g_rk + ptr.matmul(do, refs["v"][:, cols], (1, 1), prec))
+        return (g_rb + ptr.dot(do, refs["U"][:, cols], (1, 1), prec),
+                g_rk + ptr.dot(do, refs["v"][:, cols], (1, 1), prec))
 
     z = jnp.zeros((BT, BT), F32)
     nv = Vp // bv
@@ -80,7 +80,7 @@ def _bwd_kernel(refs, scale, prec):
 
         def vpart(c, acc):
             cols = pl.ds(c * bv, bv)
-            return acc + ptr.matmul(refs["do"][:, cols], refs["S_in"][rows, cols], (1, 1), prec)
+            return acc + ptr.dot(refs["do"][:, cols], refs["S_in"][rows, cols], (1, 1), prec)
 
         acc = jnp.zeros((BT, bk), F32)
         acc = vpart(0, acc) if nv == 1 else lax.fori_loop(0, nv, vpart, acc)

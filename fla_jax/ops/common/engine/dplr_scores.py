@@ -138,30 +138,36 @@ def _factors(loc: gt.Cum, fit):
     return jnp.where(fit, jnp.exp(lv), 0.0), jnp.where(fit, jnp.exp(-lv), 0.0)
 
 
-def _diag_scores_dot(refs, xs, loc, i0, cols):
+def _accurate(prec):
+    """The factored diagonal dots' precision: fp32-accurate whatever allow_tf32() says
+    (ptr.SPLIT3 for 16-bit problems, else ptr.accurate_precision())."""
+    return prec if prec == ptr.SPLIT3 else ptr.accurate_precision()
+
+
+def _diag_scores_dot(refs, xs, loc, i0, cols, prec):
     """_diag_scores by one fp32-accurate dot per pair through the factors (j <= i; 0 where
     the block does not fit: diag_fix_fwd adds those exactly)."""
     ii = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 0)
     jj = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 1)
     e_p, e_m = _factors(loc, _fits(loc))
     ym = {y: refs[y][pl.ds(i0, SUB), cols] * e_m for y in YS}
-    acc = ptr.accurate_precision()
-    return tuple(jnp.where(ii >= jj, ptr.matmul(xs[x] * e_p, ym[y], (1, 1), acc), 0.0)
+    acc = _accurate(prec)
+    return tuple(jnp.where(ii >= jj, ptr.dot(xs[x] * e_p, ym[y], (1, 1), acc), 0.0)
                  for x, y in PAIRS)
 
 
-def _diag_grads_dot(xs, ys, q, loc):
+def _diag_grads_dot(xs, ys, q, loc, prec):
     """_diag_grads by dots through the factors (strict pairs; 0 where the block does not fit:
     diag_fix_bwd adds those exactly): dx_i = e^{loc_i} sum_j q_ij y_j e^{-loc_j},
     dy_j = e^{-loc_j} sum_i q_ij x_i e^{loc_i}."""
     ii = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 0)
     jj = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 1)
     e_p, e_m = _factors(loc, _fits(loc))
-    acc = ptr.accurate_precision()
+    acc = _accurate(prec)
     qs = {p: jnp.where(ii > jj, q[p], 0.0) for p in PAIRS}
-    dx = tuple(e_p * sum(ptr.matmul(qs[x, y], ys[y] * e_m, (1, 0), acc) for y in YS)
+    dx = tuple(e_p * sum(ptr.dot(qs[x, y], ys[y] * e_m, (1, 0), acc) for y in YS)
                for x in XS)
-    dy = tuple(e_m * sum(ptr.matmul(qs[x, y], xs[x] * e_p, (0, 0), acc) for x in XS)
+    dy = tuple(e_m * sum(ptr.dot(qs[x, y], xs[x] * e_p, (0, 0), acc) for x in XS)
                for y in YS)
     return dx, dy
 
@@ -199,10 +205,10 @@ def _fwd_kernel(refs, BT, Kp, prec):
             e_c = gt.masked_exp(gt.gap(gt.bcast(R), G), rows < i0)           # [BT, BK]
             e_r = jnp.exp(loc.value())                                        # [SUB, BK]
             cy = {y: refs[y][:, cols] * e_c for y in YS}
-            acc = tuple(acc[n] + ptr.matmul(xs[x] * e_r, cy[y], (1, 1), prec)
+            acc = tuple(acc[n] + ptr.dot(xs[x] * e_r, cy[y], (1, 1), prec)
                         for n, (x, y) in enumerate(PAIRS))
             if DIAG == "split":
-                dd = _diag_scores_dot(refs, xs, loc, i0, cols)
+                dd = _diag_scores_dot(refs, xs, loc, i0, cols, prec)
             else:
                 dd = _diag_scores(refs, xs, loc, i0, cols)
             return acc, tuple(dia[n] + dd[n] for n in range(len(PAIRS)))
@@ -367,7 +373,7 @@ def _bwd_kernel(refs, BT, Kp, prec):
             e_c = gt.masked_exp(gt.gap(gt.bcast(R), G), rows < i0)
             e_r = jnp.exp(loc.value())
             cy = {y: refs[y][:, cols] * e_c for y in YS}
-            gx = {x: e_r * sum(ptr.matmul(refs[f"dM_{x}{y}"][sub, :], cy[y], (1, 0), prec)
+            gx = {x: e_r * sum(ptr.dot(refs[f"dM_{x}{y}"][sub, :], cy[y], (1, 0), prec)
                                for y in YS) for x in XS}
             # pairs with later rows (the columns of I, reference its last row; none for the
             # last sub-chunk)
@@ -375,10 +381,10 @@ def _bwd_kernel(refs, BT, Kp, prec):
             e_w = gt.masked_exp(gt.gap(G, gt.bcast(Gl)), rows >= i0 + SUB)
             e_l = jnp.exp(gt.gap(gt.bcast(tot_I), loc))                     # [SUB, BK]
             wx = {x: refs[x][:, cols] * e_w for x in XS}
-            gy = {y: e_l * sum(ptr.matmul(refs[f"dM_{x}{y}"][:, sub], wx[x], (0, 0), prec)
+            gy = {y: e_l * sum(ptr.dot(refs[f"dM_{x}{y}"][:, sub], wx[x], (0, 0), prec)
                                for x in XS) for y in YS}
             if DIAG == "split":
-                dx, dy = _diag_grads_dot(xs, ys, q, loc)
+                dx, dy = _diag_grads_dot(xs, ys, q, loc, prec)
             else:
                 dx, dy = _diag_grads(refs, xs, q, loc, i0, cols)
             gx = {x: gx[x] + d for x, d in zip(XS, dx)}
@@ -439,7 +445,8 @@ def _backward(r, k, a, b, w, cts, prec):
 def dplr_scores(r, k, a, b, w, prec):
     """(r, k, a_s, b, w) [S, H, BT, Kp] fp32 (a_s: a shifted up one row) ->
     (M_rb, M_rk, M_ab, M_ak [S, H, BT, BT], r_in, a_in, b_out, k_out [S, H, BT, Kp],
-    tot [S, H, Kp]), all fp32 (see the module docstring). prec: the fp32 dot precision.
+    tot [S, H, Kp]), all fp32 (see the module docstring). prec: the fp32 dot precision
+    (ptr.SPLIT3: three bf16 products, for 16-bit problems).
     The module's DIAG (one of DIAGS) picks how the diagonal blocks are formed."""
     if DIAG not in DIAGS:
         raise ValueError(f"dplr_scores: DIAG={DIAG!r}; expected one of {DIAGS}")

@@ -85,9 +85,9 @@ def _fwd_kernel(refs, has_h0, prec):
     def body(c, S):
         s = s0 + c
         refs["S_in"][s] = S
-        U = refs["u"][s] + ptr.matmul(refs["w"][s], S, (1, 0), prec)
+        U = refs["u"][s] + ptr.dot(refs["w"][s], S, (1, 0), prec)
         refs["U"][s] = U
-        return (refs["tot"][s][:, None] * S + ptr.matmul(refs["b_out"][s], U, (0, 0), prec)
+        return (refs["tot"][s][:, None] * S + ptr.dot(refs["b_out"][s], U, (0, 0), prec)
                 + refs["kv"][s])
 
     refs["ht"][...] = lax.fori_loop(0, refs["count"][n], body, S0)
@@ -122,9 +122,9 @@ def _bwd_kernel(refs, has_h0, prec):
     def body(i, dS):
         s = s0 + nc - 1 - i
         refs["dh"][s] = dS
-        dU = refs["dU"][s] + ptr.matmul(refs["b_out"][s], dS, (1, 0), prec)
+        dU = refs["dU"][s] + ptr.dot(refs["b_out"][s], dS, (1, 0), prec)
         refs["du"][s] = dU
-        return (refs["tot"][s][:, None] * dS + ptr.matmul(refs["w"][s], dU, (0, 0), prec)
+        return (refs["tot"][s][:, None] * dS + ptr.dot(refs["w"][s], dU, (0, 0), prec)
                 + refs["dS_in"][s])
 
     dS = lax.fori_loop(0, nc, body, dS0)

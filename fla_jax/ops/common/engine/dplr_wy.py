@@ -14,7 +14,8 @@ stores T (the backward's), and forms u, w block row by block row (no [BT, BT] ti
 assembled in registers). Backward, one program per (slot, head), X = A_ak v:
     dX = T^T du,  dA_ak = dX v^T,  dv = A_ak^T dX,  da_in = T^T dw,
     dA_ab = strictly-lower part of T^T (du X^T + dw a_in^T) T^T.
-Every product is fp32-accurate (`prec`: tf32x3 on the GPU unless allow_tf32()).
+Every product is fp32-accurate (`prec`: tf32x3 on the GPU unless allow_tf32(); for 16-bit
+problems ptr.SPLIT3, three bf16 products, except in the inversion).
 This replaces the batched jnp inverse (common/unit_lower_inverse.py, six levels of small
 XLA matmuls) and its autodiff in the DPLR pipeline.
 """
@@ -55,19 +56,22 @@ def inv_diag(a, prec):
            == lax.broadcasted_iota(jnp.int32, a.shape, 1)).astype(F32)
     p, t = a, eye + a
     for _ in range(3):
-        p = ptr.matmul(p, p, (1, 0), prec)
-        t = t + ptr.matmul(t, p, (1, 0), prec)
+        p = ptr.dot(p, p, (1, 0), prec)
+        t = t + ptr.dot(t, p, (1, 0), prec)
     return t
 
 
 def _inverse_blocks(A, nb, prec):
-    """{(i, j): T_ij [16, 16]} for j <= i of T = (I - A)^-1, A a [BT, BT] ref."""
+    """{(i, j): T_ij [16, 16]} for j <= i of T = (I - A)^-1, A a [BT, BT] ref (fp32-accurate
+    products even for 16-bit problems: tf32x3 where prec is SPLIT3)."""
+    if prec == ptr.SPLIT3:
+        prec = ptr.accurate_precision()
     T = {(i, i): inv_diag(_blk(A, i, i), prec) for i in range(nb)}
     for d in range(1, nb):
         for j in range(nb - d):
             i = j + d
-            acc = sum(ptr.matmul(_blk(A, i, m), T[m, j], (1, 0), prec) for m in range(j, i))
-            T[i, j] = ptr.matmul(T[i, i], acc, (1, 0), prec)
+            acc = sum(ptr.dot(_blk(A, i, m), T[m, j], (1, 0), prec) for m in range(j, i))
+            T[i, j] = ptr.dot(T[i, i], acc, (1, 0), prec)
     return T
 
 
@@ -88,7 +92,7 @@ def _fwd_kernel(refs, prec):
             cols = pl.ds(c * width, width)
             src = [src_blocks(j, cols) for j in range(nb)]
             for i in range(nb):
-                acc = sum(ptr.matmul(T[i, j], src[j], (1, 0), prec) for j in range(i + 1))
+                acc = sum(ptr.dot(T[i, j], src[j], (1, 0), prec) for j in range(i + 1))
                 out[pl.ds(i * B16, B16), cols] = acc
             return carry
 
@@ -98,8 +102,7 @@ def _fwd_kernel(refs, prec):
             lax.fori_loop(0, n, col, 0)
 
     def x_block(j, cols):                     # rows of block j of X = A_ak v
-        return ptr.matmul(refs["A_ak"][pl.ds(j * B16, B16), :], refs["v"][:, cols], (1, 0),
-                          prec)
+        return ptr.dot(refs["A_ak"][pl.ds(j * B16, B16), :], refs["v"][:, cols], (1, 0), prec)
 
     def a_block(j, cols):
         return refs["a_in"][pl.ds(j * B16, B16), cols]
@@ -119,16 +122,16 @@ def _bwd_kernel(refs, prec):
         dT, dAak = acc
         cols = pl.ds(c * bv, bv)
         v, du = refs["v"][:, cols], refs["du"][:, cols]
-        X = ptr.matmul(A_ak, v, (1, 0), prec)                       # [BT, bv]
-        dX = ptr.matmul(Tm, du, (0, 0), prec)                       # T^T du
-        refs["dv"][:, cols] = ptr.matmul(A_ak, dX, (0, 0), prec)    # A_ak^T dX
-        return (dT + ptr.matmul(du, X, (1, 1), prec), dAak + ptr.matmul(dX, v, (1, 1), prec))
+        X = ptr.dot(A_ak, v, (1, 0), prec)                       # [BT, bv]
+        dX = ptr.dot(Tm, du, (0, 0), prec)                       # T^T du
+        refs["dv"][:, cols] = ptr.dot(A_ak, dX, (0, 0), prec)    # A_ak^T dX
+        return (dT + ptr.dot(du, X, (1, 1), prec), dAak + ptr.dot(dX, v, (1, 1), prec))
 
     def kblock(c, dT):
         cols = pl.ds(c * bk, bk)
         a, dw = refs["a_in"][:, cols], refs["dw"][:, cols]
-        refs["da_in"][:, cols] = ptr.matmul(Tm, dw, (0, 0), prec)  # T^T dw
-        return dT + ptr.matmul(dw, a, (1, 1), prec)
+        refs["da_in"][:, cols] = ptr.dot(Tm, dw, (0, 0), prec)  # T^T dw
+        return dT + ptr.dot(dw, a, (1, 1), prec)
 
     z = jnp.zeros((BT, BT), F32)
     nv, nk = Vp // bv, Kp // bk
@@ -136,8 +139,8 @@ def _bwd_kernel(refs, prec):
     dT = kblock(0, dT) if nk == 1 else lax.fori_loop(0, nk, kblock, dT)
     refs["dA_ak"][...] = dAak
     # dA_ab = T^T dT T^T (d(I - A)^-1 = T dA T), its strictly lower part
-    left = ptr.matmul(Tm, dT, (0, 0), prec)
-    refs["dA_ab"][...] = _strict_lower(ptr.matmul(left, Tm, (1, 1), prec))
+    left = ptr.dot(Tm, dT, (0, 0), prec)
+    refs["dA_ab"][...] = _strict_lower(ptr.dot(left, Tm, (1, 1), prec))
 
 
 def _spec(BT, D):
