@@ -37,7 +37,7 @@ from jax.experimental import pallas as pl
 from .. import pallas_triton as ptr
 from . import gates as gt
 from . import specs
-from .launch import SUB, Launch, Problem, call, launch_for
+from .launch import SUB, Launch, Problem, blocks, call, launch_for
 from .output_stage import _chunk, _diag_fits, _diag_scores, _parallel_inputs, _row, diag_fix
 
 F32 = jnp.float32
@@ -161,12 +161,12 @@ def _kernel(refs, pb, bk, split, diag, frame):
             a, ok = _chunk_block(refs, pb, kb * bk, bk, start, nv, diag)
             return acc[0] + a, jnp.where(jnp.arange(nk) == kb, ok.astype(jnp.int32), acc[1])
         init = (jnp.zeros((bt, bt), F32), jnp.ones((nk,), jnp.int32))
-        acc, fits = kchunk(0, init) if nk == 1 else lax.fori_loop(0, nk, kchunk, init)
+        acc, fits = blocks(nk, kchunk, init)
         refs["A"][...] = acc.astype(refs["A"].dtype)
         if "fits" in refs:
             refs["fits"][...] = fits
         return
-    blocks = [pl.program_id(2)] if split else list(range(nb))
+    subs = [pl.program_id(2)] if split else list(range(nb))
 
     def kblock(kb, accs):
         c0 = kb * bk
@@ -178,16 +178,16 @@ def _kernel(refs, pb, bk, split, diag, frame):
             refs["el"][pl.ds(c0, bk)] = jnp.exp(tot.value())
 
         if split:
-            pl.when(blocks[0] == 0)(put_el)
+            pl.when(subs[0] == 0)(put_el)
         else:
             put_el()
         chunk = (start, nv, b, tot, k)
         return tuple(acc + _row_block(refs, pb, I, not split and I == 0, c0, bk, chunk, diag)
-                     for I, acc in zip(blocks, accs))
+                     for I, acc in zip(subs, accs))
 
-    accs = tuple(jnp.zeros((SUB, bt), F32) for _ in blocks)
-    accs = kblock(0, accs) if nk == 1 else lax.fori_loop(0, nk, kblock, accs)
-    for I, acc in zip(blocks, accs):
+    accs = tuple(jnp.zeros((SUB, bt), F32) for _ in subs)
+    accs = blocks(nk, kblock, accs)
+    for I, acc in zip(subs, accs):
         refs["A"][pl.ds(I * SUB, SUB), :] = acc.astype(refs["A"].dtype)
 
 

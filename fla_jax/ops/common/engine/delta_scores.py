@@ -46,7 +46,7 @@ from .. import pallas_triton as ptr
 from . import gates as gt
 from . import specs
 from .delta_prep import delta_prep_fwd
-from .launch import SUB, Launch, Problem, call
+from .launch import SUB, Launch, Problem, blocks, call
 from .output_stage import (_chunk, _diag_fits, _k_factor, _load_sub, _parallel_inputs, _q_factor,
                            _row, _sub_gates, _sub_rows, diag_fix)
 
@@ -309,7 +309,7 @@ def _chunk_kernel(refs, pb, bk, split):
 
     z = jnp.zeros((pb.bt, pb.bt), F32)
     init = (z, z, jnp.ones((nk,), jnp.int32))
-    aq, ak, fits = kblock(0, init) if nk == 1 else lax.fori_loop(0, nk, kblock, init)
+    aq, ak, fits = blocks(nk, kblock, init)
     refs["Aqk"][...] = aq
     refs["Ak"][...] = ak
     refs["fits"][...] = fits

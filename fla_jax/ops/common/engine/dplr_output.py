@@ -18,11 +18,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 
 from .. import pallas_triton as ptr
-from .launch import Launch, call
+from .launch import Launch, blocks, call
 
 F32 = jnp.float32
 LAUNCH = Launch(64, 64, 4, 1)     # bk, bv
@@ -39,7 +38,7 @@ def _fwd_kernel(refs, scale, prec):
         return acc + ptr.dot(refs["r_in"][:, cols], refs["S_in"][cols, :], (1, 0), prec)
 
     nk = Kp // bk
-    acc = kblock(0, acc) if nk == 1 else lax.fori_loop(0, nk, kblock, acc)
+    acc = blocks(nk, kblock, acc)
     refs["o"][...] = acc * scale
 
 
@@ -62,16 +61,13 @@ def _bwd_kernel(refs, scale, prec):
             return carry
 
         nk = Kp // bk
-        if nk == 1:
-            kblock(0, 0)
-        else:
-            lax.fori_loop(0, nk, kblock, 0)
+        blocks(nk, kblock)
         return (g_rb + ptr.dot(do, refs["U"][:, cols], (1, 1), prec),
                 g_rk + ptr.dot(do, refs["v"][:, cols], (1, 1), prec))
 
     z = jnp.zeros((BT, BT), F32)
     nv = Vp // bv
-    g_rb, g_rk = vblock(0, (z, z)) if nv == 1 else lax.fori_loop(0, nv, vblock, (z, z))
+    g_rb, g_rk = blocks(nv, vblock, (z, z))
     refs["dA_rb"][...] = g_rb
     refs["dA_rk"][...] = g_rk
 
@@ -83,15 +79,12 @@ def _bwd_kernel(refs, scale, prec):
             return acc + ptr.dot(refs["do"][:, cols], refs["S_in"][rows, cols], (1, 1), prec)
 
         acc = jnp.zeros((BT, bk), F32)
-        acc = vpart(0, acc) if nv == 1 else lax.fori_loop(0, nv, vpart, acc)
+        acc = blocks(nv, vpart, acc)
         refs["dr_in"][:, rows] = acc * scale
         return carry
 
     nk = Kp // bk
-    if nk == 1:
-        kblock_r(0, 0)
-    else:
-        lax.fori_loop(0, nk, kblock_r, 0)
+    blocks(nk, kblock_r)
 
 
 def _forward(r_in, S_in, A_rb, U, A_rk, v, scale, prec):

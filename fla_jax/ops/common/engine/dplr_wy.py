@@ -29,7 +29,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from .. import pallas_triton as ptr
-from .launch import Launch, call
+from .launch import Launch, blocks, call
 
 F32 = jnp.float32
 B16 = 16                       # block rows of the inversion
@@ -96,10 +96,7 @@ def _fwd_kernel(refs, prec):
                 out[pl.ds(i * B16, B16), cols] = acc
             return carry
 
-        if n == 1:
-            col(0, 0)
-        else:
-            lax.fori_loop(0, n, col, 0)
+        blocks(n, col)
 
     def x_block(j, cols):                     # rows of block j of X = A_ak v
         return ptr.dot(refs["A_ak"][pl.ds(j * B16, B16), :], refs["v"][:, cols], (1, 0), prec)
@@ -135,8 +132,8 @@ def _bwd_kernel(refs, prec):
 
     z = jnp.zeros((BT, BT), F32)
     nv, nk = Vp // bv, Kp // bk
-    dT, dAak = vblock(0, (z, z)) if nv == 1 else lax.fori_loop(0, nv, vblock, (z, z))
-    dT = kblock(0, dT) if nk == 1 else lax.fori_loop(0, nk, kblock, dT)
+    dT, dAak = blocks(nv, vblock, (z, z))
+    dT = blocks(nk, kblock, dT)
     refs["dA_ak"][...] = dAak
     # dA_ab = T^T dT T^T (d(I - A)^-1 = T dA T), its strictly lower part
     left = ptr.dot(Tm, dT, (0, 0), prec)

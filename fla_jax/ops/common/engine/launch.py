@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 
 from .. import pallas_triton as ptr
@@ -119,6 +120,12 @@ def call(kernel, grid, inputs, outputs, launch: Launch, name: str, aliases=None)
         interpret=ptr.interpret(), name=name, input_output_aliases=io,
     )(*[a for _, a, _ in inputs])
     return dict(zip([n for n, _, _ in outputs], out))
+
+
+def blocks(n: int, body, init=0):
+    """body(i, carry) over i = 0 .. n - 1 (static n): one direct call when n == 1 (no loop in
+    the kernel's IR), else lax.fori_loop. Returns the final carry."""
+    return body(0, init) if n == 1 else lax.fori_loop(0, n, body, init)
 
 
 def width(size_p, block):

@@ -34,7 +34,7 @@ from .. import pallas_triton as ptr
 from . import gates as gt
 from . import specs
 from . import varlen as vl
-from .launch import SUB, Launch, Problem, call, launch_for, width
+from .launch import SUB, Launch, Problem, blocks, call, launch_for, width
 
 F32 = jnp.float32
 
@@ -136,7 +136,7 @@ def diag_fix_kernel(refs, pb, bk, mats):
 
         z = tuple(jnp.zeros((SUB, SUB), F32) for _ in names)
         nk = pb.Kp // bk
-        ms = kblock(0, z) if nk == 1 else lax.fori_loop(0, nk, kblock, z)
+        ms = blocks(nk, kblock, z)
         blk = (pl.ds(i0, SUB), pl.ds(i0, SUB))
         for n, m in zip(names, ms):
             keep = ii > jj if mats[n][1] else ii >= jj
