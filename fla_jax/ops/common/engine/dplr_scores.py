@@ -50,8 +50,10 @@ PAIRS = tuple((x, y) for x in XS for y in YS)      # rb, rk, ab, ak
 # backward:
 #   "split": one fp32-accurate dot per pair through exp(+-loc) (from the sub-chunk's start)
 #     wherever the key block's decay across the sub-chunk stays under gates.SPAN, with no
-#     branch; a second kernel (_fix_fwd_kernel / _fix_bwd_kernel) adds, in place, the exact
-#     per-pair terms of the blocks past it, its programs doing nothing where every block fits
+#     branch; the forward scores kernel writes that decision per (sub-chunk, key block) as
+#     int32 flags, which the backward and both fix kernels read (one decision for all four);
+#     a second kernel (_fix_fwd_kernel / _fix_bwd_kernel) adds, in place, the exact per-pair
+#     terms of the blocks past it, its programs doing nothing where every block fits
 #     (RWKV-7's decays, w > -0.61 per token, always do: 16 * 0.61 < 20). The KDA scores'
 #     split (delta_scores.py, output_stage.diag_fix) measured 0.98 -> 0.75 ms on the H100.
 #   "loop": every diagonal block exact per pair (SUB column steps per key block).
@@ -132,6 +134,15 @@ def _fits(loc: gt.Cum):
     return jnp.max(-loc.value()) < gt.SPAN
 
 
+def _flag(flags, idx):
+    """Element idx (traced) of an int32 flag vector, as a bool (a masked sum: tiles cannot be
+    indexed in the Triton lowering). Flags: 1 where block (sub-chunk I, key block kb), at
+    I * nk + kb, fits (_fits), written by the forward scores kernel and read by every later
+    kernel, so that all of them take the same decision."""
+    return jnp.sum(jnp.where(lax.broadcasted_iota(jnp.int32, flags.shape, 0) == idx, flags,
+                             0)) > 0
+
+
 def _factors(loc: gt.Cum, fit):
     """(exp(loc), exp(-loc)) [SUB, BK], both 0 where the block does not fit (no overflow)."""
     lv = jnp.where(fit, loc.value(), 0.0)
@@ -144,25 +155,25 @@ def _accurate(prec):
     return prec if prec == ptr.SPLIT3 else ptr.accurate_precision()
 
 
-def _diag_scores_dot(refs, xs, loc, i0, cols, prec):
+def _diag_scores_dot(refs, xs, loc, fit, i0, cols, prec):
     """_diag_scores by one fp32-accurate dot per pair through the factors (j <= i; 0 where
-    the block does not fit: diag_fix_fwd adds those exactly)."""
+    the block does not fit, fit False: _fix_fwd_kernel adds those exactly)."""
     ii = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 0)
     jj = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 1)
-    e_p, e_m = _factors(loc, _fits(loc))
+    e_p, e_m = _factors(loc, fit)
     ym = {y: refs[y][pl.ds(i0, SUB), cols] * e_m for y in YS}
     acc = _accurate(prec)
     return tuple(jnp.where(ii >= jj, ptr.dot(xs[x] * e_p, ym[y], (1, 1), acc), 0.0)
                  for x, y in PAIRS)
 
 
-def _diag_grads_dot(xs, ys, q, loc, prec):
-    """_diag_grads by dots through the factors (strict pairs; 0 where the block does not fit:
-    diag_fix_bwd adds those exactly): dx_i = e^{loc_i} sum_j q_ij y_j e^{-loc_j},
+def _diag_grads_dot(xs, ys, q, loc, fit, prec):
+    """_diag_grads by dots through the factors (strict pairs; 0 where the block does not fit,
+    fit False: _fix_bwd_kernel adds those exactly): dx_i = e^{loc_i} sum_j q_ij y_j e^{-loc_j},
     dy_j = e^{-loc_j} sum_i q_ij x_i e^{loc_i}."""
     ii = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 0)
     jj = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 1)
-    e_p, e_m = _factors(loc, _fits(loc))
+    e_p, e_m = _factors(loc, fit)
     acc = _accurate(prec)
     qs = {p: jnp.where(ii > jj, q[p], 0.0) for p in PAIRS}
     dx = tuple(e_p * sum(ptr.dot(qs[x, y], ys[y] * e_m, (1, 0), acc) for y in YS)
@@ -192,11 +203,14 @@ def _fwd_kernel(refs, BT, Kp, prec):
 
     lax.fori_loop(0, nk, vectors, 0)
 
-    def sub_chunk(I, carry):
+    split = "fits" in refs
+    fidx = lax.broadcasted_iota(jnp.int32, (nb * nk,), 0)
+
+    def sub_chunk(I, flags):
         i0 = I * SUB
 
         def block(kb, acc_dia):
-            acc, dia = acc_dia
+            acc, dia, flags = acc_dia
             cols = pl.ds(kb * BK, BK)
             xs = {x: refs[x][pl.ds(i0, SUB), cols] for x in XS}
             loc, _ = _sub_gates(refs, i0, cols)
@@ -207,52 +221,53 @@ def _fwd_kernel(refs, BT, Kp, prec):
             cy = {y: refs[y][:, cols] * e_c for y in YS}
             acc = tuple(acc[n] + ptr.dot(xs[x] * e_r, cy[y], (1, 1), prec)
                         for n, (x, y) in enumerate(PAIRS))
-            if DIAG == "split":
-                dd = _diag_scores_dot(refs, xs, loc, i0, cols, prec)
+            if split:
+                fit = _fits(loc)
+                flags = jnp.where(fidx == I * nk + kb, fit.astype(jnp.int32), flags)
+                dd = _diag_scores_dot(refs, xs, loc, fit, i0, cols, prec)
             else:
                 dd = _diag_scores(refs, xs, loc, i0, cols)
-            return acc, tuple(dia[n] + dd[n] for n in range(len(PAIRS)))
+            return acc, tuple(dia[n] + dd[n] for n in range(len(PAIRS))), flags
 
         init = (tuple(jnp.zeros((SUB, BT), F32) for _ in PAIRS),
-                tuple(jnp.zeros((SUB, SUB), F32) for _ in PAIRS))
-        acc, dia = lax.fori_loop(0, nk, block, init)
+                tuple(jnp.zeros((SUB, SUB), F32) for _ in PAIRS), flags)
+        acc, dia, flags = lax.fori_loop(0, nk, block, init)
         cidx = lax.broadcasted_iota(jnp.int32, (SUB, BT), 1)
         for n, (x, y) in enumerate(PAIRS):
             ref = refs[f"M_{x}{y}"]
             plt.store(ref.at[pl.ds(i0, SUB), :], jnp.where(cidx < i0, acc[n], 0.0),
                       mask=(cidx < i0) | (cidx >= i0 + SUB))
             ref[pl.ds(i0, SUB), pl.ds(i0, SUB)] = dia[n]
-        return carry
+        return flags
 
-    lax.fori_loop(0, nb, sub_chunk, 0)
+    flags = lax.fori_loop(0, nb, sub_chunk, jnp.zeros((nb * nk,), jnp.int32))
+    if split:
+        refs["fits"][...] = flags
 
 
-def _count_unfit(refs, i0, Kp):
-    """Number of key blocks of the sub-chunk at row i0 whose decay does not fit (int32)."""
-    BK = _bk(Kp)
-
-    def one(kb, bad):
-        loc, _ = _sub_gates(refs, i0, pl.ds(kb * BK, BK))
-        return bad + jnp.where(_fits(loc), jnp.int32(0), jnp.int32(1))
-
-    return lax.fori_loop(0, Kp // BK, one, jnp.int32(0))
+def _count_unfit(flags, I, nk):
+    """Number of key blocks of sub-chunk I whose flag is 0 (int32)."""
+    idx = lax.broadcasted_iota(jnp.int32, flags.shape, 0)
+    return jnp.sum(jnp.where((idx >= I * nk) & (idx < I * nk + nk), 1 - flags, 0))
 
 
 def _fix_fwd_kernel(refs, Kp):
     """DIAG "split", forward: one program per (slot, head, sub-chunk) adds to the diagonal
     block of every M_xy the exact per-pair terms of the key blocks that do not fit."""
-    i0 = pl.program_id(2) * SUB             # (program ids outside pl.when: interpret mode)
-    bad = _count_unfit(refs, i0, Kp)
+    I = pl.program_id(2)                    # (program ids outside pl.when: interpret mode)
+    i0 = I * SUB
     BK = _bk(Kp)
+    nk = Kp // BK
+    flags = refs["fits"][...]
 
-    @pl.when(bad > 0)
+    @pl.when(_count_unfit(flags, I, nk) > 0)
     def _():
         def block(kb, dia):
             cols = pl.ds(kb * BK, BK)
             xs = {x: refs[x][pl.ds(i0, SUB), cols] for x in XS}
             loc, _ = _sub_gates(refs, i0, cols)
             dd = _diag_scores(refs, xs, loc, i0, cols)
-            fit = _fits(loc)
+            fit = _flag(flags, I * nk + kb)
             return tuple(dia[n] + jnp.where(fit, 0.0, dd[n]) for n in range(len(PAIRS)))
 
         dia = lax.fori_loop(0, Kp // BK, block,
@@ -267,11 +282,13 @@ def _fix_bwd_kernel(refs, Kp):
     """DIAG "split", backward: one program per (slot, head, sub-chunk) adds the exact
     in-sub-chunk pair gradients of the key blocks that do not fit to dr, da, db, dk and to
     pq (P - Q of the dw assembly), in place."""
-    i0 = pl.program_id(2) * SUB
-    bad = _count_unfit(refs, i0, Kp)
+    I = pl.program_id(2)
+    i0 = I * SUB
     BK = _bk(Kp)
+    nk = Kp // BK
+    flags = refs["fits"][...]
 
-    @pl.when(bad > 0)
+    @pl.when(_count_unfit(flags, I, nk) > 0)
     def _():
         sub = pl.ds(i0, SUB)
         q = {p: refs[f"dM_{p[0]}{p[1]}"][sub, sub] for p in PAIRS}
@@ -281,7 +298,7 @@ def _fix_bwd_kernel(refs, Kp):
             xs = {x: refs[x][sub, cols] for x in XS}
             ys = {y: refs[y][sub, cols] for y in YS}
             loc, _ = _sub_gates(refs, i0, cols)
-            keep = jnp.logical_not(_fits(loc))
+            keep = jnp.logical_not(_flag(flags, I * nk + kb))
             dx, dy = _diag_grads(refs, xs, q, loc, i0, cols)
             dx = {x: jnp.where(keep, d, 0.0) for x, d in zip(XS, dx)}
             dy = {y: jnp.where(keep, d, 0.0) for y, d in zip(YS, dy)}
@@ -297,8 +314,9 @@ def _fix_bwd_kernel(refs, Kp):
 
 
 def _fix(kernel, ins, fixed, name):
-    """Runs a fix kernel on grid (S, H, BT / SUB): ins [(name, array, spec)] read; fixed
-    {name: array} updated in place. Returns {name: array}."""
+    """Runs a fix kernel on grid (S, H, BT / SUB): ins [(name, array, spec)] read (the specs
+    are replaced: every program sees its slot and head's whole blocks); fixed {name: array}
+    updated in place. Returns {name: array}."""
     S, H, BT, _ = ins[0][1].shape
     spec = lambda a: pl.BlockSpec((None, None) + a.shape[2:],  # noqa: E731
                                   lambda s, h, i: (s, h) + (0,) * (a.ndim - 2))
@@ -331,6 +349,10 @@ def _call(kernel, ins, outs, grid, name, num_warps=4):
 
 
 def _forward(r, k, a, b, w, prec):
+    """(the nine outputs of dplr_scores, the DIAG "split" flags int32 [S, H, BT / SUB * Kp /
+    BK] or None)."""
+    if DIAG not in DIAGS:
+        raise ValueError(f"dplr_scores: DIAG={DIAG!r}; expected one of {DIAGS}")
     S, H, BT, Kp = r.shape
     vec = lambda: jax.ShapeDtypeStruct((S, H, BT, Kp), F32)     # noqa: E731
     mat = lambda: jax.ShapeDtypeStruct((S, H, BT, BT), F32)     # noqa: E731
@@ -340,12 +362,17 @@ def _forward(r, k, a, b, w, prec):
     outs += [(f"{x}_in", vec(), _slot_spec(S, H, BT, Kp)) for x in XS]
     outs += [(f"{y}_out", vec(), _slot_spec(S, H, BT, Kp)) for y in YS]
     outs += [("tot", jax.ShapeDtypeStruct((S, H, Kp), F32), _vec_spec(Kp))]
+    n_out = len(outs)
+    if DIAG == "split":
+        nf = (BT // SUB) * (Kp // _bk(Kp))
+        outs += [("fits", jax.ShapeDtypeStruct((S, H, nf), jnp.int32), _vec_spec(nf))]
     res = _call(lambda refs: _fwd_kernel(refs, BT, Kp, prec), ins, outs, (S, H),
                 "dplr_scores_fwd")
-    if DIAG == "split":
-        res.update(_fix(lambda refs: _fix_fwd_kernel(refs, Kp), ins,
+    fits = res.get("fits")
+    if fits is not None:
+        res.update(_fix(lambda refs: _fix_fwd_kernel(refs, Kp), ins + [("fits", fits, None)],
                         {f"M_{x}{y}": res[f"M_{x}{y}"] for x, y in PAIRS}, "dplr_scores_fix_fwd"))
-    return tuple(res[n] for n, _, _ in outs)
+    return tuple(res[n] for n, _, _ in outs[:n_out]), fits
 
 
 # ----------------------------------------------------------------------------- backward
@@ -355,6 +382,8 @@ def _bwd_kernel(refs, BT, Kp, prec):
     rows = lax.broadcasted_iota(jnp.int32, (BT, 1), 0)
     eye = (lax.broadcasted_iota(jnp.int32, (SUB, SUB), 0)
            == lax.broadcasted_iota(jnp.int32, (SUB, SUB), 1))
+    split = "fits" in refs
+    flags = refs["fits"][...] if split else None
 
     def block(kb, carry):
         cols = pl.ds(kb * BK, BK)
@@ -383,8 +412,8 @@ def _bwd_kernel(refs, BT, Kp, prec):
             wx = {x: refs[x][:, cols] * e_w for x in XS}
             gy = {y: e_l * sum(ptr.dot(refs[f"dM_{x}{y}"][:, sub], wx[x], (0, 0), prec)
                                for x in XS) for y in YS}
-            if DIAG == "split":
-                dx, dy = _diag_grads_dot(xs, ys, q, loc, prec)
+            if split:
+                dx, dy = _diag_grads_dot(xs, ys, q, loc, _flag(flags, I * nk + kb), prec)
             else:
                 dx, dy = _diag_grads(refs, xs, q, loc, i0, cols)
             gx = {x: gx[x] + d for x, d in zip(XS, dx)}
@@ -410,7 +439,8 @@ def _bwd_kernel(refs, BT, Kp, prec):
     lax.fori_loop(0, nk, block, 0)
 
 
-def _backward(r, k, a, b, w, cts, prec):
+def _backward(r, k, a, b, w, fits, cts, prec):
+    """fits: the forward's flags (DIAG "split") or None (every diagonal pair exact)."""
     S, H, BT, Kp = r.shape
     dM = dict(zip(PAIRS, cts[:4]))
     d_in = dict(zip(XS, cts[4:6]))
@@ -422,13 +452,15 @@ def _backward(r, k, a, b, w, cts, prec):
     ins += [(f"d{x}_in", d_in[x], vspec) for x in XS]
     ins += [(f"d{y}_out", d_out[y], vspec) for y in YS]
     ins += [("d_tot", d_tot, _vec_spec(Kp))]
+    if fits is not None:
+        ins += [("fits", fits, _vec_spec(fits.shape[-1]))]
     vec = jax.ShapeDtypeStruct((S, H, BT, Kp), F32)
     outs = [(n, vec, vspec) for n in ("dr", "dk", "da", "db", "pq", "c_end")]
     outs += [("g_tot", jax.ShapeDtypeStruct((S, H, Kp), F32), _vec_spec(Kp))]
     res = _call(lambda refs: _bwd_kernel(refs, BT, Kp, prec), ins, outs, (S, H),
                 "dplr_scores_bwd")
-    if DIAG == "split":
-        res.update(_fix(lambda refs: _fix_bwd_kernel(refs, Kp), ins[:5] + ins[5:9],
+    if fits is not None:
+        res.update(_fix(lambda refs: _fix_bwd_kernel(refs, Kp), ins[:9] + ins[-1:],
                         {n: res[n] for n in ("dr", "dk", "da", "db", "pq")},
                         "dplr_scores_fix_bwd"))
     # dw_s = sum_{t >= s} (P_t - Q_t) + sum_{j < s} c_end_j + dtot exp(L)
@@ -448,19 +480,18 @@ def dplr_scores(r, k, a, b, w, prec):
     tot [S, H, Kp]), all fp32 (see the module docstring). prec: the fp32 dot precision
     (ptr.SPLIT3: three bf16 products, for 16-bit problems).
     The module's DIAG (one of DIAGS) picks how the diagonal blocks are formed."""
-    if DIAG not in DIAGS:
-        raise ValueError(f"dplr_scores: DIAG={DIAG!r}; expected one of {DIAGS}")
-    return _forward(r, k, a, b, w, prec)
+    return _forward(r, k, a, b, w, prec)[0]
 
 
 def _fwd(r, k, a, b, w, prec):
-    return _forward(r, k, a, b, w, prec), (r, k, a, b, w)
+    outs, fits = _forward(r, k, a, b, w, prec)
+    return outs, (r, k, a, b, w, fits)
 
 
 def _bwd(prec, res, cts):
-    r, k, a, b, w = res
+    r, k, a, b, w, fits = res
     cts = tuple(x.astype(F32) for x in cts)
-    return _backward(r, k, a, b, w, cts, prec)
+    return _backward(r, k, a, b, w, fits, cts, prec)
 
 
 dplr_scores.defvjp(_fwd, _bwd)
