@@ -37,12 +37,12 @@ F32 = jnp.float32
 
 
 def slot_rows(B: int, T: int, cu_seqlens):
-    """(row [B*T] int32: the slot-layout row of every token, first [N], count [N] int32,
-    slots S). Traced-safe (no host synchronisation)."""
+    """(row [B*T] int32: the slot-layout row of every token, or None for fixed length (slot
+    b * NT + c holds row b's tokens c * BT ..: a reshape, see to_slots), first [N], count [N]
+    int32, slots S). Traced-safe (no host synchronisation)."""
     NT = n_chunks(T, BT)
     if cu_seqlens is None:
-        tok = jnp.arange(T, dtype=jnp.int32)
-        row = (jnp.arange(B, dtype=jnp.int32)[:, None] * (NT * BT) + tok[None, :]).reshape(-1)
+        row = None
         first = jnp.arange(B, dtype=jnp.int32) * NT
         count = jnp.full((B,), NT, jnp.int32)
         return row, first, count, B * NT
@@ -103,8 +103,6 @@ def dplr_chunk(r, k, v, w, a, b, scale, initial_state, output_final_state, cu_se
     Kp, Vp = ptr.padded(K), ptr.padded(V)
     prec = ptr.problem_precision(r.dtype)    # 16-bit problems: fp32 products as bf16 splits
     row, first, count, S = slot_rows(B, T, cu_seqlens)
-    if cu_seqlens is None:
-        row = None          # the slot layout is a reshape of the token layout
     rs, ks, ws, as_, bs = (to_slots(x, row, S, Kp) for x in (r, k, w, a, b))
     vs = to_slots(v, row, S, Vp)
     M_rb, M_rk, M_ab, M_ak, r_in, as_in, b_out, k_out, tot = dplr_scores(

@@ -39,7 +39,8 @@ from jax.experimental.pallas import triton as plt
 
 from .. import pallas_triton as ptr
 from . import gates as gt
-from .launch import SUB, Launch, call
+from .launch import SUB, Launch, blocks, call
+from .output_stage import _diag_fits
 
 F32 = jnp.float32
 XS = ("r", "a")           # row vectors (a: shifted up by one row)
@@ -126,19 +127,11 @@ def _diag_grads(refs, xs, q, loc, i0, cols):
     return lax.fori_loop(0, SUB, column, ((z,) * len(XS), (z,) * len(YS)))
 
 
-def _fits(loc: gt.Cum):
-    """True (traced) when the decay across the sub-chunk's key block stays under gates.SPAN:
-    its diagonal block then factors through the sub-chunk's start, exp(loc_i - loc_j) =
-    exp(loc_i) exp(-loc_j), both factors within e^SPAN (fp32-exact enough: ~SPAN * 6e-8 per
-    exponent)."""
-    return jnp.max(-loc.value()) < gt.SPAN
-
-
 def _flag(flags, idx):
     """Element idx (traced) of an int32 flag vector, as a bool (a masked sum: tiles cannot be
     indexed in the Triton lowering). Flags: 1 where block (sub-chunk I, key block kb), at
-    I * nk + kb, fits (_fits), written by the forward scores kernel and read by every later
-    kernel, so that all of them take the same decision."""
+    I * nk + kb, fits (output_stage._diag_fits), written by the forward scores kernel and
+    read by every later kernel, so that all of them take the same decision."""
     return jnp.sum(jnp.where(lax.broadcasted_iota(jnp.int32, flags.shape, 0) == idx, flags,
                              0)) > 0
 
@@ -149,12 +142,6 @@ def _factors(loc: gt.Cum, fit):
     return jnp.where(fit, jnp.exp(lv), 0.0), jnp.where(fit, jnp.exp(-lv), 0.0)
 
 
-def _accurate(prec):
-    """The factored diagonal dots' precision: fp32-accurate whatever allow_tf32() says
-    (ptr.SPLIT3 for 16-bit problems, else ptr.accurate_precision())."""
-    return prec if prec == ptr.SPLIT3 else ptr.accurate_precision()
-
-
 def _diag_scores_dot(refs, xs, loc, fit, i0, cols, prec):
     """_diag_scores by one fp32-accurate dot per pair through the factors (j <= i; 0 where
     the block does not fit, fit False: _fix_fwd_kernel adds those exactly)."""
@@ -162,9 +149,9 @@ def _diag_scores_dot(refs, xs, loc, fit, i0, cols, prec):
     jj = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 1)
     e_p, e_m = _factors(loc, fit)
     ym = {y: refs[y][pl.ds(i0, SUB), cols] * e_m for y in YS}
-    acc = _accurate(prec)
-    return tuple(jnp.where(ii >= jj, ptr.dot(xs[x] * e_p, ym[y], (1, 1), acc), 0.0)
-                 for x, y in PAIRS)
+    split = prec == ptr.SPLIT3
+    return tuple(jnp.where(ii >= jj, ptr.accurate_matmul(xs[x] * e_p, ym[y], (1, 1), split),
+                           0.0) for x, y in PAIRS)
 
 
 def _diag_grads_dot(xs, ys, q, loc, fit, prec):
@@ -174,11 +161,11 @@ def _diag_grads_dot(xs, ys, q, loc, fit, prec):
     ii = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 0)
     jj = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 1)
     e_p, e_m = _factors(loc, fit)
-    acc = _accurate(prec)
+    split = prec == ptr.SPLIT3
     qs = {p: jnp.where(ii > jj, q[p], 0.0) for p in PAIRS}
-    dx = tuple(e_p * sum(ptr.dot(qs[x, y], ys[y] * e_m, (1, 0), acc) for y in YS)
+    dx = tuple(e_p * sum(ptr.accurate_matmul(qs[x, y], ys[y] * e_m, (1, 0), split) for y in YS)
                for x in XS)
-    dy = tuple(e_m * sum(ptr.dot(qs[x, y], xs[x] * e_p, (0, 0), acc) for x in XS)
+    dy = tuple(e_m * sum(ptr.accurate_matmul(qs[x, y], xs[x] * e_p, (0, 0), split) for x in XS)
                for y in YS)
     return dx, dy
 
@@ -222,7 +209,7 @@ def _fwd_kernel(refs, BT, Kp, prec):
             acc = tuple(acc[n] + ptr.dot(xs[x] * e_r, cy[y], (1, 1), prec)
                         for n, (x, y) in enumerate(PAIRS))
             if split:
-                fit = _fits(loc)
+                fit = _diag_fits(loc)
                 flags = jnp.where(fidx == I * nk + kb, fit.astype(jnp.int32), flags)
                 dd = _diag_scores_dot(refs, xs, loc, fit, i0, cols, prec)
             else:
@@ -251,14 +238,19 @@ def _count_unfit(flags, I, nk):
     return jnp.sum(jnp.where((idx >= I * nk) & (idx < I * nk + nk), 1 - flags, 0))
 
 
+def _fix_frame(refs, Kp):
+    """(I, i0, BK, nk, flags) of a fix kernel's program: its sub-chunk I (first row i0), the
+    key block width and count, the forward's flags (program ids read outside pl.when bodies:
+    interpret mode)."""
+    I = pl.program_id(2)
+    BK = _bk(Kp)
+    return I, I * SUB, BK, Kp // BK, refs["fits"][...]
+
+
 def _fix_fwd_kernel(refs, Kp):
     """DIAG "split", forward: one program per (slot, head, sub-chunk) adds to the diagonal
     block of every M_xy the exact per-pair terms of the key blocks that do not fit."""
-    I = pl.program_id(2)                    # (program ids outside pl.when: interpret mode)
-    i0 = I * SUB
-    BK = _bk(Kp)
-    nk = Kp // BK
-    flags = refs["fits"][...]
+    I, i0, BK, nk, flags = _fix_frame(refs, Kp)
 
     @pl.when(_count_unfit(flags, I, nk) > 0)
     def _():
@@ -270,8 +262,7 @@ def _fix_fwd_kernel(refs, Kp):
             fit = _flag(flags, I * nk + kb)
             return tuple(dia[n] + jnp.where(fit, 0.0, dd[n]) for n in range(len(PAIRS)))
 
-        dia = lax.fori_loop(0, Kp // BK, block,
-                            tuple(jnp.zeros((SUB, SUB), F32) for _ in PAIRS))
+        dia = blocks(nk, block, tuple(jnp.zeros((SUB, SUB), F32) for _ in PAIRS))
         blk = (pl.ds(i0, SUB), pl.ds(i0, SUB))
         for n, (x, y) in enumerate(PAIRS):
             ref = refs[f"M_{x}{y}"]
@@ -282,11 +273,7 @@ def _fix_bwd_kernel(refs, Kp):
     """DIAG "split", backward: one program per (slot, head, sub-chunk) adds the exact
     in-sub-chunk pair gradients of the key blocks that do not fit to dr, da, db, dk and to
     pq (P - Q of the dw assembly), in place."""
-    I = pl.program_id(2)
-    i0 = I * SUB
-    BK = _bk(Kp)
-    nk = Kp // BK
-    flags = refs["fits"][...]
+    I, i0, BK, nk, flags = _fix_frame(refs, Kp)
 
     @pl.when(_count_unfit(flags, I, nk) > 0)
     def _():
@@ -310,7 +297,7 @@ def _fix_bwd_kernel(refs, Kp):
                                      - sum(ys[y] * dy[y] for y in YS))
             return carry
 
-        lax.fori_loop(0, Kp // BK, block, 0)
+        blocks(nk, block)
 
 
 def _fix(kernel, ins, fixed, name):

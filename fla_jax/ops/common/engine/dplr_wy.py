@@ -163,8 +163,8 @@ def _backward(Tm, A_ak, v, a_in, du, dw, prec):
     S, H, BT, Vp = v.shape
     Kp = a_in.shape[-1]
     mat = pl.BlockSpec((None, None, BT, BT), lambda s, h: (s, h, 0, 0))
-    ins = [("T", Tm, mat), ("A_ak", A_ak, mat), ("v", v, _spec(BT, Vp)), ("a_in", a_in, _spec(BT, Kp)),
-           ("du", du, _spec(BT, Vp)), ("dw", dw, _spec(BT, Kp))]
+    ins = [("T", Tm, mat), ("A_ak", A_ak, mat), ("v", v, _spec(BT, Vp)),
+           ("a_in", a_in, _spec(BT, Kp)), ("du", du, _spec(BT, Vp)), ("dw", dw, _spec(BT, Kp))]
     outs = [("dA_ab", jax.ShapeDtypeStruct((S, H, BT, BT), F32), mat),
             ("dA_ak", jax.ShapeDtypeStruct((S, H, BT, BT), F32), mat),
             ("dv", jax.ShapeDtypeStruct((S, H, BT, Vp), F32), _spec(BT, Vp)),
