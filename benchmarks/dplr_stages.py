@@ -3,11 +3,17 @@ of dplr_scores' DIAG switches, and each stage alone (forward; forward + vjp), bf
 H16 K=V=64 (run.py's B4T4096K64). Complements kernel_profile.py with the A / B of the switch.
 
     PYTHONPATH=. python3 benchmarks/dplr_stages.py whole stages
+    PYTHONPATH=. python3 benchmarks/dplr_stages.py sweep   # launch / product-precision sweep
     PROBE_SMALL=1 PYTHONPATH=. python3 benchmarks/dplr_stages.py    # CPU smoke run, no timing
-Prints WHOLE / STAGE lines (ms, median of run.time_jax)."""
+Prints WHOLE / STAGE / SWEEP / CHOSEN lines (ms, median of run.time_jax). `sweep` times each
+stage (forward, forward + vjp) under each launch option and bf16-problem product precision
+(ptr.SPLIT3 / ptr.BF16), one knob at a time, keeps the fastest, then times the whole op
+with the defaults and with the chosen knobs."""
 import os
 import sys
 sys.path.insert(0, "benchmarks")
+import dataclasses  # noqa: E402
+import json  # noqa: E402
 import run as R  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -55,8 +61,97 @@ if "whole" in which:
         whole(f"diag={d}")
     ds.DIAG = "split"
 
+B, T, H, K = x["r"].shape if "r" in x else x["q"].shape
+key = jax.random.PRNGKey(0)
+S, BT, Kp = B * (T // 64), 64, K
+
+
+def _rnd(*s):
+    return jax.random.normal(key, s, jnp.float32) * 0.3
+
+
+def stage_inputs():
+    r, k, a, b = (_rnd(S, H, BT, Kp) for _ in range(4))
+    w = -jax.random.uniform(key, (S, H, BT, Kp)) * 0.6
+    A = jnp.tril(_rnd(S, H, BT, BT), -1) * 0.1
+    first = jnp.arange(B, dtype=jnp.int32) * (T // 64)
+    count = jnp.full((B,), T // 64, jnp.int32)
+    return dict(r=r, k=k, a=a, b=b, w=w, A=A, Sin=_rnd(S, H, Kp, Kp), first=first,
+                count=count, tot=jnp.exp(jnp.sum(w, axis=2)))
+
+
+def _ms(fn, *a):
+    """(forward ms, forward + vjp ms) of fn at the knobs now set; None on an error."""
+    try:
+        f = jax.jit(fn)
+
+        def both(*a):
+            y, vjp = jax.vjp(fn, *a)
+            return vjp(jax.tree_util.tree_map(jnp.ones_like, y))
+        fb = jax.jit(both)
+        return R.time_jax(lambda: f(*a), 7, 10)[0], R.time_jax(lambda: fb(*a), 7, 10)[0]
+    except Exception as e:                                  # noqa: BLE001
+        print(f"  error: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        return None
+
+
+def _best(tag, options, apply, fn, *a, key_fb=True):
+    """Times fn under each option (apply(option) sets it), prints SWEEP lines, applies and
+    returns the fastest (by forward + vjp, or forward alone with key_fb False)."""
+    best, best_t = None, None
+    for o in options:
+        apply(o)
+        t = _ms(fn, *a)
+        print(f"SWEEP {tag} {o}: " + ("error" if t is None else f"fwd {t[0]:.3f} fwd+vjp {t[1]:.3f}"),
+              flush=True)
+        if t is not None and (best_t is None or t[1 if key_fb else 0] < best_t):
+            best, best_t = o, t[1 if key_fb else 0]
+    apply(best)
+    return best
+
+
+def sweep():
+    whole("defaults")
+    i = stage_inputs()
+    chosen = {}
+    for prec in (ptr.SPLIT3, ptr.BF16):
+        sc = lambda r, k, a, b, w, p=prec: ds.dplr_scores(r, k, a, b, w, p)  # noqa: E731
+        args = (i["r"], i["k"], i["a"], i["b"], i["w"])
+        wf = _best(f"scores[{prec}] fwd warps", (2, 4, 8),
+                   lambda o: ds.WARPS.__setitem__("fwd", o), sc, *args, key_fb=False)
+        wb = _best(f"scores[{prec}] bwd warps", (2, 4, 8),
+                   lambda o: ds.WARPS.__setitem__("bwd", o), sc, *args)
+        chosen[f"scores {prec}"] = (wf, wb)
+    chosen["scores BK"] = _best("scores BK", (16, 32, 64), lambda o: ds.BK.append(o), sc, *args)
+    prec = ptr.BF16
+    base = {"wy": dplr_wy.LAUNCH, "output": dplr_output.LAUNCH}
+
+    def set_launch(mod, o):
+        mod.LAUNCH = dataclasses.replace(base[mod.__name__.split(".")[-1].split("_")[-1]],
+                                         num_warps=o)
+    chosen["wy"] = _best("wy warps", (2, 4, 8), lambda o: set_launch(dplr_wy, o),
+                         lambda A, Ak, v, ai: dplr_wy.dplr_wy(A, Ak, v, ai, prec),
+                         i["A"], i["A"], i["r"], i["a"])
+    chosen["output"] = _best("output warps", (2, 4, 8), lambda o: set_launch(dplr_output, o),
+                             lambda *t: dplr_output.dplr_output(*t, 0.125, prec),
+                             i["r"], i["Sin"], i["A"], i["r"], i["A"], i["k"])
+    st = lambda u, wy, bo, ko, v, tot: dplr_state.dplr_state(  # noqa: E731
+        u, wy, bo, ko, v, tot, None, i["first"], i["count"], prec, True)[:2]
+    chosen["state"] = _best("state warps,bv", ((2, 16), (4, 16), (2, 32), (4, 32), (8, 32)),
+                            lambda o: dplr_state.LAUNCH.update(warps=o[0], bv=o[1]), st,
+                            i["r"], i["a"] * 0.1, i["b"], i["k"], i["r"], i["tot"])
+    print("CHOSEN " + json.dumps({k: str(v) for k, v in chosen.items()}), flush=True)
+    whole("chosen (BF16 products)")
+    dplr.BF16_PRODUCTS.append(ptr.SPLIT3)
+    ds.WARPS.update(fwd=chosen[f"scores {ptr.SPLIT3}"][0], bwd=chosen[f"scores {ptr.SPLIT3}"][1])
+    whole("chosen launches, SPLIT3 products")
+    dplr.BF16_PRODUCTS.pop()
+
+
+if "sweep" in which:
+    sweep()
+
 if "stages" in which:
-    B, T, H, K = x["r"].shape if "r" in x else x["q"].shape
     key = jax.random.PRNGKey(0)
     S, BT, Kp = B * (T // 64), 64, K
     rnd = lambda *s: jax.random.normal(key, s, jnp.float32) * 0.3  # noqa: E731

@@ -121,10 +121,19 @@ def split_matmul32(a, b, contract=(1, 0), precision=lax.Precision.HIGHEST, split
 SPLIT3 = "bf16x3"
 
 
+# A `prec` value for the products of a bf16 problem whose operands carry its 2^-8 rounding
+# anyway (the DPLR stages' decayed vectors, scores and WY terms, as the Triton DPLR stages of a
+# bf16 op): both operands rounded to bf16, one native tensor-core product accumulated in fp32.
+BF16 = "bf16x1"
+
+
 def dot(a, b, contract=(1, 0), prec=lax.Precision.HIGHEST):
-    """matmul at `prec`, or split_matmul32 when prec is SPLIT3."""
+    """matmul at `prec`; split_matmul32 when prec is SPLIT3; bf16 operands when prec is
+    BF16 (accumulated in fp32 either way)."""
     if isinstance(prec, str) and prec == SPLIT3:
         return split_matmul32(a, b, contract)
+    if isinstance(prec, str) and prec == BF16:
+        return matmul(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), contract)
     return matmul(a, b, contract, prec)
 
 

@@ -34,6 +34,18 @@ from .varlen import n_chunks, n_slots
 
 BT = 64
 F32 = jnp.float32
+# The in-kernel products of a bf16 problem: ptr.BF16 (operands rounded to bf16, accumulated in
+# fp32, as the Triton DPLR stages of a bf16 op) or ptr.SPLIT3 (fp32-accurate, three bf16
+# products each). fp16 and fp32 problems keep ptr.problem_precision.
+BF16_PRODUCTS = [ptr.BF16]
+
+
+def precision(dtype):
+    """The `prec` of every stage for a problem whose r, k, v have `dtype`."""
+    prec = ptr.problem_precision(dtype)
+    if jnp.dtype(dtype) == jnp.bfloat16 and prec == ptr.SPLIT3:
+        return BF16_PRODUCTS[-1]
+    return prec
 
 
 def slot_rows(B: int, T: int, cu_seqlens):
@@ -101,7 +113,7 @@ def dplr_chunk(r, k, v, w, a, b, scale, initial_state, output_final_state, cu_se
     B, T, H, K = k.shape
     V = v.shape[-1]
     Kp, Vp = ptr.padded(K), ptr.padded(V)
-    prec = ptr.problem_precision(r.dtype)    # 16-bit problems: fp32 products as bf16 splits
+    prec = precision(r.dtype)
     row, first, count, S = slot_rows(B, T, cu_seqlens)
     rs, ks, ws, as_, bs = (to_slots(x, row, S, Kp) for x in (r, k, w, a, b))
     vs = to_slots(v, row, S, Vp)
@@ -113,7 +125,8 @@ def dplr_chunk(r, k, v, w, a, b, scale, initial_state, output_final_state, cu_se
     h0 = initial_state
     if h0 is not None and (Kp != K or Vp != V):
         h0 = jnp.pad(h0.astype(F32), ((0, 0), (0, 0), (0, Kp - K), (0, Vp - V)))
-    U, S_in, ht = dplr_state(u, wy, b_out, k_out, vs, tot, h0, first, count, prec)
+    U, S_in, ht = dplr_state(u, wy, b_out, k_out, vs, tot, h0, first, count, prec,
+                             row is None)
     o = dplr_output(r_in, S_in, M_rb, U, M_rk, vs, scale, prec)
     o = from_slots(o, row, B, T, V)
     return o, (ht[:, :, :K, :V] if output_final_state else None)

@@ -61,10 +61,12 @@ PAIRS = tuple((x, y) for x in XS for y in YS)      # rb, rk, ab, ak
 DIAGS = ("split", "loop")
 DIAG = "split"
 FIX_LAUNCH = Launch(None, None, 4, 1)
+WARPS = {"fwd": 4, "bwd": 4}      # the scores kernels' warps (one program per slot and head)
+BK = [32]                         # their key block (the last entry; benchmarks may push one)
 
 
 def _bk(Kp):
-    return min(Kp, 32)
+    return min(Kp, BK[-1])
 
 
 def _chunk_gates(refs, cols, BT, BK):
@@ -142,6 +144,15 @@ def _factors(loc: gt.Cum, fit):
     return jnp.where(fit, jnp.exp(lv), 0.0), jnp.where(fit, jnp.exp(-lv), 0.0)
 
 
+def _diag_dot(a, b, contract, prec):
+    """A factored diagonal block's product: fp32-accurate (ptr.accurate_matmul: bf16 splits
+    for SPLIT3, else tf32x3), or one bf16 product for ptr.BF16 (a bf16 problem's, as its other
+    dots)."""
+    if isinstance(prec, str) and prec == ptr.BF16:
+        return ptr.dot(a, b, contract, prec)
+    return ptr.accurate_matmul(a, b, contract, prec == ptr.SPLIT3)
+
+
 def _diag_scores_dot(refs, xs, loc, fit, i0, cols, prec):
     """_diag_scores by one fp32-accurate dot per pair through the factors (j <= i; 0 where
     the block does not fit, fit False: _fix_fwd_kernel adds those exactly)."""
@@ -149,9 +160,8 @@ def _diag_scores_dot(refs, xs, loc, fit, i0, cols, prec):
     jj = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 1)
     e_p, e_m = _factors(loc, fit)
     ym = {y: refs[y][pl.ds(i0, SUB), cols] * e_m for y in YS}
-    split = prec == ptr.SPLIT3
-    return tuple(jnp.where(ii >= jj, ptr.accurate_matmul(xs[x] * e_p, ym[y], (1, 1), split),
-                           0.0) for x, y in PAIRS)
+    return tuple(jnp.where(ii >= jj, _diag_dot(xs[x] * e_p, ym[y], (1, 1), prec), 0.0)
+                 for x, y in PAIRS)
 
 
 def _diag_grads_dot(xs, ys, q, loc, fit, prec):
@@ -161,11 +171,10 @@ def _diag_grads_dot(xs, ys, q, loc, fit, prec):
     ii = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 0)
     jj = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 1)
     e_p, e_m = _factors(loc, fit)
-    split = prec == ptr.SPLIT3
     qs = {p: jnp.where(ii > jj, q[p], 0.0) for p in PAIRS}
-    dx = tuple(e_p * sum(ptr.accurate_matmul(qs[x, y], ys[y] * e_m, (1, 0), split) for y in YS)
+    dx = tuple(e_p * sum(_diag_dot(qs[x, y], ys[y] * e_m, (1, 0), prec) for y in YS)
                for x in XS)
-    dy = tuple(e_m * sum(ptr.accurate_matmul(qs[x, y], xs[x] * e_p, (0, 0), split) for x in XS)
+    dy = tuple(e_m * sum(_diag_dot(qs[x, y], xs[x] * e_p, (0, 0), prec) for x in XS)
                for y in YS)
     return dx, dy
 
@@ -354,7 +363,7 @@ def _forward(r, k, a, b, w, prec):
         nf = (BT // SUB) * (Kp // _bk(Kp))
         outs += [("fits", jax.ShapeDtypeStruct((S, H, nf), jnp.int32), _vec_spec(nf))]
     res = _call(lambda refs: _fwd_kernel(refs, BT, Kp, prec), ins, outs, (S, H),
-                "dplr_scores_fwd")
+                "dplr_scores_fwd", WARPS["fwd"])
     fits = res.get("fits")
     if fits is not None:
         res.update(_fix(lambda refs: _fix_fwd_kernel(refs, Kp), ins + [("fits", fits, None)],
@@ -445,7 +454,7 @@ def _backward(r, k, a, b, w, fits, cts, prec):
     outs = [(n, vec, vspec) for n in ("dr", "dk", "da", "db", "pq", "c_end")]
     outs += [("g_tot", jax.ShapeDtypeStruct((S, H, Kp), F32), _vec_spec(Kp))]
     res = _call(lambda refs: _bwd_kernel(refs, BT, Kp, prec), ins, outs, (S, H),
-                "dplr_scores_bwd")
+                "dplr_scores_bwd", WARPS["bwd"])
     if fits is not None:
         res.update(_fix(lambda refs: _fix_bwd_kernel(refs, Kp), ins[:9] + ins[-1:],
                         {n: res[n] for n in ("dr", "dk", "da", "db", "pq")},

@@ -30,10 +30,25 @@ from ..compute_operands import einsum
 F32 = jnp.float32
 
 
+# the sequential kernels' warps and V block (None: _bv's choice); benchmarks may override.
+LAUNCH = {"warps": 4, "bv": None}
+
+
 def _bv(Kp, Vp):
     """V block of the sequential kernels (the torch twin's choice from offline sm_90a
     spill counts: 32, 16 for K > 128)."""
+    if LAUNCH["bv"] is not None:
+        return min(Vp, LAUNCH["bv"])
     return min(Vp, 16 if Kp > 128 else 32)
+
+
+def _prod(spec, a, b, prec):
+    """A chunk-parallel product of the pass (XLA): both operands in bf16 accumulated in fp32
+    for ptr.BF16 (a bf16 problem), else at the library's fp32 matmul precision."""
+    if isinstance(prec, str) and prec == ptr.BF16:
+        return jnp.einsum(spec, a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
+                          preferred_element_type=F32)
+    return einsum(spec, a, b)
 
 
 def slot_valid(first, count, S):
@@ -71,7 +86,7 @@ def _call(kernel, ins, outs, grid, name):
     res = pl.pallas_call(body, grid=grid, in_specs=[s for _, _, s in ins],
                          out_specs=[s for _, _, s in outs],
                          out_shape=[a for _, a, _ in outs],
-                         compiler_params=ptr.compiler_params(4, 1),
+                         compiler_params=ptr.compiler_params(LAUNCH["warps"], 1),
                          interpret=ptr.interpret(), name=name)(*[a for _, a, _ in ins])
     return dict(zip([n for n, _, _ in outs], res))
 
@@ -93,13 +108,13 @@ def _fwd_kernel(refs, has_h0, prec):
     refs["ht"][...] = lax.fori_loop(0, refs["count"][n], body, S0)
 
 
-def _forward(u, w, b_out, k_out, v, tot, h0, first, count, prec):
+def _forward(u, w, b_out, k_out, v, tot, h0, first, count, prec, dense):
     S, H, BT, Vp = u.shape
     Kp = w.shape[-1]
     N = first.shape[0]
     bv = _bv(Kp, Vp)
     sp = _specs(S, BT, Kp, bv)
-    kv = einsum("shck,shcv->shkv", k_out, v)          # the chunk-parallel part of the update
+    kv = _prod("shck,shcv->shkv", k_out, v, prec)          # the chunk-parallel part of the update
     ins = [("first", first, _full(first)), ("count", count, _full(count)),
            ("u", u, sp["vvec"]), ("w", w, sp["kvec"]), ("b_out", b_out, sp["kvec"]),
            ("kv", kv, sp["states"]), ("tot", tot, sp["tot"])]
@@ -110,6 +125,8 @@ def _forward(u, w, b_out, k_out, v, tot, h0, first, count, prec):
             ("ht", jax.ShapeDtypeStruct((N, H, Kp, Vp), F32), sp["state"])]
     res = _call(lambda refs: _fwd_kernel(refs, h0 is not None, prec), ins, outs,
                 (N, H, Vp // bv), "dplr_state_fwd")
+    if dense:                                         # every slot holds a chunk
+        return res["U"], res["S_in"], res["ht"]
     valid = slot_valid(first, count, S)
     return _mask(res["U"], valid), _mask(res["S_in"], valid), res["ht"]
 
@@ -132,7 +149,7 @@ def _bwd_kernel(refs, has_h0, prec):
         refs["dh0"][...] = dS
 
 
-def _backward(res, cts, has_h0, prec):
+def _backward(res, cts, has_h0, prec, dense):
     w, b_out, k_out, v, tot, U, S_in, first, count = res
     dU, dS_in, dht = (x.astype(F32) for x in cts)
     S, H, BT, Vp = U.shape
@@ -149,30 +166,34 @@ def _backward(res, cts, has_h0, prec):
         outs.append(("dh0", jax.ShapeDtypeStruct((N, H, Kp, Vp), F32), sp["state"]))
     r = _call(lambda refs: _bwd_kernel(refs, has_h0, prec), ins, outs, (N, H, Vp // bv),
               "dplr_state_bwd")
-    valid = slot_valid(first, count, S)
-    du, dh = _mask(r["du"], valid), _mask(r["dh"], valid)
+    du, dh = r["du"], r["dh"]
+    if not dense:
+        valid = slot_valid(first, count, S)
+        du, dh = _mask(du, valid), _mask(dh, valid)
     # the chunk-parallel rest: dh is the gradient of the state after each chunk
-    return (du, einsum("shcv,shkv->shck", du, S_in), einsum("shcv,shkv->shck", U, dh),
-            einsum("shcv,shkv->shck", v, dh),
-            einsum("shck,shkv->shcv", k_out, dh), jnp.sum(S_in * dh, axis=-1), r.get("dh0"))
+    return (du, _prod("shcv,shkv->shck", du, S_in, prec), _prod("shcv,shkv->shck", U, dh, prec),
+            _prod("shcv,shkv->shck", v, dh, prec),
+            _prod("shck,shkv->shcv", k_out, dh, prec), jnp.sum(S_in * dh, axis=-1),
+            r.get("dh0"))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(9,))
-def dplr_state(u, w, b_out, k_out, v, tot, h0, first, count, prec):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(9, 10))
+def dplr_state(u, w, b_out, k_out, v, tot, h0, first, count, prec, dense=False):
     """(u [S,H,BT,Vp], w, b_out, k_out [S,H,BT,Kp], v [S,H,BT,Vp], tot [S,H,Kp], h0
     [N,H,Kp,Vp] or None, first, count int32 [N]) -> (U [S,H,BT,Vp], S_in [S,H,Kp,Vp],
-    final state [N,H,Kp,Vp]), fp32. prec: the fp32 dot precision."""
-    return _forward(u, w, b_out, k_out, v, tot, h0, first, count, prec)
+    final state [N,H,Kp,Vp]), fp32. prec: the fp32 dot precision. dense: every slot holds a
+    chunk (fixed length), so none is masked to zero."""
+    return _forward(u, w, b_out, k_out, v, tot, h0, first, count, prec, dense)
 
 
-def _fwd(u, w, b_out, k_out, v, tot, h0, first, count, prec):
-    U, S_in, ht = _forward(u, w, b_out, k_out, v, tot, h0, first, count, prec)
+def _fwd(u, w, b_out, k_out, v, tot, h0, first, count, prec, dense=False):
+    U, S_in, ht = _forward(u, w, b_out, k_out, v, tot, h0, first, count, prec, dense)
     return (U, S_in, ht), (w, b_out, k_out, v, tot, U, S_in, first, count, h0)
 
 
-def _bwd(prec, res, cts):
+def _bwd(prec, dense, res, cts):
     has_h0 = res[-1] is not None
-    du, dw, db, dk, dv, dtot, dh0 = _backward(res[:-1], cts, has_h0, prec)
+    du, dw, db, dk, dv, dtot, dh0 = _backward(res[:-1], cts, has_h0, prec, dense)
     return du, dw, db, dk, dv, dtot, dh0, None, None
 
 

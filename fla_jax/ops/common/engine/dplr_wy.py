@@ -64,7 +64,7 @@ def inv_diag(a, prec):
 def _inverse_blocks(A, nb, prec):
     """{(i, j): T_ij [16, 16]} for j <= i of T = (I - A)^-1, A a [BT, BT] ref (fp32-accurate
     products even for 16-bit problems: tf32x3 where prec is SPLIT3)."""
-    if prec == ptr.SPLIT3:
+    if isinstance(prec, str):                       # SPLIT3 / BF16: inversion in tf32x3
         prec = ptr.accurate_precision()
     T = {(i, i): inv_diag(_blk(A, i, i), prec) for i in range(nb)}
     for d in range(1, nb):
