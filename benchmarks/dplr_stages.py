@@ -55,8 +55,8 @@ def vjp_stage(tag, fn, *a):
     stage(tag + " fwd+vjp", both, *a)
 
 
-if "whole" in which:
-    for d in ("split", "loop"):
+if "whole" in which:                       # add "loop" to time DIAG "loop" too
+    for d in ("split", "loop") if "loop" in which else ("split",):
         ds.DIAG = d
         whole(f"diag={d}")
     ds.DIAG = "split"
@@ -76,8 +76,10 @@ def stage_inputs():
     A = jnp.tril(_rnd(S, H, BT, BT), -1) * 0.1
     first = jnp.arange(B, dtype=jnp.int32) * (T // 64)
     count = jnp.full((B,), T // 64, jnp.int32)
+    tm = lambda t: jnp.swapaxes(t, 1, 2)       # noqa: E731  token-major [S, BT, H, D]
     return dict(r=r, k=k, a=a, b=b, w=w, A=A, Sin=_rnd(S, H, Kp, Kp), first=first,
-                count=count, tot=jnp.exp(jnp.sum(w, axis=2)))
+                count=count, tot=jnp.exp(jnp.sum(w, axis=2)), vt=tm(r),
+                tok=tuple(tm(t) for t in (r, k, a, b, w)))
 
 
 def _ms(fn, *a):
@@ -116,7 +118,7 @@ def sweep():
     chosen = {}
     for prec in (ptr.SPLIT3, ptr.BF16):
         sc = lambda r, k, a, b, w, p=prec: ds.dplr_scores(r, k, a, b, w, p)  # noqa: E731
-        args = (i["r"], i["k"], i["a"], i["b"], i["w"])
+        args = i["tok"]
         wf = _best(f"scores[{prec}] fwd warps", (2, 4, 8),
                    lambda o: ds.WARPS.__setitem__("fwd", o), sc, *args, key_fb=False)
         wb = _best(f"scores[{prec}] bwd warps", (2, 4, 8),
@@ -131,15 +133,15 @@ def sweep():
                                          num_warps=o)
     chosen["wy"] = _best("wy warps", (2, 4, 8), lambda o: set_launch(dplr_wy, o),
                          lambda A, Ak, v, ai: dplr_wy.dplr_wy(A, Ak, v, ai, prec),
-                         i["A"], i["A"], i["r"], i["a"])
+                         i["A"], i["A"], i["vt"], i["a"])
     chosen["output"] = _best("output warps", (2, 4, 8), lambda o: set_launch(dplr_output, o),
                              lambda *t: dplr_output.dplr_output(*t, 0.125, prec),
-                             i["r"], i["Sin"], i["A"], i["r"], i["A"], i["k"])
+                             i["r"], i["Sin"], i["A"], i["r"], i["A"], i["vt"])
     st = lambda u, wy, bo, ko, v, tot: dplr_state.dplr_state(  # noqa: E731
         u, wy, bo, ko, v, tot, None, i["first"], i["count"], prec, True)[:2]
     chosen["state"] = _best("state warps,bv", ((2, 16), (4, 16), (2, 32), (4, 32), (8, 32)),
                             lambda o: dplr_state.LAUNCH.update(warps=o[0], bv=o[1]), st,
-                            i["r"], i["a"] * 0.1, i["b"], i["k"], i["r"], i["tot"])
+                            i["r"], i["a"] * 0.1, i["b"], i["k"], i["vt"], i["tot"])
     print("CHOSEN " + json.dumps({k: str(v) for k, v in chosen.items()}), flush=True)
     whole("chosen (BF16 products)")
     dplr.BF16_PRODUCTS.append(ptr.SPLIT3)
@@ -152,25 +154,18 @@ if "sweep" in which:
     sweep()
 
 if "stages" in which:
-    key = jax.random.PRNGKey(0)
-    S, BT, Kp = B * (T // 64), 64, K
-    rnd = lambda *s: jax.random.normal(key, s, jnp.float32) * 0.3  # noqa: E731
-    prec = ptr.problem_precision(jnp.bfloat16)     # as the bf16 op's stages
-    r, k, a, b = (rnd(S, H, BT, Kp) for _ in range(4))
-    w = -jax.random.uniform(key, (S, H, BT, Kp)) * 0.6
+    i = stage_inputs()
+    prec = dplr.precision(jnp.bfloat16)            # as the bf16 op's stages
     for d in ("split", "loop"):
         ds.DIAG = d
-        vjp_stage(f"scores diag={d}", lambda r, k, a, b, w: ds.dplr_scores(r, k, a, b, w, prec),
-                  r, k, a, b, w)
+        vjp_stage(f"scores diag={d}", lambda *t: ds.dplr_scores(*t, prec), *i["tok"])
     ds.DIAG = "split"
-    A = jnp.tril(rnd(S, H, BT, BT), -1) * 0.1
-    vjp_stage("wy", lambda A, Ak, v, ai: dplr_wy.dplr_wy(A, Ak, v, ai, prec), A, A, r, a)
-    Sin = rnd(S, H, Kp, Kp)
-    vjp_stage("output", lambda *t: dplr_output.dplr_output(*t, 0.125, prec), r, Sin, A, r, A, k)
-    first = jnp.arange(B, dtype=jnp.int32) * (T // 64)
-    count = jnp.full((B,), T // 64, jnp.int32)
-    tot = jnp.exp(jnp.sum(w, axis=2))
+    vjp_stage("wy", lambda A, Ak, v, ai: dplr_wy.dplr_wy(A, Ak, v, ai, prec),
+              i["A"], i["A"], i["vt"], i["a"])
+    vjp_stage("output", lambda *t: dplr_output.dplr_output(*t, 0.125, prec),
+              i["r"], i["Sin"], i["A"], i["r"], i["A"], i["vt"])
     vjp_stage("state", lambda u, wy, bo, ko, v, tot: dplr_state.dplr_state(
-        u, wy, bo, ko, v, tot, None, first, count, prec)[:2], r, a * 0.1, b, k, r, tot)
+        u, wy, bo, ko, v, tot, None, i["first"], i["count"], prec, True)[:2],
+        i["r"], i["a"] * 0.1, i["b"], i["k"], i["vt"], i["tot"])
     xt = jnp.asarray(x["r"] if "r" in x else x["q"]).astype(jnp.bfloat16)
     stage("to_slots (one input)", lambda t: dplr.to_slots(t, None, S, Kp), xt)

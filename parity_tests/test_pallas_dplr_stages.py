@@ -18,7 +18,14 @@ P = lax.Precision.HIGHEST
 BT = 64
 TOL = 2e-6
 # ptr.SPLIT3 (16-bit problems): three bf16 products, ~2^-16 relative per term
-PRECS = [pytest.param(P, 2e-6, id="fp32"), pytest.param(ptr.SPLIT3, 5e-5, id="split3")]
+# ptr.BF16 (a bf16 problem's products): operands rounded to bf16, ~2^-8 relative per term
+PRECS = [pytest.param(P, 2e-6, id="fp32"), pytest.param(ptr.SPLIT3, 5e-5, id="split3"),
+         pytest.param(ptr.BF16, 1e-2, id="bf16")]
+
+
+def _tm(x):
+    """head-major [S, H, BT, D] <-> token-major [S, BT, H, D] (v, o and their gradients)."""
+    return np.swapaxes(np.asarray(x), 1, 2)
 
 
 def _rel(a, b):
@@ -51,9 +58,10 @@ def test_wy_stage(K, V, prec, tol):
            "dA_ab": np.tril(Tt @ dT @ Tt, -1), "dA_ak": dX @ np.swapaxes(v, -1, -2),
            "dv": np.swapaxes(A_ak, -1, -2) @ dX, "da_in": Tt @ dw}
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
-    (u, w), vjp = jax.vjp(lambda *x: dplr_wy(*x, prec), *map(f32, (noisy, A_ak, v, a_in)))
+    (u, w), vjp = jax.vjp(lambda *x: dplr_wy(*x, prec),
+                          *map(f32, (noisy, A_ak, _tm(v), a_in)))
     got = dict(zip(("dA_ab", "dA_ak", "dv", "da_in"), vjp((f32(du), f32(dw)))))
-    got.update(u=u, w=w)
+    got.update(u=u, w=w, dv=_tm(got["dv"]))
     got["dA_ab"] = np.tril(np.asarray(got["dA_ab"]), -1)
     errs = {n: _rel(got[n], ref[n]) for n in ref}
     assert all(e < tol for e in errs.values()), errs
@@ -74,10 +82,10 @@ def test_output_stage(K, V, prec, tol):
            "dr_in": dd @ t(S_in), "dS_in": t(r_in) @ dd, "dA_rb": dd @ t(U),
            "dU": t(A_rb) @ dd, "dA_rk": dd @ t(v), "dv": t(A_rk) @ dd}
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
-    args = tuple(map(f32, (r_in, S_in, A_rb, U, A_rk, v)))
+    args = tuple(map(f32, (r_in, S_in, A_rb, U, A_rk, _tm(v))))
     o, vjp = jax.vjp(lambda *x: dplr_output(*x, scale, prec), *args)
-    got = dict(zip(("dr_in", "dS_in", "dA_rb", "dU", "dA_rk", "dv"), vjp(f32(do))))
-    got["o"] = o
+    got = dict(zip(("dr_in", "dS_in", "dA_rb", "dU", "dA_rk", "dv"), vjp(f32(_tm(do)))))
+    got.update(o=_tm(o), dv=_tm(got["dv"]))
     errs = {n: _rel(got[n], ref[n]) for n in ref}
     assert all(e < tol for e in errs.values()), errs
 
@@ -90,9 +98,9 @@ def test_scores_split_diagonal_matches_loop(monkeypatch):
     rng = np.random.default_rng(7)
     S, H, Kp = 1, 2, 64
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
-    r, k, a, b = (f32(_draw(rng, S, H, BT, Kp, scale=0.5)) for _ in range(4))
+    r, k, a, b = (f32(_draw(rng, S, BT, H, Kp, scale=0.5)) for _ in range(4))  # token-major
     strength = np.where(np.arange(Kp) < 32, 20.0, 0.6)
-    w = f32(-rng.random((S, H, BT, Kp)) * strength)
+    w = f32(-rng.random((S, BT, H, Kp)) * strength)
     outs = {}
     for diag in ("loop", "split"):
         monkeypatch.setattr(ds, "DIAG", diag)

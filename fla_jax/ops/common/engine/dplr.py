@@ -4,9 +4,10 @@ fla_torch/ops/common/engine/dplr.py.
     S_t = (diag(exp(w_t)) + b_t a_t^T) S_{t-1} + k_t v_t^T,   o_t = scale * r_t S_t
 (RWKV-7; KDA is a = exp(g) k, b = -beta k, write key beta k.) The chunk form is the one of
 common/dplr_chunked.py with chunks of BT = 64:
- 1. slot layout: every input to fp32 [S, H, BT, D] (D padded to a power of two >= 16), one
-    slot per chunk (the engine's varlen slots: no host synchronisation for cu_seqlens), pad
-    rows zero;
+ 1. slot layout: every input to fp32 [S, BT, H, D] (token-major: for fixed length a
+    reshape of [B, T, H, D]; D padded to a power of two >= 16), one slot per chunk (the
+    engine's varlen slots: no host synchronisation for cu_seqlens), pad rows zero. The
+    stages' own intermediates are head-major [S, H, BT, *];
  2. dplr_scores.dplr_scores: the per-key-decay scores A_ab, A_ak, A_rb, A_rk and the decayed
     vectors r_in, a_in, b_out, k_out, tot (Pallas, split-cumsum gates, exact pairs);
  3. dplr_wy.dplr_wy: the WY terms [u | w] = (I - A_ab)^-1 [A_ak v | a_in] (Pallas, 16-row
@@ -69,35 +70,36 @@ def slot_rows(B: int, T: int, cu_seqlens):
 
 
 def to_slots(x, row, S, Dp):
-    """[B, T, H, D] -> fp32 [S, H, BT, Dp] (pad rows and columns zero; differentiable).
-    row None (fixed length: slot b * NT + c holds tokens c * BT .. of row b): a pad and a
-    transpose, no scatter (whose gradient would be a gather, and the reverse's a
-    scatter-add)."""
+    """[B, T, H, D] -> fp32 [S, BT, H, Dp], the token-major slot layout (pad rows and columns
+    zero; differentiable). row None (fixed length: slot b * NT + c holds tokens c * BT .. of
+    row b): a reshape (a pad first where T % BT or Dp - D is not 0), no transpose and no
+    scatter (whose gradient would be a gather, and the reverse's a scatter-add)."""
     B, T, H, D = x.shape
     if row is None:
         NT = S // B
-        xp = jnp.pad(x.astype(F32), ((0, 0), (0, NT * BT - T), (0, 0), (0, Dp - D)))
-        return jnp.transpose(xp.reshape(S, BT, H, Dp), (0, 2, 1, 3))
+        xp = x.astype(F32)
+        if NT * BT != T or Dp != D:
+            xp = jnp.pad(xp, ((0, 0), (0, NT * BT - T), (0, 0), (0, Dp - D)))
+        return xp.reshape(S, BT, H, Dp)
     flat = x.reshape(B * T, H, D).astype(F32)
     if Dp != D:
         flat = jnp.pad(flat, ((0, 0), (0, 0), (0, Dp - D)))
-    z = jnp.zeros((S * BT, H, Dp), F32).at[row].set(flat)
-    return jnp.transpose(z.reshape(S, BT, H, Dp), (0, 2, 1, 3))
+    return jnp.zeros((S * BT, H, Dp), F32).at[row].set(flat).reshape(S, BT, H, Dp)
 
 
 def from_slots(y, row, B, T, D):
-    """[S, H, BT, Dp] -> [B, T, H, D] (differentiable; row None: fixed length, a transpose
-    and a slice)."""
-    S, H, _, Dp = y.shape
-    flat = jnp.transpose(y, (0, 2, 1, 3))
+    """[S, BT, H, Dp] -> [B, T, H, D] (differentiable; row None: fixed length, a reshape and
+    a slice)."""
+    S, _, H, Dp = y.shape
     if row is None:
-        return flat.reshape(B, (S // B) * BT, H, Dp)[:, :T, :, :D]
-    return flat.reshape(S * BT, H, Dp)[row][..., :D].reshape(B, T, H, D)
+        return y.reshape(B, (S // B) * BT, H, Dp)[:, :T, :, :D]
+    return y.reshape(S * BT, H, Dp)[row][..., :D].reshape(B, T, H, D)
 
 
 def _shift_up(x):
-    """x[:, :, m] <- x[:, :, m + 1] within each chunk (last row zero)."""
-    return jnp.pad(x[:, :, 1:], ((0, 0), (0, 0), (0, 1), (0, 0)))
+    """Token-major x [S, BT, H, D]: x[:, m] <- x[:, m + 1] within each chunk (last row
+    zero)."""
+    return jnp.pad(x[:, 1:], ((0, 0), (0, 1), (0, 0), (0, 0)))
 
 
 def _shift_down(x):
@@ -120,7 +122,7 @@ def dplr_chunk(r, k, v, w, a, b, scale, initial_state, output_final_state, cu_se
     M_rb, M_rk, M_ab, M_ak, r_in, as_in, b_out, k_out, tot = dplr_scores(
         rs, ks, _shift_up(as_), bs, ws, prec)
     A_ab, A_ak = _shift_down(M_ab), _shift_down(M_ak)
-    a_in = jnp.concatenate([as_[:, :, :1], as_in[:, :, :-1]], axis=2)
+    a_in = jnp.concatenate([jnp.swapaxes(as_[:, :1], 1, 2), as_in[:, :, :-1]], axis=2)
     u, wy = dplr_wy(A_ab, A_ak, vs, a_in, prec)
     h0 = initial_state
     if h0 is not None and (Kp != K or Vp != V):

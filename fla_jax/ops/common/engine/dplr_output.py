@@ -1,10 +1,10 @@
 """The output of a DPLR chunk (Pallas, Triton lowering, chunk-parallel), forward and backward
-(jax.custom_vjp): the mirror of fla_torch/ops/common/engine/dplr_output.py (which reads v and
-writes o in the token layout; here both stay in the slot layout of dplr.py).
+(jax.custom_vjp): the mirror of fla_torch/ops/common/engine/dplr_output.py.
 
-Slot layout, fp32: r_in [S, H, BT, Kp], S_in [S, H, Kp, Vp], U, v [S, H, BT, Vp], A_rb, A_rk
-[S, H, BT, BT]. Per chunk and head
-    o = scale (r_in S_in + A_rb U + A_rk v)                          [S, H, BT, Vp]
+Slot layout of dplr.py, fp32: r_in [S, H, BT, Kp], S_in [S, H, Kp, Vp], U [S, H, BT, Vp],
+A_rb, A_rk [S, H, BT, BT]; v, o (and dv, do) token-major [S, BT, H, Vp] (for fixed length a
+reshape of the token layout). Per chunk and head
+    o = scale (r_in S_in + A_rb U + A_rk v)                          [S, BT, H, Vp]
 (one program per slot, head and V block). Backward (one program per slot and head), with
 do' = scale do:
     dr_in = do' S_in^T,  dS_in = r_in^T do',  dA_rb = do' U^T,  dU = A_rb^T do',
@@ -93,9 +93,10 @@ def _forward(r_in, S_in, A_rb, U, A_rk, v, scale, prec):
     bv = min(LAUNCH.bv, Vp)
     full = lambda r, c: pl.BlockSpec((None, None, r, c), lambda s, h, j: (s, h, 0, 0))  # noqa
     vcol = lambda r: pl.BlockSpec((None, None, r, bv), lambda s, h, j: (s, h, 0, j))  # noqa
+    tcol = pl.BlockSpec((None, BT, None, bv), lambda s, h, j: (s, 0, h, j))   # token-major
     ins = [("r_in", r_in, full(BT, Kp)), ("S_in", S_in, vcol(Kp)), ("A_rb", A_rb, full(BT, BT)),
-           ("U", U, vcol(BT)), ("A_rk", A_rk, full(BT, BT)), ("v", v, vcol(BT))]
-    outs = [("o", jax.ShapeDtypeStruct((S, H, BT, Vp), F32), vcol(BT))]
+           ("U", U, vcol(BT)), ("A_rk", A_rk, full(BT, BT)), ("v", v, tcol)]
+    outs = [("o", jax.ShapeDtypeStruct(v.shape, F32), tcol)]
     return call(lambda refs: _fwd_kernel(refs, scale, prec), (S, H, Vp // bv), ins, outs,
                 LAUNCH, "dplr_output_fwd")["o"]
 
@@ -105,12 +106,13 @@ def _backward(res, do, scale, prec):
     S, H, BT, Kp = r_in.shape
     Vp = U.shape[-1]
     full = lambda r, c: pl.BlockSpec((None, None, r, c), lambda s, h: (s, h, 0, 0))  # noqa
+    tok = pl.BlockSpec((None, BT, None, Vp), lambda s, h: (s, 0, h, 0))     # token-major
     ins = [("r_in", r_in, full(BT, Kp)), ("S_in", S_in, full(Kp, Vp)),
            ("A_rb", A_rb, full(BT, BT)), ("U", U, full(BT, Vp)), ("A_rk", A_rk, full(BT, BT)),
-           ("v", v, full(BT, Vp)), ("do", do, full(BT, Vp))]
+           ("v", v, tok), ("do", do, tok)]
     outs = [(n, jax.ShapeDtypeStruct(x.shape, F32), full(*x.shape[2:])) for n, x in
-            (("dr_in", r_in), ("dS_in", S_in), ("dA_rb", A_rb), ("dU", U), ("dA_rk", A_rk),
-             ("dv", v))]
+            (("dr_in", r_in), ("dS_in", S_in), ("dA_rb", A_rb), ("dU", U), ("dA_rk", A_rk))]
+    outs += [("dv", jax.ShapeDtypeStruct(v.shape, F32), tok)]
     r = call(lambda refs: _bwd_kernel(refs, scale, prec), (S, H), ins, outs, LAUNCH,
              "dplr_output_bwd")
     return tuple(r[n] for n, _, _ in outs)
@@ -119,7 +121,7 @@ def _backward(res, do, scale, prec):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
 def dplr_output(r_in, S_in, A_rb, U, A_rk, v, scale, prec):
     """(r_in [S, H, BT, Kp], S_in [S, H, Kp, Vp], A_rb [S, H, BT, BT], U [S, H, BT, Vp], A_rk
-    [S, H, BT, BT], v [S, H, BT, Vp], fp32; scale: float) -> o [S, H, BT, Vp] fp32 (see the
+    [S, H, BT, BT], v [S, BT, H, Vp], fp32; scale: float) -> o [S, BT, H, Vp] fp32 (see the
     module docstring). prec: the fp32 dot precision."""
     return _forward(r_in, S_in, A_rb, U, A_rk, v, scale, prec)
 

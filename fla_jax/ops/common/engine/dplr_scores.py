@@ -1,8 +1,10 @@
 """Per-key-decay scores of a DPLR chunk (Pallas, Triton lowering), forward and backward
 (jax.custom_vjp): the mirror of fla_torch/ops/common/engine/dplr_scores.py.
 
-Inputs in the slot layout [S, H, BT, K] fp32 (dplr.py): row vectors x in {r, a_s} and column
-vectors y in {b, k}, the log-decay w (pad rows zero); a_s is a shifted up by one row
+Inputs in the token-major slot layout [S, BT, H, K] fp32 (dplr.py: a reshape of the token
+layout for fixed length): row vectors x in {r, a_s} and column vectors y in {b, k}, the
+log-decay w (pad rows zero); outputs in the head-major [S, H, BT, *], except the gradients of
+the inputs (token-major, as the inputs); a_s is a shifted up by one row
 (a_s[m] = a[m + 1]), so that every matrix pairs x_i and y_j through exp(G_i - G_j), j <= i,
 with G_i = w_1 + ... + w_i the in-chunk cumsum per key:
     M_xy[i, j] = sum_c x_ic y_jc exp(G_ic - G_jc)   (j <= i; the pair i == j is gate-free)
@@ -309,21 +311,34 @@ def _fix_bwd_kernel(refs, Kp):
         blocks(nk, block)
 
 
+# the token-major arrays (the inputs [S, BT, H, Kp] and their gradients); the rest head-major
+TOKEN_MAJOR = ("r", "k", "a", "b", "w", "dr", "dk", "da", "db", "pq", "c_end")
+
+
 def _fix(kernel, ins, fixed, name):
     """Runs a fix kernel on grid (S, H, BT / SUB): ins [(name, array, spec)] read (the specs
     are replaced: every program sees its slot and head's whole blocks); fixed {name: array}
     updated in place. Returns {name: array}."""
-    S, H, BT, _ = ins[0][1].shape
-    spec = lambda a: pl.BlockSpec((None, None) + a.shape[2:],  # noqa: E731
-                                  lambda s, h, i: (s, h) + (0,) * (a.ndim - 2))
-    io = [(n + "_in", a, spec(a)) for n, a in fixed.items()]
-    outs = [(n, jax.ShapeDtypeStruct(a.shape, a.dtype), spec(a)) for n, a in fixed.items()]
-    return call(kernel, (S, H, BT // SUB), [(n, a, spec(a)) for n, a, _ in ins] + io, outs,
-                FIX_LAUNCH, name, aliases={n + "_in": n for n in fixed})
+    S, BT, H, _ = ins[0][1].shape
+
+    def spec(n, a):
+        if n in TOKEN_MAJOR:
+            return pl.BlockSpec((None, BT, None, a.shape[-1]), lambda s, h, i: (s, 0, h, 0))
+        return pl.BlockSpec((None, None) + a.shape[2:],
+                            lambda s, h, i: (s, h) + (0,) * (a.ndim - 2))
+    io = [(n + "_in", a, spec(n, a)) for n, a in fixed.items()]
+    outs = [(n, jax.ShapeDtypeStruct(a.shape, a.dtype), spec(n, a)) for n, a in fixed.items()]
+    return call(kernel, (S, H, BT // SUB), [(n, a, spec(n, a)) for n, a, _ in ins] + io,
+                outs, FIX_LAUNCH, name, aliases={n + "_in": n for n in fixed})
 
 
 def _slot_spec(S, H, BT, D):
     return pl.BlockSpec((None, None, BT, D), lambda s, h: (s, h, 0, 0))
+
+
+def _tok_spec(BT, D):
+    """A slot's rows of one head in the token-major layout [S, BT, H, D]."""
+    return pl.BlockSpec((None, BT, None, D), lambda s, h: (s, 0, h, 0))
 
 
 def _vec_spec(D):
@@ -349,10 +364,10 @@ def _forward(r, k, a, b, w, prec):
     BK] or None)."""
     if DIAG not in DIAGS:
         raise ValueError(f"dplr_scores: DIAG={DIAG!r}; expected one of {DIAGS}")
-    S, H, BT, Kp = r.shape
+    S, BT, H, Kp = r.shape
     vec = lambda: jax.ShapeDtypeStruct((S, H, BT, Kp), F32)     # noqa: E731
     mat = lambda: jax.ShapeDtypeStruct((S, H, BT, BT), F32)     # noqa: E731
-    ins = [(n, x, _slot_spec(S, H, BT, Kp)) for n, x in
+    ins = [(n, x, _tok_spec(BT, Kp)) for n, x in
            (("r", r), ("k", k), ("a", a), ("b", b), ("w", w))]
     outs = [(f"M_{x}{y}", mat(), _slot_spec(S, H, BT, BT)) for x, y in PAIRS]
     outs += [(f"{x}_in", vec(), _slot_spec(S, H, BT, Kp)) for x in XS]
@@ -437,21 +452,22 @@ def _bwd_kernel(refs, BT, Kp, prec):
 
 def _backward(r, k, a, b, w, fits, cts, prec):
     """fits: the forward's flags (DIAG "split") or None (every diagonal pair exact)."""
-    S, H, BT, Kp = r.shape
+    S, BT, H, Kp = r.shape
     dM = dict(zip(PAIRS, cts[:4]))
     d_in = dict(zip(XS, cts[4:6]))
     d_out = dict(zip(YS, cts[6:8]))
     d_tot = cts[8]
     vspec = _slot_spec(S, H, BT, Kp)
-    ins = [(n, x, vspec) for n, x in (("r", r), ("k", k), ("a", a), ("b", b), ("w", w))]
+    tspec = _tok_spec(BT, Kp)
+    ins = [(n, x, tspec) for n, x in (("r", r), ("k", k), ("a", a), ("b", b), ("w", w))]
     ins += [(f"dM_{x}{y}", dM[x, y], _slot_spec(S, H, BT, BT)) for x, y in PAIRS]
     ins += [(f"d{x}_in", d_in[x], vspec) for x in XS]
     ins += [(f"d{y}_out", d_out[y], vspec) for y in YS]
     ins += [("d_tot", d_tot, _vec_spec(Kp))]
     if fits is not None:
         ins += [("fits", fits, _vec_spec(fits.shape[-1]))]
-    vec = jax.ShapeDtypeStruct((S, H, BT, Kp), F32)
-    outs = [(n, vec, vspec) for n in ("dr", "dk", "da", "db", "pq", "c_end")]
+    tvec = jax.ShapeDtypeStruct((S, BT, H, Kp), F32)
+    outs = [(n, tvec, tspec) for n in ("dr", "dk", "da", "db", "pq", "c_end")]
     outs += [("g_tot", jax.ShapeDtypeStruct((S, H, Kp), F32), _vec_spec(Kp))]
     res = _call(lambda refs: _bwd_kernel(refs, BT, Kp, prec), ins, outs, (S, H),
                 "dplr_scores_bwd", WARPS["bwd"])
@@ -461,17 +477,17 @@ def _backward(r, k, a, b, w, fits, cts, prec):
                         "dplr_scores_fix_bwd"))
     # dw_s = sum_{t >= s} (P_t - Q_t) + sum_{j < s} c_end_j + dtot exp(L)
     pq, c_end = res["pq"], res["c_end"]
-    suffix = jnp.flip(jnp.cumsum(jnp.flip(pq, 2), axis=2), 2)
+    suffix = jnp.flip(jnp.cumsum(jnp.flip(pq, 1), axis=1), 1)
     # strict prefix as a shifted cumsum (cumsum - c_end would add and subtract the O(1)
     # term of the chunk's last row)
-    prefix = jnp.pad(jnp.cumsum(c_end[:, :, :-1], axis=2), ((0, 0), (0, 0), (1, 0), (0, 0)))
-    dw = suffix + prefix + res["g_tot"][:, :, None, :]
+    prefix = jnp.pad(jnp.cumsum(c_end[:, :-1], axis=1), ((0, 0), (1, 0), (0, 0), (0, 0)))
+    dw = suffix + prefix + res["g_tot"][:, None, :, :]
     return res["dr"], res["dk"], res["da"], res["db"], dw
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def dplr_scores(r, k, a, b, w, prec):
-    """(r, k, a_s, b, w) [S, H, BT, Kp] fp32 (a_s: a shifted up one row) ->
+    """(r, k, a_s, b, w) [S, BT, H, Kp] fp32 (token-major; a_s: a shifted up one row) ->
     (M_rb, M_rk, M_ab, M_ak [S, H, BT, BT], r_in, a_in, b_out, k_out [S, H, BT, Kp],
     tot [S, H, Kp]), all fp32 (see the module docstring). prec: the fp32 dot precision
     (ptr.SPLIT3: three bf16 products, for 16-bit problems).

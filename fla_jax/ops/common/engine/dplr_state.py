@@ -46,8 +46,13 @@ def _prod(spec, a, b, prec):
     """A chunk-parallel product of the pass (XLA): both operands in bf16 accumulated in fp32
     for ptr.BF16 (a bf16 problem), else at the library's fp32 matmul precision."""
     if isinstance(prec, str) and prec == ptr.BF16:
-        return jnp.einsum(spec, a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
-                          preferred_element_type=F32)
+        a, b = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+        if ptr.interpret():
+            # XLA:CPU has no bf16 x bf16 -> fp32 dot for every layout (DotThunk): the same
+            # rounded operands multiplied in fp32 (their products are exact in fp32)
+            return jnp.einsum(spec, a.astype(F32), b.astype(F32),
+                              precision=lax.Precision.HIGHEST)
+        return jnp.einsum(spec, a, b, preferred_element_type=F32)
     return einsum(spec, a, b)
 
 
@@ -114,7 +119,7 @@ def _forward(u, w, b_out, k_out, v, tot, h0, first, count, prec, dense):
     N = first.shape[0]
     bv = _bv(Kp, Vp)
     sp = _specs(S, BT, Kp, bv)
-    kv = _prod("shck,shcv->shkv", k_out, v, prec)          # the chunk-parallel part of the update
+    kv = _prod("shck,schv->shkv", k_out, v, prec)          # the chunk-parallel part of the update
     ins = [("first", first, _full(first)), ("count", count, _full(count)),
            ("u", u, sp["vvec"]), ("w", w, sp["kvec"]), ("b_out", b_out, sp["kvec"]),
            ("kv", kv, sp["states"]), ("tot", tot, sp["tot"])]
@@ -172,14 +177,15 @@ def _backward(res, cts, has_h0, prec, dense):
         du, dh = _mask(du, valid), _mask(dh, valid)
     # the chunk-parallel rest: dh is the gradient of the state after each chunk
     return (du, _prod("shcv,shkv->shck", du, S_in, prec), _prod("shcv,shkv->shck", U, dh, prec),
-            _prod("shcv,shkv->shck", v, dh, prec),
-            _prod("shck,shkv->shcv", k_out, dh, prec), jnp.sum(S_in * dh, axis=-1),
+            _prod("schv,shkv->shck", v, dh, prec),
+            _prod("shck,shkv->schv", k_out, dh, prec), jnp.sum(S_in * dh, axis=-1),
             r.get("dh0"))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(9, 10))
 def dplr_state(u, w, b_out, k_out, v, tot, h0, first, count, prec, dense=False):
-    """(u [S,H,BT,Vp], w, b_out, k_out [S,H,BT,Kp], v [S,H,BT,Vp], tot [S,H,Kp], h0
+    """(u [S,H,BT,Vp], w, b_out, k_out [S,H,BT,Kp], v [S,BT,H,Vp] (token-major), tot
+    [S,H,Kp], h0
     [N,H,Kp,Vp] or None, first, count int32 [N]) -> (U [S,H,BT,Vp], S_in [S,H,Kp,Vp],
     final state [N,H,Kp,Vp]), fp32. prec: the fp32 dot precision. dense: every slot holds a
     chunk (fixed length), so none is masked to zero."""

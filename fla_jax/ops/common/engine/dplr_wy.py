@@ -144,13 +144,18 @@ def _spec(BT, D):
     return pl.BlockSpec((None, None, BT, D), lambda s, h: (s, h, 0, 0))
 
 
+def _tok_spec(BT, D):
+    """v and dv: token-major [S, BT, H, Vp] (dplr.py's layout of the op's inputs)."""
+    return pl.BlockSpec((None, BT, None, D), lambda s, h: (s, 0, h, 0))
+
+
 def _forward(A_ab, A_ak, v, a_in, prec):
-    S, H, BT, Vp = v.shape
+    S, BT, H, Vp = v.shape
     Kp = a_in.shape[-1]
     if BT != 64:
         raise ValueError(f"dplr_wy: chunk length {BT}; the block inversion expects 64")
     mat = pl.BlockSpec((None, None, BT, BT), lambda s, h: (s, h, 0, 0))
-    ins = [("A_ab", A_ab, mat), ("A_ak", A_ak, mat), ("v", v, _spec(BT, Vp)),
+    ins = [("A_ab", A_ab, mat), ("A_ak", A_ak, mat), ("v", v, _tok_spec(BT, Vp)),
            ("a_in", a_in, _spec(BT, Kp))]
     outs = [("T", jax.ShapeDtypeStruct((S, H, BT, BT), F32), mat),
             ("u", jax.ShapeDtypeStruct((S, H, BT, Vp), F32), _spec(BT, Vp)),
@@ -160,14 +165,14 @@ def _forward(A_ab, A_ak, v, a_in, prec):
 
 
 def _backward(Tm, A_ak, v, a_in, du, dw, prec):
-    S, H, BT, Vp = v.shape
+    S, BT, H, Vp = v.shape
     Kp = a_in.shape[-1]
     mat = pl.BlockSpec((None, None, BT, BT), lambda s, h: (s, h, 0, 0))
-    ins = [("T", Tm, mat), ("A_ak", A_ak, mat), ("v", v, _spec(BT, Vp)),
+    ins = [("T", Tm, mat), ("A_ak", A_ak, mat), ("v", v, _tok_spec(BT, Vp)),
            ("a_in", a_in, _spec(BT, Kp)), ("du", du, _spec(BT, Vp)), ("dw", dw, _spec(BT, Kp))]
     outs = [("dA_ab", jax.ShapeDtypeStruct((S, H, BT, BT), F32), mat),
             ("dA_ak", jax.ShapeDtypeStruct((S, H, BT, BT), F32), mat),
-            ("dv", jax.ShapeDtypeStruct((S, H, BT, Vp), F32), _spec(BT, Vp)),
+            ("dv", jax.ShapeDtypeStruct((S, BT, H, Vp), F32), _tok_spec(BT, Vp)),
             ("da_in", jax.ShapeDtypeStruct((S, H, BT, Kp), F32), _spec(BT, Kp))]
     r = call(lambda refs: _bwd_kernel(refs, prec), (S, H), ins, outs, LAUNCH, "dplr_wy_bwd")
     return r["dA_ab"], r["dA_ak"], r["dv"], r["da_in"]
@@ -175,7 +180,8 @@ def _backward(Tm, A_ak, v, a_in, du, dw, prec):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def dplr_wy(A_ab, A_ak, v, a_in, prec):
-    """(A_ab, A_ak [S, H, 64, 64], v [S, H, 64, Vp], a_in [S, H, 64, Kp], all fp32) ->
+    """(A_ab, A_ak [S, H, 64, 64], v [S, 64, H, Vp] (token-major), a_in [S, H, 64, Kp], all
+    fp32) ->
     (u [S, H, 64, Vp], w [S, H, 64, Kp]) fp32 (see the module docstring). prec: the fp32
     dot precision."""
     _, u, w = _forward(A_ab, A_ak, v, a_in, prec)
