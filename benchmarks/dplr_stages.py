@@ -4,6 +4,7 @@ H16 K=V=64 (run.py's B4T4096K64). Complements kernel_profile.py with the A / B o
 
     PYTHONPATH=. python3 benchmarks/dplr_stages.py whole stages
     PYTHONPATH=. python3 benchmarks/dplr_stages.py sweep   # launch / product-precision sweep
+    PYTHONPATH=. python3 benchmarks/dplr_stages.py variants  # the scores backward's variants
     PROBE_SMALL=1 PYTHONPATH=. python3 benchmarks/dplr_stages.py    # CPU smoke run, no timing
 Prints WHOLE / STAGE / SWEEP / CHOSEN lines (ms, median of run.time_jax). `sweep` times each
 stage (forward, forward + vjp) under each launch option and bf16-problem product precision
@@ -37,6 +38,7 @@ def whole(tag):
     f, first = R.time_jax(fwd)
     b, _ = R.time_jax(fb)
     print(f"WHOLE {tag}: fwd {f:.3f} fwd+bwd {b:.3f} (first fwd call {first:.1f} s)", flush=True)
+    return f, b
 
 
 def stage(tag, fn, *a):
@@ -150,8 +152,33 @@ def sweep():
     dplr.BF16_PRODUCTS.pop()
 
 
+# the scores backward's variants timed on the whole op by `variants`: (BWD_SPLIT, its warps)
+VARIANTS = {"one_kernel_w4": (False, 4), "row_col_w4": (True, 4), "row_col_w2": (True, 2),
+            "row_col_w8": (True, 8)}
+
+
+def variants():
+    """Times the whole op under each VARIANTS entry; prints BEST <name> <split> <warps>."""
+    best = None
+    for name, (split, warps) in VARIANTS.items():
+        ds.BWD_SPLIT.append(split)
+        ds.WARPS["bwd"] = warps
+        try:
+            _, b = whole(name)
+            if best is None or b < best[0]:
+                best = (b, name, split, warps)
+        except Exception as e:                              # noqa: BLE001
+            print(f"WHOLE {name}: error {type(e).__name__}: {str(e)[:300]}", flush=True)
+        ds.BWD_SPLIT.pop()
+    ds.WARPS["bwd"] = 4
+    print(f"BEST {best[1]} {best[2]} {best[3]}", flush=True)
+
+
 if "sweep" in which:
     sweep()
+
+if "variants" in which:
+    variants()
 
 if "stages" in which:
     i = stage_inputs()

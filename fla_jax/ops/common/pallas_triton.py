@@ -127,6 +127,12 @@ SPLIT3 = "bf16x3"
 BF16 = "bf16x1"
 
 
+def store_dtype(prec):
+    """Storage dtype of an intermediate whose every use is a `prec` product (BF16: bf16,
+    the product rounds it anyway; else fp32)."""
+    return jnp.bfloat16 if isinstance(prec, str) and prec == BF16 else jnp.float32
+
+
 def dot(a, b, contract=(1, 0), prec=lax.Precision.HIGHEST):
     """matmul at `prec`; split_matmul32 when prec is SPLIT3; bf16 operands when prec is
     BF16 (accumulated in fp32 either way)."""

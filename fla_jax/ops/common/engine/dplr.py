@@ -122,7 +122,8 @@ def dplr_chunk(r, k, v, w, a, b, scale, initial_state, output_final_state, cu_se
     M_rb, M_rk, M_ab, M_ak, r_in, as_in, b_out, k_out, tot = dplr_scores(
         rs, ks, _shift_up(as_), bs, ws, prec)
     A_ab, A_ak = _shift_down(M_ab), _shift_down(M_ak)
-    a_in = jnp.concatenate([jnp.swapaxes(as_[:, :1], 1, 2), as_in[:, :, :-1]], axis=2)
+    a_in = jnp.concatenate([jnp.swapaxes(as_[:, :1], 1, 2).astype(as_in.dtype),
+                            as_in[:, :, :-1]], axis=2)
     u, wy = dplr_wy(A_ab, A_ak, vs, a_in, prec)
     h0 = initial_state
     if h0 is not None and (Kp != K or Vp != V):

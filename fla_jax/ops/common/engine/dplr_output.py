@@ -52,12 +52,13 @@ def _bwd_kernel(refs, scale, prec):
         g_rb, g_rk = acc
         cols = pl.ds(c * bv, bv)
         do = refs["do"][:, cols] * scale
-        refs["dU"][:, cols] = ptr.dot(A_rb, do, (0, 0), prec)
+        refs["dU"][:, cols] = ptr.dot(A_rb, do, (0, 0), prec).astype(refs["dU"].dtype)
         refs["dv"][:, cols] = ptr.dot(A_rk, do, (0, 0), prec)
 
         def kblock(e, carry):
             rows = pl.ds(e * bk, bk)
-            refs["dS_in"][rows, cols] = ptr.dot(refs["r_in"][:, rows], do, (0, 0), prec)
+            refs["dS_in"][rows, cols] = ptr.dot(refs["r_in"][:, rows], do, (0, 0),
+                                                prec).astype(refs["dS_in"].dtype)
             return carry
 
         nk = Kp // bk
@@ -68,8 +69,8 @@ def _bwd_kernel(refs, scale, prec):
     z = jnp.zeros((BT, BT), F32)
     nv = Vp // bv
     g_rb, g_rk = blocks(nv, vblock, (z, z))
-    refs["dA_rb"][...] = g_rb
-    refs["dA_rk"][...] = g_rk
+    refs["dA_rb"][...] = g_rb.astype(refs["dA_rb"].dtype)
+    refs["dA_rk"][...] = g_rk.astype(refs["dA_rk"].dtype)
 
     def kblock_r(e, carry):
         rows = pl.ds(e * bk, bk)
@@ -80,7 +81,7 @@ def _bwd_kernel(refs, scale, prec):
 
         acc = jnp.zeros((BT, bk), F32)
         acc = blocks(nv, vpart, acc)
-        refs["dr_in"][:, rows] = acc * scale
+        refs["dr_in"][:, rows] = (acc * scale).astype(refs["dr_in"].dtype)
         return carry
 
     nk = Kp // bk
@@ -110,7 +111,7 @@ def _backward(res, do, scale, prec):
     ins = [("r_in", r_in, full(BT, Kp)), ("S_in", S_in, full(Kp, Vp)),
            ("A_rb", A_rb, full(BT, BT)), ("U", U, full(BT, Vp)), ("A_rk", A_rk, full(BT, BT)),
            ("v", v, tok), ("do", do, tok)]
-    outs = [(n, jax.ShapeDtypeStruct(x.shape, F32), full(*x.shape[2:])) for n, x in
+    outs = [(n, jax.ShapeDtypeStruct(x.shape, x.dtype), full(*x.shape[2:])) for n, x in
             (("dr_in", r_in), ("dS_in", S_in), ("dA_rb", A_rb), ("dU", U), ("dA_rk", A_rk))]
     outs += [("dv", jax.ShapeDtypeStruct(v.shape, F32), tok)]
     r = call(lambda refs: _bwd_kernel(refs, scale, prec), (S, H), ins, outs, LAUNCH,
@@ -121,8 +122,8 @@ def _backward(res, do, scale, prec):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
 def dplr_output(r_in, S_in, A_rb, U, A_rk, v, scale, prec):
     """(r_in [S, H, BT, Kp], S_in [S, H, Kp, Vp], A_rb [S, H, BT, BT], U [S, H, BT, Vp], A_rk
-    [S, H, BT, BT], v [S, BT, H, Vp], fp32; scale: float) -> o [S, BT, H, Vp] fp32 (see the
-    module docstring). prec: the fp32 dot precision."""
+    [S, H, BT, BT], v [S, BT, H, Vp]; fp32, or bf16 all but v for a BF16 prec; scale: float)
+    -> o [S, BT, H, Vp] fp32 (see the module docstring); gradients in their inputs' dtypes. prec: the fp32 dot precision."""
     return _forward(r_in, S_in, A_rb, U, A_rk, v, scale, prec)
 
 

@@ -65,6 +65,8 @@ DIAG = "split"
 FIX_LAUNCH = Launch(None, None, 4, 1)
 WARPS = {"fwd": 4, "bwd": 4}      # the scores kernels' warps (one program per slot and head)
 BK = [32]                         # their key block (the last entry; benchmarks may push one)
+# the backward as one kernel (False) or a row-side and a column-side kernel (True)
+BWD_SPLIT = [False]
 
 
 def _bk(Kp):
@@ -166,7 +168,7 @@ def _diag_scores_dot(refs, xs, loc, fit, i0, cols, prec):
                  for x, y in PAIRS)
 
 
-def _diag_grads_dot(xs, ys, q, loc, fit, prec):
+def _diag_grads_dot(xs, ys, q, loc, fit, prec, side="both"):
     """_diag_grads by dots through the factors (strict pairs; 0 where the block does not fit,
     fit False: _fix_bwd_kernel adds those exactly): dx_i = e^{loc_i} sum_j q_ij y_j e^{-loc_j},
     dy_j = e^{-loc_j} sum_i q_ij x_i e^{loc_i}."""
@@ -174,10 +176,13 @@ def _diag_grads_dot(xs, ys, q, loc, fit, prec):
     jj = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 1)
     e_p, e_m = _factors(loc, fit)
     qs = {p: jnp.where(ii > jj, q[p], 0.0) for p in PAIRS}
-    dx = tuple(e_p * sum(_diag_dot(qs[x, y], ys[y] * e_m, (1, 0), prec) for y in YS)
-               for x in XS)
-    dy = tuple(e_m * sum(_diag_dot(qs[x, y], xs[x] * e_p, (0, 0), prec) for x in XS)
-               for y in YS)
+    dx = dy = None                    # side "row": dx only; "col": dy only
+    if side != "col":
+        dx = tuple(e_p * sum(_diag_dot(qs[x, y], ys[y] * e_m, (1, 0), prec) for y in YS)
+                   for x in XS)
+    if side != "row":
+        dy = tuple(e_m * sum(_diag_dot(qs[x, y], xs[x] * e_p, (0, 0), prec) for x in XS)
+                   for y in YS)
     return dx, dy
 
 
@@ -192,10 +197,12 @@ def _fwd_kernel(refs, BT, Kp, prec):
         G, L = _chunk_gates(refs, cols, BT, BK)
         eG = jnp.exp(G.value())
         for x in XS:
-            refs[f"{x}_in"][:, cols] = refs[x][:, cols] * eG
+            ref = refs[f"{x}_in"]
+            ref[:, cols] = (refs[x][:, cols] * eG).astype(ref.dtype)
         e_end = jnp.exp(gt.gap(gt.bcast(L), G))
         for y in YS:
-            refs[f"{y}_out"][:, cols] = refs[y][:, cols] * e_end
+            ref = refs[f"{y}_out"]
+            ref[:, cols] = (refs[y][:, cols] * e_end).astype(ref.dtype)
         refs["tot"][cols] = jnp.exp(L.value())
         return carry
 
@@ -233,9 +240,10 @@ def _fwd_kernel(refs, BT, Kp, prec):
         cidx = lax.broadcasted_iota(jnp.int32, (SUB, BT), 1)
         for n, (x, y) in enumerate(PAIRS):
             ref = refs[f"M_{x}{y}"]
-            plt.store(ref.at[pl.ds(i0, SUB), :], jnp.where(cidx < i0, acc[n], 0.0),
+            plt.store(ref.at[pl.ds(i0, SUB), :],
+                      jnp.where(cidx < i0, acc[n], 0.0).astype(ref.dtype),
                       mask=(cidx < i0) | (cidx >= i0 + SUB))
-            ref[pl.ds(i0, SUB), pl.ds(i0, SUB)] = dia[n]
+            ref[pl.ds(i0, SUB), pl.ds(i0, SUB)] = dia[n].astype(ref.dtype)
         return flags
 
     flags = lax.fori_loop(0, nb, sub_chunk, jnp.zeros((nb * nk,), jnp.int32))
@@ -277,7 +285,7 @@ def _fix_fwd_kernel(refs, Kp):
         blk = (pl.ds(i0, SUB), pl.ds(i0, SUB))
         for n, (x, y) in enumerate(PAIRS):
             ref = refs[f"M_{x}{y}"]
-            ref[blk] = ref[blk] + dia[n]
+            ref[blk] = (ref[blk].astype(F32) + dia[n]).astype(ref.dtype)
 
 
 def _fix_bwd_kernel(refs, Kp):
@@ -289,7 +297,7 @@ def _fix_bwd_kernel(refs, Kp):
     @pl.when(_count_unfit(flags, I, nk) > 0)
     def _():
         sub = pl.ds(i0, SUB)
-        q = {p: refs[f"dM_{p[0]}{p[1]}"][sub, sub] for p in PAIRS}
+        q = {p: refs[f"dM_{p[0]}{p[1]}"][sub, sub].astype(F32) for p in PAIRS}
 
         def block(kb, carry):
             cols = pl.ds(kb * BK, BK)
@@ -365,11 +373,12 @@ def _forward(r, k, a, b, w, prec):
     if DIAG not in DIAGS:
         raise ValueError(f"dplr_scores: DIAG={DIAG!r}; expected one of {DIAGS}")
     S, BT, H, Kp = r.shape
-    vec = lambda: jax.ShapeDtypeStruct((S, H, BT, Kp), F32)     # noqa: E731
-    mat = lambda: jax.ShapeDtypeStruct((S, H, BT, BT), F32)     # noqa: E731
+    sd = ptr.store_dtype(prec)          # M_rb, M_rk, M_ak and the vectors: BF16 products only
+    vec = lambda: jax.ShapeDtypeStruct((S, H, BT, Kp), sd)      # noqa: E731
+    mat = lambda p: jax.ShapeDtypeStruct((S, H, BT, BT), F32 if p == ("a", "b") else sd)  # noqa
     ins = [(n, x, _tok_spec(BT, Kp)) for n, x in
            (("r", r), ("k", k), ("a", a), ("b", b), ("w", w))]
-    outs = [(f"M_{x}{y}", mat(), _slot_spec(S, H, BT, BT)) for x, y in PAIRS]
+    outs = [(f"M_{x}{y}", mat((x, y)), _slot_spec(S, H, BT, BT)) for x, y in PAIRS]
     outs += [(f"{x}_in", vec(), _slot_spec(S, H, BT, Kp)) for x in XS]
     outs += [(f"{y}_out", vec(), _slot_spec(S, H, BT, Kp)) for y in YS]
     outs += [("tot", jax.ShapeDtypeStruct((S, H, Kp), F32), _vec_spec(Kp))]
@@ -387,7 +396,11 @@ def _forward(r, k, a, b, w, prec):
 
 
 # ----------------------------------------------------------------------------- backward
-def _bwd_kernel(refs, BT, Kp, prec):
+def _bwd_kernel(refs, BT, Kp, prec, side="both"):
+    """side "both": every gradient in one kernel (dr, dk, da, db, pq = P - Q, c_end, g_tot);
+    "row": the row side alone (dr, da, P as pq, g_tot); "col": the column side (dk, db, Q
+    as qq, c_end): half the live state each (BWD_SPLIT)."""
+    row_side, col_side = side != "col", side != "row"
     BK = _bk(Kp)
     nk, nb = Kp // BK, BT // SUB
     rows = lax.broadcasted_iota(jnp.int32, (BT, 1), 0)
@@ -399,7 +412,8 @@ def _bwd_kernel(refs, BT, Kp, prec):
     def block(kb, carry):
         cols = pl.ds(kb * BK, BK)
         G, L = _chunk_gates(refs, cols, BT, BK)
-        refs["g_tot"][cols] = refs["d_tot"][cols] * jnp.exp(L.value())
+        if row_side:
+            refs["g_tot"][cols] = refs["d_tot"][cols] * jnp.exp(L.value())
 
         def sub_chunk(I, carry):
             i0 = I * SUB
@@ -408,40 +422,50 @@ def _bwd_kernel(refs, BT, Kp, prec):
             ys = {y: refs[y][sub, cols] for y in YS}
             loc, tot_I = _sub_gates(refs, i0, cols)
             R = _before(G, i0)
-            q = {p: refs[f"dM_{p[0]}{p[1]}"][sub, sub] for p in PAIRS}       # [SUB, SUB]
-            # pairs with earlier rows (the rows of I; none for I = 0)
-            e_c = gt.masked_exp(gt.gap(gt.bcast(R), G), rows < i0)
-            e_r = jnp.exp(loc.value())
-            cy = {y: refs[y][:, cols] * e_c for y in YS}
-            gx = {x: e_r * sum(ptr.dot(refs[f"dM_{x}{y}"][sub, :], cy[y], (1, 0), prec)
-                               for y in YS) for x in XS}
-            # pairs with later rows (the columns of I, reference its last row; none for the
-            # last sub-chunk)
-            Gl = gt.row(G, i0 + SUB - 1)
-            e_w = gt.masked_exp(gt.gap(G, gt.bcast(Gl)), rows >= i0 + SUB)
-            e_l = jnp.exp(gt.gap(gt.bcast(tot_I), loc))                     # [SUB, BK]
-            wx = {x: refs[x][:, cols] * e_w for x in XS}
-            gy = {y: e_l * sum(ptr.dot(refs[f"dM_{x}{y}"][:, sub], wx[x], (0, 0), prec)
-                               for x in XS) for y in YS}
+            q = {p: refs[f"dM_{p[0]}{p[1]}"][sub, sub].astype(F32) for p in PAIRS}
             if split:
-                dx, dy = _diag_grads_dot(xs, ys, q, loc, _flag(flags, I * nk + kb), prec)
+                dx, dy = _diag_grads_dot(xs, ys, q, loc, _flag(flags, I * nk + kb), prec,
+                                         side)
             else:
                 dx, dy = _diag_grads(refs, xs, q, loc, i0, cols)
-            gx = {x: gx[x] + d for x, d in zip(XS, dx)}
-            gy = {y: gy[y] + d for y, d in zip(YS, dy)}
-            eG = jnp.exp(gt.add(gt.bcast(R), loc).value())
-            bx = {x: refs[f"d{x}_in"][sub, cols] * eG for x in XS}
-            P = sum(xs[x] * (gx[x] + bx[x]) for x in XS)
-            Q = sum(ys[y] * gy[y] for y in YS)
-            refs["pq"][sub, cols] = P - Q
-            e_e = jnp.exp(gt.span(L, R, loc))                                # exp(L - G)
-            by = {y: refs[f"d{y}_out"][sub, cols] * e_e for y in YS}
-            refs["c_end"][sub, cols] = sum(ys[y] * by[y] for y in YS)
             dg = {p: jnp.sum(jnp.where(eye, q[p], 0.0), axis=1)[:, None] for p in PAIRS}
-            for x in XS:
-                refs[f"d{x}"][sub, cols] = gx[x] + bx[x] + sum(dg[x, y] * ys[y] for y in YS)
-            for y in YS:
-                refs[f"d{y}"][sub, cols] = gy[y] + by[y] + sum(dg[x, y] * xs[x] for x in XS)
+            if row_side:
+                # pairs with earlier rows (the rows of I; none for I = 0)
+                e_c = gt.masked_exp(gt.gap(gt.bcast(R), G), rows < i0)
+                e_r = jnp.exp(loc.value())
+                cy = {y: refs[y][:, cols] * e_c for y in YS}
+                gx = {x: e_r * sum(ptr.dot(refs[f"dM_{x}{y}"][sub, :], cy[y], (1, 0), prec)
+                                   for y in YS) for x in XS}
+                gx = {x: gx[x] + d for x, d in zip(XS, dx)}
+                eG = jnp.exp(gt.add(gt.bcast(R), loc).value())
+                bx = {x: refs[f"d{x}_in"][sub, cols].astype(F32) * eG for x in XS}
+                P = sum(xs[x] * (gx[x] + bx[x]) for x in XS)
+                for x in XS:
+                    refs[f"d{x}"][sub, cols] = (gx[x] + bx[x]
+                                                + sum(dg[x, y] * ys[y] for y in YS))
+            if col_side:
+                # pairs with later rows (the columns of I, reference its last row; none for
+                # the last sub-chunk)
+                Gl = gt.row(G, i0 + SUB - 1)
+                e_w = gt.masked_exp(gt.gap(G, gt.bcast(Gl)), rows >= i0 + SUB)
+                e_l = jnp.exp(gt.gap(gt.bcast(tot_I), loc))                 # [SUB, BK]
+                wx = {x: refs[x][:, cols] * e_w for x in XS}
+                gy = {y: e_l * sum(ptr.dot(refs[f"dM_{x}{y}"][:, sub], wx[x], (0, 0), prec)
+                                   for x in XS) for y in YS}
+                gy = {y: gy[y] + d for y, d in zip(YS, dy)}
+                Q = sum(ys[y] * gy[y] for y in YS)
+                e_e = jnp.exp(gt.span(L, R, loc))                            # exp(L - G)
+                by = {y: refs[f"d{y}_out"][sub, cols].astype(F32) * e_e for y in YS}
+                refs["c_end"][sub, cols] = sum(ys[y] * by[y] for y in YS)
+                for y in YS:
+                    refs[f"d{y}"][sub, cols] = (gy[y] + by[y]
+                                                + sum(dg[x, y] * xs[x] for x in XS))
+            if side == "both":
+                refs["pq"][sub, cols] = P - Q
+            elif side == "row":
+                refs["pq"][sub, cols] = P
+            else:
+                refs["qq"][sub, cols] = Q
             return carry
 
         lax.fori_loop(0, nb, sub_chunk, 0)
@@ -467,10 +491,19 @@ def _backward(r, k, a, b, w, fits, cts, prec):
     if fits is not None:
         ins += [("fits", fits, _vec_spec(fits.shape[-1]))]
     tvec = jax.ShapeDtypeStruct((S, BT, H, Kp), F32)
-    outs = [(n, tvec, tspec) for n in ("dr", "dk", "da", "db", "pq", "c_end")]
-    outs += [("g_tot", jax.ShapeDtypeStruct((S, H, Kp), F32), _vec_spec(Kp))]
-    res = _call(lambda refs: _bwd_kernel(refs, BT, Kp, prec), ins, outs, (S, H),
-                "dplr_scores_bwd", WARPS["bwd"])
+    g_tot = [("g_tot", jax.ShapeDtypeStruct((S, H, Kp), F32), _vec_spec(Kp))]
+    if BWD_SPLIT[-1]:
+        res = _call(lambda refs: _bwd_kernel(refs, BT, Kp, prec, "row"), ins,
+                    [(n, tvec, tspec) for n in ("dr", "da", "pq")] + g_tot, (S, H),
+                    "dplr_scores_bwd_row", WARPS["bwd"])
+        res.update(_call(lambda refs: _bwd_kernel(refs, BT, Kp, prec, "col"), ins,
+                         [(n, tvec, tspec) for n in ("dk", "db", "qq", "c_end")], (S, H),
+                         "dplr_scores_bwd_col", WARPS["bwd"]))
+        res["pq"] = res["pq"] - res.pop("qq")
+    else:
+        outs = [(n, tvec, tspec) for n in ("dr", "dk", "da", "db", "pq", "c_end")] + g_tot
+        res = _call(lambda refs: _bwd_kernel(refs, BT, Kp, prec), ins, outs, (S, H),
+                    "dplr_scores_bwd", WARPS["bwd"])
     if fits is not None:
         res.update(_fix(lambda refs: _fix_bwd_kernel(refs, Kp), ins[:9] + ins[-1:],
                         {n: res[n] for n in ("dr", "dk", "da", "db", "pq")},
@@ -489,7 +522,9 @@ def _backward(r, k, a, b, w, fits, cts, prec):
 def dplr_scores(r, k, a, b, w, prec):
     """(r, k, a_s, b, w) [S, BT, H, Kp] fp32 (token-major; a_s: a shifted up one row) ->
     (M_rb, M_rk, M_ab, M_ak [S, H, BT, BT], r_in, a_in, b_out, k_out [S, H, BT, Kp],
-    tot [S, H, Kp]), all fp32 (see the module docstring). prec: the fp32 dot precision
+    tot [S, H, Kp]), fp32 except, for prec ptr.BF16, M_rb, M_rk, M_ak and the four vectors
+    in bf16 (ptr.store_dtype: every later use is a BF16 product; M_ab stays fp32 for the WY
+    inversion) (see the module docstring). prec: the fp32 dot precision
     (ptr.SPLIT3: three bf16 products, for 16-bit problems).
     The module's DIAG (one of DIAGS) picks how the diagonal blocks are formed."""
     return _forward(r, k, a, b, w, prec)[0]
@@ -501,8 +536,7 @@ def _fwd(r, k, a, b, w, prec):
 
 
 def _bwd(prec, res, cts):
-    r, k, a, b, w, fits = res
-    cts = tuple(x.astype(F32) for x in cts)
+    r, k, a, b, w, fits = res       # cts in their outputs' dtypes (the kernels read either)
     return _backward(r, k, a, b, w, fits, cts, prec)
 
 

@@ -104,9 +104,9 @@ def _fwd_kernel(refs, has_h0, prec):
 
     def body(c, S):
         s = s0 + c
-        refs["S_in"][s] = S
+        refs["S_in"][s] = S.astype(refs["S_in"].dtype)
         U = refs["u"][s] + ptr.dot(refs["w"][s], S, (1, 0), prec)
-        refs["U"][s] = U
+        refs["U"][s] = U.astype(refs["U"].dtype)
         return (refs["tot"][s][:, None] * S + ptr.dot(refs["b_out"][s], U, (0, 0), prec)
                 + refs["kv"][s])
 
@@ -125,8 +125,9 @@ def _forward(u, w, b_out, k_out, v, tot, h0, first, count, prec, dense):
            ("kv", kv, sp["states"]), ("tot", tot, sp["tot"])]
     if h0 is not None:
         ins.append(("h0", h0, sp["state"]))
-    outs = [("U", jax.ShapeDtypeStruct((S, H, BT, Vp), F32), sp["vvec"]),
-            ("S_in", jax.ShapeDtypeStruct((S, H, Kp, Vp), F32), sp["states"]),
+    sd = ptr.store_dtype(prec)                        # U, S_in: BF16 products only
+    outs = [("U", jax.ShapeDtypeStruct((S, H, BT, Vp), sd), sp["vvec"]),
+            ("S_in", jax.ShapeDtypeStruct((S, H, Kp, Vp), sd), sp["states"]),
             ("ht", jax.ShapeDtypeStruct((N, H, Kp, Vp), F32), sp["state"])]
     res = _call(lambda refs: _fwd_kernel(refs, h0 is not None, prec), ins, outs,
                 (N, H, Vp // bv), "dplr_state_fwd")
@@ -156,7 +157,8 @@ def _bwd_kernel(refs, has_h0, prec):
 
 def _backward(res, cts, has_h0, prec, dense):
     w, b_out, k_out, v, tot, U, S_in, first, count = res
-    dU, dS_in, dht = (x.astype(F32) for x in cts)
+    dU, dS_in, dht = cts       # dU, dS_in in U's / S_in's dtype (the kernel reads either)
+    dht = dht.astype(F32)
     S, H, BT, Vp = U.shape
     Kp = w.shape[-1]
     N = first.shape[0]
@@ -176,9 +178,10 @@ def _backward(res, cts, has_h0, prec, dense):
         valid = slot_valid(first, count, S)
         du, dh = _mask(du, valid), _mask(dh, valid)
     # the chunk-parallel rest: dh is the gradient of the state after each chunk
-    return (du, _prod("shcv,shkv->shck", du, S_in, prec), _prod("shcv,shkv->shck", U, dh, prec),
-            _prod("schv,shkv->shck", v, dh, prec),
-            _prod("shck,shkv->schv", k_out, dh, prec), jnp.sum(S_in * dh, axis=-1),
+    return (du, _prod("shcv,shkv->shck", du, S_in, prec).astype(w.dtype),
+            _prod("shcv,shkv->shck", U, dh, prec).astype(b_out.dtype),
+            _prod("schv,shkv->shck", v, dh, prec).astype(k_out.dtype),
+            _prod("shck,shkv->schv", k_out, dh, prec), jnp.sum(S_in.astype(F32) * dh, axis=-1),
             r.get("dh0"))
 
 
@@ -187,7 +190,8 @@ def dplr_state(u, w, b_out, k_out, v, tot, h0, first, count, prec, dense=False):
     """(u [S,H,BT,Vp], w, b_out, k_out [S,H,BT,Kp], v [S,BT,H,Vp] (token-major), tot
     [S,H,Kp], h0
     [N,H,Kp,Vp] or None, first, count int32 [N]) -> (U [S,H,BT,Vp], S_in [S,H,Kp,Vp],
-    final state [N,H,Kp,Vp]), fp32. prec: the fp32 dot precision. dense: every slot holds a
+    final state [N,H,Kp,Vp]), fp32; for prec ptr.BF16, w, b_out, k_out may come and U, S_in
+    go in bf16 (ptr.store_dtype). prec: the fp32 dot precision. dense: every slot holds a
     chunk (fixed length), so none is masked to zero."""
     return _forward(u, w, b_out, k_out, v, tot, h0, first, count, prec, dense)
 

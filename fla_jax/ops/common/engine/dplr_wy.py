@@ -93,7 +93,7 @@ def _fwd_kernel(refs, prec):
             src = [src_blocks(j, cols) for j in range(nb)]
             for i in range(nb):
                 acc = sum(ptr.dot(T[i, j], src[j], (1, 0), prec) for j in range(i + 1))
-                out[pl.ds(i * B16, B16), cols] = acc
+                out[pl.ds(i * B16, B16), cols] = acc.astype(out.dtype)
             return carry
 
         blocks(n, col)
@@ -121,20 +121,20 @@ def _bwd_kernel(refs, prec):
         v, du = refs["v"][:, cols], refs["du"][:, cols]
         X = ptr.dot(A_ak, v, (1, 0), prec)                       # [BT, bv]
         dX = ptr.dot(Tm, du, (0, 0), prec)                       # T^T du
-        refs["dv"][:, cols] = ptr.dot(A_ak, dX, (0, 0), prec)    # A_ak^T dX
+        refs["dv"][:, cols] = ptr.dot(A_ak, dX, (0, 0), prec)    # A_ak^T dX (fp32)
         return (dT + ptr.dot(du, X, (1, 1), prec), dAak + ptr.dot(dX, v, (1, 1), prec))
 
     def kblock(c, dT):
         cols = pl.ds(c * bk, bk)
         a, dw = refs["a_in"][:, cols], refs["dw"][:, cols]
-        refs["da_in"][:, cols] = ptr.dot(Tm, dw, (0, 0), prec)  # T^T dw
+        refs["da_in"][:, cols] = ptr.dot(Tm, dw, (0, 0), prec).astype(refs["da_in"].dtype)
         return dT + ptr.dot(dw, a, (1, 1), prec)
 
     z = jnp.zeros((BT, BT), F32)
     nv, nk = Vp // bv, Kp // bk
     dT, dAak = blocks(nv, vblock, (z, z))
     dT = blocks(nk, kblock, dT)
-    refs["dA_ak"][...] = dAak
+    refs["dA_ak"][...] = dAak.astype(refs["dA_ak"].dtype)
     # dA_ab = T^T dT T^T (d(I - A)^-1 = T dA T), its strictly lower part
     left = ptr.dot(Tm, dT, (0, 0), prec)
     refs["dA_ab"][...] = _strict_lower(ptr.dot(left, Tm, (1, 1), prec))
@@ -159,7 +159,7 @@ def _forward(A_ab, A_ak, v, a_in, prec):
            ("a_in", a_in, _spec(BT, Kp))]
     outs = [("T", jax.ShapeDtypeStruct((S, H, BT, BT), F32), mat),
             ("u", jax.ShapeDtypeStruct((S, H, BT, Vp), F32), _spec(BT, Vp)),
-            ("w", jax.ShapeDtypeStruct((S, H, BT, Kp), F32), _spec(BT, Kp))]
+            ("w", jax.ShapeDtypeStruct((S, H, BT, Kp), a_in.dtype), _spec(BT, Kp))]
     r = call(lambda refs: _fwd_kernel(refs, prec), (S, H), ins, outs, LAUNCH, "dplr_wy_fwd")
     return r["T"], r["u"], r["w"]
 
@@ -171,9 +171,9 @@ def _backward(Tm, A_ak, v, a_in, du, dw, prec):
     ins = [("T", Tm, mat), ("A_ak", A_ak, mat), ("v", v, _tok_spec(BT, Vp)),
            ("a_in", a_in, _spec(BT, Kp)), ("du", du, _spec(BT, Vp)), ("dw", dw, _spec(BT, Kp))]
     outs = [("dA_ab", jax.ShapeDtypeStruct((S, H, BT, BT), F32), mat),
-            ("dA_ak", jax.ShapeDtypeStruct((S, H, BT, BT), F32), mat),
+            ("dA_ak", jax.ShapeDtypeStruct((S, H, BT, BT), A_ak.dtype), mat),
             ("dv", jax.ShapeDtypeStruct((S, BT, H, Vp), F32), _tok_spec(BT, Vp)),
-            ("da_in", jax.ShapeDtypeStruct((S, H, BT, Kp), F32), _spec(BT, Kp))]
+            ("da_in", jax.ShapeDtypeStruct((S, H, BT, Kp), a_in.dtype), _spec(BT, Kp))]
     r = call(lambda refs: _bwd_kernel(refs, prec), (S, H), ins, outs, LAUNCH, "dplr_wy_bwd")
     return r["dA_ab"], r["dA_ak"], r["dv"], r["da_in"]
 
@@ -194,7 +194,7 @@ def _fwd(A_ab, A_ak, v, a_in, prec):
 
 
 def _bwd(prec, res, cts):
-    du, dw = (x.astype(F32) for x in cts)
+    du, dw = cts                 # du fp32, dw in w's dtype (the kernel reads either)
     return _backward(*res, du, dw, prec)
 
 
