@@ -69,22 +69,22 @@ def slot_rows(B: int, T: int, cu_seqlens):
     return row, first, count, n_slots(T, BT, N, True)
 
 
-def to_slots(x, row, S, Dp):
-    """[B, T, H, D] -> fp32 [S, BT, H, Dp], the token-major slot layout (pad rows and columns
-    zero; differentiable). row None (fixed length: slot b * NT + c holds tokens c * BT .. of
+def to_slots(x, row, S, Dp, dtype=F32):
+    """[B, T, H, D] -> [S, BT, H, Dp] in `dtype`, the token-major slot layout (pad rows and
+    columns zero; differentiable). row None (fixed length: slot b * NT + c holds tokens c * BT .. of
     row b): a reshape (a pad first where T % BT or Dp - D is not 0), no transpose and no
     scatter (whose gradient would be a gather, and the reverse's a scatter-add)."""
     B, T, H, D = x.shape
     if row is None:
         NT = S // B
-        xp = x.astype(F32)
+        xp = x.astype(dtype)
         if NT * BT != T or Dp != D:
             xp = jnp.pad(xp, ((0, 0), (0, NT * BT - T), (0, 0), (0, Dp - D)))
         return xp.reshape(S, BT, H, Dp)
-    flat = x.reshape(B * T, H, D).astype(F32)
+    flat = x.reshape(B * T, H, D).astype(dtype)
     if Dp != D:
         flat = jnp.pad(flat, ((0, 0), (0, 0), (0, Dp - D)))
-    return jnp.zeros((S * BT, H, Dp), F32).at[row].set(flat).reshape(S, BT, H, Dp)
+    return jnp.zeros((S * BT, H, Dp), dtype).at[row].set(flat).reshape(S, BT, H, Dp)
 
 
 def from_slots(y, row, B, T, D):
@@ -117,8 +117,12 @@ def dplr_chunk(r, k, v, w, a, b, scale, initial_state, output_final_state, cu_se
     Kp, Vp = ptr.padded(K), ptr.padded(V)
     prec = precision(r.dtype)
     row, first, count, S = slot_rows(B, T, cu_seqlens)
-    rs, ks, ws, as_, bs = (to_slots(x, row, S, Kp) for x in (r, k, w, a, b))
-    vs = to_slots(v, row, S, Vp)
+    # r, k, v stay bf16 for a BF16 problem (every stage reads them as fp32 or into BF16
+    # products): no conversion pass, and their gradients come back in bf16
+    sd = jnp.bfloat16 if prec == ptr.BF16 and r.dtype == jnp.bfloat16 else F32
+    rs, ks = (to_slots(x, row, S, Kp, sd) for x in (r, k))
+    ws, as_, bs = (to_slots(x, row, S, Kp) for x in (w, a, b))
+    vs = to_slots(v, row, S, Vp, sd)
     M_rb, M_rk, M_ab, M_ak, r_in, as_in, b_out, k_out, tot = dplr_scores(
         rs, ks, _shift_up(as_), bs, ws, prec)
     A_ab, A_ak = _shift_down(M_ab), _shift_down(M_ak)

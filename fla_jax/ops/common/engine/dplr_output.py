@@ -53,7 +53,7 @@ def _bwd_kernel(refs, scale, prec):
         cols = pl.ds(c * bv, bv)
         do = refs["do"][:, cols] * scale
         refs["dU"][:, cols] = ptr.dot(A_rb, do, (0, 0), prec).astype(refs["dU"].dtype)
-        refs["dv"][:, cols] = ptr.dot(A_rk, do, (0, 0), prec)
+        refs["dv"][:, cols] = ptr.dot(A_rk, do, (0, 0), prec).astype(refs["dv"].dtype)
 
         def kblock(e, carry):
             rows = pl.ds(e * bk, bk)
@@ -113,7 +113,7 @@ def _backward(res, do, scale, prec):
            ("v", v, tok), ("do", do, tok)]
     outs = [(n, jax.ShapeDtypeStruct(x.shape, x.dtype), full(*x.shape[2:])) for n, x in
             (("dr_in", r_in), ("dS_in", S_in), ("dA_rb", A_rb), ("dU", U), ("dA_rk", A_rk))]
-    outs += [("dv", jax.ShapeDtypeStruct(v.shape, F32), tok)]
+    outs += [("dv", jax.ShapeDtypeStruct(v.shape, v.dtype), tok)]
     r = call(lambda refs: _bwd_kernel(refs, scale, prec), (S, H), ins, outs, LAUNCH,
              "dplr_output_bwd")
     return tuple(r[n] for n, _, _ in outs)

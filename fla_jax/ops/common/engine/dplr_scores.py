@@ -105,7 +105,7 @@ def _diag_scores(refs, xs, loc, i0, cols):
     def column(j, dia):
         d = jnp.where(ii == j, 1.0, _pair_col(loc, j))
         xd = {x: xs[x] * d for x in XS}
-        yj = {y: refs[y][i0 + j, cols] for y in YS}
+        yj = {y: refs[y][i0 + j, cols].astype(F32) for y in YS}
         return tuple(jnp.where(jj == j, jnp.sum(xd[x] * yj[y][None, :], axis=1)[:, None],
                                dia[n]) for n, (x, y) in enumerate(PAIRS))
 
@@ -122,7 +122,7 @@ def _diag_grads(refs, xs, q, loc, i0, cols):
     def column(j, carry):
         gx, gy = dict(zip(XS, carry[0])), dict(zip(YS, carry[1]))
         d = _pair_col(loc, j)
-        yj = {y: refs[y][i0 + j, cols] for y in YS}
+        yj = {y: refs[y][i0 + j, cols].astype(F32) for y in YS}
         for x, y in PAIRS:
             wgt = jnp.sum(jnp.where(jj == j, q[x, y], 0.0), axis=1)[:, None] * d
             gx[x] = gx[x] + wgt * yj[y][None, :]
@@ -163,7 +163,7 @@ def _diag_scores_dot(refs, xs, loc, fit, i0, cols, prec):
     ii = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 0)
     jj = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 1)
     e_p, e_m = _factors(loc, fit)
-    ym = {y: refs[y][pl.ds(i0, SUB), cols] * e_m for y in YS}
+    ym = {y: refs[y][pl.ds(i0, SUB), cols].astype(F32) * e_m for y in YS}
     return tuple(jnp.where(ii >= jj, _diag_dot(xs[x] * e_p, ym[y], (1, 1), prec), 0.0)
                  for x, y in PAIRS)
 
@@ -198,11 +198,11 @@ def _fwd_kernel(refs, BT, Kp, prec):
         eG = jnp.exp(G.value())
         for x in XS:
             ref = refs[f"{x}_in"]
-            ref[:, cols] = (refs[x][:, cols] * eG).astype(ref.dtype)
+            ref[:, cols] = (refs[x][:, cols].astype(F32) * eG).astype(ref.dtype)
         e_end = jnp.exp(gt.gap(gt.bcast(L), G))
         for y in YS:
             ref = refs[f"{y}_out"]
-            ref[:, cols] = (refs[y][:, cols] * e_end).astype(ref.dtype)
+            ref[:, cols] = (refs[y][:, cols].astype(F32) * e_end).astype(ref.dtype)
         refs["tot"][cols] = jnp.exp(L.value())
         return carry
 
@@ -217,13 +217,13 @@ def _fwd_kernel(refs, BT, Kp, prec):
         def block(kb, acc_dia):
             acc, dia, flags = acc_dia
             cols = pl.ds(kb * BK, BK)
-            xs = {x: refs[x][pl.ds(i0, SUB), cols] for x in XS}
+            xs = {x: refs[x][pl.ds(i0, SUB), cols].astype(F32) for x in XS}
             loc, _ = _sub_gates(refs, i0, cols)
             G, _ = _chunk_gates(refs, cols, BT, BK)
             R = _before(G, i0)
             e_c = gt.masked_exp(gt.gap(gt.bcast(R), G), rows < i0)           # [BT, BK]
             e_r = jnp.exp(loc.value())                                        # [SUB, BK]
-            cy = {y: refs[y][:, cols] * e_c for y in YS}
+            cy = {y: refs[y][:, cols].astype(F32) * e_c for y in YS}
             acc = tuple(acc[n] + ptr.dot(xs[x] * e_r, cy[y], (1, 1), prec)
                         for n, (x, y) in enumerate(PAIRS))
             if split:
@@ -275,7 +275,7 @@ def _fix_fwd_kernel(refs, Kp):
     def _():
         def block(kb, dia):
             cols = pl.ds(kb * BK, BK)
-            xs = {x: refs[x][pl.ds(i0, SUB), cols] for x in XS}
+            xs = {x: refs[x][pl.ds(i0, SUB), cols].astype(F32) for x in XS}
             loc, _ = _sub_gates(refs, i0, cols)
             dd = _diag_scores(refs, xs, loc, i0, cols)
             fit = _flag(flags, I * nk + kb)
@@ -301,17 +301,19 @@ def _fix_bwd_kernel(refs, Kp):
 
         def block(kb, carry):
             cols = pl.ds(kb * BK, BK)
-            xs = {x: refs[x][sub, cols] for x in XS}
-            ys = {y: refs[y][sub, cols] for y in YS}
+            xs = {x: refs[x][sub, cols].astype(F32) for x in XS}
+            ys = {y: refs[y][sub, cols].astype(F32) for y in YS}
             loc, _ = _sub_gates(refs, i0, cols)
             keep = jnp.logical_not(_flag(flags, I * nk + kb))
             dx, dy = _diag_grads(refs, xs, q, loc, i0, cols)
             dx = {x: jnp.where(keep, d, 0.0) for x, d in zip(XS, dx)}
             dy = {y: jnp.where(keep, d, 0.0) for y, d in zip(YS, dy)}
             for x in XS:
-                refs[f"d{x}"][sub, cols] = refs[f"d{x}"][sub, cols] + dx[x]
+                ref = refs[f"d{x}"]
+                ref[sub, cols] = (ref[sub, cols].astype(F32) + dx[x]).astype(ref.dtype)
             for y in YS:
-                refs[f"d{y}"][sub, cols] = refs[f"d{y}"][sub, cols] + dy[y]
+                ref = refs[f"d{y}"]
+                ref[sub, cols] = (ref[sub, cols].astype(F32) + dy[y]).astype(ref.dtype)
             refs["pq"][sub, cols] = (refs["pq"][sub, cols] + sum(xs[x] * dx[x] for x in XS)
                                      - sum(ys[y] * dy[y] for y in YS))
             return carry
@@ -418,8 +420,8 @@ def _bwd_kernel(refs, BT, Kp, prec, side="both"):
         def sub_chunk(I, carry):
             i0 = I * SUB
             sub = pl.ds(i0, SUB)
-            xs = {x: refs[x][sub, cols] for x in XS}
-            ys = {y: refs[y][sub, cols] for y in YS}
+            xs = {x: refs[x][sub, cols].astype(F32) for x in XS}
+            ys = {y: refs[y][sub, cols].astype(F32) for y in YS}
             loc, tot_I = _sub_gates(refs, i0, cols)
             R = _before(G, i0)
             q = {p: refs[f"dM_{p[0]}{p[1]}"][sub, sub].astype(F32) for p in PAIRS}
@@ -433,7 +435,7 @@ def _bwd_kernel(refs, BT, Kp, prec, side="both"):
                 # pairs with earlier rows (the rows of I; none for I = 0)
                 e_c = gt.masked_exp(gt.gap(gt.bcast(R), G), rows < i0)
                 e_r = jnp.exp(loc.value())
-                cy = {y: refs[y][:, cols] * e_c for y in YS}
+                cy = {y: refs[y][:, cols].astype(F32) * e_c for y in YS}
                 gx = {x: e_r * sum(ptr.dot(refs[f"dM_{x}{y}"][sub, :], cy[y], (1, 0), prec)
                                    for y in YS) for x in XS}
                 gx = {x: gx[x] + d for x, d in zip(XS, dx)}
@@ -441,15 +443,16 @@ def _bwd_kernel(refs, BT, Kp, prec, side="both"):
                 bx = {x: refs[f"d{x}_in"][sub, cols].astype(F32) * eG for x in XS}
                 P = sum(xs[x] * (gx[x] + bx[x]) for x in XS)
                 for x in XS:
-                    refs[f"d{x}"][sub, cols] = (gx[x] + bx[x]
-                                                + sum(dg[x, y] * ys[y] for y in YS))
+                    ref = refs[f"d{x}"]
+                    ref[sub, cols] = (gx[x] + bx[x] + sum(dg[x, y] * ys[y] for y in YS)
+                                      ).astype(ref.dtype)
             if col_side:
                 # pairs with later rows (the columns of I, reference its last row; none for
                 # the last sub-chunk)
                 Gl = gt.row(G, i0 + SUB - 1)
                 e_w = gt.masked_exp(gt.gap(G, gt.bcast(Gl)), rows >= i0 + SUB)
                 e_l = jnp.exp(gt.gap(gt.bcast(tot_I), loc))                 # [SUB, BK]
-                wx = {x: refs[x][:, cols] * e_w for x in XS}
+                wx = {x: refs[x][:, cols].astype(F32) * e_w for x in XS}
                 gy = {y: e_l * sum(ptr.dot(refs[f"dM_{x}{y}"][:, sub], wx[x], (0, 0), prec)
                                    for x in XS) for y in YS}
                 gy = {y: gy[y] + d for y, d in zip(YS, dy)}
@@ -458,8 +461,9 @@ def _bwd_kernel(refs, BT, Kp, prec, side="both"):
                 by = {y: refs[f"d{y}_out"][sub, cols].astype(F32) * e_e for y in YS}
                 refs["c_end"][sub, cols] = sum(ys[y] * by[y] for y in YS)
                 for y in YS:
-                    refs[f"d{y}"][sub, cols] = (gy[y] + by[y]
-                                                + sum(dg[x, y] * xs[x] for x in XS))
+                    ref = refs[f"d{y}"]
+                    ref[sub, cols] = (gy[y] + by[y] + sum(dg[x, y] * xs[x] for x in XS)
+                                      ).astype(ref.dtype)
             if side == "both":
                 refs["pq"][sub, cols] = P - Q
             elif side == "row":
@@ -490,18 +494,20 @@ def _backward(r, k, a, b, w, fits, cts, prec):
     ins += [("d_tot", d_tot, _vec_spec(Kp))]
     if fits is not None:
         ins += [("fits", fits, _vec_spec(fits.shape[-1]))]
-    tvec = jax.ShapeDtypeStruct((S, BT, H, Kp), F32)
+    # the input gradients in their inputs' dtypes (r, k: bf16 for a BF16 problem), the rest fp32
+    dts = {"dr": r.dtype, "dk": k.dtype, "da": a.dtype, "db": b.dtype}
+    tvec = lambda n: jax.ShapeDtypeStruct((S, BT, H, Kp), dts.get(n, F32))  # noqa: E731
     g_tot = [("g_tot", jax.ShapeDtypeStruct((S, H, Kp), F32), _vec_spec(Kp))]
     if BWD_SPLIT[-1]:
         res = _call(lambda refs: _bwd_kernel(refs, BT, Kp, prec, "row"), ins,
-                    [(n, tvec, tspec) for n in ("dr", "da", "pq")] + g_tot, (S, H),
+                    [(n, tvec(n), tspec) for n in ("dr", "da", "pq")] + g_tot, (S, H),
                     "dplr_scores_bwd_row", WARPS["bwd"])
         res.update(_call(lambda refs: _bwd_kernel(refs, BT, Kp, prec, "col"), ins,
-                         [(n, tvec, tspec) for n in ("dk", "db", "qq", "c_end")], (S, H),
+                         [(n, tvec(n), tspec) for n in ("dk", "db", "qq", "c_end")], (S, H),
                          "dplr_scores_bwd_col", WARPS["bwd"]))
         res["pq"] = res["pq"] - res.pop("qq")
     else:
-        outs = [(n, tvec, tspec) for n in ("dr", "dk", "da", "db", "pq", "c_end")] + g_tot
+        outs = [(n, tvec(n), tspec) for n in ("dr", "dk", "da", "db", "pq", "c_end")] + g_tot
         res = _call(lambda refs: _bwd_kernel(refs, BT, Kp, prec), ins, outs, (S, H),
                     "dplr_scores_bwd", WARPS["bwd"])
     if fits is not None:
@@ -520,7 +526,8 @@ def _backward(r, k, a, b, w, fits, cts, prec):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def dplr_scores(r, k, a, b, w, prec):
-    """(r, k, a_s, b, w) [S, BT, H, Kp] fp32 (token-major; a_s: a shifted up one row) ->
+    """(r, k, a_s, b, w) [S, BT, H, Kp] (token-major; a_s: a shifted up one row), fp32 (r, k
+    may be bf16: read as fp32; their gradients come back in their dtypes) ->
     (M_rb, M_rk, M_ab, M_ak [S, H, BT, BT], r_in, a_in, b_out, k_out [S, H, BT, Kp],
     tot [S, H, Kp]), fp32 except, for prec ptr.BF16, M_rb, M_rk, M_ak and the four vectors
     in bf16 (ptr.store_dtype: every later use is a BF16 product; M_ab stays fp32 for the WY

@@ -181,7 +181,8 @@ def _backward(res, cts, has_h0, prec, dense):
     return (du, _prod("shcv,shkv->shck", du, S_in, prec).astype(w.dtype),
             _prod("shcv,shkv->shck", U, dh, prec).astype(b_out.dtype),
             _prod("schv,shkv->shck", v, dh, prec).astype(k_out.dtype),
-            _prod("shck,shkv->schv", k_out, dh, prec), jnp.sum(S_in.astype(F32) * dh, axis=-1),
+            _prod("shck,shkv->schv", k_out, dh, prec).astype(v.dtype),
+            jnp.sum(S_in.astype(F32) * dh, axis=-1),
             r.get("dh0"))
 
 

@@ -121,7 +121,7 @@ def _bwd_kernel(refs, prec):
         v, du = refs["v"][:, cols], refs["du"][:, cols]
         X = ptr.dot(A_ak, v, (1, 0), prec)                       # [BT, bv]
         dX = ptr.dot(Tm, du, (0, 0), prec)                       # T^T du
-        refs["dv"][:, cols] = ptr.dot(A_ak, dX, (0, 0), prec)    # A_ak^T dX (fp32)
+        refs["dv"][:, cols] = ptr.dot(A_ak, dX, (0, 0), prec).astype(refs["dv"].dtype)
         return (dT + ptr.dot(du, X, (1, 1), prec), dAak + ptr.dot(dX, v, (1, 1), prec))
 
     def kblock(c, dT):
@@ -172,7 +172,7 @@ def _backward(Tm, A_ak, v, a_in, du, dw, prec):
            ("a_in", a_in, _spec(BT, Kp)), ("du", du, _spec(BT, Vp)), ("dw", dw, _spec(BT, Kp))]
     outs = [("dA_ab", jax.ShapeDtypeStruct((S, H, BT, BT), F32), mat),
             ("dA_ak", jax.ShapeDtypeStruct((S, H, BT, BT), A_ak.dtype), mat),
-            ("dv", jax.ShapeDtypeStruct((S, BT, H, Vp), F32), _tok_spec(BT, Vp)),
+            ("dv", jax.ShapeDtypeStruct((S, BT, H, Vp), v.dtype), _tok_spec(BT, Vp)),
             ("da_in", jax.ShapeDtypeStruct((S, H, BT, Kp), a_in.dtype), _spec(BT, Kp))]
     r = call(lambda refs: _bwd_kernel(refs, prec), (S, H), ins, outs, LAUNCH, "dplr_wy_bwd")
     return r["dA_ab"], r["dA_ak"], r["dv"], r["da_in"]
