@@ -152,26 +152,56 @@ def sweep():
     dplr.BF16_PRODUCTS.pop()
 
 
-# the scores backward's variants timed on the whole op by `variants`: (BWD_SPLIT, its warps)
-VARIANTS = {"one_kernel_w4": (False, 4), "row_col_w4": (True, 4), "row_col_w2": (True, 2),
-            "row_col_w8": (True, 8)}
+# the scores kernels' launch variants timed on the whole op by `variants`:
+# name -> (BWD_SPLIT, WARPS, STAGES)
+VARIANTS = {
+    "base": (False, {"fwd": 4, "bwd": 4}, {"fwd": 1, "bwd": 1}),
+    "stages_2_2": (False, {"fwd": 4, "bwd": 4}, {"fwd": 2, "bwd": 2}),
+    "stages_3_3": (False, {"fwd": 4, "bwd": 4}, {"fwd": 3, "bwd": 3}),
+    "stages_2_1": (False, {"fwd": 4, "bwd": 4}, {"fwd": 2, "bwd": 1}),
+    "stages_1_2": (False, {"fwd": 4, "bwd": 4}, {"fwd": 1, "bwd": 2}),
+    "row_col_w2_s2": (True, {"fwd": 4, "bwd": 2}, {"fwd": 1, "bwd": 2}),
+}
 
 
 def variants():
-    """Times the whole op under each VARIANTS entry; prints BEST <name> <split> <warps>."""
+    """Times the whole op under each VARIANTS entry; prints BEST <name> <json config>."""
     best = None
-    for name, (split, warps) in VARIANTS.items():
+    base = (list(ds.BWD_SPLIT), dict(ds.WARPS), dict(ds.STAGES))
+    for name, (split, warps, stages) in VARIANTS.items():
         ds.BWD_SPLIT.append(split)
-        ds.WARPS["bwd"] = warps
+        ds.WARPS.update(warps)
+        ds.STAGES.update(stages)
         try:
             _, b = whole(name)
             if best is None or b < best[0]:
-                best = (b, name, split, warps)
+                best = (b, name, split, warps, stages)
         except Exception as e:                              # noqa: BLE001
             print(f"WHOLE {name}: error {type(e).__name__}: {str(e)[:300]}", flush=True)
-        ds.BWD_SPLIT.pop()
-    ds.WARPS["bwd"] = 4
-    print(f"BEST {best[1]} {best[2]} {best[3]}", flush=True)
+        ds.BWD_SPLIT[:] = base[0]
+        ds.WARPS.update(base[1])
+        ds.STAGES.update(base[2])
+    print("BEST " + best[1] + " " + json.dumps(dict(split=best[2], warps=best[3],
+                                                     stages=best[4])), flush=True)
+
+
+def apply(path):
+    """Writes the BEST line of a `variants` output into engine/dplr_scores.py's constants
+    (for the rest of a GPU call; the repository's defaults change by hand)."""
+    line = [x for x in open(path) if x.startswith("BEST ")][-1]
+    cfg = json.loads(line.split(" ", 2)[2])
+    src = ds.__file__
+    out = []
+    for x in open(src):
+        if x.startswith("WARPS = "):
+            x = f"WARPS = {json.dumps(cfg['warps'])}\n"
+        elif x.startswith("STAGES = "):
+            x = f"STAGES = {json.dumps(cfg['stages'])}\n"
+        elif x.startswith("BWD_SPLIT = "):
+            x = f"BWD_SPLIT = [{cfg['split']}]\n"
+        out.append(x)
+    open(src, "w").write("".join(out))
+    print("applied", cfg)
 
 
 if "sweep" in which:
@@ -179,6 +209,9 @@ if "sweep" in which:
 
 if "variants" in which:
     variants()
+
+if "apply" in which:
+    apply(sys.argv[-1])
 
 if "stages" in which:
     i = stage_inputs()

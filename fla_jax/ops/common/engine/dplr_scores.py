@@ -64,6 +64,7 @@ DIAGS = ("split", "loop")
 DIAG = "split"
 FIX_LAUNCH = Launch(None, None, 4, 1)
 WARPS = {"fwd": 4, "bwd": 4}      # the scores kernels' warps (one program per slot and head)
+STAGES = {"fwd": 1, "bwd": 1}     # and their Triton num_stages (software pipelining of loops)
 BK = [32]                         # their key block (the last entry; benchmarks may push one)
 # the backward as one kernel (False) or a row-side and a column-side kernel (True)
 BWD_SPLIT = [False]
@@ -355,7 +356,8 @@ def _vec_spec(D):
     return pl.BlockSpec((None, None, D), lambda s, h: (s, h, 0))
 
 
-def _call(kernel, ins, outs, grid, name, num_warps=4):
+def _call(kernel, ins, outs, grid, name, kind):
+    """pallas_call of a scores kernel at WARPS[kind] warps and STAGES[kind] stages."""
     names = [n for n, _, _ in ins] + [n for n, _, _ in outs]
 
     def body(*refs):
@@ -364,7 +366,7 @@ def _call(kernel, ins, outs, grid, name, num_warps=4):
     res = pl.pallas_call(body, grid=grid, in_specs=[s for _, _, s in ins],
                          out_specs=[s for _, _, s in outs],
                          out_shape=[a for _, a, _ in outs],
-                         compiler_params=ptr.compiler_params(num_warps, 1),
+                         compiler_params=ptr.compiler_params(WARPS[kind], STAGES[kind]),
                          interpret=ptr.interpret(), name=name)(*[a for _, a, _ in ins])
     return dict(zip([n for n, _, _ in outs], res))
 
@@ -389,7 +391,7 @@ def _forward(r, k, a, b, w, prec):
         nf = (BT // SUB) * (Kp // _bk(Kp))
         outs += [("fits", jax.ShapeDtypeStruct((S, H, nf), jnp.int32), _vec_spec(nf))]
     res = _call(lambda refs: _fwd_kernel(refs, BT, Kp, prec), ins, outs, (S, H),
-                "dplr_scores_fwd", WARPS["fwd"])
+                "dplr_scores_fwd", "fwd")
     fits = res.get("fits")
     if fits is not None:
         res.update(_fix(lambda refs: _fix_fwd_kernel(refs, Kp), ins + [("fits", fits, None)],
@@ -501,15 +503,15 @@ def _backward(r, k, a, b, w, fits, cts, prec):
     if BWD_SPLIT[-1]:
         res = _call(lambda refs: _bwd_kernel(refs, BT, Kp, prec, "row"), ins,
                     [(n, tvec(n), tspec) for n in ("dr", "da", "pq")] + g_tot, (S, H),
-                    "dplr_scores_bwd_row", WARPS["bwd"])
+                    "dplr_scores_bwd_row", "bwd")
         res.update(_call(lambda refs: _bwd_kernel(refs, BT, Kp, prec, "col"), ins,
                          [(n, tvec(n), tspec) for n in ("dk", "db", "qq", "c_end")], (S, H),
-                         "dplr_scores_bwd_col", WARPS["bwd"]))
+                         "dplr_scores_bwd_col", "bwd"))
         res["pq"] = res["pq"] - res.pop("qq")
     else:
         outs = [(n, tvec(n), tspec) for n in ("dr", "dk", "da", "db", "pq", "c_end")] + g_tot
         res = _call(lambda refs: _bwd_kernel(refs, BT, Kp, prec), ins, outs, (S, H),
-                    "dplr_scores_bwd", WARPS["bwd"])
+                    "dplr_scores_bwd", "bwd")
     if fits is not None:
         res.update(_fix(lambda refs: _fix_bwd_kernel(refs, Kp), ins[:9] + ins[-1:],
                         {n: res[n] for n in ("dr", "dk", "da", "db", "pq")},
