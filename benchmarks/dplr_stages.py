@@ -153,36 +153,32 @@ def sweep():
 
 
 # the scores kernels' launch variants timed on the whole op by `variants`:
-# name -> (BWD_SPLIT, WARPS, STAGES)
+# name -> (WARPS, STAGES)
 VARIANTS = {
-    "base": (False, {"fwd": 4, "bwd": 4}, {"fwd": 1, "bwd": 1}),
-    "stages_2_2": (False, {"fwd": 4, "bwd": 4}, {"fwd": 2, "bwd": 2}),
-    "stages_3_3": (False, {"fwd": 4, "bwd": 4}, {"fwd": 3, "bwd": 3}),
-    "stages_2_1": (False, {"fwd": 4, "bwd": 4}, {"fwd": 2, "bwd": 1}),
-    "stages_1_2": (False, {"fwd": 4, "bwd": 4}, {"fwd": 1, "bwd": 2}),
-    "row_col_w2_s2": (True, {"fwd": 4, "bwd": 2}, {"fwd": 1, "bwd": 2}),
+    "stages_1_1": ({"fwd": 4, "bwd": 4}, {"fwd": 1, "bwd": 1}),
+    "stages_3_3": ({"fwd": 4, "bwd": 4}, {"fwd": 3, "bwd": 3}),
+    "stages_1_3": ({"fwd": 4, "bwd": 4}, {"fwd": 1, "bwd": 3}),
+    "stages_3_3_bwd_w8": ({"fwd": 4, "bwd": 8}, {"fwd": 3, "bwd": 3}),
 }
 
 
 def variants():
     """Times the whole op under each VARIANTS entry; prints BEST <name> <json config>."""
     best = None
-    base = (list(ds.BWD_SPLIT), dict(ds.WARPS), dict(ds.STAGES))
-    for name, (split, warps, stages) in VARIANTS.items():
-        ds.BWD_SPLIT.append(split)
+    base = (dict(ds.WARPS), dict(ds.STAGES))
+    for name, (warps, stages) in VARIANTS.items():
         ds.WARPS.update(warps)
         ds.STAGES.update(stages)
         try:
             _, b = whole(name)
             if best is None or b < best[0]:
-                best = (b, name, split, warps, stages)
+                best = (b, name, warps, stages)
         except Exception as e:                              # noqa: BLE001
             print(f"WHOLE {name}: error {type(e).__name__}: {str(e)[:300]}", flush=True)
-        ds.BWD_SPLIT[:] = base[0]
-        ds.WARPS.update(base[1])
-        ds.STAGES.update(base[2])
-    print("BEST " + best[1] + " " + json.dumps(dict(split=best[2], warps=best[3],
-                                                     stages=best[4])), flush=True)
+        ds.WARPS.update(base[0])
+        ds.STAGES.update(base[1])
+    print("BEST " + best[1] + " " + json.dumps(dict(warps=best[2], stages=best[3])),
+          flush=True)
 
 
 def apply(path):
@@ -197,8 +193,6 @@ def apply(path):
             x = f"WARPS = {json.dumps(cfg['warps'])}\n"
         elif x.startswith("STAGES = "):
             x = f"STAGES = {json.dumps(cfg['stages'])}\n"
-        elif x.startswith("BWD_SPLIT = "):
-            x = f"BWD_SPLIT = [{cfg['split']}]\n"
         out.append(x)
     open(src, "w").write("".join(out))
     print("applied", cfg)

@@ -8,8 +8,12 @@ compared with the chunked path's. chunk_gla: H100 runs of 2026-11-23 (RESULTS.md
 every GPU parity cell passed in bf16/fp16/fp32 (Pallas and Triton), and the kernels beat the
 chunked paths in bf16 (Triton 1.86 / 4.46 ms vs torch chunked 219.8 / 459.5; Pallas 2.67 / 9.14
 vs jax chunked 4.71 / 13.98, fwd / fwd+bwd); fp16 kernels time within 3% of bf16. Left out:
-chunk_gla fp32 (Pallas fp32 backward not timed) and fused_recurrent_gla (not timed). An
-explicit impl= still selects any kernel.
+chunk_gla fp32 (Pallas fp32 backward not timed) and fused_recurrent_gla (not timed).
+chunk_rwkv7: H100 run of 2026-11-25 (RESULTS.md, run 12): every GPU parity cell of both
+kernels passed (bf16/fp16/fp32, all gradients, 459 comparisons) and they beat the chunked paths
+(bf16 fwd+bwd: Triton 4.53 vs torch chunked 363.5 ms; Pallas 4.35 vs jax chunked 34.5; fp16
+likewise). Left out: its fp32 (chunked fp32 not timed). An explicit impl= still selects any
+kernel.
 """
 AUTO_KERNEL = {"chunk_simple_gla": ("bf16", "fp16", "fp32"),
                "fused_recurrent_simple_gla": ("bf16", "fp16"),
@@ -17,7 +21,8 @@ AUTO_KERNEL = {"chunk_simple_gla": ("bf16", "fp16", "fp32"),
                "chunk_gated_delta_rule": ("bf16", "fp16"),
                "fused_recurrent_delta_rule": ("bf16", "fp16"),
                "fused_recurrent_gated_delta_rule": ("bf16", "fp16"),
-               "chunk_gla": ("bf16", "fp16")}
+               "chunk_gla": ("bf16", "fp16"),
+               "chunk_rwkv7": ("bf16", "fp16")}
 
 # impl='auto' on a Hopper GPU (fla_jax only): op -> q dtypes whose Pallas Mosaic GPU kernels
 # passed a GPU parity run. Fail closed: empty until one has.

@@ -90,12 +90,10 @@ def test_output_stage(K, V, prec, tol):
     assert all(e < tol for e in errs.values()), errs
 
 
-@pytest.mark.parametrize("bwd_split", [False, True], ids=["bwd1", "bwd_row_col"])
-def test_scores_split_diagonal_matches_loop(monkeypatch, bwd_split):
+def test_scores_split_diagonal_matches_loop(monkeypatch):
     """dplr_scores with DIAG 'split' (factored diagonal dots + the fix kernels) equals DIAG
     'loop' (exact pairs) forward and backward, with one key block past gates.SPAN (gates to
-    -20 in columns 0..31) and one within it (columns 32..63, weak); the backward as one
-    kernel or as the row / column pair (BWD_SPLIT)."""
+    -20 in columns 0..31) and one within it (columns 32..63, weak)."""
     import fla_jax.ops.common.engine.dplr_scores as ds
     rng = np.random.default_rng(7)
     S, H, Kp = 1, 2, 64
@@ -106,7 +104,6 @@ def test_scores_split_diagonal_matches_loop(monkeypatch, bwd_split):
     outs = {}
     for diag in ("loop", "split"):
         monkeypatch.setattr(ds, "DIAG", diag)
-        monkeypatch.setattr(ds, "BWD_SPLIT", [bwd_split and diag == "split"])
         y, vjp = jax.vjp(lambda *x: ds.dplr_scores(*x, P), r, k, a, b, w)
         if diag == "loop":
             cts = tuple(f32(_draw(rng, *t.shape)) for t in y)

@@ -66,12 +66,9 @@ FIX_LAUNCH = Launch(None, None, 4, 1)
 WARPS = {"fwd": 4, "bwd": 4}      # the scores kernels' warps (one program per slot and head)
 # and their Triton num_stages (software pipelining of the sub-chunk / key-block loops' loads).
 # H100 bf16 RWKV-7 B4 T4096 H16 K64, whole op fwd+bwd (session 14 call 5): 1 / 1 4.557 ms,
-# 2 / 2 4.436, 3 / 3 4.307, 1 / 2 4.344, 2 / 1 4.648; row / column backward (BWD_SPLIT) at 2
-# warps, 2 stages 4.775
+# 2 / 2 4.436, 3 / 3 4.307, 1 / 2 4.344, 2 / 1 4.648
 STAGES = {"fwd": 3, "bwd": 3}
 BK = [32]                         # their key block (the last entry; benchmarks may push one)
-# the backward as one kernel (False) or a row-side and a column-side kernel (True)
-BWD_SPLIT = [False]
 
 
 def _bk(Kp):
@@ -173,7 +170,7 @@ def _diag_scores_dot(refs, xs, loc, fit, i0, cols, prec):
                  for x, y in PAIRS)
 
 
-def _diag_grads_dot(xs, ys, q, loc, fit, prec, side="both"):
+def _diag_grads_dot(xs, ys, q, loc, fit, prec):
     """_diag_grads by dots through the factors (strict pairs; 0 where the block does not fit,
     fit False: _fix_bwd_kernel adds those exactly): dx_i = e^{loc_i} sum_j q_ij y_j e^{-loc_j},
     dy_j = e^{-loc_j} sum_i q_ij x_i e^{loc_i}."""
@@ -181,13 +178,10 @@ def _diag_grads_dot(xs, ys, q, loc, fit, prec, side="both"):
     jj = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 1)
     e_p, e_m = _factors(loc, fit)
     qs = {p: jnp.where(ii > jj, q[p], 0.0) for p in PAIRS}
-    dx = dy = None                    # side "row": dx only; "col": dy only
-    if side != "col":
-        dx = tuple(e_p * sum(_diag_dot(qs[x, y], ys[y] * e_m, (1, 0), prec) for y in YS)
-                   for x in XS)
-    if side != "row":
-        dy = tuple(e_m * sum(_diag_dot(qs[x, y], xs[x] * e_p, (0, 0), prec) for x in XS)
-                   for y in YS)
+    dx = tuple(e_p * sum(_diag_dot(qs[x, y], ys[y] * e_m, (1, 0), prec) for y in YS)
+               for x in XS)
+    dy = tuple(e_m * sum(_diag_dot(qs[x, y], xs[x] * e_p, (0, 0), prec) for x in XS)
+               for y in YS)
     return dx, dy
 
 
@@ -404,11 +398,9 @@ def _forward(r, k, a, b, w, prec):
 
 
 # ----------------------------------------------------------------------------- backward
-def _bwd_kernel(refs, BT, Kp, prec, side="both"):
-    """side "both": every gradient in one kernel (dr, dk, da, db, pq = P - Q, c_end, g_tot);
-    "row": the row side alone (dr, da, P as pq, g_tot); "col": the column side (dk, db, Q
-    as qq, c_end): half the live state each (BWD_SPLIT)."""
-    row_side, col_side = side != "col", side != "row"
+def _bwd_kernel(refs, BT, Kp, prec):
+    """Every gradient in one kernel: dr, dk, da, db, pq = P - Q, c_end, g_tot (a row-side and
+    a column-side kernel, as Triton's, measured slower: RESULTS.md run 12)."""
     BK = _bk(Kp)
     nk, nb = Kp // BK, BT // SUB
     rows = lax.broadcasted_iota(jnp.int32, (BT, 1), 0)
@@ -420,8 +412,7 @@ def _bwd_kernel(refs, BT, Kp, prec, side="both"):
     def block(kb, carry):
         cols = pl.ds(kb * BK, BK)
         G, L = _chunk_gates(refs, cols, BT, BK)
-        if row_side:
-            refs["g_tot"][cols] = refs["d_tot"][cols] * jnp.exp(L.value())
+        refs["g_tot"][cols] = refs["d_tot"][cols] * jnp.exp(L.value())
 
         def sub_chunk(I, carry):
             i0 = I * SUB
@@ -432,50 +423,42 @@ def _bwd_kernel(refs, BT, Kp, prec, side="both"):
             R = _before(G, i0)
             q = {p: refs[f"dM_{p[0]}{p[1]}"][sub, sub].astype(F32) for p in PAIRS}
             if split:
-                dx, dy = _diag_grads_dot(xs, ys, q, loc, _flag(flags, I * nk + kb), prec,
-                                         side)
+                dx, dy = _diag_grads_dot(xs, ys, q, loc, _flag(flags, I * nk + kb), prec)
             else:
                 dx, dy = _diag_grads(refs, xs, q, loc, i0, cols)
             dg = {p: jnp.sum(jnp.where(eye, q[p], 0.0), axis=1)[:, None] for p in PAIRS}
-            if row_side:
-                # pairs with earlier rows (the rows of I; none for I = 0)
-                e_c = gt.masked_exp(gt.gap(gt.bcast(R), G), rows < i0)
-                e_r = jnp.exp(loc.value())
-                cy = {y: refs[y][:, cols].astype(F32) * e_c for y in YS}
-                gx = {x: e_r * sum(ptr.dot(refs[f"dM_{x}{y}"][sub, :], cy[y], (1, 0), prec)
-                                   for y in YS) for x in XS}
-                gx = {x: gx[x] + d for x, d in zip(XS, dx)}
-                eG = jnp.exp(gt.add(gt.bcast(R), loc).value())
-                bx = {x: refs[f"d{x}_in"][sub, cols].astype(F32) * eG for x in XS}
-                P = sum(xs[x] * (gx[x] + bx[x]) for x in XS)
-                for x in XS:
-                    ref = refs[f"d{x}"]
-                    ref[sub, cols] = (gx[x] + bx[x] + sum(dg[x, y] * ys[y] for y in YS)
-                                      ).astype(ref.dtype)
-            if col_side:
-                # pairs with later rows (the columns of I, reference its last row; none for
-                # the last sub-chunk)
-                Gl = gt.row(G, i0 + SUB - 1)
-                e_w = gt.masked_exp(gt.gap(G, gt.bcast(Gl)), rows >= i0 + SUB)
-                e_l = jnp.exp(gt.gap(gt.bcast(tot_I), loc))                 # [SUB, BK]
-                wx = {x: refs[x][:, cols].astype(F32) * e_w for x in XS}
-                gy = {y: e_l * sum(ptr.dot(refs[f"dM_{x}{y}"][:, sub], wx[x], (0, 0), prec)
-                                   for x in XS) for y in YS}
-                gy = {y: gy[y] + d for y, d in zip(YS, dy)}
-                Q = sum(ys[y] * gy[y] for y in YS)
-                e_e = jnp.exp(gt.span(L, R, loc))                            # exp(L - G)
-                by = {y: refs[f"d{y}_out"][sub, cols].astype(F32) * e_e for y in YS}
-                refs["c_end"][sub, cols] = sum(ys[y] * by[y] for y in YS)
-                for y in YS:
-                    ref = refs[f"d{y}"]
-                    ref[sub, cols] = (gy[y] + by[y] + sum(dg[x, y] * xs[x] for x in XS)
-                                      ).astype(ref.dtype)
-            if side == "both":
-                refs["pq"][sub, cols] = P - Q
-            elif side == "row":
-                refs["pq"][sub, cols] = P
-            else:
-                refs["qq"][sub, cols] = Q
+            # row side: pairs with earlier rows (the rows of I; none for I = 0)
+            e_c = gt.masked_exp(gt.gap(gt.bcast(R), G), rows < i0)
+            e_r = jnp.exp(loc.value())
+            cy = {y: refs[y][:, cols].astype(F32) * e_c for y in YS}
+            gx = {x: e_r * sum(ptr.dot(refs[f"dM_{x}{y}"][sub, :], cy[y], (1, 0), prec)
+                               for y in YS) for x in XS}
+            gx = {x: gx[x] + d for x, d in zip(XS, dx)}
+            eG = jnp.exp(gt.add(gt.bcast(R), loc).value())
+            bx = {x: refs[f"d{x}_in"][sub, cols].astype(F32) * eG for x in XS}
+            P = sum(xs[x] * (gx[x] + bx[x]) for x in XS)
+            for x in XS:
+                ref = refs[f"d{x}"]
+                ref[sub, cols] = (gx[x] + bx[x] + sum(dg[x, y] * ys[y] for y in YS)
+                                  ).astype(ref.dtype)
+            # column side: pairs with later rows (the columns of I, reference its last row;
+            # none for the last sub-chunk)
+            Gl = gt.row(G, i0 + SUB - 1)
+            e_w = gt.masked_exp(gt.gap(G, gt.bcast(Gl)), rows >= i0 + SUB)
+            e_l = jnp.exp(gt.gap(gt.bcast(tot_I), loc))                     # [SUB, BK]
+            wx = {x: refs[x][:, cols].astype(F32) * e_w for x in XS}
+            gy = {y: e_l * sum(ptr.dot(refs[f"dM_{x}{y}"][:, sub], wx[x], (0, 0), prec)
+                               for x in XS) for y in YS}
+            gy = {y: gy[y] + d for y, d in zip(YS, dy)}
+            Q = sum(ys[y] * gy[y] for y in YS)
+            e_e = jnp.exp(gt.span(L, R, loc))                                # exp(L - G)
+            by = {y: refs[f"d{y}_out"][sub, cols].astype(F32) * e_e for y in YS}
+            refs["c_end"][sub, cols] = sum(ys[y] * by[y] for y in YS)
+            for y in YS:
+                ref = refs[f"d{y}"]
+                ref[sub, cols] = (gy[y] + by[y] + sum(dg[x, y] * xs[x] for x in XS)
+                                  ).astype(ref.dtype)
+            refs["pq"][sub, cols] = P - Q
             return carry
 
         lax.fori_loop(0, nb, sub_chunk, 0)
@@ -504,18 +487,9 @@ def _backward(r, k, a, b, w, fits, cts, prec):
     dts = {"dr": r.dtype, "dk": k.dtype, "da": a.dtype, "db": b.dtype}
     tvec = lambda n: jax.ShapeDtypeStruct((S, BT, H, Kp), dts.get(n, F32))  # noqa: E731
     g_tot = [("g_tot", jax.ShapeDtypeStruct((S, H, Kp), F32), _vec_spec(Kp))]
-    if BWD_SPLIT[-1]:
-        res = _call(lambda refs: _bwd_kernel(refs, BT, Kp, prec, "row"), ins,
-                    [(n, tvec(n), tspec) for n in ("dr", "da", "pq")] + g_tot, (S, H),
-                    "dplr_scores_bwd_row", "bwd")
-        res.update(_call(lambda refs: _bwd_kernel(refs, BT, Kp, prec, "col"), ins,
-                         [(n, tvec(n), tspec) for n in ("dk", "db", "qq", "c_end")], (S, H),
-                         "dplr_scores_bwd_col", "bwd"))
-        res["pq"] = res["pq"] - res.pop("qq")
-    else:
-        outs = [(n, tvec(n), tspec) for n in ("dr", "dk", "da", "db", "pq", "c_end")] + g_tot
-        res = _call(lambda refs: _bwd_kernel(refs, BT, Kp, prec), ins, outs, (S, H),
-                    "dplr_scores_bwd", "bwd")
+    outs = [(n, tvec(n), tspec) for n in ("dr", "dk", "da", "db", "pq", "c_end")] + g_tot
+    res = _call(lambda refs: _bwd_kernel(refs, BT, Kp, prec), ins, outs, (S, H),
+                "dplr_scores_bwd", "bwd")
     if fits is not None:
         res.update(_fix(lambda refs: _fix_bwd_kernel(refs, Kp), ins[:9] + ins[-1:],
                         {n: res[n] for n in ("dr", "dk", "da", "db", "pq")},
