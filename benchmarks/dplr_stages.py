@@ -4,7 +4,8 @@ H16 K=V=64 (run.py's B4T4096K64). Complements kernel_profile.py with the A / B o
 
     PYTHONPATH=. python3 benchmarks/dplr_stages.py whole stages
     PYTHONPATH=. python3 benchmarks/dplr_stages.py sweep   # launch / product-precision sweep
-    PYTHONPATH=. python3 benchmarks/dplr_stages.py variants  # the scores backward's variants
+    PYTHONPATH=. python3 benchmarks/dplr_stages.py variants  # the scores kernels' launches
+    PYTHONPATH=. python3 benchmarks/dplr_stages.py diag16    # bf16 diagonal blocks or not
     PROBE_SMALL=1 PYTHONPATH=. python3 benchmarks/dplr_stages.py    # CPU smoke run, no timing
 Prints WHOLE / STAGE / SWEEP / CHOSEN lines (ms, median of run.time_jax). `sweep` times each
 stage (forward, forward + vjp) under each launch option and bf16-problem product precision
@@ -203,6 +204,12 @@ if "sweep" in which:
 
 if "variants" in which:
     variants()
+
+if "diag16" in which:          # bf16 problems' diagonal blocks: one bf16 product / accurate
+    for flag in (True, False):
+        ds.DIAG_BF16.append(flag)
+        whole(f"DIAG_BF16={flag}")
+        ds.DIAG_BF16.pop()
 
 if "apply" in which:
     apply(sys.argv[-1])

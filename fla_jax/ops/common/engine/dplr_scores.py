@@ -150,13 +150,18 @@ def _factors(loc: gt.Cum, fit):
     return jnp.where(fit, jnp.exp(lv), 0.0), jnp.where(fit, jnp.exp(-lv), 0.0)
 
 
+# ptr.BF16 problems: the factored diagonal blocks as one bf16 product (True) or fp32-accurate
+# (three bf16 products, as the Triton stages' diagonal blocks)
+DIAG_BF16 = [False]
+
+
 def _diag_dot(a, b, contract, prec):
     """A factored diagonal block's product: fp32-accurate (ptr.accurate_matmul: bf16 splits
-    for SPLIT3, else tf32x3), or one bf16 product for ptr.BF16 (a bf16 problem's, as its other
-    dots)."""
-    if isinstance(prec, str) and prec == ptr.BF16:
+    for 16-bit problems, else tf32x3), or one bf16 product for ptr.BF16 where DIAG_BF16."""
+    bf16 = isinstance(prec, str) and prec == ptr.BF16
+    if bf16 and DIAG_BF16[-1]:
         return ptr.dot(a, b, contract, prec)
-    return ptr.accurate_matmul(a, b, contract, prec == ptr.SPLIT3)
+    return ptr.accurate_matmul(a, b, contract, prec == ptr.SPLIT3 or bf16)
 
 
 def _diag_scores_dot(refs, xs, loc, fit, i0, cols, prec):
