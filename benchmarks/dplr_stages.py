@@ -205,11 +205,15 @@ if "sweep" in which:
 if "variants" in which:
     variants()
 
-if "diag16" in which:          # bf16 problems' diagonal blocks: one bf16 product / accurate
-    for flag in (True, False):
-        ds.DIAG_BF16.append(flag)
-        whole(f"DIAG_BF16={flag}")
-        ds.DIAG_BF16.pop()
+if "diag16" in which:    # bf16 problems' diagonal blocks (fwd, bwd): bf16 product / accurate
+    base = dict(ds.DIAG_BF16)
+    for f, b in ((False, False), (False, True), (True, True)):
+        ds.DIAG_BF16.update(fwd=f, bwd=b)
+        try:
+            whole(f"DIAG_BF16 fwd={f} bwd={b}")
+        except Exception as e:                              # noqa: BLE001
+            print(f"WHOLE DIAG_BF16 fwd={f} bwd={b}: error {type(e).__name__}: {str(e)[:300]}")
+    ds.DIAG_BF16.update(base)
 
 if "apply" in which:
     apply(sys.argv[-1])

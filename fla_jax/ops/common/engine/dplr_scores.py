@@ -150,16 +150,17 @@ def _factors(loc: gt.Cum, fit):
     return jnp.where(fit, jnp.exp(lv), 0.0), jnp.where(fit, jnp.exp(-lv), 0.0)
 
 
-# ptr.BF16 problems: the factored diagonal blocks as one bf16 product (True) or fp32-accurate
-# (three bf16 products, as the Triton stages' diagonal blocks)
-DIAG_BF16 = [False]
+# ptr.BF16 problems: the factored diagonal blocks of the forward / backward as one bf16
+# product (True) or fp32-accurate (False: three bf16 products, as the Triton stages')
+DIAG_BF16 = {"fwd": False, "bwd": False}
 
 
-def _diag_dot(a, b, contract, prec):
+def _diag_dot(a, b, contract, prec, kind):
     """A factored diagonal block's product: fp32-accurate (ptr.accurate_matmul: bf16 splits
-    for 16-bit problems, else tf32x3), or one bf16 product for ptr.BF16 where DIAG_BF16."""
+    for 16-bit problems, else tf32x3), or one bf16 product for ptr.BF16 where
+    DIAG_BF16[kind]."""
     bf16 = isinstance(prec, str) and prec == ptr.BF16
-    if bf16 and DIAG_BF16[-1]:
+    if bf16 and DIAG_BF16[kind]:
         return ptr.dot(a, b, contract, prec)
     return ptr.accurate_matmul(a, b, contract, prec == ptr.SPLIT3 or bf16)
 
@@ -171,21 +172,22 @@ def _diag_scores_dot(refs, xs, loc, fit, i0, cols, prec):
     jj = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 1)
     e_p, e_m = _factors(loc, fit)
     ym = {y: refs[y][pl.ds(i0, SUB), cols].astype(F32) * e_m for y in YS}
-    return tuple(jnp.where(ii >= jj, _diag_dot(xs[x] * e_p, ym[y], (1, 1), prec), 0.0)
+    return tuple(jnp.where(ii >= jj, _diag_dot(xs[x] * e_p, ym[y], (1, 1), prec, "fwd"), 0.0)
                  for x, y in PAIRS)
 
 
-def _diag_grads_dot(xs, ys, q, loc, fit, prec):
+def _diag_grads_dot(xs, ys, q, loc, fit, prec, q_dtypes):
     """_diag_grads by dots through the factors (strict pairs; 0 where the block does not fit,
     fit False: _fix_bwd_kernel adds those exactly): dx_i = e^{loc_i} sum_j q_ij y_j e^{-loc_j},
-    dy_j = e^{-loc_j} sum_i q_ij x_i e^{loc_i}."""
+    dy_j = e^{-loc_j} sum_i q_ij x_i e^{loc_i}. q_dtypes {pair: dtype} of the cotangents as
+    stored: a bf16 one enters the products as bf16 (exact; one split operand fewer)."""
     ii = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 0)
     jj = lax.broadcasted_iota(jnp.int32, (SUB, SUB), 1)
     e_p, e_m = _factors(loc, fit)
-    qs = {p: jnp.where(ii > jj, q[p], 0.0) for p in PAIRS}
-    dx = tuple(e_p * sum(_diag_dot(qs[x, y], ys[y] * e_m, (1, 0), prec) for y in YS)
+    qs = {p: jnp.where(ii > jj, q[p], 0.0).astype(q_dtypes[p]) for p in PAIRS}
+    dx = tuple(e_p * sum(_diag_dot(qs[x, y], ys[y] * e_m, (1, 0), prec, "bwd") for y in YS)
                for x in XS)
-    dy = tuple(e_m * sum(_diag_dot(qs[x, y], xs[x] * e_p, (0, 0), prec) for x in XS)
+    dy = tuple(e_m * sum(_diag_dot(qs[x, y], xs[x] * e_p, (0, 0), prec, "bwd") for x in XS)
                for y in YS)
     return dx, dy
 
@@ -428,7 +430,8 @@ def _bwd_kernel(refs, BT, Kp, prec):
             R = _before(G, i0)
             q = {p: refs[f"dM_{p[0]}{p[1]}"][sub, sub].astype(F32) for p in PAIRS}
             if split:
-                dx, dy = _diag_grads_dot(xs, ys, q, loc, _flag(flags, I * nk + kb), prec)
+                dx, dy = _diag_grads_dot(xs, ys, q, loc, _flag(flags, I * nk + kb), prec,
+                                         {p: refs[f"dM_{p[0]}{p[1]}"].dtype for p in PAIRS})
             else:
                 dx, dy = _diag_grads(refs, xs, q, loc, i0, cols)
             dg = {p: jnp.sum(jnp.where(eye, q[p], 0.0), axis=1)[:, None] for p in PAIRS}
