@@ -11,8 +11,8 @@ vs jax chunked 4.71 / 13.98, fwd / fwd+bwd); fp16 kernels time within 3% of bf16
 chunk_gla fp32 (Pallas fp32 backward not timed) and fused_recurrent_gla (not timed).
 chunk_rwkv7: H100 run of 2026-11-25 (RESULTS.md, run 12): every GPU parity cell of both
 kernels passed (bf16/fp16/fp32, all gradients, 459 comparisons) and they beat the chunked paths
-(bf16 fwd+bwd: Triton 4.53 vs torch chunked 363.5 ms; Pallas 4.35 vs jax chunked 34.5; fp16
-likewise). Left out: its fp32 (chunked fp32 not timed). An explicit impl= still selects any
+(bf16 fwd+bwd: Triton 4.53 vs torch chunked 363.5 ms; Pallas 4.35-4.49 vs jax chunked 34.5;
+fp16 likewise). Left out: its fp32 (chunked fp32 not timed). An explicit impl= still selects any
 kernel.
 """
 AUTO_KERNEL = {"chunk_simple_gla": ("bf16", "fp16", "fp32"),
