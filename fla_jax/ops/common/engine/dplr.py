@@ -119,7 +119,7 @@ def dplr_chunk(r, k, v, w, a, b, scale, initial_state, output_final_state, cu_se
     row, first, count, S = slot_rows(B, T, cu_seqlens)
     # r, k, v stay bf16 for a BF16 problem (every stage reads them as fp32 or into BF16
     # products): no conversion pass, and their gradients come back in bf16
-    sd = jnp.bfloat16 if prec == ptr.BF16 and r.dtype == jnp.bfloat16 else F32
+    sd = ptr.store_dtype(prec)           # bf16 only for ptr.BF16, i.e. a bf16 problem
     rs, ks = (to_slots(x, row, S, Kp, sd) for x in (r, k))
     ws, as_, bs = (to_slots(x, row, S, Kp) for x in (w, a, b))
     vs = to_slots(v, row, S, Vp, sd)
