@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fla_jax.ops.common import pallas_delta_tiles
+from fla_jax.ops.common.engine import launch, scalar_delta
 from fla_jax.ops.gated_delta_rule import pallas_chunk
 
 from .cases import CASES, OPS, make_inputs, rel_rms, seed_of, tolerance
@@ -87,10 +87,9 @@ def test_chunk_backward_fallback_parity(recurrent_backward_requested):
 
 @pytest.mark.parametrize("bt", [16, 32, 64])
 def test_chunk_every_chunk_length(monkeypatch, bt):
-    """Every chunk length the tile table may pick (pallas_delta_tiles) gives the same parity."""
-    forced = pallas_delta_tiles.DeltaTiles(BT=bt, state=(16, 4, 1), dh=(16, 4, 1), grads=(16, 4),
-                                           wy=(4, 1))
-    monkeypatch.setattr(pallas_chunk, "delta_tiles", lambda K, V, dtype: forced)
+    """Every chunk length the tile table (engine launch.delta_tiles) may pick: same parity."""
+    forced = launch.DeltaTiles(BT=bt, state=(16, 4, 1), dh=(16, 4, 1), grads=(16, 4), wy=(4, 1))
+    monkeypatch.setattr(scalar_delta, "delta_tiles", lambda K, V, dtype: forced)
     assert_passed(check("chunk_gated_delta_rule", "dr_multi_chunk_varlen", "fp32", PALLAS))
 
 

@@ -17,7 +17,8 @@ import contextlib
 
 import pytest
 
-from fla_jax.ops.simple_gla import pallas_chunk, pallas_recurrent
+from fla_jax.ops.common.engine import scan
+from fla_jax.ops.simple_gla import pallas_recurrent
 
 from .harness import assert_passed, check
 
@@ -61,7 +62,7 @@ RECURRENT = _rows(
 
 @pytest.mark.parametrize("case,dtype,settings", CHUNK)
 def test_chunk_simple_gla_pallas(case, dtype, settings):
-    with tuning(pallas_chunk, settings):
+    with tuning(scan, settings):
         assert_passed(check("chunk_simple_gla", case, dtype, {"jax": "pallas"}))
 
 

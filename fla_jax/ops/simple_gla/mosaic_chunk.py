@@ -2,7 +2,7 @@
 
 Forward: mosaic_fwd.py (output and final state in one pass over the chunks). Backward
 (custom_vjp): mosaic_bwd.py when BACKWARD == "mosaic" and K, V <= 128, else the Pallas
-Triton-lowering backward kernels of pallas_chunk.py (same math, same inputs).
+Triton-lowering backward kernels of common/engine/scan.py (same math, same inputs).
 Host side (mosaic_inputs.py): inputs laid out chunk-aligned (packing.py: T padded to a multiple
 of 64, varlen sequences moved to chunk boundaries on device, no host sync), the log-decay's
 chunk-local cumsum in log2 units, the state passed transposed ([N, H, V, K]).
@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from ..common.mosaic import check_mosaic, packing
-from . import (mosaic_bwd, mosaic_fwd, mosaic_fwd_ws, mosaic_inputs, mosaic_split,
-               pallas_chunk)
+from ..common.engine import scan
+from . import mosaic_bwd, mosaic_fwd, mosaic_fwd_ws, mosaic_inputs, mosaic_split
 
 OP = "chunk_simple_gla"
 MAX_GRID = 65535
@@ -106,9 +106,9 @@ def _vjp_bwd(cfg, res, cts):
     if cfg.backward == "mosaic" and mosaic_bwd.supports(q.shape[-1], v.shape[-1]):
         dq, dk, dv, dg, dh0 = mosaic_bwd.backward(cfg, q, k, v, g, gamma, h0, cu, do, dht)
     else:
-        st = pallas_chunk._make_static(q, v, g, gamma, h0, cu, cfg.scale)
-        dq, dk, dv, dg, dh0 = pallas_chunk._backward(pallas_chunk._KERNELS, st, q, k, v, g,
-                                                     gamma, h0, cu, ht, do, dht)
+        st = scan.make_static(q, v, g, gamma, h0, cu, cfg.scale)
+        dq, dk, dv, dg, dh0 = scan.scan_bwd(scan.SCAN_KERNELS, st, q, k, v, g, gamma, h0, cu,
+                                            ht, do, dht)
     dgamma = None if gamma is None else jnp.zeros_like(gamma)
     return dq, dk, dv, dg, dgamma, dh0, None
 

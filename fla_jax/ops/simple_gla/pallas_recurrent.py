@@ -4,7 +4,7 @@ Per sequence and head, with a_t = g_t + gamma (either may be absent):
     S_t = exp(a_t) S_{t-1} + k_t^T v_t,   o_t = scale * q_t S_t        S: [K, V] fp32
 The state lives in registers, one token per step, all arithmetic elementwise in fp32 (no
 matmuls, so no precision setting applies). Suits decoding and short sequences; for long
-sequences the chunked kernels (pallas_chunk.py) are faster. Kernels (program = one sequence,
+sequences the chunked kernels (common/engine/scan.py) are faster. Kernels (program = one sequence,
 one head, one block of K or V), the same split as the chunked backward:
     forward  (n, h, V-block) tokens forward:  o_t, final state
     dq       (n, h, K-block) tokens forward:  dq_t = scale S_t do_t, p_t = q_t . (scale
@@ -18,7 +18,7 @@ one head, one block of K or V), the same split as the chunked backward:
 dg_t = sum_{s >= t} (q_s.dq_s - k_s.dk_s) + <dS_T, S_T> written without the terms that cancel:
 the current-token term scale (q_s.k_s)(v_s.do_s) of both dots, and k_T.(dS_T v_T), part of
 <dS_T, S_T>; under strong decay what remains is O(exp(a)), where the cancelling terms are O(1).
-BlockSpecs and varlen handling are shared with pallas_chunk.py; the backward wiring is this
+BlockSpecs and varlen handling are shared with common/engine/scan.py; the backward wiring is this
 file's (its dq kernel reads dS_T).
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from ..common import pallas_triton as ptr
-from . import pallas_chunk as pc
+from ..common.engine import scan as pc
 
 TUNING = {"bt": 1, "state_elems": 4096, "fwd_bv": None, "bwd_bk": None, "bwd_bv": None,
           "fwd_warps": 4, "fwd_stages": 1, "bwd_warps": 4, "bwd_stages": 1}
@@ -171,7 +171,7 @@ _KERNELS = pc.Kernels(fwd=_fwd_kernel, dq=_dq_kernel, dv=_dv_kernel, dk=_dk_kern
 
 
 def _backward(st, q, k, v, g, gamma, h0, cu, do, dht):
-    """pallas_chunk._backward's three kernels and BlockSpecs, except that the dq kernel also
+    """engine/scan.scan_bwd's three kernels and BlockSpecs, except that the dq kernel also
     reads dS_T and writes fin [NK, N, H] (the shares of <dS_T, a_T S_{T-1}>), which starts
     the dk kernel's dg carry. Returns dq, dk, dv (input dtypes), dg fp32 or None, dh0."""
     NK = pl.cdiv(st.K, st.bwd_bk)
@@ -225,11 +225,11 @@ def _backward(st, q, k, v, g, gamma, h0, cu, do, dht):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _recurrent(st, q, k, v, g, gamma, h0, cu):
-    return pc._forward(_KERNELS, st, q, k, v, g, gamma, h0, cu)
+    return pc.scan_fwd(_KERNELS, st, q, k, v, g, gamma, h0, cu)
 
 
 def _recurrent_fwd(st, q, k, v, g, gamma, h0, cu):
-    o, ht = pc._forward(_KERNELS, st, q, k, v, g, gamma, h0, cu)
+    o, ht = pc.scan_fwd(_KERNELS, st, q, k, v, g, gamma, h0, cu)
     return (o, ht), (q, k, v, g, gamma, h0, cu)
 
 
@@ -254,7 +254,7 @@ def fused_recurrent_simple_gla_pallas(q, k, v, *, g=None, g_gamma=None, scale,
     initial_state None or fp32 [N, H, K, V], cu_seqlens None or int [N+1] (B == 1).
     Returns o [B, T, H, V] in q's dtype and the fp32 final state [N, H, K, V] (or None).
     """
-    st = pc._make_static(q, v, g, g_gamma, initial_state, cu_seqlens, scale, TUNING)
+    st = pc.make_static(q, v, g, g_gamma, initial_state, cu_seqlens, scale, TUNING)
     cu = None if cu_seqlens is None else cu_seqlens.astype(jnp.int32)
     o, ht = _recurrent(st, q, k, v, g, g_gamma, initial_state, cu)
     return o, (ht if output_final_state else None)

@@ -36,3 +36,11 @@ def prepare_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         q, k = l2norm(q), l2norm(k)
     HV = v.shape[2]
     return expand_heads(q, HV), expand_heads(k, HV), v
+
+
+def group_sum(x: torch.Tensor, H: int) -> torch.Tensor:
+    """[B, T, HV, K] per-value-head gradient -> [B, T, H, K] (value heads hv // (HV//H))."""
+    B, T, HV, K = x.shape
+    if HV == H:
+        return x
+    return x.view(B, T, H, HV // H, K).sum(3)

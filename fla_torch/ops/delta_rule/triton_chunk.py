@@ -1,5 +1,5 @@
-"""Chunked delta rule in Triton (WY / UT transform): the kernels of
-fla_torch/ops/gated_delta_rule/triton_chunk.py with no gate (forward and backward)."""
+"""Chunked delta rule in Triton (WY / UT transform): the engine's scalar-gate delta rule
+(common/engine/scalar_delta.py) with GATE_NONE, through chunk_gated_delta_rule_triton."""
 from __future__ import annotations
 
 from ..gated_delta_rule.triton_chunk import chunk_gated_delta_rule_triton

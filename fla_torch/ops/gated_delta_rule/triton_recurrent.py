@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from ..common.kernel_alloc import alloc
+from ..common.qk_inputs import group_sum
 from ..common.triton_seq_layout import seq_offsets
 
 L2_EPS = 1e-6
@@ -186,14 +187,6 @@ def l2norm_backward(x: torch.Tensor, dy: torch.Tensor, eps: float = L2_EPS) -> t
     rn = torch.rsqrt((xf * xf).sum(-1, keepdim=True) + eps)
     y = xf * rn
     return (dy - y * (y * dy).sum(-1, keepdim=True)) * rn
-
-
-def group_sum(x: torch.Tensor, H: int) -> torch.Tensor:
-    """[B, T, HV, K] per-value-head gradient -> [B, T, H, K] (value heads hv // (HV//H))."""
-    B, T, HV, K = x.shape
-    if HV == H:
-        return x
-    return x.view(B, T, H, HV // H, K).sum(3)
 
 
 class FusedRecurrentGatedDeltaRule(torch.autograd.Function):

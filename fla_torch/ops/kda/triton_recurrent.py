@@ -14,13 +14,8 @@ import torch
 
 from ..common.kernel_alloc import contiguous
 from ..common.l2norm import l2norm
+from ..common.qk_inputs import group_sum
 from ..common.triton_dplr_recurrent import dplr_backward, dplr_forward
-
-
-def _group_sum(x: torch.Tensor, H: int) -> torch.Tensor:
-    """[B, T, HV, K] -> [B, T, H, K] (value head hv belongs to q/k head hv // (HV // H))."""
-    B, T, HV, K = x.shape
-    return x if HV == H else x.view(B, T, H, HV // H, K).sum(3)
 
 
 class _RecurrentKDA(torch.autograd.Function):
@@ -42,7 +37,7 @@ class _RecurrentKDA(torch.autograd.Function):
                                               ctx.scale, cu_seqlens, do.contiguous(),
                                               contiguous(dht))
         dq, dk, dg = parts.unbind(0)
-        return (_group_sum(dq, H).to(q.dtype), _group_sum(dk, H).to(k.dtype), dv, dg, dbeta,
+        return (group_sum(dq, H).to(q.dtype), group_sum(dk, H).to(k.dtype), dv, dg, dbeta,
                 dh0, None, None, None, None, None)
 
 

@@ -1,9 +1,11 @@
-"""Chunked simple GLA on the chunk engine (GATE_SCALAR / GATE_NONE): the gate-switch check of
-fla_torch/ops/common/engine against the dedicated kernels of triton_chunk.py. Not registered;
-the faster of the two becomes CHUNK_IMPLS['triton'] once timed on a GPU.
+"""Chunked simple GLA on the engine's staged stages (GATE_SCALAR / GATE_NONE: chunk_cumsum,
+intra_scores, state_pass, output_fwd / output_bwd, as chunk_gla runs them with GATE_KEY): the
+float64 check of those stages' scalar branches (test_triton_engine.py). Not registered:
+chunk_simple_gla runs on the engine's fused scan stage (engine/scan.py), 2.9x / 1.45x faster
+on the H100 (bf16 fwd / fwd+bwd, benchmarks/RESULTS.md run 10).
 
 The decay is g + g_gamma per token and head ([B, T, H] fp32, formed on the host); no gate
-runs GATE_NONE. Same engine stages as chunk_gla (see gla/triton_chunk.py).
+runs GATE_NONE.
 """
 from __future__ import annotations
 

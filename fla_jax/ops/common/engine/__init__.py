@@ -12,6 +12,13 @@ shares, with a gate switch (gates.GATE_NONE / GATE_SCALAR / GATE_KEY).
                                                  (chunk_kda, chained by kda/pallas_chunk.py;
                                                  its dq, dk, dg: output_grads with dAk, dkb)
     dplr, dplr_scores, dplr_state                the DPLR stage (chunk_rwkv7, chunk_kda_pallas_dplr)
+  scalar gate / no gate, fused stages (a scalar decay costs one exp per row, so the state pass
+  and the output stage run in one sequential kernel, nothing materialised between them):
+    scan.scan_vjp, scan.scan_fwd / scan_bwd      the chunk scan (chunk_simple_gla)
+    scalar_delta.delta_forward / delta_backward  the delta rule (chunk_gated_delta_rule,
+                                                 chunk_delta_rule): scalar_wy_fwd,
+                                                 scalar_delta_fwd, scalar_delta_bwd
+    launch.delta_tiles                           their launch tiles
 """
 from .gates import GATE_KEY, GATE_NONE, GATE_SCALAR
 from .launch import Launch, Problem, launch_for

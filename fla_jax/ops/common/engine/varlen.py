@@ -47,6 +47,28 @@ def slot_sequences(cu, T, bt):
     return jnp.clip(jnp.searchsorted(first, slots, side="right") - 1, 0, N - 1).astype(jnp.int32)
 
 
+def slot_table(cu, T, bt, varlen):
+    """The slots as a table, for kernels that take (start, end) per slot program and the
+    first slot of each sequence (the scalar-gate delta rule). cu int32 [N+1]: token offsets
+    into the flattened axis (may be traced); T: that axis' length (varlen) or each sequence's
+    (fixed size). Returns (table int32 [slots, 2]: the (start, end) tokens of the slot's chunk,
+    (0, 0) for an unused slot; first int32 [N]: the slot of each sequence's chunk 0)."""
+    N = cu.shape[0] - 1
+    if not varlen:
+        nt = n_chunks(T, bt)
+        s = jnp.arange(N * nt, dtype=jnp.int32)
+        start = (s // nt) * T + (s % nt) * bt
+        end = jnp.minimum(start + bt, (s // nt + 1) * T)
+        return jnp.stack([start, end], axis=1), jnp.arange(N, dtype=jnp.int32) * nt
+    first = cu[:-1] // bt + jnp.arange(N, dtype=jnp.int32)
+    seq = slot_sequences(cu, T, bt)
+    s = jnp.arange(seq.shape[0], dtype=jnp.int32)
+    start = cu[seq] + (s - first[seq]) * bt
+    end = jnp.minimum(start + bt, cu[seq + 1])
+    valid = start < end
+    return jnp.stack([jnp.where(valid, start, 0), jnp.where(valid, end, 0)], axis=1), first
+
+
 def slot_chunk(refs, varlen, T, bt, s):
     """Chunk-parallel program on slot s -> (batch row n, bos, chunk c, rows n_valid).
     n_valid <= 0 for unused slots (every load and store of the program is then masked)."""

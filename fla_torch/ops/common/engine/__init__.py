@@ -10,6 +10,14 @@ Public functions (host side, torch tensors in [B, T, H, D] layout):
     launch_for, LaunchConfig         (launch.py)
     n_slots                          (varlen.py)
     gate_code, GATE_NONE, GATE_SCALAR, GATE_KEY (gates.py)
+Per-key-gated delta rule (chunk_kda): delta_scores, wy, delta_state, delta_bwd. DPLR (chunk_rwkv7):
+dplr*.py. Scalar gate / no gate, fused stages (a scalar decay costs one exp per row, so the
+state pass and the output stage run in one sequential kernel, nothing materialised between):
+    scan_fwd, scan_bwd               (scan.py: the chunk scan, chunk_simple_gla)
+    delta_forward, delta_backward    (scalar_delta.py: the delta rule, chunk_gated_delta_rule and
+                                      chunk_delta_rule; kernels scalar_wy_fwd, scalar_delta_fwd,
+                                      scalar_delta_bwd, scalar_wy_bwd, split_dot)
+    scan_launch, delta_launch        (launch.py: their launch configurations)
 """
 from .gates import GATE_KEY, GATE_NONE, GATE_SCALAR, chunk_cumsum, gate_code
 from .launch import LaunchConfig, launch_for

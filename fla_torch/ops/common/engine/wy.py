@@ -9,7 +9,7 @@ Ak_ij = sum_c k_ic k_jc exp(b_ic - b_jc) (scores.intra_scores on (k, k), slot la
 T is formed from the 16x16 blocks of Akk: the diagonal blocks by forward substitution in
 registers, T_ij = -T_ii sum_{j <= m < i} Akk_im T_mj below them (fp32-accurate products).
 The fp32 factor T diag(beta) multiplies the 16-bit operands as two exact 16-bit products
-(gated_delta_rule/triton_split_dot.py).
+(split_dot.py).
 
 Backward, from dvn (the gradient of vn = u - w h, fp32) and h (the state before the chunk):
     dw = -dvn h^T,   dT = (dw (k exp(b))^T + dvn v^T) diag(beta)
@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...gated_delta_rule.triton_split_dot import split_dot, split_dot32, split_dot_wide
+from .split_dot import split_dot, split_dot32, split_dot_wide
 from .launch import block
 from .varlen import n_slots, search_steps, slot_chunk
 

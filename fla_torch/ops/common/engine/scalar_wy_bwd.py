@@ -1,11 +1,11 @@
 """Backward of the WY / UT transform of one chunk (BT = 64): w = Tm (beta exp(gc) k),
-u = Tm (beta v), Tm = (I + A)^-1, A = strict(beta (k k^T) * D) (see triton_chunk_bwd.py for the
+u = Tm (beta v), Tm = (I + A)^-1, A = strict(beta (k k^T) * D) (see scalar_delta_bwd.py for the
 formulas). One program per chunk x value head.
 
 Cost choices (the 64x64 fp32 internals dominate):
 - dTm = (dw k^T diag(exp(gc)) + du v^T) diag(beta): the column scales are applied after the
   products, so k and v enter the tensor cores in their input dtype and only the fp32 dw / du
-  are split (triton_split_dot.py); the beta / gate factors are not re-materialised per tile.
+  are split (split_dot.py); the beta / gate factors are not re-materialised per tile.
 - (beta B) k + (beta B)^T k = (Bb + Bb^T) k: one product instead of two.
 - Tm^T is split into bf16 hi / lo once and reused by dA, dk and dv.
 - dk is written once, in its final dtype when the caller asks (value heads == q/k heads).
@@ -16,9 +16,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..common.triton_scalar_gate import suffix_sum
-from .triton_chunk_fwd import chunk_coords, decay_matrix, load_gates
-from .triton_split_dot import _bf16_pair, split_dot32, split_dot_wide
+from ..triton_scalar_gate import suffix_sum
+from .scalar_delta_fwd import chunk_coords, decay_matrix, load_gates
+from .split_dot import _bf16_pair, split_dot32, split_dot_wide
 
 
 @triton.jit
@@ -34,9 +34,9 @@ def _dot_tm(a, a_hi, a_lo, b, SPLIT: tl.constexpr, PREC: tl.constexpr):
 
 @triton.jit
 def _wy_bwd2_kernel(k, v, beta, gc_buf, gc_lo, tm_buf, dk_buf, dw_buf, dvn_buf, dgc_buf, dk_out, dv,
-                    dbeta, dg, chunk_table, offsets, part_stride,
+                    dbeta, dg, offsets, N, n_steps, T, part_stride,
                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                    BT: tl.constexpr, IS_VARLEN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                     HAS_G: tl.constexpr, NKB: tl.constexpr, SPLIT: tl.constexpr,
                     PREC: tl.constexpr, PREC16: tl.constexpr):
     """In: dk_buf (direct part of dk, fp32), dw_buf, dvn_buf (= du) fp32, the NKB partials of
@@ -48,7 +48,9 @@ def _wy_bwd2_kernel(k, v, beta, gc_buf, gc_lo, tm_buf, dk_buf, dw_buf, dvn_buf, 
     k k^T enters only dbeta / dg)."""
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     i_h = i_hv // (HV // H)
-    i_n, t0, eos, i_i = chunk_coords(chunk_table, offsets, i_c, BT)
+    i_n, t0, eos = chunk_coords(offsets, i_c, N, n_steps, T, BT, IS_VARLEN)
+    if t0 >= eos:      # a slot of no chunk
+        return
     o_t = tl.arange(0, BT)
     rows = t0 + o_t
     mask_t = rows < eos

@@ -1,4 +1,4 @@
-"""Backward Triton kernels of the chunked (gated) delta rule (see triton_chunk_fwd.py).
+"""Backward Triton kernels of the chunked (gated) delta rule (see scalar_delta_fwd.py).
 
 Per chunk, with do the output gradient and dh_next the gradient of the chunk's end state:
     dvn     = scale (causal(q k^T) * D)^T do + (exp(gc_L - gc) k) dh_next     (D: decays)
@@ -23,26 +23,29 @@ identity dg_t = sum_{s >= t} (q.dq - v.dv) cancelled O(1) terms: bf16 dg 0.72 at
   cancellations, per-token gates in [-20, -10] gave an fp32 dg error of ~1e-3.
   `dqk` writes its K block's share of dg (already summed per token); `wy_bwd` adds its own.
 Kernels: `dvn_local` (chunk-parallel), `chunk_dh` (sequential, reverse), `dqk` (per K block
-x chunk); `wy_bwd` (per chunk) is in triton_wy_bwd.py.
+x chunk); `wy_bwd` (per chunk) is in scalar_wy_bwd.py.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from ..common.triton_scalar_gate import prefix_sum_excl, suffix_sum
-from .triton_chunk_fwd import chunk_coords, decay_matrix, decay_to_end, first_gate, load_gates
+from ..triton_scalar_gate import prefix_sum_excl, suffix_sum
+from .varlen import chunk_slot
+from .scalar_delta_fwd import chunk_coords, decay_matrix, decay_to_end, first_gate, load_gates
 
 
 @triton.jit
-def _dvn_local_kernel(q, k, do, gc_buf, gc_lo, dvn_buf, chunk_table, offsets, scale,
+def _dvn_local_kernel(q, k, do, gc_buf, gc_lo, dvn_buf, offsets, N, n_steps, T, scale,
                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      BT: tl.constexpr, IS_VARLEN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       HAS_G: tl.constexpr, PREC: tl.constexpr):
     """dvn_local[s] = scale sum_{t >= s} exp(gc_t - gc_s) (q_t . k_s) do_t  (fp32)."""
     i_v, i_c, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
-    i_n, t0, eos, i_i = chunk_coords(chunk_table, offsets, i_c, BT)
+    i_n, t0, eos = chunk_coords(offsets, i_c, N, n_steps, T, BT, IS_VARLEN)
+    if t0 >= eos:      # a slot of no chunk
+        return
     o_t = tl.arange(0, BT)
     rows = t0 + o_t
     mask_t = rows < eos
@@ -68,9 +71,10 @@ def _dvn_local_kernel(q, k, do, gc_buf, gc_lo, dvn_buf, chunk_table, offsets, sc
 
 
 @triton.jit
-def _chunk_dh_kernel(q, k, w_buf, do, gc_buf, gc_lo, dvn_buf, dht, dh0, dh_buf, offsets, chunk_offsets,
+def _chunk_dh_kernel(q, k, w_buf, do, gc_buf, gc_lo, dvn_buf, dht, dh0, dh_buf, offsets, T,
                      scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                     V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                     V: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr,
+                     BK: tl.constexpr, BV: tl.constexpr,
                      HAS_G: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
                      PREC: tl.constexpr):
     """Reverse over chunks: dh_buf[c] = gradient of the state at the END of chunk c (operand
@@ -80,8 +84,8 @@ def _chunk_dh_kernel(q, k, w_buf, do, gc_buf, gc_lo, dvn_buf, dht, dh0, dh_buf, 
     i_h = i_hv // (HV // H)
     bos = tl.load(offsets + i_n).to(tl.int64)
     eos = tl.load(offsets + i_n + 1).to(tl.int64)
-    c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
-    nc = tl.load(chunk_offsets + i_n + 1).to(tl.int64) - c0
+    c0 = chunk_slot(i_n, bos, 0, T, BT, IS_VARLEN)
+    nc = tl.cdiv(eos - bos, BT)
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -138,9 +142,10 @@ def _chunk_dh_kernel(q, k, w_buf, do, gc_buf, gc_lo, dvn_buf, dht, dh0, dh_buf, 
 
 @triton.jit
 def _dqk_kernel(q, k, do, vn_buf, dvn_buf, h_buf, dh_buf, gc_buf, gc_lo, dq_buf, dk_buf, dw_buf,
-                dgc_buf, chunk_table, offsets, scale, part_stride,
+                dgc_buf, offsets, N, n_steps, T, scale, part_stride,
                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
+                BT: tl.constexpr, IS_VARLEN: tl.constexpr,
+                BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
                 PREC: tl.constexpr):
     """Per K block x chunk x value head: dq (final, per value head; fp32 or the input dtype),
     dk (direct part, fp32), dw (fp32),
@@ -149,7 +154,9 @@ def _dqk_kernel(q, k, do, vn_buf, dvn_buf, h_buf, dh_buf, gc_buf, gc_lo, dq_buf,
     + sum_{s < t} k_s.dk_state_s + exp(gc_L) <h, dh'>."""
     i_kb, i_c, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
-    i_n, t0, eos, i_i = chunk_coords(chunk_table, offsets, i_c, BT)
+    i_n, t0, eos = chunk_coords(offsets, i_c, N, n_steps, T, BT, IS_VARLEN)
+    if t0 >= eos:      # a slot of no chunk
+        return
     o_t = tl.arange(0, BT)
     rows = t0 + o_t
     mask_t = rows < eos

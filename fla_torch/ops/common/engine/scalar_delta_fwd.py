@@ -8,28 +8,28 @@ Per chunk (tokens s, r of one sequence and value head; gc = chunk-local cumsum o
     vn       = u - w h                    (h: state at the chunk start, [K, V])
     h_next   = exp(gc_L) h + (exp(gc_L - gc) k)^T vn          (L: last token of the chunk)
     o        = scale (exp(gc) q h + (causal(q k^T) * exp(gc_t - gc_s)) vn)
-Kernels: `wy_fwd` (gc split in fp32 hi + lo, Tm, w, u; in triton_wy_fwd.py), `chunk_h`
+Kernels: `wy_fwd` (gc split in fp32 hi + lo, Tm, w, u; in scalar_wy_fwd.py), `chunk_h`
 (sequential over the chunks of a sequence; one program per value block x sequence x value
 head; stores h per chunk and vn), `chunk_o` (one program per value block x chunk x head).
 All decays are exp of a non-positive number: masked entries are masked in the exponent.
-Time is the flattened B*T axis; `chunk_table` maps a global chunk to (sequence, index).
+Time is the flattened B*T axis; per-chunk buffers and chunk-parallel grids use varlen.py's
+slots (`chunk_coords` maps a slot to its sequence and first token inside the kernel).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
+from .varlen import chunk_slot, slot_chunk
+
 BT = 64
 
 
 @triton.jit
-def chunk_coords(chunk_table, offsets, i_c, BT: tl.constexpr):
-    """Global chunk i_c -> (sequence n, first token t0, end of sequence eos, index in seq)."""
-    i_n = tl.load(chunk_table + 2 * i_c)
-    i_i = tl.load(chunk_table + 2 * i_c + 1)
-    bos = tl.load(offsets + i_n).to(tl.int64)
-    eos = tl.load(offsets + i_n + 1).to(tl.int64)
-    return i_n, bos + i_i * BT, eos, i_i
+def chunk_coords(offsets, slot, N, n_steps, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Slot (varlen.py's scheme, no host sync) -> (sequence n, first token t0, end of the
+    sequence eos). A slot of no chunk gives t0 == eos: its program returns at once."""
+    return slot_chunk(offsets, slot, N, n_steps, T, BT, IS_VARLEN)
 
 
 @triton.jit
@@ -89,9 +89,10 @@ def decay_to_end(b_gc, b_lo, g_last, l_last, mask_t):
 
 
 @triton.jit
-def _chunk_h_kernel(k, w_buf, u_buf, gc_buf, gc_lo, h0, h_buf, vn_buf, ht, offsets, chunk_offsets,
+def _chunk_h_kernel(k, w_buf, u_buf, gc_buf, gc_lo, h0, h_buf, vn_buf, ht, offsets, T,
                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
+                    BT: tl.constexpr, IS_VARLEN: tl.constexpr,
+                    BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
                     HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr):
     """Sequential over the chunks of one sequence: h_buf[c] = state at the start of chunk c
     (operand dtype), vn = u - w h (operand dtype), ht = final state (fp32)."""
@@ -100,8 +101,8 @@ def _chunk_h_kernel(k, w_buf, u_buf, gc_buf, gc_lo, h0, h_buf, vn_buf, ht, offse
     i_h = i_hv // (HV // H)
     bos = tl.load(offsets + i_n).to(tl.int64)
     eos = tl.load(offsets + i_n + 1).to(tl.int64)
-    c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
-    nc = tl.load(chunk_offsets + i_n + 1).to(tl.int64) - c0
+    c0 = chunk_slot(i_n, bos, 0, T, BT, IS_VARLEN)
+    nc = tl.cdiv(eos - bos, BT)
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -143,13 +144,16 @@ def _chunk_h_kernel(k, w_buf, u_buf, gc_buf, gc_lo, h0, h_buf, vn_buf, ht, offse
 
 
 @triton.jit
-def _chunk_o_kernel(q, k, vn_buf, h_buf, gc_buf, gc_lo, o, chunk_table, offsets, scale,
+def _chunk_o_kernel(q, k, vn_buf, h_buf, gc_buf, gc_lo, o, offsets, N, n_steps, T, scale,
                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
+                    BT: tl.constexpr, IS_VARLEN: tl.constexpr,
+                    BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
                     PREC: tl.constexpr):
     i_v, i_c, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
-    i_n, t0, eos, i_i = chunk_coords(chunk_table, offsets, i_c, BT)
+    i_n, t0, eos = chunk_coords(offsets, i_c, N, n_steps, T, BT, IS_VARLEN)
+    if t0 >= eos:      # a slot of no chunk
+        return
     o_t = tl.arange(0, BT)
     rows = t0 + o_t
     mask_t = rows < eos

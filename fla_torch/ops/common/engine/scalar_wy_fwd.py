@@ -1,7 +1,7 @@
 """WY / UT forward of one chunk (BT = 64): gc, Tm = (I + A)^-1, w, u.
 
 A[s, r] = beta_s (k_s . k_r) exp(gc_s - gc_r) (r < s; gc = fp64 cumsum kept as fp32 hi + lo,
-see load_gates in triton_chunk_fwd.py) is handled as its 10 lower 16x16 blocks
+see load_gates in scalar_delta_fwd.py) is handled as its 10 lower 16x16 blocks
 A_ij (i >= j, rows of block i, columns of block j), straight from 16-row tiles of k (faster
 on an H100, by 0.2 ms, than one 64-row k k^T parked in tm_buf and re-read as blocks). The
 inverse T = (I + A)^-1 is block lower triangular:
@@ -13,17 +13,17 @@ and, with cs = beta exp(gc),
     w = (Tm diag(cs)) k,    u = (Tm diag(beta)) v         (64-row products)
 (w is stored relative to the chunk's first token: cs = beta exp(gc - gc_first), see below)
 (the fp32 factor is split in hi + lo of the input dtype: two exact 16-bit products; see
-triton_split_dot.py). Within a program, a store, `tl.debug_barrier()` (bar.sync) and a load
+split_dot.py). Within a program, a store, `tl.debug_barrier()` (bar.sync) and a load
 see each other's data; the reloads read with ".cg" (L2).
-One program per chunk x value head; time is the flattened B*T axis (see triton_chunk_fwd.py).
+One program per chunk x value head; time is the flattened B*T axis (see scalar_delta_fwd.py).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .triton_chunk_fwd import chunk_coords
-from .triton_split_dot import split_dot
+from .scalar_delta_fwd import chunk_coords
+from .split_dot import split_dot
 
 
 @triton.jit
@@ -63,7 +63,7 @@ def _subst_row(a, t, sel, e):
 @triton.jit
 def _cumsum_split(g, gc_buf, gc_lo, rows, mask, i_hv, HV: tl.constexpr, start):
     """fp64 cumsum of 16 gates after `start` (fp64); stores and returns it split as fp32
-    hi + lo (see load_gates in triton_chunk_fwd.py), and the fp64 running total."""
+    hi + lo (see load_gates in scalar_delta_fwd.py), and the fp64 running total."""
     x = tl.load(g + rows * HV + i_hv, mask=mask, other=0.0).to(tl.float64)
     c = tl.cumsum(x, axis=0) + start
     hi = c.to(tl.float32)
@@ -94,16 +94,18 @@ def _store_rows(x, val, rows, mask, i_head, NH: tl.constexpr, D: tl.constexpr, o
 
 
 @triton.jit
-def _wy_fwd16_kernel(k, v, g, beta, gc_buf, gc_lo, tm_buf, w_buf, u_buf, chunk_table, offsets,
+def _wy_fwd16_kernel(k, v, g, beta, gc_buf, gc_lo, tm_buf, w_buf, u_buf, offsets, N, n_steps, T,
                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                     BT: tl.constexpr, IS_VARLEN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      HAS_G: tl.constexpr, PREC: tl.constexpr, PREC32: tl.constexpr):
     """gc_buf, gc_lo [B*T, HV] fp32 (gated: chunk-local cumsum, hi + lo), tm_buf [B*T, HV, BT] fp32, w_buf [B*T, HV, K] (input
     dtype), u_buf [B*T, HV, V] (input dtype). PREC: dots on the input dtype (k k^T); PREC32:
     the fp32 16x16 block products of the inverse."""
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     i_h = i_hv // (HV // H)
-    i_n, t0, eos, i_i = chunk_coords(chunk_table, offsets, i_c, BT)
+    i_n, t0, eos = chunk_coords(offsets, i_c, N, n_steps, T, BT, IS_VARLEN)
+    if t0 >= eos:      # a slot of no chunk
+        return
     o16 = tl.arange(0, 16)
     r0 = t0 + o16
     r1 = r0 + 16

@@ -15,8 +15,8 @@ joined by block products: Tm_ab = -Tm_aa sum_{b <= c < a} A_ac Tm_cb (fp32-accur
 For training, Tm itself (in k's dtype, the precision the W/U products use) is stored per chunk
 slot, so the backward reads it instead of inverting again.
 
-Chunks are listed in a table (sequence id, first token, end token) so one grid covers
-padded batches and packed varlen batches alike (entries past the real chunk count are empty).
+One program per chunk slot of engine/varlen.py (`slot_table`: the (start, end) tokens of each
+slot), so one grid covers fixed-size and packed varlen batches alike (unused slots are empty).
 """
 from __future__ import annotations
 
@@ -27,27 +27,11 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from .dispatch import pallas_interpret
-from .pallas_delta_layout import dot_precision, kdot, l2norm_fwd, triton_params
+from ..dispatch import pallas_interpret
+from ..pallas_delta_layout import dot_precision, kdot, l2norm_fwd, triton_params
 
 F32 = jnp.float32
 SUB = 16
-
-
-def chunk_table(cu, total_tokens: int, BT: int):
-    """cu: int32 [N+1] (may be traced). Returns int32 [NC, 2] (start, end) per chunk slot,
-    NC = total_tokens // BT + N (an upper bound); unused slots are (0, 0)."""
-    N = cu.shape[0] - 1
-    NC = total_tokens // BT + N
-    lens = cu[1:] - cu[:-1]
-    nch = (lens + BT - 1) // BT
-    first = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(nch).astype(jnp.int32)])
-    s = jnp.arange(NC, dtype=jnp.int32)
-    n = jnp.clip(jnp.searchsorted(first[1:], s, side="right"), 0, N - 1).astype(jnp.int32)
-    start = cu[n] + (s - first[n]) * BT
-    end = jnp.minimum(start + BT, cu[n + 1])
-    valid = s < first[N]
-    return jnp.stack([jnp.where(valid, start, 0), jnp.where(valid, end, 0)], axis=1)
 
 
 def masked_rows(ref, start, end, n_rows, head, cols=None, other=0.0):

@@ -1,6 +1,6 @@
 """Chunk-parallel backward of the chunked (gated) delta rule as Pallas kernels (Triton lowering).
 
-Forward of one chunk of BT tokens (see gated_delta_rule/pallas_chunk.py), one value head,
+Forward of one chunk of BT tokens (see scalar_delta.py), one value head,
 gc = chunk-local inclusive cumsum of g, Gamma = exp(gc), Dc[i, j] = exp(gc_i - gc_j) (j <= i),
 A = strict_tril(beta_i (k_i . k_j) Dc), Tm = (I + A)^-1, W = Tm (beta Gamma K), U = Tm (beta V),
 h = state at the chunk start, h' = state at its end:
@@ -34,9 +34,9 @@ Backward, dh' = gradient of the chunk's end state:
   a factor 15 in bf16 with g down to -20).
 Decay exponents are pairwise segment sums (sum_{j < s <= i} g_s, computed as one [BT, BT] dot
 with a 0/1 matrix), never differences of large cumsums and never positive for g <= 0.
-Tm is the forward's (pallas_wy_prep stores it per chunk slot in q's dtype), not rebuilt here;
-W is read as stored, exp(-gc_0) W (see pallas_wy_prep), with exp(gc_0) applied in fp32.
-Launch tiles (BT, BV, warps, stages) come from pallas_delta_tiles.delta_tiles(K, V, dtype).
+Tm is the forward's (scalar_wy_fwd.py stores it per chunk slot in q's dtype), not rebuilt here;
+W is read as stored, exp(-gc_0) W (see scalar_wy_fwd.py), with exp(gc_0) applied in fp32.
+Launch tiles (BT, BV, warps, stages) come from launch.delta_tiles(K, V, dtype).
 """
 from __future__ import annotations
 
@@ -47,19 +47,12 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from .dispatch import pallas_interpret
-from .pallas_delta_layout import dot_precision, kdot, l2norm_fwd, triton_params
-from .pallas_triton import split_cumsum
-from .pallas_wy_prep import first_entry, masked_rows, store_rows
+from ..dispatch import pallas_interpret
+from ..pallas_delta_layout import dot_precision, kdot, l2norm_fwd, triton_params
+from ..pallas_triton import split_cumsum
+from .scalar_wy_fwd import first_entry, masked_rows, store_rows
 
 F32 = jnp.float32
-
-
-def chunk_first(cu, BT: int):
-    """cu int32 [N+1] -> int32 [N+1]: index of each sequence's first chunk slot (the slot
-    numbering of pallas_wy_prep.chunk_table)."""
-    nch = (cu[1:] - cu[:-1] + BT - 1) // BT
-    return jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(nch).astype(jnp.int32)])
 
 
 def _chunk_gates(g_ref, st, end, BT, hv, first=False):
@@ -119,7 +112,7 @@ def _dh_kernel(*refs, scale, G, BT, BV, has_g, has_dht, has_h0, l2norm, prec):
         dvn = scale * kdot(kq, do, prec) + kdot(kd, D.astype(dt), prec)
         store_rows(dvn_ref, dvn, st, eos, hv, vs)
         # q exp(gc - gc_0) in q's dtype and exp(gc_0) in fp32 (W carries the same factor, see
-        # pallas_wy_prep): under strong gates exp(gc) q flushes to zero in fp16
+        # scalar_wy_fwd.py): under strong gates exp(gc) q flushes to zero in fp16
         qd = (q.astype(F32) * jnp.exp(rel0)[:, None]).astype(dt)
         return (jnp.exp(g_last) * D
                 + jnp.exp(first_entry(gc)) * (scale * kdot(qd.T, do, prec)
