@@ -63,3 +63,37 @@ def test_no_final_state(op):
     """output_final_state=False (gates to -20, beta < 1e-3, no h0): no final state, o and every
     gradient as the oracle's with a zero final-state cotangent."""
     assert_passed(check_no_final_state(op, "dr_strong_tiny_beta", "fp32", TRITON, device=DEVICE))
+
+
+def test_chunk_varlen_reads_no_device_value_on_the_host(monkeypatch):
+    """chunk_gated_delta_rule(impl='triton') with cu_seqlens, forward and backward, makes no
+    host sync: no tensor is read back (.cpu(), .item(), .tolist(), .numpy()); the kernels find
+    each chunk slot's sequence themselves (engine/varlen.py). Launches are recorded, not run."""
+    import torch
+
+    from fla_torch.ops.gated_delta_rule.triton_chunk import chunk_gated_delta_rule_triton
+    from parity_tests.triton_compile_check import record_launches
+
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 300, 2, 32, generator=gen, requires_grad=True) for _ in range(2))
+    v = torch.randn(1, 300, 2, 32, generator=gen, requires_grad=True)
+    g = (-torch.rand(1, 300, 2, generator=gen)).requires_grad_()
+    beta = torch.rand(1, 300, 2, generator=gen).requires_grad_()
+    cu = torch.tensor([0, 100, 100, 300], dtype=torch.int32)
+
+    def forbidden(name):
+        def read(self, *args, **kwargs):
+            raise AssertionError(f"host sync: Tensor.{name} during the op")
+        return read
+
+    with record_launches() as rec:
+        for name in ("cpu", "item", "tolist", "numpy"):
+            monkeypatch.setattr(torch.Tensor, name, forbidden(name))
+        o, ht = chunk_gated_delta_rule_triton(
+            q, k, v, g=g, beta=beta, scale=0.2, initial_state=None, output_final_state=True,
+            cu_seqlens=cu, use_qk_l2norm_in_kernel=False)
+        (o.sum() + ht.sum()).backward()
+        monkeypatch.undo()
+    names = {r["name"] for r in rec}
+    assert {"_wy_fwd16_kernel", "_chunk_h_kernel", "_chunk_o_kernel", "_dqk_kernel",
+            "_wy_bwd2_kernel"} <= names, names
