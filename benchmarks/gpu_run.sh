@@ -15,7 +15,7 @@
 set -u
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
+if [ -z "${WHEELS_DONE:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then   # gpu_split.sh installs once
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:.
 fi
