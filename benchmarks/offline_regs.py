@@ -39,8 +39,11 @@ class Preset:
 def presets() -> dict:
     import triton.language as tl
 
-    from fla_torch.ops.common.engine import (delta_bwd, delta_scores, dplr_scores,
-                                             dplr_scores_bwd, gates)
+    import torch
+
+    from fla_torch.ops.common.engine import (cumsum_scores, delta_bwd, delta_scores, dplr_scores,
+                                             dplr_scores_bwd, gates, launch)
+    cs = launch.launch_for("cumsum_scores", 128, 128, torch.bfloat16)
     seq = dict(cu_seqlens=I32)
     ds, dp, dpb, db = (delta_scores.LAUNCH, dplr_scores.LAUNCH, dplr_scores_bwd.LAUNCH,
                        delta_bwd.LAUNCH)
@@ -57,6 +60,12 @@ def presets() -> dict:
             dict(q=BF16, k=BF16, vn=BF16, do=BF16, h=BF16, dh=BF16, dq=BF16, dk=BF16, **seq),
             dict(H=16, K=128, V=128, BT=64, BC=16, BK=db["BK"], BV=db["BV"], REL=False,
                  SCRATCH=db["SCRATCH"], IS_VARLEN=False, PREC="tf32"), db["num_warps"], 2),
+        # GLA (K = 128): the key-gate forward front stage (gate cumsum + intra-chunk scores)
+        "cumsum_scores": Preset(
+            cumsum_scores._cumsum_scores_kernel, dict(q=BF16, k=BF16, A=BF16, qg=BF16, kg=BF16,
+                                                      **seq),
+            dict(H=16, K=128, BT=64, BC=16, BK=cs.BK, STORE_CUM=True, IS_VARLEN=False,
+                 PREC="tf32"), cs.num_warps, cs.num_stages),
         "cumsum_key": Preset(
             gates._cumsum_kernel, dict(k=BF16, kg=BF16, **seq),
             dict(H=16, K=128, GK=128, BT=64, BK=32, GATE=2, IS_VARLEN=False), 4),
