@@ -107,6 +107,12 @@ for step in ${STEPS:-1 2 3 4 5 6 10}; do
           --variant "$CS:num_warps=8,BK=16" --variant "$CS:num_warps=8" \
           --variant "$CS:num_warps=4,BK=16" --variant "$CS:num_warps=8,BK=16,num_stages=1" \
           --variant "$CS:num_warps=4,maxnreg=128" --variant "$CS:num_warps=8,BK=64" \
+          2>&1 | grep -v Warning | tee -a "$OUT/bench.txt"
+        # the Pallas twin (1.10x FLA forward on the H200): cumsum_scores and output launches
+        timeout ${BENCH_S:-300} python3 benchmarks/pallas_launch_sweep.py --op gla --dtype bf16 \
+          --variant "launch.cumsum_scores:bk=32" --variant "launch.cumsum_scores:num_warps=8" \
+          --variant "launch.cumsum_scores:num_stages=3" --variant "cumsum_scores:DIAG=split" \
+          --variant "launch.output_fwd:num_warps=8" --variant "launch.state_fwd:num_stages=3" \
           2>&1 | grep -v Warning | tee -a "$OUT/bench.txt" ;;
   esac
 done

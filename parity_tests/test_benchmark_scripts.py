@@ -120,3 +120,44 @@ def test_launch_sweep_parses_variants():
             assert repr(bad) in str(e)
         else:
             raise AssertionError(f"{bad!r} parsed")
+
+
+def test_pallas_launch_sweep_overrides():
+    """benchmarks/pallas_launch_sweep.py: a launch override changes what every engine module's
+    launch_for answers for that kernel only, a constant override sets the module constant, both
+    are undone on exit, and unknown kernels / fields / constants raise."""
+    import importlib.util
+
+    import jax.numpy as jnp
+
+    from fla_jax.ops.common.engine import cumsum_scores, launch, output_stage
+    spec = importlib.util.spec_from_file_location(
+        "pallas_launch_sweep", os.path.join(ROOT, "benchmarks", "pallas_launch_sweep.py"))
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    parsed = sweep.parse_variant("launch.cumsum_scores:bk=16,num_warps=8;cumsum_scores:DIAG=split")
+    assert parsed == [("launch", "cumsum_scores", {"bk": 16, "num_warps": 8}),
+                      ("const", "cumsum_scores", {"DIAG": "split"})]
+    before = launch.launch_for("cumsum_scores", 128, 128, jnp.bfloat16)
+    other = launch.launch_for("output_fwd", 128, 128, jnp.bfloat16)
+    diag = cumsum_scores.DIAG
+    assert (before.bk, before.num_warps, diag) != (16, 8, "split")
+    with sweep.Override(parsed) as ov:
+        got = cumsum_scores.launch_for("cumsum_scores", 128, 128, jnp.bfloat16)
+        assert (got.bk, got.num_warps, got.bv, got.num_stages) == (
+            16, 8, before.bv, before.num_stages)
+        assert output_stage.launch_for("output_fwd", 128, 128, jnp.bfloat16) == other
+        assert cumsum_scores.DIAG == "split"
+        assert ov.hits == {"launch.cumsum_scores": 1}
+    assert cumsum_scores.launch_for("cumsum_scores", 128, 128, jnp.bfloat16) == before
+    assert cumsum_scores.DIAG == diag
+    for bad in ("launch.nope:bk=16", "launch.cumsum_scores:maxnreg=1", "cumsum_scores:NOPE=1",
+                "cumsum_scores:DIAG=loop;cumsum_scores:NOPE=1"):
+        try:
+            with sweep.Override(sweep.parse_variant(bad)):
+                pass
+        except ValueError as e:
+            assert bad.split(":")[0].split(".")[-1] in str(e), (bad, str(e))
+        else:
+            raise AssertionError(f"{bad!r} accepted")
+        assert cumsum_scores.DIAG == diag, bad     # a failed override leaves nothing behind
