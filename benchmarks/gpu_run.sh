@@ -101,12 +101,15 @@ for step in ${STEPS:-1 2 3 4 5 6 10}; do
           --paths jla pallas ;;
     # issue 10: the GLA forward (1.08x FLA on the H200, run 13): cumsum_scores spills at the
     # shipped 4 warps / BK 32 (offline sm_90 compile: 255 registers, 408 B stack; 8 warps /
-    # BK 16: 192, none), so time its launch variants on the whole op, defaults first
+    # BK 16: 192, none), so time its launch variants on the whole op, defaults first.
+    # STORE_CUM=0 is a probe, forward only: what writing the split cumsum (hi, lo fp32, 268 MB
+    # here, twice FLA's saved gate cumsum) costs; its fwd+bwd reads unwritten memory
     14) CS=cumsum_scores._cumsum_scores_kernel
         timeout ${BENCH_S:-300} python3 benchmarks/launch_sweep.py --op gla --dtype bf16 \
           --variant "$CS:num_warps=8,BK=16" --variant "$CS:num_warps=8" \
           --variant "$CS:num_warps=4,BK=16" --variant "$CS:num_warps=8,BK=16,num_stages=1" \
           --variant "$CS:num_warps=4,maxnreg=128" --variant "$CS:num_warps=8,BK=64" \
+          --variant "$CS:STORE_CUM=0" \
           2>&1 | grep -v Warning | tee -a "$OUT/bench.txt"
         # the Pallas twin (1.10x FLA forward on the H200): cumsum_scores and output launches
         timeout ${BENCH_S:-300} python3 benchmarks/pallas_launch_sweep.py --op gla --dtype bf16 \
