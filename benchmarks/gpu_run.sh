@@ -111,8 +111,12 @@ for step in ${STEPS:-1 2 3 4 5 6 10}; do
           --variant "$CS:num_warps=4,maxnreg=128" --variant "$CS:num_warps=8,BK=64" \
           --variant "$CS:STORE_CUM=0" \
           2>&1 | grep -v Warning | tee -a "$OUT/bench.txt"
-        # the Pallas twin (1.10x FLA forward on the H200): cumsum_scores and output launches
+        # the Pallas twin (1.10x FLA forward on the H200): its cumsum_scores spills too at bk 64 /
+        # 4 warps (benchmarks/offline_regs_pallas.py: 255 registers, 640 B; bk 32 / 8 warps: 219,
+        # none; bk 16 / 8 warps: 183, none)
         timeout ${BENCH_S:-300} python3 benchmarks/pallas_launch_sweep.py --op gla --dtype bf16 \
+          --variant "launch.cumsum_scores:bk=32,num_warps=8" \
+          --variant "launch.cumsum_scores:bk=16,num_warps=8" \
           --variant "launch.cumsum_scores:bk=32" --variant "launch.cumsum_scores:num_warps=8" \
           --variant "launch.cumsum_scores:num_stages=3" --variant "cumsum_scores:DIAG=split" \
           --variant "launch.output_fwd:num_warps=8" --variant "launch.state_fwd:num_stages=3" \

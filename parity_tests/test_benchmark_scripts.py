@@ -90,6 +90,25 @@ def test_offline_regs_reads_the_cubin(tmp_path):
     assert all(0 < r["regs"] <= 255 and r["stack"] >= 0 and r["shared"] > 0 for r in rows), rows
 
 
+def test_offline_regs_pallas_reads_the_cubin(tmp_path):
+    """benchmarks/offline_regs_pallas.py lowers a Pallas op for CUDA on the CPU, finds its
+    kernels with their launches and compiles one for sm_90; a variant that narrows the key block
+    reaches the lowered kernel (less shared memory)."""
+    p = _run(["-c", "import sys, json; sys.path.insert(0, 'benchmarks');"
+              " import offline_regs_pallas as o;"
+              " print(json.dumps(o.main(['--op', 'gla', '--kernels', 'engine_cumsum_scores',"
+              " '--variant', 'launch.cumsum_scores:bk=16,num_warps=8'])))"], tmp_path,
+             interpret=False)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("[{")][0])
+    assert [(r["variant"], r["kernel"]) for r in rows] == [
+        ("default", "engine_cumsum_scores"),
+        ("launch.cumsum_scores:bk=16,num_warps=8", "engine_cumsum_scores")], rows
+    default, narrow = rows
+    assert narrow["warps"] == 8 and narrow["shared"] < default["shared"], rows
+    assert all(0 < r["regs"] <= 255 and r["stack"] >= 0 for r in rows), rows
+
+
 def test_launch_sweep_dry_run(tmp_path):
     """Each variant's overrides reach the kernel launches they name (counted per kernel)."""
     p = _run(["benchmarks/launch_sweep.py", "--dry-run", "--op", "rwkv7", "--dtype", "fp32",
