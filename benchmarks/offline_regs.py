@@ -93,6 +93,24 @@ def presets() -> dict:
     }
 
 
+def compiled_resources(compiled) -> dict:
+    """{'regs', 'stack', 'shared'} (bytes for stack and shared) of a kernel compiled for sm_90,
+    read from its cubin by cuobjdump -res-usage (shared: static + the launch's dynamic)."""
+    import triton
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                        "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
+                             check=True).stdout
+    m = re.search(r"REG:(\d+).*?STACK:(\d+).*?SHARED:(\d+)", out, re.S)
+    if m is None:
+        raise RuntimeError(f"cuobjdump -res-usage gave no resource line:\n{out[-500:]}")
+    return {"regs": int(m.group(1)), "stack": int(m.group(2)),
+            "shared": int(m.group(3)) + int(compiled.metadata.shared)}
+
+
 def resources(preset: Preset, warps: int | None = None, bk: int | None = None) -> dict:
     """{'regs', 'stack', 'shared'} of the preset's kernel compiled for sm_90 (bytes for stack
     and shared), optionally at other warps / key block."""
@@ -112,18 +130,7 @@ def resources(preset: Preset, warps: int | None = None, bk: int | None = None) -
     compiled = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=warps or preset.warps,
                                            num_stages=preset.stages, maxnreg=preset.maxnreg))
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                        "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
-                             check=True).stdout
-    m = re.search(r"REG:(\d+).*?STACK:(\d+).*?SHARED:(\d+)", out, re.S)
-    if m is None:
-        raise RuntimeError(f"cuobjdump -res-usage gave no resource line:\n{out[-500:]}")
-    return {"regs": int(m.group(1)), "stack": int(m.group(2)),
-            "shared": int(m.group(3)) + int(compiled.metadata.shared)}
+    return compiled_resources(compiled)
 
 
 def main(argv=None):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 import sys
 import tempfile
 
@@ -89,6 +88,9 @@ def resources(kernel: dict) -> dict:
     """{'regs', 'stack', 'shared'} of one lowered kernel compiled for sm_90."""
     import triton
     from triton.backends.compiler import GPUTarget
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from offline_regs import compiled_resources
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("offline_regs_pallas compiles for sm_90: unset TRITON_INTERPRET")
     with tempfile.TemporaryDirectory() as d:
@@ -98,18 +100,7 @@ def resources(kernel: dict) -> dict:
         compiled = triton.compile(path, target=GPUTarget("cuda", 90, 32),
                                   options=dict(num_warps=kernel["num_warps"],
                                                num_stages=kernel["num_stages"]))
-        cubin = os.path.join(d, "k.cubin")
-        with open(cubin, "wb") as f:
-            f.write(compiled.asm["cubin"])
-        tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                            "cuobjdump")
-        res = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True,
-                             check=True).stdout
-    m = re.search(r"REG:(\d+).*?STACK:(\d+).*?SHARED:(\d+)", res, re.S)
-    if m is None:
-        raise RuntimeError(f"cuobjdump -res-usage gave no resource line:\n{res[-500:]}")
-    return {"regs": int(m.group(1)), "stack": int(m.group(2)),
-            "shared": int(m.group(3)) + int(compiled.metadata.shared)}
+    return compiled_resources(compiled)
 
 
 def main(argv=None):
