@@ -99,6 +99,8 @@ for step in ${STEPS:-1 2 3 4 5 6 10}; do
     # issue 11: jax-linear-attention's Mosaic GPU kernels for the existing families
     13) b 13 --ops simple_gla gla delta_rule gated_delta_rule --dtypes bf16 --shapes B4T4096 \
           --paths jla pallas ;;
+    # issue 10's GLA bar alone (ours vs FLA and jla, same call): STEPS="15 14" with the sweep
+    15) b 15 --ops gla --dtypes bf16 --shapes B4T4096 --paths fla jla triton pallas ;;
     # issue 10: the GLA forward (1.08x FLA on the H200, run 13): cumsum_scores spills at the
     # shipped 4 warps / BK 32 (offline sm_90 compile: 255 registers, 408 B stack; 8 warps /
     # BK 16: 192, none), so time its launch variants on the whole op, defaults first.
