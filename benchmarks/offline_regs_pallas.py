@@ -28,10 +28,14 @@ _CALL = re.compile(r'custom_call @__gpu\$xla\.gpu\.triton\([^)]*\) \{backend_con
 
 
 def _unescape(text: str) -> bytes:
-    """The bytes of an MLIR string attribute (\\XX escapes)."""
+    """The bytes of an MLIR string attribute as printed (llvm::printEscapedString: a backslash
+    as two, any other unprintable byte or quote as a backslash and two hex digits)."""
     out, i = bytearray(), 0
     while i < len(text):
-        if text[i] == "\\":
+        if text[i] == "\\" and text[i + 1] == "\\":
+            out.append(0x5C)
+            i += 2
+        elif text[i] == "\\":
             out.append(int(text[i + 1:i + 3], 16))
             i += 3
         else:

@@ -180,3 +180,21 @@ def test_pallas_launch_sweep_overrides():
         else:
             raise AssertionError(f"{bad!r} accepted")
         assert cumsum_scores.DIAG == diag, bad     # a failed override leaves nothing behind
+
+
+def test_offline_regs_pallas_unescapes_mlir_strings():
+    """The lowered module prints the kernels' IR bytes as an MLIR string: a backslash as two,
+    other unprintable bytes and quotes as a backslash and two hex digits (a KDA kernel's IR holds
+    a backslash byte; reading it as an escape start failed)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "offline_regs_pallas", os.path.join(ROOT, "benchmarks", "offline_regs_pallas.py"))
+    o = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(o)
+    raw = bytes(range(256))
+
+    def mlir_escape(b: bytes) -> str:
+        return "".join("\\\\" if c == 0x5C else chr(c) if 0x20 <= c < 0x7F and c != 0x22
+                       else f"\\{c:02X}" for c in b)
+    assert o._unescape(mlir_escape(raw)) == raw
+    assert o._unescape("ML\\EFR\\5C\\\\a") == b"ML\xefR\\\\a"
