@@ -24,17 +24,20 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 MODE=${MODE:-parity}
 if [ "$MODE" = parity ]; then
   # one process per job "op[:case,case,...]" (no cases: every GPU case); the slow ops are
-  # split by case so that every job ends within PARITY_S
+  # split by case so that every job ends within PARITY_S. Longest first (job times of RESULTS
+  # run 13, 12 at once on an H200: the chunk delta / KDA / RWKV-7 jobs 240-330 s, GLA / GSA /
+  # attention ~100-200, the fused_recurrent ones 30-70): in the order they were listed there,
+  # chunk_gsa started last and the call's limit cut it
   G1=gpu_4k,gpu_gqa,gpu_varlen; G2=gpu_d100,gpu_strong_edges,gpu_strong_uniform,gpu_t16k
-  JOBS=${JOBS:-"chunk_simple_gla fused_recurrent_simple_gla:$G1 fused_recurrent_simple_gla:$G2
-    chunk_delta_rule:$G1 chunk_delta_rule:$G2 chunk_gated_delta_rule:gpu_4k,gpu_gqa
-    chunk_gated_delta_rule:gpu_varlen,gpu_d100,gpu_strong_uniform
-    chunk_gated_delta_rule:gpu_strong_edges,gpu_t16k fused_recurrent_delta_rule:$G1
+  JOBS=${JOBS:-"chunk_gated_delta_rule:gpu_varlen,gpu_d100,gpu_strong_uniform
+    chunk_delta_rule:$G1 chunk_delta_rule:$G2 chunk_kda:$G1 chunk_rwkv7:$G2
+    chunk_gated_delta_rule:gpu_4k,gpu_gqa chunk_kda:$G2 chunk_simple_gla
+    chunk_gated_delta_rule:gpu_strong_edges,gpu_t16k chunk_rwkv7:$G1 chunk_gsa:$G1 chunk_gsa:$G2
+    chunk_gla:$G2 attention chunk_gla:$G1 fused_recurrent_gsa fused_recurrent_kda:$G1
+    fused_recurrent_kda:$G2 fused_recurrent_rwkv7:$G1 fused_recurrent_rwkv7:$G2
+    fused_recurrent_simple_gla:$G1 fused_recurrent_simple_gla:$G2 fused_recurrent_delta_rule:$G1
     fused_recurrent_delta_rule:$G2 fused_recurrent_gated_delta_rule:$G1
-    fused_recurrent_gated_delta_rule:$G2 chunk_gla:$G1 chunk_gla:$G2 fused_recurrent_gla:$G1
-    fused_recurrent_gla:$G2 attention chunk_kda:$G1 chunk_kda:$G2 fused_recurrent_kda:$G1
-    fused_recurrent_kda:$G2 chunk_rwkv7:$G1 chunk_rwkv7:$G2 fused_recurrent_rwkv7:$G1
-    fused_recurrent_rwkv7:$G2 chunk_gsa fused_recurrent_gsa"}
+    fused_recurrent_gated_delta_rule:$G2 fused_recurrent_gla:$G1 fused_recurrent_gla:$G2"}
   i=0
   for job in $JOBS; do
     op=${job%%:*}; cases=""; [ "$op" != "$job" ] && cases=${job#*:}
