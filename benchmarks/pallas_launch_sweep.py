@@ -4,7 +4,8 @@ A variant overrides, for the length of one trace, either the launch of one engin
 (`launch.<kernel>:bk=..,bv=..,num_warps=..,num_stages=..`, kernel one of
 fla_jax.ops.common.engine.launch.KERNELS: every engine module's `launch_for` answers the
 override for that kernel) or module constants (`<module>:NAME=value[,NAME=value]`, module under
-fla_jax.ops.common.engine, e.g. `cumsum_scores:FRAME=rows,DIAG=split`). Several parts join with
+fla_jax.ops.common.engine, e.g. `cumsum_scores:FRAME=rows,DIAG=split`, or a full `fla_jax.`
+module name). `--impl mosaic` times the op's Mosaic GPU kernels instead (Hopper). Several parts join with
 ';'. Each variant is traced and compiled afresh (constants are read at trace time), the tree's
 defaults first. Values: ints, None, or strings.
 
@@ -86,7 +87,8 @@ class Override:
                 by_kernel[name] = vals
                 self.hits[f"launch.{name}"] = 0
             else:
-                mod = importlib.import_module(f"{ENGINE}.{name}")
+                mod = importlib.import_module(name if name.startswith("fla_jax.")
+                                              else f"{ENGINE}.{name}")
                 for const, v in vals.items():
                     if not hasattr(mod, const):
                         raise ValueError(f"{name}.{const}: no such constant")
@@ -120,6 +122,8 @@ def main(argv=None):
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--variant", action="append", default=[],
                    help="'launch.<kernel>:opt=val,...' or '<module>:NAME=val', ';'-joined")
+    p.add_argument("--impl", default="pallas", choices=["pallas", "mosaic"],
+                   help="the op's kernels: Pallas Triton lowering, or Mosaic GPU (Hopper)")
     p.add_argument("--dry-run", action="store_true")
     args = p.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -133,16 +137,16 @@ def main(argv=None):
         x = bench.make_numpy(args.op, s)
         for name, spec in variants:
             with Override(spec) as ov:
-                fwd, fb = bench.jax_case(args.op, x, args.dtype, "pallas")
+                fwd, fb = bench.jax_case(args.op, x, args.dtype, args.impl)
                 jax.block_until_ready(fb())
             print(f"dry run {args.op} {args.dtype} [{name}]: launch answers {ov.hits}", flush=True)
         return 0
     x = bench.make_numpy(args.op, bench.SHAPES[args.shape])
-    print(f"{args.op} {args.dtype} {args.shape} (Pallas, fwd / fwd+bwd ms)", flush=True)
+    print(f"{args.op} {args.dtype} {args.shape} ({args.impl}, fwd / fwd+bwd ms)", flush=True)
     for name, spec in variants:
         try:
             with Override(spec):
-                fwd, fb = bench.jax_case(args.op, x, args.dtype, "pallas")
+                fwd, fb = bench.jax_case(args.op, x, args.dtype, args.impl)
                 f_ms, f_first = bench.time_jax(fwd)
                 b_ms, b_first = bench.time_jax(fb)
             print(f"  [{name}] fwd {f_ms:.3f} fwd+bwd {b_ms:.3f} (first {f_first + b_first:.1f} s)",

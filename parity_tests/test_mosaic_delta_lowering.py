@@ -8,6 +8,9 @@ CPU machine.
   against the harness's float64 oracle (cases.MOSAIC_KERNEL_CASES, every output and
   gradient): indices, packing, pipelining and masking; not the register layouts of a real GPU.
 - Dispatch: what impl='mosaic' raises off a Hopper GPU; the unsupported reasons.
+- The gate-free inverse T0 as a Mosaic kernel (mosaic_kkt.py, mosaic_layout.T0_KERNEL
+  "mosaic"): against float64 per chunk (keys nearly parallel with beta up to 1.95 included),
+  and the whole op with it, interpreted; it lowers for CUDA.
 """
 from __future__ import annotations
 
@@ -17,13 +20,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from fla_jax.ops.common.mosaic import export_for_cuda
 from fla_jax.ops.common.mosaic.tiles import gpu_interpret
 from fla_jax.ops.delta_rule import chunk_delta_rule
 from fla_jax.ops.gated_delta_rule import (chunk_gated_delta_rule, mosaic_chunk,
-                                           mosaic_unsupported_reason)
+                                           mosaic_layout, mosaic_unsupported_reason)
+from fla_jax.ops.gated_delta_rule.mosaic_kkt import C, gate_free_inverse_mosaic
 
 from .harness import assert_passed, check
 
@@ -106,3 +111,57 @@ def test_unsupported_reasons():
     assert "K=96" in mosaic_unsupported_reason(odd, odd, q)
     big = jnp.zeros((1, 64, 1, 512), jnp.bfloat16)
     assert "V=512" in mosaic_unsupported_reason(q, q, big)
+
+
+def _t0_float64(k, beta, group):
+    """(I + tril(beta_i k_i . k_j, -1))^-1 per chunk and value head, float64, [HV, R, C]."""
+    R, H, _ = k.shape
+    out = np.zeros((H * group, R, C))
+    for n in range(R // C):
+        rows = slice(n * C, (n + 1) * C)
+        for hv in range(H * group):
+            kc = k[rows, hv // group]
+            a = np.tril(beta[rows, hv][:, None] * (kc @ kc.T), -1)
+            out[hv, rows] = np.linalg.inv(np.eye(C) + a)
+    return out
+
+
+@pytest.mark.parametrize("keys,beta_range,dtype", [
+    ("random", (0.05, 1.95), "bf16"), ("random", (0.05, 1.95), "fp16"),
+    ("parallel", (0.05, 1.0), "bf16"), ("parallel", (1.0, 1.95), "fp16")])
+def test_t0_kernel_against_float64(keys, beta_range, dtype):
+    """mosaic_kkt's T0 within the output dtype's rounding of float64 (rel. RMS; fp16 1e-3,
+    bf16 4e-3: the XLA inverse's errors are 1.2e-4 / 9e-4 here). Nearly parallel keys with
+    beta near 2 make (I + A)^-1 large: a power-product inverse lost every digit there (0.14)."""
+    rng = np.random.default_rng(1)
+    R, H, K, group = 2 * C, 2, 64, 2
+    k = rng.standard_normal((R, H, K))
+    if keys == "parallel":
+        k = rng.standard_normal((1, H, K)) + 0.3 * k
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    beta = rng.uniform(*beta_range, (R, H * group))
+    kq = jnp.asarray(k, DT[dtype])
+    ref = _t0_float64(np.asarray(kq.astype(jnp.float32), np.float64), beta, group)
+    with gpu_interpret():
+        got = gate_free_inverse_mosaic(kq, jnp.asarray(beta.T, jnp.float32), group, DT[dtype])
+    got = np.asarray(got.astype(jnp.float32), np.float64)
+    err = np.sqrt(np.mean((got - ref) ** 2) / np.mean(ref ** 2))
+    assert err < {"bf16": 4e-3, "fp16": 1e-3}[dtype], err
+
+
+def test_t0_kernel_in_the_op(monkeypatch):
+    """The op with T0 from the Mosaic kernel (forward and the Mosaic backward, which forms T0
+    again) against the float64 oracle, interpreted; it lowers for CUDA."""
+    monkeypatch.setattr(mosaic_layout, "T0_KERNEL", "mosaic")
+    monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
+    with gpu_interpret():
+        assert_passed(check("chunk_gated_delta_rule", "mos_dr_gqa_h0_t100", "bf16",
+                            {"jax": "mosaic"}))
+    assert "gdn_kkt_inverse" in _lower(128, "fp16", varlen=True, backward=True)
+
+
+def test_t0_kernel_choice_is_checked(monkeypatch):
+    monkeypatch.setattr(mosaic_layout, "T0_KERNEL", "cuda")
+    with pytest.raises(ValueError, match="T0_KERNEL='cuda'"):
+        mosaic_layout.gate_free_inverse(jnp.zeros((C, 1, 64), jnp.bfloat16),
+                                        jnp.zeros((C, 1), jnp.float32), 1, jnp.bfloat16)

@@ -16,6 +16,7 @@ from ..common.mosaic import packing
 from ..common.pallas_delta_layout import l2norm_fwd
 from ..common.unit_lower_inverse import unit_lower_inverse
 from .mosaic_fwd_kernel import C, TABLE_WIDTH
+from .mosaic_kkt import gate_free_inverse_mosaic
 
 F32 = jnp.float32
 LOG2E = math.log2(math.e)
@@ -61,10 +62,23 @@ def gate_vectors(g_rows, R: int, HV: int):
     return (G * LOG2E).reshape(HV, R), (later * LOG2E).reshape(HV, R)
 
 
+# Where T0 is formed: "xla" (a batched einsum and unit_lower_inverse's levels of small matmuls)
+# or "mosaic" (mosaic_kkt.py: one chunk-parallel kernel, the same doubling on the tensor cores;
+# matches float64 as "xla" does, interpreted on CPU). Not timed on a GPU yet: the next call
+# times both (benchmarks/pallas_launch_sweep.py --impl mosaic, variant
+# "fla_jax.ops.gated_delta_rule.mosaic_layout:T0_KERNEL=mosaic").
+T0_KERNELS = ("xla", "mosaic")
+T0_KERNEL = "xla"
+
+
 def gate_free_inverse(k_rows, beta_rows, group: int, dtype):
     """k_rows: [R, H, K] (16-bit); beta_rows: [R, HV] fp32. Returns T0 = (I + tril(beta_i
     k_i . k_j, -1))^-1 per chunk and value head as [HV, R, C] in `dtype` (products exact,
-    fp32 accumulation and inverse)."""
+    fp32 accumulation and inverse), formed as T0_KERNEL says."""
+    if T0_KERNEL not in T0_KERNELS:
+        raise ValueError(f"mosaic_layout.T0_KERNEL={T0_KERNEL!r}; expected one of {T0_KERNELS}")
+    if T0_KERNEL == "mosaic":
+        return gate_free_inverse_mosaic(k_rows, beta_rows.astype(F32).T, group, dtype)
     R, H, K = k_rows.shape
     HV = beta_rows.shape[1]
     kc = k_rows.reshape(R // C, C, H, K)

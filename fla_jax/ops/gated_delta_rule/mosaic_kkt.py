@@ -1,0 +1,98 @@
+"""Mosaic GPU (sm_90) kernel for the gate-free inverse of the delta rule's forward, per chunk:
+    T0 = (I + A)^-1,   A = tril(beta_i k_i . k_j, -1)   ([C, C] per chunk and value head),
+what mosaic_layout.gate_free_inverse forms in XLA (an einsum, a levelled inverse, transposes).
+Not yet called by the op: it replaces that XLA step once a GPU call has timed both.
+
+One CTA (one warpgroup) per (chunk, value head), chunk-parallel, nothing sequential:
+- k k^T by one wgmma (16-bit operands, fp32 accumulation: exact products).
+- Recursive doubling over block sizes s = 1, 2, 4, 8, 16, 32: with D_s = (I + A_s)^-1 for A_s
+  the part of A inside the diagonal s x s blocks, and L_s the part of A in the (odd, even)
+  block pairs of each 2s x 2s diagonal block, I + A_2s = (I + A_s)(I + D_s L_s) and
+  (D_s L_s)^2 = 0, so
+      D_2s = (I - D_s L_s) D_s = D_s - (D_s L_s) D_s,     D_2 = I - L_1,   T0 = D_64.
+  Ten [C, C] products (two per level from s = 2), each on the tensor cores as three bf16
+  products of hi / lo splits (x = x_hi + x_lo; ~2^-16 relative per product): no 64-step
+  substitution, no per-element loop. The factors are inverses of diagonal blocks and blocks of
+  A, never powers of A: the product form (I - A)(I + A^2)(I + A^4)... multiplies binomially
+  growing powers, and with correlated keys and beta near 2 it lost every digit (tested against
+  float64; this form matches the XLA inverse's error there).
+T0 is written in the activations' dtype, as the fused forward reads it.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from ..common.mosaic.tiles import F32, ROWS, build, iota, load, matmul, rows_of, smem_tile
+
+C = 64
+LEVELS = C.bit_length() - 1    # block sizes 1, 2, ..., C / 2 merged
+BF16 = jnp.bfloat16
+
+
+def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype):
+    """k_rows: [R, H, K] (16-bit; R a multiple of C, chunks of C rows); beta_t: [HV, R] fp32,
+    HV = H * group (value head hv reads key head hv // group). Returns T0 [HV, R, C] in
+    `dtype`: rows n*C .. n*C + C - 1 hold chunk n's (I + tril(beta_i k_i . k_j, -1))^-1."""
+    R, H, K = k_rows.shape
+    HV = beta_t.shape[0]
+    if R % C or HV != H * group or beta_t.shape[1] != R:
+        raise ValueError(f"gate_free_inverse_mosaic: k_rows {k_rows.shape}, beta_t "
+                         f"{beta_t.shape}, group {group}; expected R % {C} == 0, "
+                         f"beta_t [H * group, R]")
+    sq = (C, C)
+    scratch = dict(
+        k_s=smem_tile((C, K), k_rows.dtype),
+        b_s=plgpu.SMEM((C,), F32),
+        hi_s=smem_tile(sq, BF16),
+        lo_s=smem_tile(sq, BF16),
+        t_s=smem_tile(sq, dtype),
+        bar=plgpu.Barrier(num_arrivals=2, num_barriers=1),
+    )
+
+    def body(k_ref, b_ref, t_ref, k_s, b_s, hi_s, lo_s, t_s, bar):
+        n, hv = lax.axis_index("n"), lax.axis_index("hv")
+        rows = pl.ds(n * C, C)
+        plgpu.copy_gmem_to_smem(k_ref.at[rows, lax.div(hv, group)], k_s, bar.at[0])
+        plgpu.copy_gmem_to_smem(b_ref.at[hv, rows], b_s, bar.at[0])
+        plgpu.barrier_wait(bar.at[0])
+
+        def prod(x, y):
+            """x @ y for fp32 register tiles: y's hi / lo parts through SMEM, three wgmmas."""
+            y_hi = y.astype(BF16)
+            hi_s[...] = y_hi
+            lo_s[...] = (y - y_hi.astype(F32)).astype(BF16)
+            plgpu.commit_smem()
+            x_hi = x.astype(BF16)
+            x_lo = (x - x_hi.astype(F32)).astype(BF16)
+            out = matmul(x_hi, hi_s, sq)
+            out = matmul(x_hi, lo_s, sq, init=out)
+            return matmul(x_lo, hi_s, sq, init=out)
+
+        r, c = iota(sq, 0), iota(sq, 1)
+        kk = matmul(k_s, k_s, sq, tb=True)
+        a = jnp.where(r > c, kk * rows_of(load(b_s, ROWS), sq), 0.0)
+        eye = jnp.where(r == c, 1.0, 0.0)
+
+        def pair_part(level):
+            """A in the (odd, even) s x s block pairs of the 2s x 2s diagonal blocks, s = 2^level."""
+            pair = lax.shift_right_logical(r, level + 1) == lax.shift_right_logical(c, level + 1)
+            other = lax.shift_right_logical(r, level) != lax.shift_right_logical(c, level)
+            return jnp.where(pair & other, a, 0.0)
+
+        d = eye - pair_part(0)
+        for level in range(1, LEVELS):
+            p = prod(d, pair_part(level))
+            d = d - prod(p, d)
+        t0 = d
+        t_s[...] = t0.astype(dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(t_s, t_ref.at[hv, rows])
+        plgpu.wait_smem_to_gmem(0)
+
+    kernel = build(body, name="gdn_kkt_inverse", out_type=jax.ShapeDtypeStruct((HV, R, C), dtype),
+                   scratch=scratch, grid=(R // C, HV), grid_names=("n", "hv"))
+    return kernel(k_rows, beta_t)
