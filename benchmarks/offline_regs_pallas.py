@@ -20,6 +20,7 @@ import re
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # the head sizes of the benchmark shape; a short sequence (a program's resources do not depend
 # on the grid)
 LOWER_SHAPE = dict(B=1, T=256, H=2, HV=2, K=128, V=128, M=64)
@@ -55,7 +56,6 @@ def lowered_kernels(op: str, dtype: str = "bf16", shape: dict | None = None) -> 
 
     import fla_jax.ops as ops
     from fla_jax.ops.common.dispatch import compiled_for_gpu
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import run as bench
     dt = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}[dtype]
     x = bench.make_numpy(op, dict(LOWER_SHAPE, **(shape or {})))
@@ -93,7 +93,6 @@ def resources(kernel: dict) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from offline_regs import compiled_resources
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("offline_regs_pallas compiles for sm_90: unset TRITON_INTERPRET")
@@ -115,7 +114,6 @@ def main(argv=None):
     p.add_argument("--variant", action="append", default=[],
                    help="pallas_launch_sweep.py syntax; the tree's defaults come first")
     args = p.parse_args(argv)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from pallas_launch_sweep import Override, parse_variant
     rows = []
     for variant in ["default"] + args.variant:

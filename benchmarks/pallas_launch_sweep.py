@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import importlib
 import os
+import pkgutil
 import sys
 
 ENGINE = "fla_jax.ops.common.engine"
@@ -73,6 +74,11 @@ class Override:
             raise
 
     def _apply(self):
+        # every engine module, so that one the op imports only when called (KDA's, RWKV-7's
+        # stages) holds the patched launch_for too
+        engine = importlib.import_module(ENGINE)
+        for info in pkgutil.iter_modules(engine.__path__):
+            importlib.import_module(f"{ENGINE}.{info.name}")
         launch = importlib.import_module(f"{ENGINE}.launch")
         orig = launch.launch_for
         by_kernel = {}
@@ -129,8 +135,6 @@ def main(argv=None):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import run as bench
     variants = [("default", [])] + [(v, parse_variant(v)) for v in args.variant]
-    import fla_jax.ops  # noqa: F401  (imports every engine module before patching)
-    importlib.import_module(f"{ENGINE}.cumsum_scores")
     if args.dry_run:
         import jax
         s = dict(B=1, T=80, H=2, HV=2, K=32, V=32, M=16)

@@ -1,7 +1,8 @@
 """Mosaic GPU (sm_90) kernel for the gate-free inverse of the delta rule's forward, per chunk:
     T0 = (I + A)^-1,   A = tril(beta_i k_i . k_j, -1)   ([C, C] per chunk and value head),
 what mosaic_layout.gate_free_inverse forms in XLA (an einsum, a levelled inverse, transposes).
-Not yet called by the op: it replaces that XLA step once a GPU call has timed both.
+The op calls it only with mosaic_layout.T0_KERNEL = "mosaic" (opt-in until a GPU call has timed
+both).
 
 One CTA (one warpgroup) per (chunk, value head), chunk-parallel, nothing sequential:
 - k k^T by one wgmma (16-bit operands, fp32 accumulation: exact products).
@@ -27,8 +28,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ..common.mosaic.tiles import F32, ROWS, build, iota, load, matmul, rows_of, smem_tile
+from .mosaic_fwd_kernel import C   # the chunk length the fused forward reads T0 in
 
-C = 64
 LEVELS = C.bit_length() - 1    # block sizes 1, 2, ..., C / 2 merged
 BF16 = jnp.bfloat16
 
