@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session, run from the repo root on the GPU machine (carry .whl for fla-core + einops):
-#   MODE=parity  kernel parity at GPU shapes, one process per job in parallel ($OUT/parity.txt)
+#   MODE=parity  kernel parity at GPU shapes, one process per job in parallel ($OUT/parity.txt);
+#                IMPLS=mosaic: fla_jax's Mosaic GPU kernels against float64 and fla_torch's Triton
 #   MODE=bench   the benchmark steps below (STEPS, default all), one process after another
 #                ($OUT/bench.txt, bench.md, bench.json)
 #   MODE=profile device time per kernel (benchmarks/kernel_profile.py) of PROFILE_OPS on
@@ -42,7 +43,7 @@ if [ "$MODE" = parity ]; then
   for job in $JOBS; do
     op=${job%%:*}; cases=""; [ "$op" != "$job" ] && cases=${job#*:}
     i=$((i + 1))
-    impls=kernel; [ "$op" = attention ] && impls=default   # attention: engines, no kernel
+    impls=${IMPLS:-kernel}; [ "$op" = attention ] && impls=default   # attention: engines, no kernel
     timeout ${PARITY_S:-480} python3 -m parity_tests --device cuda --impls $impls --ops $op \
       ${cases:+--cases ${cases//,/ }} > "$OUT/p_$(printf %02d $i)_$op.log" 2>&1 &
     # at most PAR jobs at once: 23 at once ran the one GPU out of memory (DPLR chunk jobs)

@@ -58,9 +58,12 @@ def _parse(argv):
     p.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS), metavar="OP",
                    help="ops to check (default: all)")
     p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
-    p.add_argument("--impls", nargs="+", default=["default"], choices=["default", "kernel"],
+    p.add_argument("--impls", nargs="+", default=["default"],
+                   choices=["default", "kernel", "mosaic"],
                    help="'default': chunked / reference (CPU path); 'kernel': Pallas + Triton "
-                        "(interpreted on CPU, slow)")
+                        "(interpreted on CPU, slow); 'mosaic': fla_jax's Pallas Mosaic GPU "
+                        "kernels (Hopper) + Triton, on the ops that have them; a case or dtype "
+                        "they cannot take is listed as skipped with the reason")
     p.add_argument("--frameworks", nargs="+", default=["jax", "torch"], choices=["jax", "torch"])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--cases", nargs="+", default=None, metavar="CASE",
@@ -110,7 +113,7 @@ def main(argv=None) -> int:
 
     names = args.cases or (["basic", "varlen", "attn_basic", "attn_varlen"]
                            if args.device == "cpu" else [c.name for c in GPU_CASES])
-    rows, skipped, t0 = [], [], time.time()
+    rows, skipped, cannot, t0 = [], [], [], time.time()
     for line in legend(args.device, args.frameworks):
         print(line)
     print()
@@ -126,6 +129,16 @@ def main(argv=None) -> int:
             for dtype in [d for d in args.dtypes if d in CASES[name].dtypes]:
                 for kind in args.impls:
                     impls = {fw: resolve(fw, op, kind) for fw in args.frameworks}
+                    if kind == "mosaic":
+                        from . import jax_runner
+                        if impls.get("jax") is None:   # no Mosaic kernels: nothing to add
+                            skipped.append(f"{op} mosaic (jax)")
+                            continue
+                        why = jax_runner.unsupported(OPS[op], CASES[name], "mosaic", dtype)
+                        if why:
+                            cannot.append(f"{op} {name} {dtype}: {why}")
+                            print(f"skipped {op} {name} {dtype} jax:mosaic: {why}", flush=True)
+                            continue
                     missing = [fw for fw, i in impls.items() if i is None]
                     skipped += [f"{op} {kind} ({fw})" for fw in missing]
                     impls = {fw: i for fw, i in impls.items() if i is not None}
@@ -138,11 +151,13 @@ def main(argv=None) -> int:
     failed = [r for r in rows if not r.passed]
     print("-" * len(header()))
     print(f"{len(rows)} comparisons, {len(failed)} failed, {time.time() - t0:.0f} s"
-          f"{'; not registered: ' + ', '.join(sorted(set(skipped))) if skipped else ''}")
+          f"{'; not registered: ' + ', '.join(sorted(set(skipped))) if skipped else ''}"
+          f"{'; ' + str(len(cannot)) + ' cells the Mosaic kernels cannot take' if cannot else ''}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": [r.as_dict() for r in rows], "device": args.device,
-                       "not_registered": sorted(set(skipped))}, f, indent=1)
+                       "not_registered": sorted(set(skipped)),
+                       "mosaic_cannot_take": cannot}, f, indent=1)
     return 1 if failed else 0
 
 

@@ -182,6 +182,13 @@ GPU_CASES = (
          families=_ALL),
     Case("gpu_t16k", B=1, T=16384, H=2, HV=2, K=128, V=128, strength=1.0, families=_ALL,
          dtypes=("fp16", "bf16")),
+    # head sizes 64 and 256 with varlen (issue 11: the Mosaic kernels take K, V of 64..256; the
+    # Triton / Pallas kernels too), for the families with Mosaic kernels and GLA
+    Case("gpu_k64_v256", B=1, T=1500, H=2, HV=2, K=64, V=256, strength=1.0,
+         cu_seqlens=(0, 60, 700, 1500), families=("simple_gla", "gla", "delta_rule",
+                                                   "gated_delta_rule")),
+    Case("gpu_k256_v64", B=2, T=1000, H=2, HV=2, K=256, V=64, strength=1.0,
+         families=("simple_gla", "gla", "delta_rule", "gated_delta_rule")),
     Case("gpu_attn_4k", B=1, T=4096, H=4, HV=4, K=128, V=128, families=_ATTN),
     Case("gpu_attn_varlen", B=1, T=2000, H=4, HV=4, K=128, V=128,
          cu_seqlens=(0, 15, 100, 300, 1200, 2000), families=_ATTN),

@@ -14,6 +14,9 @@ from .cases import CASES, OPS, TENSORS, family_spec, make_inputs, rel_rms, seed_
 
 FRAMEWORKS = ("jax", "torch")
 KERNEL = {"jax": "pallas", "torch": "triton"}
+# --impls mosaic: fla_jax's Pallas Mosaic GPU kernels (Hopper only), checked against float64 and
+# against fla_torch's Triton kernels
+MOSAIC = {"jax": "mosaic", "torch": "triton"}
 
 
 @dataclass
@@ -54,12 +57,15 @@ def default_impl(op: str) -> str:
 
 
 def resolve(framework: str, op: str, impl: str) -> str | None:
-    """'default' | 'kernel' | a concrete name -> the impl name, or None if not registered."""
+    """'default' | 'kernel' | 'mosaic' | a concrete name -> the impl name, or None if not
+    registered."""
     spec = OPS[op]
     if impl == "default":
         impl = default_impl(op)
     elif impl == "kernel":
         impl = KERNEL[framework]
+    elif impl == "mosaic":
+        impl = MOSAIC[framework]
     return impl if impl == "auto" or impl in _runner(framework).registry(spec) else None
 
 

@@ -21,6 +21,28 @@ def registry(spec: OpSpec) -> dict:
     return mod.CHUNK_IMPLS if spec.variant == "chunk" else mod.RECURRENT_IMPLS
 
 
+def unsupported(spec: OpSpec, case: Case, impl: str, dtype: str) -> str | None:
+    """Why `impl` cannot take (spec, case, dtype), or None. Only impl='mosaic' has limits of its
+    own (dtype, head sizes, grid): the family's `mosaic_unsupported_reason`, asked with shape
+    stand-ins of q, k, v (and cu_seqlens) of the case."""
+    if impl != "mosaic":
+        return None
+    from fla_jax.ops.common.mosaic.lowering import on_hopper
+    if not on_hopper():
+        return f"no Hopper GPU here (jax backend {jax.default_backend()}); the Mosaic kernels need sm_90"
+    mod = importlib.import_module(f"fla_jax.ops.{spec.family}")
+    reason = getattr(mod, "mosaic_unsupported_reason", None)
+    if reason is None:
+        return f"fla_jax.ops.{spec.family} has no Mosaic kernels"
+    dt = DTYPES[dtype]
+    heads = case.HV if spec.grouped_query else case.H
+    q = jax.ShapeDtypeStruct((case.B, case.T, heads, case.K), dt)
+    k = jax.ShapeDtypeStruct((case.B, case.T, case.H, case.K), dt)
+    v = jax.ShapeDtypeStruct((case.B, case.T, case.HV, case.V), dt)
+    cu = None if case.cu_seqlens is None else np.asarray(case.cu_seqlens, np.int32)
+    return reason(q, k, v, cu_seqlens=cu)
+
+
 def x64():
     """A context with float64 enabled in JAX."""
     if hasattr(jax, "enable_x64"):

@@ -172,9 +172,9 @@ def test_pallas_launch_sweep_overrides():
     assert cumsum_scores.DIAG == diag
     from fla_jax.ops.gated_delta_rule import mosaic_layout
     with sweep.Override(sweep.parse_variant(
-            "fla_jax.ops.gated_delta_rule.mosaic_layout:T0_KERNEL=mosaic")):
-        assert mosaic_layout.T0_KERNEL == "mosaic"     # a full module name outside the engine
-    assert mosaic_layout.T0_KERNEL == "xla"
+            "fla_jax.ops.gated_delta_rule.mosaic_layout:T0_KERNEL=xla")):
+        assert mosaic_layout.T0_KERNEL == "xla"        # a full module name outside the engine
+    assert mosaic_layout.T0_KERNEL == "mosaic"
     for bad in ("launch.nope:bk=16", "launch.cumsum_scores:maxnreg=1", "cumsum_scores:NOPE=1",
                 "cumsum_scores:DIAG=loop;cumsum_scores:NOPE=1"):
         try:

@@ -84,3 +84,33 @@ def test_cuda_without_gpu_jax(capsys, monkeypatch):
     assert main(["--device", "cuda", "--frameworks", "jax"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "jax sees no GPU" in err
+
+
+def test_mosaic_cells_off_hopper_are_listed_not_run(capsys, monkeypatch):
+    """--impls mosaic off a Hopper GPU: each cell of an op with Mosaic kernels is printed as
+    skipped with the reason, an op without them is 'not registered', nothing is compared."""
+    _keep_env(monkeypatch)
+    assert main(["--impls", "mosaic", "--ops", "chunk_gated_delta_rule", "chunk_gla",
+                 "--dtypes", "bf16", "--cases", "basic"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped chunk_gated_delta_rule basic bf16 jax:mosaic: no Hopper GPU" in out
+    assert "0 comparisons, 0 failed" in out and "chunk_gla mosaic (jax)" in out
+    assert "1 cells the Mosaic kernels cannot take" in out
+
+
+@pytest.mark.parametrize("op", ["chunk_gated_delta_rule", "chunk_delta_rule", "chunk_simple_gla"])
+def test_mosaic_reasons_per_case(op, monkeypatch):
+    """On a (pretended) Hopper GPU the CLI asks the family's mosaic_unsupported_reason with
+    the case's shapes: fp32 and K=100 are refused with the reason, the 4k / GQA / varlen
+    cases in bf16 / fp16 are taken."""
+    from fla_jax.ops.common.mosaic import lowering
+    from parity_tests import jax_runner
+    from parity_tests.cases import CASES
+    monkeypatch.setattr(lowering, "on_hopper", lambda: True)
+    spec = OPS[op]
+    assert "float16" in jax_runner.unsupported(spec, CASES["gpu_4k"], "mosaic", "fp32")
+    assert "K=100" in jax_runner.unsupported(spec, CASES["gpu_d100"], "mosaic", "bf16")
+    for name in ("gpu_4k", "gpu_varlen") + (("gpu_gqa",) if spec.grouped_heads else ()):
+        for dtype in ("bf16", "fp16"):
+            assert jax_runner.unsupported(spec, CASES[name], "mosaic", dtype) is None, name
+    assert jax_runner.unsupported(spec, CASES["gpu_4k"], "pallas", "fp32") is None

@@ -8,7 +8,7 @@ CPU machine.
   against the harness's float64 oracle (cases.MOSAIC_KERNEL_CASES, every output and
   gradient): indices, packing, pipelining and masking; not the register layouts of a real GPU.
 - Dispatch: what impl='mosaic' raises off a Hopper GPU; the unsupported reasons.
-- The gate-free inverse T0 as a Mosaic kernel (mosaic_kkt.py, mosaic_layout.T0_KERNEL
+- The gate-free inverse T0 as a Mosaic kernel (mosaic_kkt.py, the default mosaic_layout.T0_KERNEL
   "mosaic"): against float64 per chunk (keys nearly parallel with beta up to 1.95 included),
   and the whole op with it, interpreted; it lowers for CUDA.
 """
@@ -149,10 +149,21 @@ def test_t0_kernel_against_float64(keys, beta_range, dtype):
     assert err < {"bf16": 4e-3, "fp16": 1e-3}[dtype], err
 
 
+def test_t0_from_xla_in_the_op(monkeypatch):
+    """The op with T0 from XLA (mosaic_layout.T0_KERNEL = "xla", the default before the H100
+    timed the Mosaic kernel) against the float64 oracle, interpreted, forward and Mosaic
+    backward (which forms T0 again)."""
+    monkeypatch.setattr(mosaic_layout, "T0_KERNEL", "xla")
+    monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
+    with gpu_interpret():
+        assert_passed(check("chunk_gated_delta_rule", "mos_dr_gqa_h0_t100", "bf16",
+                            {"jax": "mosaic"}))
+
+
 def test_t0_kernel_in_the_op(monkeypatch):
-    """The op with T0 from the Mosaic kernel (forward and the Mosaic backward, which forms T0
-    again) against the float64 oracle, interpreted; it lowers for CUDA."""
-    monkeypatch.setattr(mosaic_layout, "T0_KERNEL", "mosaic")
+    """The op with T0 from the Mosaic kernel (the default; forward and the Mosaic backward,
+    which forms T0 again) against the float64 oracle, interpreted; it lowers for CUDA."""
+    assert mosaic_layout.T0_KERNEL == "mosaic"
     monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
     with gpu_interpret():
         assert_passed(check("chunk_gated_delta_rule", "mos_dr_gqa_h0_t100", "bf16",

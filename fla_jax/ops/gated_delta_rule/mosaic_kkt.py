@@ -1,8 +1,8 @@
 """Mosaic GPU (sm_90) kernel for the gate-free inverse of the delta rule's forward, per chunk:
     T0 = (I + A)^-1,   A = tril(beta_i k_i . k_j, -1)   ([C, C] per chunk and value head),
 what mosaic_layout.gate_free_inverse forms in XLA (an einsum, a levelled inverse, transposes).
-The op calls it only with mosaic_layout.T0_KERNEL = "mosaic" (opt-in until a GPU call has timed
-both).
+The op calls it with mosaic_layout.T0_KERNEL = "mosaic" (the default since the H100 timed it:
+the forward 0.673 -> 0.394 ms at B4 T4096 H16 K=V=128 bf16, RESULTS.md run 14).
 
 One CTA (one warpgroup) per (chunk, value head), chunk-parallel, nothing sequential:
 - k k^T by one wgmma (16-bit operands, fp32 accumulation: exact products).
