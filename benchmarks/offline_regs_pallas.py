@@ -113,12 +113,14 @@ def main(argv=None):
     p.add_argument("--kernels", nargs="*", default=None, help="kernel names (default: all)")
     p.add_argument("--variant", action="append", default=[],
                    help="pallas_launch_sweep.py syntax; the tree's defaults come first")
+    p.add_argument("--K", type=int, default=LOWER_SHAPE["K"], help="key head size")
+    p.add_argument("--V", type=int, default=LOWER_SHAPE["V"], help="value head size")
     args = p.parse_args(argv)
     from pallas_launch_sweep import Override, parse_variant
     rows = []
     for variant in ["default"] + args.variant:
         with Override([] if variant == "default" else parse_variant(variant)):
-            kernels = lowered_kernels(args.op, args.dtype)
+            kernels = lowered_kernels(args.op, args.dtype, dict(K=args.K, V=args.V))
         for k in kernels:
             if args.kernels and k["name"] not in args.kernels:
                 continue

@@ -36,12 +36,12 @@ S = jax.ShapeDtypeStruct
 DT = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
 
 
-def _lower(K, dtype, varlen, backward, gated=True, T=300, H=2, HV=4):
+def _lower(K, dtype, varlen, backward, gated=True, T=300, H=2, HV=4, V=None):
     B, N = (1, 3) if varlen else (2, 2)
-    dt = DT[dtype]
-    args = [S((B, T, H, K), dt), S((B, T, H, K), dt), S((B, T, HV, K), dt),
+    dt, V = DT[dtype], V or K
+    args = [S((B, T, H, K), dt), S((B, T, H, K), dt), S((B, T, HV, V), dt),
             S((B, T, HV), jnp.float32), S((B, T, HV), jnp.float32),
-            S((N, HV, K, K), jnp.float32)]
+            S((N, HV, K, V), jnp.float32)]
     args += [S((N + 1,), jnp.int32)] if varlen else []
 
     def f(q, k, v, g, beta, h0, cu=None):
@@ -64,6 +64,13 @@ def _lower(K, dtype, varlen, backward, gated=True, T=300, H=2, HV=4):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_forward_lowers(K, dtype):
     assert "mosaic_gpu" in _lower(K, dtype, varlen=False, backward=False)
+
+
+@pytest.mark.parametrize("K,V", [(64, 256), (256, 64), (64, 128)])
+def test_forward_lowers_k_not_v(K, V):
+    """K != V (the H100 parity run's gpu_k64_v256 case failed to lower: a [C, BV] product
+    contracted over K = 64)."""
+    assert "mosaic_gpu" in _lower(K, "bf16", varlen=True, backward=True, V=V)
 
 
 @pytest.fixture

@@ -70,3 +70,17 @@ def test_chunk_simple_gla_pallas(case, dtype, settings):
 def test_fused_recurrent_simple_gla_pallas(case, dtype, settings):
     with tuning(pallas_recurrent, settings):
         assert_passed(check("fused_recurrent_simple_gla", case, dtype, {"jax": "pallas"}))
+
+
+@pytest.mark.parametrize("dtype,K,V,fwd,bwd", [
+    ("bfloat16", 128, 128, 3, 3), ("float32", 128, 128, 2, 2),   # the tuned defaults stay
+    ("bfloat16", 64, 256, 3, 3),
+    ("float32", 64, 256, 2, 1),    # dq / dk: v and do of all of V; 2 stages asked 336 KB (H100)
+    ("float32", 256, 64, 1, 1)])   # q, k of all of K: fwd 276 KB / dv 337 KB at 2 (sm_90 offline)
+def test_scan_stages_fit_shared_memory(dtype, K, V, fwd, bwd):
+    import jax
+    import jax.numpy as jnp
+    q = jax.ShapeDtypeStruct((1, 64, 1, K), jnp.dtype(dtype))
+    v = jax.ShapeDtypeStruct((1, 64, 1, V), jnp.dtype(dtype))
+    st = scan.make_static(q, v, None, None, None, None, 1.0)
+    assert (st.fwd_stages, st.bwd_stages) == (fwd, bwd)

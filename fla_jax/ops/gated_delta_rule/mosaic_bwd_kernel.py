@@ -115,7 +115,8 @@ def reverse_states(q, k, wneg, doT, gcum, gsuf, table, dhtT, *, scale: float, gr
         sq, tile = (C, C), (BV, C)
 
         def step(i, l_t):
-            slot = lax.rem(i, stages) if stages > 1 else 0
+            # traced even for one stage: jax 0.11.2 fails to lower a constant slot here
+            slot = lax.rem(i, stages)
             c = first + count - 1 - i
             plgpu.barrier_wait(in_bar.at[slot])
             if stages > 1:

@@ -132,7 +132,8 @@ def fused_forward(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float, gr
         sq, tile = (C, C), (BV, C)
 
         def step(i, s_t):
-            slot = lax.rem(i, stages) if stages > 1 else 0
+            # traced even for one stage: jax 0.11.2 fails to lower a constant slot here
+            slot = lax.rem(i, stages)
             plgpu.barrier_wait(in_bar.at[slot])
             if stages > 1:
                 @pl.when(i + 1 < count)

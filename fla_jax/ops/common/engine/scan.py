@@ -58,6 +58,16 @@ TUNING = {
     "bwd_warps": 8, "bwd_stages": 3,
 }
 FP32_MAX_STAGES = 2
+# Shared memory the pipelined input tiles of one program may take (an H100 gives 227 KB per
+# block; the rest is Triton's layout scratch). Stages drop below the cap where the tiles of
+# one stage times the stages exceed it: fp32 with K = 64, V = 256 asked for 336 KB at 2 stages
+# (H100 parity run, RESULTS.md run 14).
+PIPELINE_SMEM = 220 * 1024
+
+
+def _fit_stages(stages: int, stage_bytes: int) -> int:
+    """The most stages (at least 1, at most `stages`) whose input tiles fit PIPELINE_SMEM."""
+    return int(max(1, min(stages, PIPELINE_SMEM // max(1, stage_bytes))))
 
 
 @dataclass(frozen=True)
@@ -106,10 +116,14 @@ def make_static(q, v, g, g_gamma, initial_state, cu_seqlens, scale, tuning=None)
     bwd_bk = _block(Kp, t["bwd_bk"] or 2 * t["state_elems"] // Vp)
     bwd_bv = _block(Vp, t["bwd_bv"] or 2 * t["state_elems"] // Kp)
     cap = FP32_MAX_STAGES if q.dtype == jnp.float32 else 99
+    row = int(t["bt"]) * jnp.dtype(q.dtype).itemsize     # bytes of one column of a chunk tile
+    fwd_stage = row * (2 * Kp + fwd_bv)                    # q, k, v tiles of one chunk
+    bwd_stage = row * max(2 * bwd_bk + 2 * Vp, 2 * Kp + bwd_bv)   # dq / dk kernels, dv kernel
     return _Static(B, T, H, K, V, N, float(scale), cu_seqlens is not None, g is not None,
                    g_gamma is not None, initial_state is not None, ptr.dot_precision(),
                    int(t["bt"]), fwd_bv, bwd_bk, bwd_bv, t["fwd_warps"],
-                   min(t["fwd_stages"], cap), t["bwd_warps"], min(t["bwd_stages"], cap))
+                   _fit_stages(min(t["fwd_stages"], cap), fwd_stage), t["bwd_warps"],
+                   _fit_stages(min(t["bwd_stages"], cap), bwd_stage))
 
 
 # ----------------------------------------------------------------------------- specs
