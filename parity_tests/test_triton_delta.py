@@ -97,3 +97,15 @@ def test_chunk_varlen_reads_no_device_value_on_the_host(monkeypatch):
     names = {r["name"] for r in rec}
     assert {"_wy_fwd16_kernel", "_chunk_h_kernel", "_chunk_o_kernel", "_dqk_kernel",
             "_wy_bwd2_kernel"} <= names, names
+
+
+@pytest.mark.parametrize("K,dtype,warps", [(256, "bfloat16", 8), (256, "float16", 8),
+                                           (256, "float32", 4), (128, "bfloat16", 4)])
+def test_chunk_dh_launch_at_k256(K, dtype, warps):
+    """chunk_dh at K = 256 in 16-bit runs 8 warps: with 4 the ungated delta rule's dh came out
+    non-finite on the H100 (Triton 3.6; not reproducible in the interpreter)."""
+    import torch
+
+    from fla_torch.ops.common.engine.launch import delta_state_launch
+    BK, _, kw = delta_state_launch("chunk_dh", K, 64, getattr(torch, dtype))
+    assert BK == K and kw["num_warps"] == warps

@@ -109,7 +109,7 @@ DELTA_LAUNCH = {
     "chunk_h": dict(BV=64, BV32=32, num_warps=4, stages32=1),
     "chunk_o": dict(BK=64, BV=128, num_warps=8, stages32=1),
     "dvn_local": dict(BK=64, BV=128, num_warps=8, stages32=1),
-    "chunk_dh": dict(BV=64, BV32=32, num_warps=4, stages32=1),
+    "chunk_dh": dict(BV=64, BV32=32, num_warps=4, stages32=1, warps_k256=8),
     "dqk": dict(BK=128, BV=64, num_warps=8, stages32=1),
     "wy_bwd": dict(BK=64, BV=64, num_warps=8, stages32=1),
 }
@@ -135,4 +135,10 @@ def delta_state_launch(name: str, K: int, V: int, dtype: torch.dtype):
     BK = block(K)
     wide = BK > 128 or dtype == torch.float32
     BV = cfg["BV32"] if wide else cfg["BV"]
-    return BK, block(V, BV), _launch_kw(cfg, wide)
+    kw = _launch_kw(cfg, wide)
+    if BK > 128 and dtype != torch.float32 and "warps_k256" in cfg:
+        # chunk_dh, K = 256, 16-bit, 4 warps: non-finite dh for the ungated delta rule on the
+        # H100 (Triton 3.6; the CPU interpreter, fp32, the gated kernel and 8 warps were right;
+        # BV 16 was not): RESULTS.md run 14
+        kw["num_warps"] = cfg["warps_k256"]
+    return BK, block(V, BV), kw
