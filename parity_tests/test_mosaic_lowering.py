@@ -117,8 +117,10 @@ def test_auto_picks(monkeypatch):
     ok = lambda: None  # noqa: E731
     assert mdispatch.mosaic_or("chunk_simple_gla", "auto", q, ok) == "auto"   # CPU
     monkeypatch.setattr(mdispatch, "on_hopper", lambda: True)
+    assert mdispatch.mosaic_or("chunk_simple_gla", "auto", q, ok) == "mosaic"  # GPU-proven
+    monkeypatch.setattr(mdispatch, "AUTO_MOSAIC", {})
     assert mdispatch.mosaic_or("chunk_simple_gla", "auto", q, ok) == "auto"   # not proven
-    monkeypatch.setitem(mdispatch.AUTO_MOSAIC, "chunk_simple_gla", ("bf16",))
+    monkeypatch.setattr(mdispatch, "AUTO_MOSAIC", {"chunk_simple_gla": ("bf16",)})
     assert mdispatch.mosaic_or("chunk_simple_gla", "auto", q, ok) == "mosaic"
     assert mdispatch.mosaic_or("chunk_simple_gla", "auto", q, lambda: "K=96") == "auto"
     assert mdispatch.mosaic_or("chunk_simple_gla", "auto", q.astype(jnp.float16), ok) == "auto"
