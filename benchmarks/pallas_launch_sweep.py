@@ -3,7 +3,9 @@
 A variant overrides, for the length of one trace, either the launch of one engine kernel
 (`launch.<kernel>:bk=..,bv=..,num_warps=..,num_stages=..`, kernel one of
 fla_jax.ops.common.engine.launch.KERNELS: every engine module's `launch_for` answers the
-override for that kernel) or module constants (`<module>:NAME=value[,NAME=value]`, module under
+override for that kernel), the delta family's tiles (`tiles:grads=32/4,dh=64/8/2`: fields of
+launch.DeltaTiles, tuples written with '/', for every caller of launch.delta_tiles) or module
+constants (`<module>:NAME=value[,NAME=value]`, module under
 fla_jax.ops.common.engine, e.g. `cumsum_scores:FRAME=rows,DIAG=split`, or a full `fla_jax.`
 module name). `--impl mosaic` times the op's Mosaic GPU kernels instead (Hopper). Several parts join with
 ';'. Each variant is traced and compiled afresh (constants are read at trace time), the tree's
@@ -55,6 +57,8 @@ def parse_variant(text: str) -> list:
             vals[k] = _value(v)
         if name.startswith("launch."):
             out.append(("launch", name[len("launch."):], vals))
+        elif name == "tiles":
+            out.append(("tiles", name, vals))
         else:
             out.append(("const", name, vals))
     return out
@@ -80,10 +84,18 @@ class Override:
         for info in pkgutil.iter_modules(engine.__path__):
             importlib.import_module(f"{ENGINE}.{info.name}")
         launch = importlib.import_module(f"{ENGINE}.launch")
-        orig = launch.launch_for
-        by_kernel = {}
+        orig, orig_tiles = launch.launch_for, launch.delta_tiles
+        by_kernel, tiles = {}, {}
         for kind, name, vals in self.spec:
-            if kind == "launch":
+            if kind == "tiles":
+                fields = {f.name for f in dataclasses.fields(launch.DeltaTiles)}
+                bad = set(vals) - fields
+                if bad:
+                    raise ValueError(f"tiles: {sorted(bad)} not in {sorted(fields)}")
+                tiles.update({f: v if isinstance(v, int) else tuple(int(x) for x in v.split("/"))
+                              for f, v in vals.items()})
+                self.hits["tiles"] = 0
+            elif kind == "launch":
                 if name not in launch.KERNELS:
                     raise ValueError(f"launch.{name}: expected a kernel of {launch.KERNELS}")
                 fields = {f.name for f in dataclasses.fields(launch.Launch)}
@@ -107,6 +119,15 @@ class Override:
                 self.hits[f"launch.{kernel}"] += 1
                 cfg = dataclasses.replace(cfg, **by_kernel[kernel])
             return cfg
+        def patched_tiles(*a, **k):
+            self.hits["tiles"] += 1
+            return dataclasses.replace(orig_tiles(*a, **k), **tiles)
+        if tiles:
+            for mname in list(sys.modules):
+                mod = sys.modules[mname]
+                if mname.startswith(ENGINE) and getattr(mod, "delta_tiles", None) is orig_tiles:
+                    self.saved.append((mod, "delta_tiles", orig_tiles))
+                    mod.delta_tiles = patched_tiles
         if by_kernel:
             for mname in list(sys.modules):
                 mod = sys.modules[mname]
