@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU session, run from the repo root on the GPU machine (carry .whl for fla-core + einops):
 #   MODE=parity  kernel parity at GPU shapes, one process per job in parallel ($OUT/parity.txt);
-#                IMPLS=mosaic: fla_jax's Mosaic GPU kernels against float64 and fla_torch's Triton
+#                IMPLS=mosaic: fla_jax's Mosaic GPU kernels against float64 and fla_torch's Triton;
+#                DTYPES="bf16 fp16": only those
 #   MODE=bench   the benchmark steps below (STEPS, default all), one process after another
 #                ($OUT/bench.txt, bench.md, bench.json)
 #   MODE=profile device time per kernel (benchmarks/kernel_profile.py) of PROFILE_OPS on
@@ -45,6 +46,7 @@ if [ "$MODE" = parity ]; then
     i=$((i + 1))
     impls=${IMPLS:-kernel}; [ "$op" = attention ] && impls=default   # attention: engines, no kernel
     timeout ${PARITY_S:-480} python3 -m parity_tests --device cuda --impls $impls --ops $op \
+      ${DTYPES:+--dtypes $DTYPES} \
       ${cases:+--cases ${cases//,/ }} > "$OUT/p_$(printf %02d $i)_$op.log" 2>&1 &
     # at most PAR jobs at once: 23 at once ran the one GPU out of memory (DPLR chunk jobs)
     while [ "$(jobs -r | wc -l)" -ge "${PAR:-12}" ]; do sleep 2; done

@@ -172,9 +172,11 @@ def delta_tiles(K: int, V: int, dtype) -> DeltaTiles:
     big = max(K, V) > 128
     if not fp32:
         # the benchmark shape (H100, bf16, B=4 T=4096 H=16 K=V=128): state BV=64 / 8 warps was
-        # fastest of six; WY prep 0.317 ms with 2 warps vs 0.536 (4) and 0.944 (8)
+        # fastest of six; WY prep 0.317 ms with 2 warps vs 0.536 (4) and 0.944 (8); grads
+        # 64 / 4 warps: GDN fwd+bwd 4.088 ms vs 4.405 (64 / 8), 4.226 (128 / 8), 5.540 (32 / 8),
+        # 9.863 (64 / 16) (RESULTS.md run 14, pallas_launch_sweep.py "tiles:grads=...")
         if not big:
-            return DeltaTiles(BT=64, state=(64, 8, 2), dh=(64, 8, 2), grads=(64, 8),
+            return DeltaTiles(BT=64, state=(64, 8, 2), dh=(64, 8, 2), grads=(64, 4),
                               wy=(2, 1))
         return DeltaTiles(BT=64, state=(32, 8, 1), dh=(32, 8, 1), grads=(32, 8), wy=(2, 1))
     if not big:
