@@ -5,10 +5,13 @@ Forward: XLA prepares the chunk-aligned token layout (mosaic_layout.py), the gat
 and the gate-free inverse T0 per chunk (batched matmuls, fp32); one Mosaic kernel
 (mosaic_fwd_kernel.py) then runs the sequential state pass fused with the output.
 Backward (jax.custom_vjp; every gradient in its input's dtype), chosen by BACKWARD:
-"mosaic" (default; matched float64 on an H100, bf16 K=V=128 with h0): mosaic_bwd.py (the
-forward kernel's saved residuals, a Mosaic reverse state pass, chunk-parallel XLA);
-"pallas": the Pallas Triton-lowering backward of pallas_chunk.py, from its own recomputed
-forward residuals.
+"pallas" (default): the Pallas Triton-lowering kernels of pallas_chunk.py. Their backward needs
+the Pallas forward's residuals (W, U, Tm, chunk states, v_new in its own layout), so under
+differentiation the forward pass runs the Pallas forward (o, final state and residuals in one
+pass) instead of the Mosaic one: computing o with Mosaic and then the residuals again in the
+backward cost 0.39 ms more per training step (H100, RESULTS.md run 14). Without
+differentiation (inference) the Mosaic forward runs. "mosaic" (opt-in, slower): mosaic_bwd.py
+(the forward kernel's saved residuals, a Mosaic reverse state pass, chunk-parallel XLA).
 
 Takes q/k/v in bf16 or fp16 with K and V in {64, 128, 256} (other multiples of 64 up to 256
 too); `mosaic_unsupported_reason` says why a call is refused (fp32: use impl="pallas").
@@ -29,10 +32,10 @@ from .pallas_chunk import chunk_gated_delta_rule_pallas
 F32 = jnp.float32
 DTYPES = ("bfloat16", "float16")
 BACKWARDS = ("pallas", "mosaic")
-# The backward behind the Mosaic forward: "pallas" (the Pallas Triton-lowering backward, which
-# recomputes the forward) or "mosaic" (reverse state pass in Mosaic + chunk-parallel XLA).
-# H100 bf16 B4 T4096 H16 K=V=128, fwd+bwd: 4.447 ms with "pallas" (the impl="pallas" row;
-# the Mosaic forward is 0.07 ms faster), 6.571 ms with "mosaic" (RESULTS.md run 6).
+# The backward behind the Mosaic forward: "pallas" (the Pallas Triton-lowering backward; under
+# differentiation the Pallas forward runs too, for its residuals) or "mosaic" (reverse state
+# pass in Mosaic + chunk-parallel XLA). H100 bf16 B4 T4096 H16 K=V=128, fwd+bwd: 4.43 ms with
+# "pallas", 6.32 with "mosaic" (RESULTS.md run 14).
 BACKWARD = "pallas"
 MAX_HEAD = 256
 
@@ -88,22 +91,24 @@ def _gdn_fwd(q, k, v, g, beta, h0, cu, scale, l2, backward):
     if backward == "mosaic":   # the forward kernel's residuals feed the Mosaic backward
         o, ht, extra = forward(q, k, v, g, beta, h0, cu, scale=scale, l2=l2, residuals=True)
         return (o, ht), (q, k, v, g, beta, h0, cu, extra)
-    return _gdn(q, k, v, g, beta, h0, cu, scale, l2, backward), (q, k, v, g, beta, h0, cu)
-
-
-def _gdn_bwd(scale, l2, backward, res, cts):
-    q, k, v, g, beta, h0, cu = res[:7]
-    if backward == "mosaic":
-        return (*mosaic_bwd.backward(q, k, v, g, beta, h0, cu, cts[0], cts[1], scale=scale,
-                                     l2=l2, resid=res[7]), None)
 
     def pallas(q, k, v, g, beta, h0):
         return chunk_gated_delta_rule_pallas(q, k, v, g=g, beta=beta, scale=scale,
                                              initial_state=h0, output_final_state=True,
                                              cu_seqlens=cu, use_qk_l2norm_in_kernel=l2)
 
-    _, vjp = jax.vjp(pallas, q, k, v, g, beta, h0)
-    return (*vjp(cts), None)
+    # the Pallas forward with its residuals (see the module docstring); its vjp function is a
+    # pytree of those residuals
+    out, vjp = jax.vjp(pallas, q, k, v, g, beta, h0)
+    return out, vjp
+
+
+def _gdn_bwd(scale, l2, backward, res, cts):
+    if backward == "mosaic":
+        q, k, v, g, beta, h0, cu = res[:7]
+        return (*mosaic_bwd.backward(q, k, v, g, beta, h0, cu, cts[0], cts[1], scale=scale,
+                                     l2=l2, resid=res[7]), None)
+    return (*res(cts), None)
 
 
 _gdn.defvjp(_gdn_fwd, _gdn_bwd)

@@ -46,9 +46,12 @@ def _chunk_bwd(scale, l2norm, want_ht, backward, fixed_len, res, cts):
                                                      scale=scale, l2norm=l2norm)
     else:
         w, uu, vn, hs, tm = res[7:]
+        # dq, dk leave the kernel in q's dtype when nothing follows (no value groups to sum,
+        # no l2norm backward): no fp32 round trip and cast (0.135 ms of the H100's GDN bwd)
+        final = q.dtype if (v.shape[1] == H and not l2norm) else F32
         dq, dk, dv, db, dg, dh0 = delta_backward(q, k, v, g, beta, h0, cu, w, uu, vn, hs, tm,
                                                  do, dht, scale=scale, l2norm=l2norm,
-                                                 fixed_len=fixed_len)
+                                                 fixed_len=fixed_len, dqk_dtype=final)
     dq, dk = group_sum(dq, H), group_sum(dk, H)
     if l2norm:
         dq, dk = l2norm_bwd(q, dq), l2norm_bwd(k, dk)

@@ -89,10 +89,11 @@ def delta_forward(q, k, v, g, beta, h0, cu, *, scale, l2norm, resid, fixed_len):
 
 
 def delta_backward(q, k, v, g, beta, h0, cu, w, uu, vn, hs, tm, do, dht, *, scale, l2norm,
-                   fixed_len):
-    """Chunk-parallel backward (scalar_delta_bwd.py). Returns per-value-head fp32
-    dq, dk [R, HV, K], dv [R, HV, V] (v's dtype), dbeta [R, HV], dg [R, HV] (or None),
-    dh0 (or None)."""
+                   fixed_len, dqk_dtype=F32):
+    """Chunk-parallel backward (scalar_delta_bwd.py). Returns per-value-head dq, dk
+    [R, HV, K] in dqk_dtype (fp32; the caller passes q's dtype when they are final: no value
+    groups to sum, no l2norm backward), dv [R, HV, V] (v's dtype), dbeta [R, HV] fp32,
+    dg [R, HV] fp32 (or None), dh0 (or None)."""
     R = q.shape[0]
     tiles = delta_tiles(q.shape[2], v.shape[2], q.dtype)
     BT = tiles.BT
@@ -103,5 +104,6 @@ def delta_backward(q, k, v, g, beta, h0, cu, w, uu, vn, hs, tm, do, dht, *, scal
                             has_h0=h0 is not None, scale=scale, l2norm=l2norm, BT=BT,
                             tile=tiles.dh)
     dq, dk, dv, db, dg = chunk_grads(q, k, v, g, beta, do, w, uu, vn, hs, dh, dvn, tm, table,
-                                     scale=scale, l2norm=l2norm, BT=BT, tile=tiles.grads)
+                                     scale=scale, l2norm=l2norm, BT=BT, tile=tiles.grads,
+                                     dqk_dtype=dqk_dtype)
     return dq[:R], dk[:R], dv[:R], db[:R], (None if dg is None else dg[:R]), dh0

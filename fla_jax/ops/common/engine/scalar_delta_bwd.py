@@ -240,12 +240,13 @@ def _grads_kernel(*refs, scale, G, BT, BV, has_g, l2norm, prec):
 
 
 def chunk_grads(q, k, v, g, beta, do, w, u, vn, h, dh, dvn, tm, table, *, scale, l2norm, BT,
-                tile):
+                tile, dqk_dtype=F32):
     """Per chunk slot (table int32 [NC, 2]) and value head. q, k: [R, H, K]; v, do, u, vn:
     [R, HV, V]; w: [R, HV, K] (one dtype); g (or None), beta: [R, HV] fp32; h, dh:
     [NC, HV, K, V] chunk start states / end-state gradients (q's dtype); dvn [R, HV, V] fp32;
     tm [NC, HV, BT, BT] the forward's (I + A)^-1 (q's dtype); tile: (BV, num_warps).
-    Returns dq, dk [R, HV, K] fp32 (per value head, w.r.t. the normalised q/k when l2norm),
+    Returns dq, dk [R, HV, K] in dqk_dtype (fp32 accumulation, rounded once at the store; per
+    value head, w.r.t. the normalised q/k when l2norm),
     dv [R, HV, V] (v's dtype), dbeta [R, HV] fp32 and dg [R, HV] fp32 (or None)."""
     R, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
@@ -255,7 +256,8 @@ def chunk_grads(q, k, v, g, beta, do, w, u, vn, h, dh, dvn, tm, table, *, scale,
                                has_g=g is not None, l2norm=l2norm,
                                prec=dot_precision(interpret))
     ins = [x for x in (table, q, k, v, beta, g, do, w, u, vn, h, dh, dvn, tm) if x is not None]
-    out_shape = [jax.ShapeDtypeStruct((R, HV, K), F32), jax.ShapeDtypeStruct((R, HV, K), F32),
+    out_shape = [jax.ShapeDtypeStruct((R, HV, K), dqk_dtype),
+                 jax.ShapeDtypeStruct((R, HV, K), dqk_dtype),
                  jax.ShapeDtypeStruct((R, HV, V), v.dtype), jax.ShapeDtypeStruct((R, HV), F32)]
     if g is not None:
         out_shape.append(jax.ShapeDtypeStruct((R, HV), F32))
