@@ -14,6 +14,8 @@
 #                triton + pallas), then benchmarks/regress.py ($OUT/regress.md)
 # FLA_AUTOTUNE=<tgz of *.autotune.json> reuses FLA's autotune results from an earlier run
 # (Triton's TRITON_CACHE_AUTOTUNING); FLA's cold first calls are then measured separately.
+# benchmarks/cache/fla_autotune_gla_h100.tgz: FLA 0.6.0's chunk_gla kernels, H100, Triton 3.6.0
+# (RESULTS.md run 14 call 2; its cold first call took 221 s).
 set -u
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
