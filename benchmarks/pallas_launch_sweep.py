@@ -119,22 +119,23 @@ class Override:
                 self.hits[f"launch.{kernel}"] += 1
                 cfg = dataclasses.replace(cfg, **by_kernel[kernel])
             return cfg
+
         def patched_tiles(*a, **k):
             self.hits["tiles"] += 1
             return dataclasses.replace(orig_tiles(*a, **k), **tiles)
         if tiles:
-            for mname in list(sys.modules):
-                mod = sys.modules[mname]
-                if mname.startswith(ENGINE) and getattr(mod, "delta_tiles", None) is orig_tiles:
-                    self.saved.append((mod, "delta_tiles", orig_tiles))
-                    mod.delta_tiles = patched_tiles
+            self._replace("delta_tiles", orig_tiles, patched_tiles)
         if by_kernel:
-            for mname in list(sys.modules):
-                mod = sys.modules[mname]
-                if mname.startswith(ENGINE) and getattr(mod, "launch_for", None) is orig:
-                    self.saved.append((mod, "launch_for", orig))
-                    mod.launch_for = patched
+            self._replace("launch_for", orig, patched)
         return self
+
+    def _replace(self, name, orig, new):
+        """Every engine module's `name` that is `orig` becomes `new` (undone by __exit__)."""
+        for mname in list(sys.modules):
+            mod = sys.modules[mname]
+            if mname.startswith(ENGINE) and getattr(mod, name, None) is orig:
+                self.saved.append((mod, name, orig))
+                setattr(mod, name, new)
 
     def __exit__(self, *exc):
         for mod, name, v in reversed(self.saved):

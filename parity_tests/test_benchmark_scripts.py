@@ -185,6 +185,20 @@ def test_pallas_launch_sweep_overrides():
         else:
             raise AssertionError(f"{bad!r} accepted")
         assert cumsum_scores.DIAG == diag, bad     # a failed override leaves nothing behind
+    # the delta family's tiles, for every module that called launch.delta_tiles
+    from fla_jax.ops.common.engine import scalar_delta
+    tiles = scalar_delta.delta_tiles(128, 128, jnp.bfloat16)
+    with sweep.Override(sweep.parse_variant("tiles:grads=32/8,BT=32")) as ov:
+        got = scalar_delta.delta_tiles(128, 128, jnp.bfloat16)
+        assert (got.grads, got.BT, got.dh) == ((32, 8), 32, tiles.dh) and ov.hits == {"tiles": 1}
+    assert scalar_delta.delta_tiles(128, 128, jnp.bfloat16) == tiles
+    try:
+        with sweep.Override(sweep.parse_variant("tiles:nope=1")):
+            pass
+    except ValueError as e:
+        assert "nope" in str(e)
+    else:
+        raise AssertionError("tiles:nope accepted")
 
 
 def test_offline_regs_pallas_unescapes_mlir_strings():
