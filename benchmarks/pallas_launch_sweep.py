@@ -7,8 +7,8 @@ override for that kernel), the delta family's tiles (`tiles:grads=32/4,dh=64/8/2
 launch.DeltaTiles, tuples written with '/', for every caller of launch.delta_tiles) or module
 constants (`<module>:NAME=value[,NAME=value]`, module under
 fla_jax.ops.common.engine, e.g. `cumsum_scores:FRAME=rows,DIAG=split`, or a full `fla_jax.`
-module name). `--impl mosaic` times the op's Mosaic GPU kernels instead (Hopper). Several parts join with
-';'. Each variant is traced and compiled afresh (constants are read at trace time), the tree's
+module name). `--impl mosaic` times the op's Mosaic GPU kernels instead (Hopper). Several
+parts join with ';'. Each variant is traced and compiled afresh (constants are read at trace time), the tree's
 defaults first. Values: ints, None, or strings.
 
     PYTHONPATH=. python benchmarks/pallas_launch_sweep.py --op gla \\

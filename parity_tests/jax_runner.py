@@ -29,7 +29,8 @@ def unsupported(spec: OpSpec, case: Case, impl: str, dtype: str) -> str | None:
         return None
     from fla_jax.ops.common.mosaic.lowering import on_hopper
     if not on_hopper():
-        return f"no Hopper GPU here (jax backend {jax.default_backend()}); the Mosaic kernels need sm_90"
+        return (f"no Hopper GPU here (jax backend {jax.default_backend()}); the Mosaic "
+                f"kernels need sm_90")
     mod = importlib.import_module(f"fla_jax.ops.{spec.family}")
     reason = getattr(mod, "mosaic_unsupported_reason", None)
     if reason is None:
