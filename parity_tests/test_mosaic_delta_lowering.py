@@ -190,3 +190,23 @@ def test_t0_kernel_choice_is_checked(monkeypatch):
     with pytest.raises(ValueError, match="T0_KERNEL='cuda'"):
         mosaic_layout.gate_free_inverse(jnp.zeros((C, 1, 64), jnp.bfloat16),
                                         jnp.zeros((C, 1), jnp.float32), 1, jnp.bfloat16)
+
+
+@pytest.mark.parametrize("op", ["chunk_gated_delta_rule", "chunk_delta_rule"])
+def test_auto_takes_mosaic_on_hopper(op, monkeypatch):
+    """impl='auto' on a (pretended) Hopper GPU: 'mosaic' for bf16 / fp16 calls the kernels
+    take (AUTO_MOSAIC, GPU-proven), the previous choice for fp32 and for head sizes they
+    refuse; off Hopper never."""
+    from fla_jax.ops.common.mosaic import dispatch as mdispatch
+    q = jnp.zeros((1, 64, 1, 128), jnp.bfloat16)
+    reason = lambda x: (lambda: mosaic_unsupported_reason(x, x, x))  # noqa: E731
+    assert mdispatch.mosaic_or(op, "auto", q, reason(q)) == "auto"          # CPU
+    monkeypatch.setattr(mdispatch, "on_hopper", lambda: True)
+    for dt in (jnp.bfloat16, jnp.float16):
+        x = q.astype(dt)
+        assert mdispatch.mosaic_or(op, "auto", x, reason(x)) == "mosaic"
+    x32 = q.astype(jnp.float32)
+    assert mdispatch.mosaic_or(op, "auto", x32, reason(x32)) == "auto"
+    odd = jnp.zeros((1, 64, 1, 96), jnp.bfloat16)
+    assert mdispatch.mosaic_or(op, "auto", odd, reason(odd)) == "auto"
+    assert mdispatch.mosaic_or(op, "pallas", q, reason(q)) == "pallas"
