@@ -69,6 +69,18 @@ def resolve(framework: str, op: str, impl: str) -> str | None:
     return impl if impl == "auto" or impl in _runner(framework).registry(spec) else None
 
 
+def cannot_take(op: str, case: str, dtype: str, impls: dict) -> str | None:
+    """Why one of impls ({framework: impl}) cannot take this cell ("framework:impl: reason", the
+    first one), or None. Limits beyond registration are the runner's (`unsupported`: e.g. the
+    Mosaic kernels' dtypes, head sizes and GPU)."""
+    for fw, impl in impls.items():
+        limits = getattr(_runner(fw), "unsupported", None)
+        why = limits and limits(OPS[op], CASES[case], impl, dtype)
+        if why:
+            return f"{fw}:{impl}: {why}"
+    return None
+
+
 def inputs(op: str, case: str, dtype: str) -> dict:
     """The rounded float64 inputs every implementation of `op` gets for (case, dtype)."""
     return _family_inputs(OPS[op].family, case, dtype)

@@ -3,6 +3,7 @@ kernels) call every path the way the GPU run does. benchmarks/kernel_profile.py 
 produce a non-empty per-kernel table for each path and phase."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -18,6 +19,25 @@ def _run(args, tmp_path, interpret=True):
         env["TRITON_INTERPRET"] = "1"
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
+
+
+def _load(name):
+    """benchmarks/<name>.py as a module (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmarks",
+                                                                     f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _json_lines(code, tmp_path):
+    """Run `code` (benchmarks/ importable, compiled Triton: no interpreter) in a fresh process;
+    the JSON lists of records it printed, one per line starting with '[{' (the scripts' own
+    table lines start with '[variant]')."""
+    p = _run(["-c", "import sys, json; sys.path.insert(0, 'benchmarks'); " + code], tmp_path,
+             interpret=False)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("[{")]
 
 
 def test_kernel_profile_dry_run(tmp_path):
@@ -42,11 +62,7 @@ def test_run_dry_run(tmp_path):
 
 
 def test_regress_flags_slower_and_missing_rows(tmp_path):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("regress", os.path.join(ROOT, "benchmarks",
-                                                                          "regress.py"))
-    regress = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(regress)
+    regress = _load("regress")
 
     def row(op, dtype, fwd, fb, path="triton"):
         return dict(shape="B4T4096", op=op, dtype=dtype, path=path, fwd_ms=fwd, fwdbwd_ms=fb)
@@ -76,16 +92,11 @@ def test_offline_regs_reads_the_cubin(tmp_path):
     """benchmarks/offline_regs.py compiles for sm_90 without a GPU and reads registers and
     stack from the cubin: a wider key block of the fp64 gate cumsum needs more registers, and
     every preset (the op wrappers' current launches) compiles."""
-    p = _run(["-c", "import sys, json; sys.path.insert(0, 'benchmarks'); import offline_regs as o;"
-              " t = o.presets();"
-              " print(json.dumps([o.resources(t['cumsum_key'], bk=b) for b in (16, 64)]));"
-              " print(json.dumps(o.main(['delta_scores', 'dplr_scores_fwd'])))"], tmp_path,
-             interpret=False)
-    assert p.returncode == 0, p.stderr[-3000:]
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("[")]
-    narrow, wide = json.loads(lines[0])
+    (narrow, wide), rows = _json_lines(
+        "import offline_regs as o; t = o.presets();"
+        " print(json.dumps([o.resources(t['cumsum_key'], bk=b) for b in (16, 64)]));"
+        " print(json.dumps(o.main(['delta_scores', 'dplr_scores_fwd'])))", tmp_path)
     assert 0 < narrow["regs"] < wide["regs"] <= 255, (narrow, wide)
-    rows = json.loads(lines[1])
     assert [r["kernel"] for r in rows] == ["delta_scores", "dplr_scores_fwd"], rows
     assert all(0 < r["regs"] <= 255 and r["stack"] >= 0 and r["shared"] > 0 for r in rows), rows
 
@@ -94,13 +105,10 @@ def test_offline_regs_pallas_reads_the_cubin(tmp_path):
     """benchmarks/offline_regs_pallas.py lowers a Pallas op for CUDA on the CPU, finds its
     kernels with their launches and compiles one for sm_90; a variant that narrows the key block
     reaches the lowered kernel (less shared memory)."""
-    p = _run(["-c", "import sys, json; sys.path.insert(0, 'benchmarks');"
-              " import offline_regs_pallas as o;"
-              " print(json.dumps(o.main(['--op', 'gla', '--kernels', 'engine_cumsum_scores',"
-              " '--variant', 'launch.cumsum_scores:bk=16,num_warps=8'])))"], tmp_path,
-             interpret=False)
-    assert p.returncode == 0, p.stderr[-3000:]
-    rows = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("[{")][0])
+    rows, = _json_lines(
+        "import offline_regs_pallas as o;"
+        " print(json.dumps(o.main(['--op', 'gla', '--kernels', 'engine_cumsum_scores',"
+        " '--variant', 'launch.cumsum_scores:bk=16,num_warps=8'])))", tmp_path)
     assert [(r["variant"], r["kernel"]) for r in rows] == [
         ("default", "engine_cumsum_scores"),
         ("launch.cumsum_scores:bk=16,num_warps=8", "engine_cumsum_scores")], rows
@@ -125,11 +133,7 @@ def test_launch_sweep_dry_run(tmp_path):
 
 
 def test_launch_sweep_parses_variants():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "launch_sweep", os.path.join(ROOT, "benchmarks", "launch_sweep.py"))
-    launch_sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(launch_sweep)
+    launch_sweep = _load("launch_sweep")
     assert launch_sweep.parse_variant("a.k:num_warps=4,maxnreg=None;b.j:BK=32") == [
         ("a", "k", {"num_warps": 4, "maxnreg": None}), ("b", "j", {"BK": 32})]
     for bad in ("k:num_warps=4", "a.k", "a.k:num_warps"):
@@ -145,15 +149,10 @@ def test_pallas_launch_sweep_overrides():
     """benchmarks/pallas_launch_sweep.py: a launch override changes what every engine module's
     launch_for answers for that kernel only, a constant override sets the module constant, both
     are undone on exit, and unknown kernels / fields / constants raise."""
-    import importlib.util
-
     import jax.numpy as jnp
 
     from fla_jax.ops.common.engine import cumsum_scores, launch, output_stage
-    spec = importlib.util.spec_from_file_location(
-        "pallas_launch_sweep", os.path.join(ROOT, "benchmarks", "pallas_launch_sweep.py"))
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
+    sweep = _load("pallas_launch_sweep")
     parsed = sweep.parse_variant("launch.cumsum_scores:bk=16,num_warps=8;cumsum_scores:DIAG=split")
     assert parsed == [("launch", "cumsum_scores", {"bk": 16, "num_warps": 8}),
                       ("const", "cumsum_scores", {"DIAG": "split"})]
@@ -205,11 +204,7 @@ def test_offline_regs_pallas_unescapes_mlir_strings():
     """The lowered module prints the kernels' IR bytes as an MLIR string: a backslash as two,
     other unprintable bytes and quotes as a backslash and two hex digits (a KDA kernel's IR holds
     a backslash byte; reading it as an escape start failed)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "offline_regs_pallas", os.path.join(ROOT, "benchmarks", "offline_regs_pallas.py"))
-    o = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(o)
+    o = _load("offline_regs_pallas")
     raw = bytes(range(256))
 
     def mlir_escape(b: bytes) -> str:
