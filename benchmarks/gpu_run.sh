@@ -109,15 +109,20 @@ for step in ${STEPS:-1 2 3 4 5 6 10}; do
           --paths jla pallas ;;
     # issue 10's GLA bar alone (ours vs FLA and jla, same call): STEPS="15 14" with the sweep
     15) b 15 --ops gla --dtypes bf16 --shapes B4T4096 --paths fla jla triton pallas ;;
-    # issue 11: the Mosaic GDN / simple GLA against jla, then the Mosaic GDN with its T0 from
-    # the Mosaic kernel (mosaic_kkt.py) instead of XLA, and with the Mosaic backward
-    16) b 16 --ops gated_delta_rule simple_gla --dtypes bf16 --shapes B4T4096 \
+    # issue 11: the Mosaic delta family against jla and the Pallas kernels (issue 11's shapes),
+    # then the Mosaic ops with the Pallas backward behind them (mosaic_chunk.BACKWARD) in the
+    # same process
+    16) b 16 --ops gated_delta_rule delta_rule --dtypes bf16 --shapes B4T4096 \
           --paths jla mosaic pallas
-        L=fla_jax.ops.gated_delta_rule.mosaic_layout:T0_KERNEL=mosaic
-        M=fla_jax.ops.gated_delta_rule.mosaic_chunk:BACKWARD=mosaic
-        timeout ${BENCH_S:-300} python3 benchmarks/pallas_launch_sweep.py --op gated_delta_rule \
-          --impl mosaic --dtype bf16 --variant "$L" --variant "$M" --variant "$L;$M" \
-          2>&1 | grep -v Warning | tee -a "$OUT/bench.txt" ;;
+        b 16f --ops gated_delta_rule delta_rule --dtypes fp16 --shapes B4T4096 --paths mosaic
+        b 16l --ops gated_delta_rule --dtypes bf16 --shapes B1T32768 GQA_H8HV16 \
+          --paths jla mosaic
+        for op in gated_delta_rule delta_rule; do
+          timeout ${BENCH_S:-300} python3 benchmarks/pallas_launch_sweep.py --op $op \
+            --impl mosaic --dtype bf16 \
+            --variant "fla_jax.ops.gated_delta_rule.mosaic_chunk:BACKWARD=pallas" \
+            2>&1 | grep -v Warning | tee -a "$OUT/bench.txt"
+        done ;;
     # issue 10: the GLA forward (1.08x FLA on the H200, run 13): cumsum_scores spills at the
     # shipped 4 warps / BK 32 (offline sm_90 compile: 255 registers, 408 B stack; 8 warps /
     # BK 16: 192, none), so time its launch variants on the whole op, defaults first.

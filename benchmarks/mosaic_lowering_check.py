@@ -54,6 +54,7 @@ def main() -> int:
     import jax
 
     from fla_jax.ops.common.mosaic import export_for_cuda
+    from fla_jax.ops.gated_delta_rule import mosaic_bwd as gdn_bwd
     from fla_jax.ops.gated_delta_rule import mosaic_chunk as gdn_mosaic
     from fla_jax.ops.simple_gla import mosaic_bwd as sgla_bwd
     from fla_jax.ops.simple_gla import mosaic_chunk as sgla_mosaic
@@ -65,6 +66,8 @@ def main() -> int:
             for backward in (False, True):
                 if backward and op == "chunk_simple_gla" and not sgla_bwd.supports(K, V):
                     continue     # its Mosaic backward takes K, V <= 128 (else the Pallas one)
+                if backward and op != "chunk_simple_gla" and max(K, V) > gdn_bwd.MAX_HEAD:
+                    continue     # likewise the delta family's
                 saved = gdn_mosaic.BACKWARD, sgla_mosaic.BACKWARD
                 gdn_mosaic.BACKWARD = sgla_mosaic.BACKWARD = "mosaic"
                 try:

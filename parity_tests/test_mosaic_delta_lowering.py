@@ -26,7 +26,7 @@ import pytest
 from fla_jax.ops.common.mosaic import export_for_cuda
 from fla_jax.ops.common.mosaic.tiles import gpu_interpret
 from fla_jax.ops.delta_rule import chunk_delta_rule
-from fla_jax.ops.gated_delta_rule import (chunk_gated_delta_rule, mosaic_chunk,
+from fla_jax.ops.gated_delta_rule import (chunk_gated_delta_rule, mosaic_bwd, mosaic_chunk,
                                            mosaic_layout, mosaic_unsupported_reason)
 from fla_jax.ops.gated_delta_rule.mosaic_kkt import C, gate_free_inverse_mosaic
 
@@ -73,7 +73,10 @@ def test_forward_lowers_k_not_v(K, V, monkeypatch):
     assert "mosaic_gpu" in _lower(K, "bf16", varlen=True, backward=False, V=V)
     monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
     text = _lower(K, "bf16", varlen=True, backward=True, V=V)
-    assert "mosaic_gpu" in text and "triton" not in text
+    if max(K, V) <= mosaic_bwd.MAX_HEAD:
+        assert "mosaic_gpu" in text and "triton" not in text
+    else:   # the Mosaic backward's tiles do not fit shared memory: the Pallas one runs
+        assert "triton" in text and "mosaic_gpu" not in text
 
 
 @pytest.fixture
@@ -92,20 +95,32 @@ def test_varlen_vjp_lowers(gated, monkeypatch):
     assert "mosaic_gpu" in _lower(128, "bf16", varlen=True, backward=False, gated=gated)
 
 
-@pytest.mark.parametrize("K", [64, 256])
-def test_mosaic_backward_lowers(K, mosaic_backward):
-    text = _lower(K, "bf16", varlen=K == 64, backward=True)
+@pytest.mark.parametrize("K", [64, 128])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_mosaic_backward_lowers(K, dtype, mosaic_backward):
+    text = _lower(K, dtype, varlen=K == 64, backward=True)
     assert "mosaic_gpu" in text and "triton" not in text
+    assert "gdn_bwd_grads" in text and "gdn_bwd_states" in text
 
 
-@pytest.mark.parametrize("op,case,backward", [
-    ("chunk_gated_delta_rule", "mos_dr_gqa_h0_t100", "pallas"),
-    ("chunk_gated_delta_rule", "mos_dr_varlen", "mosaic"),
-    ("chunk_delta_rule", "mos_dr_gqa_h0_t100", "mosaic")])
-def test_interpreted_against_float64(op, case, backward, monkeypatch):
+def test_mosaic_backward_large_heads_take_pallas(mosaic_backward):
+    """K = 256: the per-chunk gradient kernel's tiles do not fit shared memory, so the vjp
+    runs the Pallas forward and backward (mosaic_chunk._gdn_fwd)."""
+    text = _lower(256, "bf16", varlen=False, backward=True)
+    assert "triton" in text and "mosaic_gpu" not in text
+
+
+@pytest.mark.parametrize("op,case,backward,dtype", [
+    ("chunk_gated_delta_rule", "mos_dr_gqa_h0_t100", "pallas", "bf16"),
+    ("chunk_gated_delta_rule", "mos_dr_varlen", "mosaic", "bf16"),
+    ("chunk_delta_rule", "mos_dr_gqa_h0_t100", "mosaic", "bf16"),
+    # fp16's tolerances are 5x tighter: the Mosaic backward kernels' numerics
+    ("chunk_gated_delta_rule", "mos_dr_gqa_h0_t100", "mosaic", "fp16"),
+    ("chunk_gated_delta_rule", "mos_dr_varlen", "mosaic", "fp16")])
+def test_interpreted_against_float64(op, case, backward, dtype, monkeypatch):
     monkeypatch.setattr(mosaic_chunk, "BACKWARD", backward)
     with gpu_interpret():
-        assert_passed(check(op, case, "bf16", {"jax": "mosaic"}))
+        assert_passed(check(op, case, dtype, {"jax": "mosaic"}))
 
 
 def test_mosaic_needs_hopper():

@@ -9,7 +9,8 @@ Gamma = exp2(G), w the WY key factor (given negated), the forward
     dv_new^T = scale do^T P + (L^T k^T) exp2(G_last - G)
     L^T      <- exp2(G_last) L^T + scale (do^T Gamma) q - dv_new^T w
 The kernel stores L^T of every chunk (before its update: the cotangent of the state the
-chunk hands on) and dv_new^T, both fp32, and L^T after the first chunk (dh0).
+chunk hands on) and dv_new^T, both in q's dtype (what the per-chunk gradient kernel,
+mosaic_bwd_grads.py, reads as wgmma operands), and L^T after the first chunk (dh0, fp32).
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def _chain(init, *pairs, shape):
 def _stages(K: int, dtype) -> int:
     isz = jnp.dtype(dtype).itemsize
     per_stage = 3 * C * K * isz + BV * C * isz + 3 * 4 * C
-    fixed = C * C * isz + BV * K * 4 + BV * C * 4 + 1024
+    fixed = C * C * isz + BV * K * (4 + isz) + BV * C * isz + 1024
     return 2 if fixed + 2 * per_stage <= SMEM_BUDGET else 1
 
 
@@ -50,7 +51,7 @@ def reverse_states(q, k, wneg, doT, gcum, gsuf, table, dhtT, *, scale: float, gr
     """q, k: [R, H, K]; wneg: [HV, R, K] (-w); doT: [HV, V, R] (do transposed), all in one
     16-bit dtype; gcum, gsuf: [HV, R] fp32 (G and G_last - G in log2 units); table: [N,
     TABLE_WIDTH] int32 as in the forward; dhtT: None or [N, HV, V, K] fp32.
-    Returns dh [R // C, HV, V, K] fp32 (L^T per chunk), dvnT [HV, V, R] fp32 and
+    Returns dh [R // C, HV, V, K] (L^T per chunk), dvnT [HV, V, R] (both in q's dtype) and
     dh0T [N, HV, V, K] fp32."""
     R, H, K = q.shape
     HV, V = doT.shape[0], doT.shape[1]
@@ -68,16 +69,17 @@ def reverse_states(q, k, wneg, doT, gcum, gsuf, table, dhtT, *, scale: float, gr
         g_c=vec, g_r=vec, s_c=vec,
         p_s=smem_tile((C, C), dtype),
         l_s=smem_tile((BV, K), F32),
-        dv_s=smem_tile((BV, C), F32),
+        lo_s=smem_tile((BV, K), dtype),
+        dv_s=smem_tile((BV, C), dtype),
         tab_s=plgpu.SMEM((TABLE_WIDTH,), jnp.int32),
         in_bar=plgpu.Barrier(num_arrivals=7, num_barriers=stages),
         one_bar=plgpu.Barrier(num_arrivals=1, num_barriers=2),
     )
-    out_type = [jax.ShapeDtypeStruct((R // C, HV, V, K), F32),
-                jax.ShapeDtypeStruct((HV, V, R), F32),
+    out_type = [jax.ShapeDtypeStruct((R // C, HV, V, K), dtype),
+                jax.ShapeDtypeStruct((HV, V, R), dtype),
                 jax.ShapeDtypeStruct((N, HV, V, K), F32)]
 
-    def body(*refs, q_s, k_s, w_s, do_s, g_c, g_r, s_c, p_s, l_s, dv_s, tab_s, in_bar,
+    def body(*refs, q_s, k_s, w_s, do_s, g_c, g_r, s_c, p_s, l_s, lo_s, dv_s, tab_s, in_bar,
              one_bar):
         refs = list(refs)
         q_ref, k_ref, w_ref, do_ref, gc_ref, gs_ref, tab_ref = refs[:7]
@@ -125,12 +127,12 @@ def reverse_states(q, k, wneg, doT, gcum, gsuf, table, dhtT, *, scale: float, gr
                     plgpu.commit_smem()
                     issue(i + 1, 1 - slot)
 
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # l_s, dv_s of the last chunk
-            l_s[...] = l_t
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # lo_s, dv_s of the last chunk
+            l_lo = l_t.astype(dtype)
+            lo_s[...] = l_lo
             g_col = load(g_c.at[slot], COLS)
             g_row = load(g_r.at[slot], ROWS)
             decay = causal_decay(g_row, g_col, sq)
-            l_lo = l_t.astype(dtype)
             if overlap:
                 p, lk = matmuls((q_s.at[slot], k_s.at[slot], sq, None, False, True),
                                 (l_lo, k_s.at[slot], tile, None, False, True))
@@ -139,11 +141,11 @@ def reverse_states(q, k, wneg, doT, gcum, gsuf, table, dhtT, *, scale: float, gr
                 lk = matmul(l_lo, k_s.at[slot], tile, tb=True)             # L^T k^T
             p_s[...] = (p * decay * scale).astype(dtype)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(l_s, dh_ref.at[c, hv, cols])
+            plgpu.copy_smem_to_gmem(lo_s, dh_ref.at[c, hv, cols])
             do_t = load(do_s.at[slot], WGMMA)
             kd = jnp.exp2(load(s_c.at[slot], COLS))
             dvn = matmul(do_t, p_s, tile, init=lk * cols_of(kd, tile))     # dv_new^T
-            dv_s[...] = dvn
+            dv_s[...] = dvn.astype(dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(dv_s, dv_ref.at[hv, cols, pl.ds(c * C, C)])
             dog = (do_t.astype(F32) * cols_of(jnp.exp2(g_col) * scale, tile)).astype(dtype)

@@ -36,7 +36,7 @@ BACKWARDS = ("pallas", "mosaic")
 # differentiation the Pallas forward runs too, for its residuals) or "mosaic" (reverse state
 # pass in Mosaic + chunk-parallel XLA). H100 bf16 B4 T4096 H16 K=V=128, fwd+bwd: 4.43 ms with
 # "pallas", 6.32 with "mosaic" (RESULTS.md run 14).
-BACKWARD = "pallas"
+BACKWARD = "mosaic"
 MAX_HEAD = 256
 
 
@@ -63,8 +63,8 @@ def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool,
     """The Mosaic forward (lowers for CUDA on any machine: common/mosaic/lowering.py).
     q, k: [B, T, H, K]; v: [B, T, HV, V]; g: None or [B, T, HV]; beta: [B, T, HV];
     h0: None or [N, HV, K, V] fp32. Returns o [B, T, HV, V] (q's dtype) and the final
-    states [N, HV, K, V] fp32; with `residuals` also (hs, vnT) of the forward kernel, the
-    residuals of mosaic_bwd.backward."""
+    states [N, HV, K, V] fp32; with `residuals` also (hs, vnT, t0): the forward kernel's
+    chunk states and v_new and the gate-free inverse, the residuals of mosaic_bwd.backward."""
     B, T, H, K = q.shape
     HV = v.shape[2]
     if l2:
@@ -79,7 +79,7 @@ def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool,
     outs = fused_forward(qr, kr, vr, t0, G, later, br.T, table, h0t, scale=scale,
                          group=HV // H, residuals=residuals)
     o, ht = from_rows(outs[0], lay, B), jnp.swapaxes(outs[1], -1, -2)
-    return (o, ht, tuple(outs[2:])) if residuals else (o, ht)
+    return (o, ht, (outs[2], outs[3], t0)) if residuals else (o, ht)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
@@ -88,7 +88,7 @@ def _gdn(q, k, v, g, beta, h0, cu, scale, l2, backward):
 
 
 def _gdn_fwd(q, k, v, g, beta, h0, cu, scale, l2, backward):
-    if backward == "mosaic":   # the forward kernel's residuals feed the Mosaic backward
+    if backward == "mosaic" and max(q.shape[-1], v.shape[-1]) <= mosaic_bwd.MAX_HEAD:   # the forward kernel's residuals feed the Mosaic backward
         o, ht, extra = forward(q, k, v, g, beta, h0, cu, scale=scale, l2=l2, residuals=True)
         return (o, ht), (q, k, v, g, beta, h0, cu, extra)
 
@@ -104,7 +104,7 @@ def _gdn_fwd(q, k, v, g, beta, h0, cu, scale, l2, backward):
 
 
 def _gdn_bwd(scale, l2, backward, res, cts):
-    if backward == "mosaic":
+    if not callable(res):   # the Mosaic forward's residuals (see _gdn_fwd)
         q, k, v, g, beta, h0, cu = res[:7]
         return (*mosaic_bwd.backward(q, k, v, g, beta, h0, cu, cts[0], cts[1], scale=scale,
                                      l2=l2, resid=res[7]), None)

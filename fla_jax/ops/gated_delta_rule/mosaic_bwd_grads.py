@@ -1,0 +1,214 @@
+"""Mosaic GPU (sm_90) per-chunk gradients of the chunked gated delta rule: one CTA (one
+warpgroup) per (chunk, value head), chunk-parallel, all of K and V (K, V <= 128).
+
+Per chunk (C = 64 rows; log2 units: G the chunk-local cumsum, Gamma = exp2(G),
+D_ij = exp2(G_i - G_j) for j <= i, Tg = T0 * D the gated inverse, Ag = Tg diag(beta)), with
+the forward's residuals S^T (state entering the chunk) and v_new, and the reverse pass'
+L^T (cotangent of the state leaving the chunk) and dv_new:
+    W = Ag (Gamma k),  U = Ag v                           (recomputed here)
+    P    = (do v_new^T) * D                     [C, C]
+    dq   = scale (Gamma (do S^T) + P k)
+    dk   = exp2(G_last - G) (v_new L) + scale P^T q + beta Gamma dXw + (beta B) k + (beta B)^T k
+    dXw  = Tg^T (-dv_new S^T),  dXu = Tg^T dv_new,   dv = beta dXu
+    dA   = -(dXw W^T + dXu U^T),  B = strict_lower(dA * D)
+    dbeta = v . dXu + Gamma (k . dXw) + rowsum(B * k k^T)
+Gate gradient (w.r.t. the chunk-local cumsum, natural units: each exp2 term differentiates to
+itself), the closed form of engine/scalar_delta_bwd.py: per row
+    r1 = q . dq_inter + rowsum(M) - colsum(M) + beta Gamma (k . dXw) + rowsum(Ad) - colsum(Ad)
+         (+ exp2(G_last) <S, L> on the chunk's last row),
+    r2 = k . dk_state,
+with M = strict(scale P * q k^T), Ad = (beta B) * k k^T; dg = in-chunk reverse cumsum of r1
+plus the exclusive in-chunk cumsum of r2 (mosaic_bwd.py), never total minus prefix. Column
+sums are row sums of the transposed tiles, formed by their own products (fp32, no rounding
+of M or Ad). Every product: 16-bit operands, fp32 accumulation; dq, dk, dv leave in q's dtype
+(per value head; the GQA group sum is done by the caller).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of, iota,
+                                   iota_vec, load, matmul, rows_of, smem_tile, union)
+from ..common.mosaic.tiles import interpreting, zeros_wgmma
+from .mosaic_fwd_kernel import C
+
+MAX_HEAD = 128   # K and V: the chunk's tiles fit shared memory (208 KB at K = V = 128)
+
+
+def _sum_abt(*pairs, shape):
+    """sum of a @ b^T over pairs of 16-bit SMEM refs: one fp32 accumulator, one wait."""
+    if interpreting():
+        out = None
+        for a, b in pairs:
+            out = matmul(a, b, shape, init=out, tb=True)
+        return out
+
+    def body(acc):
+        for a, b in pairs:
+            plgpu.wgmma(acc, a, b.T)
+    return lax.optimization_barrier(pl.run_state(body)(plgpu.ACC.init(zeros_wgmma(shape))))
+
+
+def chunk_grads(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scale: float,
+                group: int, gated: bool):
+    """q, k: [R, H, K]; v, do: [R, HV, V]; t0: [HV, R, C] (gate-free inverse per chunk);
+    hs, dh: [R // C, HV, V, K] (transposed state entering / cotangent of the state leaving each
+    chunk); vnT, dvnT: [HV, V, R] (v_new and its cotangent, transposed), all in one 16-bit
+    dtype; gcum, gsuf, beta: [HV, R] fp32 (G and G_last - G in log2 units, beta).
+    Returns dq, dk [R, HV, K], dv [R, HV, V] (q's dtype, per value head), dbeta [HV, R] fp32
+    and, when gated, r1, r2 [HV, R] fp32 (see the module docstring)."""
+    R, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    if max(K, V) > MAX_HEAD:
+        raise ValueError(f"mosaic chunk_grads: K={K}, V={V}; takes K, V <= {MAX_HEAD}")
+    dt = q.dtype
+    sq = (C, C)
+    vec = lambda: plgpu.SMEM((C,), F32)
+    scratch = dict(
+        q_s=smem_tile((C, K), dt), k_s=smem_tile((C, K), dt),
+        v_s=smem_tile((C, V), dt), do_s=smem_tile((C, V), dt),
+        t_s=smem_tile(sq, dt), tg_s=smem_tile(sq, dt), ag_s=smem_tile(sq, dt),
+        agk_s=smem_tile(sq, dt),
+        # the states until dw is formed, then the WY cotangents (dw_s holds W once dXw is out)
+        st=union((smem_tile((V, K), dt), smem_tile((V, K), dt)),
+                 (smem_tile((C, K), dt), smem_tile((C, K), dt), smem_tile((C, V), dt),
+                  smem_tile((C, V), dt))),
+        # v_new and its cotangent until dXu is formed, then the dv / dk staging
+        vn=union((smem_tile((V, C), dt), smem_tile((V, C), dt)),
+                 (smem_tile((C, V), dt), smem_tile((C, K), dt))),
+        dq_o=smem_tile((C, K), dt),
+        g_r=vec(), g_c=vec(), s_r=vec(), b_r=vec(), b_c=vec(),
+        db_o=vec(), r1_o=vec(), r2_o=vec(),
+        bar=plgpu.Barrier(num_arrivals=14, num_barriers=1),
+    )
+    out_type = [jax.ShapeDtypeStruct((R, HV, K), dt), jax.ShapeDtypeStruct((R, HV, K), dt),
+                jax.ShapeDtypeStruct((R, HV, V), dt), jax.ShapeDtypeStruct((HV, R), F32)]
+    if gated:
+        out_type += [jax.ShapeDtypeStruct((HV, R), F32)] * 2
+
+    def body(*refs, q_s, k_s, v_s, do_s, t_s, tg_s, ag_s, agk_s, st, vn, dq_o, g_r, g_c,
+             s_r, b_r, b_c, db_o, r1_o, r2_o, bar):
+        (q_ref, k_ref, v_ref, do_ref, t_ref, hs_ref, dh_ref, vn_ref, dvn_ref, gc_ref, gs_ref,
+         b_ref) = refs[:12]
+        dq_ref, dk_ref, dv_ref, db_ref = refs[12:16]
+        r1_ref, r2_ref = refs[16:18] if gated else (None, None)
+        (h_s, dh_s), (dw_s, dxw_s, dxu_s, u_s) = st
+        (vn_s, dvn_s), (dv_o, dk_o) = vn
+        c, hv = lax.axis_index("c"), lax.axis_index("hv")
+        h = lax.div(hv, group)
+        rows = pl.ds(c * C, C)
+        for src, dst in ((q_ref.at[rows, h], q_s), (k_ref.at[rows, h], k_s),
+                         (v_ref.at[rows, hv], v_s), (do_ref.at[rows, hv], do_s),
+                         (t_ref.at[hv, rows], t_s), (hs_ref.at[c, hv], h_s),
+                         (dh_ref.at[c, hv], dh_s), (vn_ref.at[hv, :, rows], vn_s),
+                         (dvn_ref.at[hv, :, rows], dvn_s), (gc_ref.at[hv, rows], g_r),
+                         (gc_ref.at[hv, rows], g_c), (gs_ref.at[hv, rows], s_r),
+                         (b_ref.at[hv, rows], b_r), (b_ref.at[hv, rows], b_c)):
+            # G and beta twice: one buffer per register layout they are read in (one buffer
+            # read as rows and as columns fails Mosaic's layout inference on jax 0.11.2)
+            plgpu.copy_gmem_to_smem(src, dst, bar.at[0])
+        plgpu.barrier_wait(bar.at[0])
+
+        g_row, g_col = load(g_r, ROWS), load(g_c, COLS)
+        beta_r = load(b_r, ROWS)
+        g_last = g_r[C - 1]
+        gam = jnp.exp2(g_row)                                           # Gamma (rows)
+        dec = causal_decay(g_row, g_col, sq)                            # D
+        dec_t = causal_decay(g_row, g_col, sq, transposed=True)        # D^T
+        r, cc = iota(sq, 0), iota(sq, 1)
+        strict, strict_t = r > cc, cc > r
+
+        # <S, L> before the state tiles are reused (in 64-row slices: registers)
+        hdh = jnp.zeros((), F32)
+        if gated:
+            for i in range(V // 64):
+                sl = pl.ds(i * 64, 64)
+                hdh = hdh + jnp.sum(jnp.sum(load(h_s.at[sl], WGMMA).astype(F32)
+                                            * load(dh_s.at[sl], WGMMA).astype(F32), axis=1))
+
+        # dq = scale (Gamma (do S^T) + P k)
+        p = matmul(do_s, vn_s, sq) * dec
+        dq = matmul(do_s, h_s, (C, K)) * rows_of(gam * scale, (C, K))   # dq_inter
+        q32 = load(q_s, WGMMA).astype(F32)
+        if gated:
+            m = jnp.where(strict, p * matmul(q_s, k_s, sq, tb=True) * scale, 0.0)
+            r1 = jnp.sum(q32 * dq, axis=1) + jnp.sum(m, axis=1)
+        dq = matmul((p * scale).astype(dt), k_s, (C, K), init=dq)
+        dq_o[...] = dq.astype(dt)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(dq_o, dq_ref.at[rows, hv])
+
+        # dk: the state part exp2(G_last - G) (v_new L) and scale P^T q
+        p_t = matmul(vn_s, do_s, sq, ta=True, tb=True) * dec_t          # P^T
+        k32 = load(k_s, WGMMA).astype(F32)
+        dk = matmul(vn_s, dh_s, (C, K), ta=True) * rows_of(jnp.exp2(load(s_r, ROWS)), (C, K))
+        if gated:
+            m_t = jnp.where(strict_t, p_t * matmul(k_s, q_s, sq, tb=True) * scale, 0.0)
+            r1 = r1 - jnp.sum(m_t, axis=1)
+            r2 = jnp.sum(k32 * dk, axis=1)
+        dk = matmul((p_t * scale).astype(dt), q_s, (C, K), init=dk)
+        dw = matmul(dvn_s, h_s, (C, K), ta=True)                         # -dw = dv_new S^T
+        # the states are read: their SMEM now holds the WY cotangents
+        dw_s[...] = (-dw).astype(dt)
+        tg = load(t_s, WGMMA).astype(F32) * dec                          # Tg
+        tg_s[...] = tg.astype(dt)
+        beta_c = load(b_c, COLS)
+        ag_s[...] = (tg * cols_of(beta_c, sq)).astype(dt)                # Ag
+        agk_s[...] = (tg * cols_of(beta_c * jnp.exp2(g_col), sq)).astype(dt)   # Ag Gamma
+        plgpu.commit_smem()
+
+        # dXu = Tg^T dv_new, dv = beta dXu; dXw = Tg^T dw
+        dxu = matmul(tg_s, dvn_s, (C, V), ta=True, tb=True)
+        db = jnp.sum(load(v_s, WGMMA).astype(F32) * dxu, axis=1)
+        dxu_s[...] = dxu.astype(dt)
+        dv_o[...] = (dxu * rows_of(beta_r, (C, V))).astype(dt)   # v_new is read: its SMEM
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(dv_o, dv_ref.at[rows, hv])
+        dxw = matmul(tg_s, dw_s, (C, K), ta=True)
+        wk = gam * jnp.sum(k32 * dxw, axis=1)
+        db = db + wk
+        if gated:
+            r1 = r1 + beta_r * wk
+        dk = dk + dxw * rows_of(beta_r * gam, (C, K))
+        dxw_s[...] = dxw.astype(dt)
+        # W and U of the forward (W into dw_s, which dXw has read)
+        w = matmul(agk_s, k_s, (C, K))
+        u = matmul(ag_s, v_s, (C, V))
+        dw_s[...] = w.astype(dt)
+        u_s[...] = u.astype(dt)
+        plgpu.commit_smem()
+
+        # dA = -(dXw W^T + dXu U^T) and its transpose (own products: fp32 column sums)
+        da = -_sum_abt((dxw_s, dw_s), (dxu_s, u_s), shape=sq)
+        da_t = -_sum_abt((dw_s, dxw_s), (u_s, dxu_s), shape=sq)
+        kk = matmul(k_s, k_s, sq, tb=True)
+        bm = jnp.where(strict, da * dec, 0.0)
+        db = db + jnp.sum(bm * kk, axis=1)
+        bb = bm * rows_of(beta_r, sq)                                   # beta B
+        bb_t = jnp.where(strict_t, da_t * dec_t, 0.0) * cols_of(beta_c, sq)   # (beta B)^T
+        if gated:
+            r1 = r1 + jnp.sum(bb * kk, axis=1) - jnp.sum(bb_t * kk, axis=1)
+        dk = matmul(bb.astype(dt), k_s, (C, K), init=dk)
+        dk = matmul(bb_t.astype(dt), k_s, (C, K), init=dk)
+        dk_o[...] = dk.astype(dt)
+        db_o[...] = db
+        if gated:
+            last = iota_vec(C, ROWS) == C - 1
+            r1_o[...] = r1 + jnp.where(last, jnp.exp2(g_last) * hdh, 0.0)
+            r2_o[...] = r2
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(dk_o, dk_ref.at[rows, hv])
+        plgpu.copy_smem_to_gmem(db_o, db_ref.at[hv, rows])
+        if gated:
+            plgpu.copy_smem_to_gmem(r1_o, r1_ref.at[hv, rows])
+            plgpu.copy_smem_to_gmem(r2_o, r2_ref.at[hv, rows])
+        plgpu.wait_smem_to_gmem(0)
+
+    outs = build(body, name="gdn_bwd_grads", out_type=out_type, scratch=scratch,
+                 grid=(R // C, HV), grid_names=("c", "hv"))(
+        q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta)
+    return tuple(outs) if gated else (*outs, None, None)
