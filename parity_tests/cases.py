@@ -397,9 +397,9 @@ DELTA_KERNEL_CASES = (
 )
 
 # Pallas Mosaic GPU kernels interpreted on the CPU (test_mosaic_lowering.py,
-# test_mosaic_delta_lowering.py; bf16, K = 64, V = 64 / 128): several chunks and a tail, varlen
-# with an empty sequence and one ending mid-chunk, g / g_gamma / both, grouped value heads with
-# l2norm and beta in (0, 2) under gates to -5.
+# test_mosaic_delta_lowering.py; bf16 / fp16, K = 64, V = 64 / 128): several chunks and a tail,
+# varlen with an empty sequence and one ending mid-chunk, g / g_gamma / both, grouped value heads
+# with l2norm and beta in (0, 2) under gates to -5, gates in [-20, -10].
 MOSAIC_KERNEL_CASES = (
     Case("mos_sgla_g_h0_t150", B=1, T=150, H=1, HV=1, K=64, V=64, strength=0.16, floor=0.01,
          families=_SGLA),
@@ -410,6 +410,9 @@ MOSAIC_KERNEL_CASES = (
          beta_max=2.0, l2norm=True, families=_DR),
     Case("mos_dr_varlen", B=1, T=140, H=1, HV=1, K=64, V=128, cu_seqlens=(0, 7, 7, 100, 140),
          strength=0.16, floor=0.01, beta_lo=0.05, beta_hi=0.95, families=_DR),
+    # per-token gates in [-20, -10]: fp16 underflow of the gate factors (H100 gpu_strong_* fp16)
+    Case("mos_dr_strong", B=1, T=150, H=1, HV=1, K=64, V=64, cu_seqlens=(0, 60, 150),
+         strength=20.0, floor=0.5, families=_DR),
 )
 
 # float64 cases of parity_tests/test_chunked_fp64_torch.py (impl='chunked' in fp64 against the

@@ -36,9 +36,11 @@ def _dot16(spec, a, b):
 
 
 def wy_keys(k_rows, t0, gcum, beta_t, group: int):
-    """W = (T0 * D) diag(beta Gamma) k per chunk, as the forward kernel forms v_new from it.
-    k_rows: [R, H, K] (16-bit); t0: [HV, R, C] (q's dtype); gcum, beta_t: [HV, R] fp32
-    (G in log2 units). Returns -W [HV, R, K] in k's dtype (the reverse pass' operand)."""
+    """W' = exp2(-G_0) W = (T0 * D) diag(beta exp2(G - G_0)) k per chunk (W as the forward
+    kernel forms v_new from it, relative to the chunk's first row: no fp16 underflow under
+    strong gates). k_rows: [R, H, K] (16-bit); t0: [HV, R, C] (q's dtype); gcum, beta_t:
+    [HV, R] fp32 (G in log2 units). Returns -W' [HV, R, K] in k's dtype (the reverse pass'
+    operand)."""
     R, H, K = k_rows.shape
     HV = t0.shape[0]
     NC = R // C
@@ -46,7 +48,7 @@ def wy_keys(k_rows, t0, gcum, beta_t, group: int):
     idx = jnp.arange(C)
     dec = jnp.exp2(jnp.where(idx[:, None] >= idx[None, :], g[..., :, None] - g[..., None, :],
                              -jnp.inf))
-    scale = beta_t.reshape(HV, NC, C) * jnp.exp2(g)                    # beta Gamma (columns)
+    scale = beta_t.reshape(HV, NC, C) * jnp.exp2(g - g[..., :1])      # beta Gamma' (columns)
     agk = (t0.reshape(HV, NC, C, C).astype(F32) * dec * scale[..., None, :]).astype(k_rows.dtype)
     kc = jnp.repeat(k_rows.reshape(NC, C, H, K), group, axis=2)        # [NC, C, HV, K]
     w = _dot16("hnij,njhk->hnik", agk, kc)

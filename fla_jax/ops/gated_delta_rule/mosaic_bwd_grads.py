@@ -5,7 +5,8 @@ Per chunk (C = 64 rows; log2 units: G the chunk-local cumsum, Gamma = exp2(G),
 D_ij = exp2(G_i - G_j) for j <= i, Tg = T0 * D the gated inverse, Ag = Tg diag(beta)), with
 the forward's residuals S^T (state entering the chunk) and v_new, and the reverse pass'
 L^T (cotangent of the state leaving the chunk) and dv_new:
-    W = Ag (Gamma k),  U = Ag v                           (recomputed here)
+    W = Ag (Gamma k),  U = Ag v                           (recomputed here; W as
+                                      W' = exp2(-G_0) W, the factor applied in fp32)
     P    = (do v_new^T) * D                     [C, C]
     dq   = scale (Gamma (do S^T) + P k)
     dk   = exp2(G_last - G) (v_new L) + scale P^T q + beta Gamma dXw + (beta B) k + (beta B)^T k
@@ -33,24 +34,10 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of, iota,
                                    iota_vec, load, matmul, rows_of, smem_tile, union)
-from ..common.mosaic.tiles import interpreting, zeros_wgmma
 from .mosaic_fwd_kernel import C
 
 MAX_HEAD = 128   # K and V: the chunk's tiles fit shared memory (208 KB at K = V = 128)
 
-
-def _sum_abt(*pairs, shape):
-    """sum of a @ b^T over pairs of 16-bit SMEM refs: one fp32 accumulator, one wait."""
-    if interpreting():
-        out = None
-        for a, b in pairs:
-            out = matmul(a, b, shape, init=out, tb=True)
-        return out
-
-    def body(acc):
-        for a, b in pairs:
-            plgpu.wgmma(acc, a, b.T)
-    return lax.optimization_barrier(pl.run_state(body)(plgpu.ACC.init(zeros_wgmma(shape))))
 
 
 def chunk_grads(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scale: float,
@@ -115,7 +102,7 @@ def chunk_grads(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scale: 
 
         g_row, g_col = load(g_r, ROWS), load(g_c, COLS)
         beta_r = load(b_r, ROWS)
-        g_last = g_r[C - 1]
+        g_first, g_last = g_r[0], g_r[C - 1]
         gam = jnp.exp2(g_row)                                           # Gamma (rows)
         dec = causal_decay(g_row, g_col, sq)                            # D
         dec_t = causal_decay(g_row, g_col, sq, transposed=True)        # D^T
@@ -158,7 +145,8 @@ def chunk_grads(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scale: 
         tg_s[...] = tg.astype(dt)
         beta_c = load(b_c, COLS)
         ag_s[...] = (tg * cols_of(beta_c, sq)).astype(dt)                # Ag
-        agk_s[...] = (tg * cols_of(beta_c * jnp.exp2(g_col), sq)).astype(dt)   # Ag Gamma
+        # Ag Gamma' (Gamma relative to the first row: no fp16 underflow of strong gates)
+        agk_s[...] = (tg * cols_of(beta_c * jnp.exp2(g_col - g_first), sq)).astype(dt)
         plgpu.commit_smem()
 
         # dXu = Tg^T dv_new, dv = beta dXu; dXw = Tg^T dw
@@ -175,16 +163,19 @@ def chunk_grads(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scale: 
             r1 = r1 + beta_r * wk
         dk = dk + dxw * rows_of(beta_r * gam, (C, K))
         dxw_s[...] = dxw.astype(dt)
-        # W and U of the forward (W into dw_s, which dXw has read)
+        # W' and U of the forward (W' into dw_s, which dXw has read)
         w = matmul(agk_s, k_s, (C, K))
         u = matmul(ag_s, v_s, (C, V))
         dw_s[...] = w.astype(dt)
         u_s[...] = u.astype(dt)
         plgpu.commit_smem()
 
-        # dA = -(dXw W^T + dXu U^T) and its transpose (own products: fp32 column sums)
-        da = -_sum_abt((dxw_s, dw_s), (dxu_s, u_s), shape=sq)
-        da_t = -_sum_abt((dw_s, dxw_s), (u_s, dxu_s), shape=sq)
+        # dA = -(exp2(G_0) dXw W'^T + dXu U^T) and its transpose (own products: fp32 column
+        # sums)
+        da = -matmul(dxu_s, u_s, sq, tb=True,
+                     init=matmul(dxw_s, dw_s, sq, tb=True) * jnp.exp2(g_first))
+        da_t = -matmul(u_s, dxu_s, sq, tb=True,
+                       init=matmul(dw_s, dxw_s, sq, tb=True) * jnp.exp2(g_first))
         kk = matmul(k_s, k_s, sq, tb=True)
         bm = jnp.where(strict, da * dec, 0.0)
         db = db + jnp.sum(bm * kk, axis=1)

@@ -7,7 +7,10 @@ Gamma = exp2(G), w the WY key factor (given negated), the forward
     v_new = u - w S,   o = scale (Gamma q S + P v_new),   S' = exp2(G_last) S + (kd)^T v_new
 (kd = k * exp2(G_last - G)) gives
     dv_new^T = scale do^T P + (L^T k^T) exp2(G_last - G)
-    L^T      <- exp2(G_last) L^T + scale (do^T Gamma) q - dv_new^T w
+    L^T      <- exp2(G_last) L^T + exp2(G_0) (scale (do^T Gamma') q - dv_new^T w')
+with Gamma' = exp2(G - G_0) and w' = exp2(-G_0) w relative to the chunk's first row: the
+common factor exp2(G_0) is applied to the fp32 product, never to a 16-bit operand (with
+per-token gates near -20 it flushes fp16 operands to zero: dh0 lost every digit).
 The kernel stores L^T of every chunk (before its update: the cotangent of the state the
 chunk hands on) and dv_new^T, both in q's dtype (what the per-chunk gradient kernel,
 mosaic_bwd_grads.py, reads as wgmma operands), and L^T after the first chunk (dh0, fp32).
@@ -48,7 +51,7 @@ def _stages(K: int, dtype) -> int:
 
 
 def reverse_states(q, k, wneg, doT, gcum, gsuf, table, dhtT, *, scale: float, group: int):
-    """q, k: [R, H, K]; wneg: [HV, R, K] (-w); doT: [HV, V, R] (do transposed), all in one
+    """q, k: [R, H, K]; wneg: [HV, R, K] (-w', w relative to each chunk's first row); doT: [HV, V, R] (do transposed), all in one
     16-bit dtype; gcum, gsuf: [HV, R] fp32 (G and G_last - G in log2 units); table: [N,
     TABLE_WIDTH] int32 as in the forward; dhtT: None or [N, HV, V, K] fp32.
     Returns dh [R // C, HV, V, K] (L^T per chunk), dvnT [HV, V, R] (both in q's dtype) and
@@ -148,10 +151,12 @@ def reverse_states(q, k, wneg, doT, gcum, gsuf, table, dhtT, *, scale: float, gr
             dv_s[...] = dvn.astype(dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(dv_s, dv_ref.at[hv, cols, pl.ds(c * C, C)])
-            dog = (do_t.astype(F32) * cols_of(jnp.exp2(g_col) * scale, tile)).astype(dtype)
-            g_last = g_c[slot, C - 1]
-            l_new = _chain(l_t * jnp.exp2(g_last), (dog, q_s.at[slot]),
-                           (dvn.astype(dtype), w_s.at[slot]), shape=(BV, K))
+            g_first, g_last = g_c[slot, 0], g_c[slot, C - 1]
+            dog = (do_t.astype(F32) * cols_of(jnp.exp2(g_col - g_first) * scale, tile)
+                   ).astype(dtype)
+            upd = _chain(zeros_wgmma((BV, K)), (dog, q_s.at[slot]),
+                         (dvn.astype(dtype), w_s.at[slot]), shape=(BV, K))
+            l_new = l_t * jnp.exp2(g_last) + upd * jnp.exp2(g_first)
             if stages == 1:
                 @pl.when(i + 1 < count)
                 def _():
