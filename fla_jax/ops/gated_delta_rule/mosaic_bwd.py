@@ -84,7 +84,7 @@ def backward(q, k, v, g, beta, h0, cu_seqlens, do, dht, *, scale: float, l2: boo
     dor = to_rows(do.astype(dtype), lay)                                # [R, HV, V]
     dhtT = None if dht is None else jnp.swapaxes(dht.astype(F32), -1, -2)
     lamT, dvnT, dh0T = reverse_states(qr, kr, wy_keys(kr, t0, gcum, bt, group),
-                                      dor.transpose(1, 2, 0), gcum, gsuf, table, dhtT,
+                                      dor, gcum, gsuf, table, dhtT,
                                       scale=scale, group=group)
     dq, dk, dv, db, r1, r2 = chunk_grads(qr, kr, vr, dor, t0, hs, lamT, vnT, dvnT, gcum, gsuf,
                                          bt, scale=scale, group=group, gated=g is not None)

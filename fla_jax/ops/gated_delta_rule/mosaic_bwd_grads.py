@@ -34,7 +34,20 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of, iota,
                                    iota_vec, load, matmul, rows_of, smem_tile, union)
-from .mosaic_fwd_kernel import C
+from .mosaic_bwd_kernel import _chain
+from .mosaic_fwd_kernel import C, matmuls
+
+# Issue the independent products of a stage together, one wait (False: one wait per product;
+# fewer live accumulators)
+BATCH = True
+
+
+def mm(*ops, pad=0):
+    """The products ops ((a, b, shape, init, ta, tb) as for mosaic_fwd_kernel.matmuls),
+    issued together when BATCH; the result tuple padded with None to `pad` entries."""
+    outs = matmuls(*ops) if BATCH else tuple(
+        matmul(a, b, shape, init=init, ta=ta, tb=tb) for a, b, shape, init, ta, tb in ops)
+    return tuple(outs) + (None,) * (pad - len(outs))
 
 MAX_HEAD = 128   # K and V: the chunk's tiles fit shared memory (208 KB at K = V = 128)
 
@@ -117,28 +130,31 @@ def chunk_grads(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scale: 
                 hdh = hdh + jnp.sum(jnp.sum(load(h_s.at[sl], WGMMA).astype(F32)
                                             * load(dh_s.at[sl], WGMMA).astype(F32), axis=1))
 
-        # dq = scale (Gamma (do S^T) + P k)
-        p = matmul(do_s, vn_s, sq) * dec
-        dq = matmul(do_s, h_s, (C, K)) * rows_of(gam * scale, (C, K))   # dq_inter
-        q32 = load(q_s, WGMMA).astype(F32)
+        # dq = scale (Gamma (do S^T) + P k); products of one stage are issued together
+        T, F = True, False
+        p, dq, qk = mm((do_s, vn_s, sq, None, F, F), (do_s, h_s, (C, K), None, F, F),
+                       *([(q_s, k_s, sq, None, F, T)] if gated else []), pad=3)
+        p = p * dec
+        dq = dq * rows_of(gam * scale, (C, K))                           # dq_inter
         if gated:
-            m = jnp.where(strict, p * matmul(q_s, k_s, sq, tb=True) * scale, 0.0)
-            r1 = jnp.sum(q32 * dq, axis=1) + jnp.sum(m, axis=1)
+            m = jnp.where(strict, p * qk * scale, 0.0)
+            r1 = jnp.sum(load(q_s, WGMMA).astype(F32) * dq, axis=1) + jnp.sum(m, axis=1)
         dq = matmul((p * scale).astype(dt), k_s, (C, K), init=dq)
         dq_o[...] = dq.astype(dt)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(dq_o, dq_ref.at[rows, hv])
 
-        # dk: the state part exp2(G_last - G) (v_new L) and scale P^T q
-        p_t = matmul(vn_s, do_s, sq, ta=True, tb=True) * dec_t          # P^T
+        # dk: the state part exp2(G_last - G) (v_new L) and scale P^T q; -dw = dv_new S^T
+        p_t, dk, dw, kq = mm((vn_s, do_s, sq, None, T, T), (vn_s, dh_s, (C, K), None, T, F),
+                             (dvn_s, h_s, (C, K), None, T, F),
+                             *([(k_s, q_s, sq, None, F, T)] if gated else []), pad=4)
+        p_t = p_t * dec_t                                                # P^T
         k32 = load(k_s, WGMMA).astype(F32)
-        dk = matmul(vn_s, dh_s, (C, K), ta=True) * rows_of(jnp.exp2(load(s_r, ROWS)), (C, K))
+        dk = dk * rows_of(jnp.exp2(load(s_r, ROWS)), (C, K))
         if gated:
-            m_t = jnp.where(strict_t, p_t * matmul(k_s, q_s, sq, tb=True) * scale, 0.0)
+            m_t = jnp.where(strict_t, p_t * kq * scale, 0.0)
             r1 = r1 - jnp.sum(m_t, axis=1)
             r2 = jnp.sum(k32 * dk, axis=1)
-        dk = matmul((p_t * scale).astype(dt), q_s, (C, K), init=dk)
-        dw = matmul(dvn_s, h_s, (C, K), ta=True)                         # -dw = dv_new S^T
         # the states are read: their SMEM now holds the WY cotangents
         dw_s[...] = (-dw).astype(dt)
         tg = load(t_s, WGMMA).astype(F32) * dec                          # Tg
@@ -148,43 +164,40 @@ def chunk_grads(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scale: 
         # Ag Gamma' (Gamma relative to the first row: no fp16 underflow of strong gates)
         agk_s[...] = (tg * cols_of(beta_c * jnp.exp2(g_col - g_first), sq)).astype(dt)
         plgpu.commit_smem()
+        dk = matmul((p_t * scale).astype(dt), q_s, (C, K), init=dk)
 
         # dXu = Tg^T dv_new, dv = beta dXu; dXw = Tg^T dw
-        dxu = matmul(tg_s, dvn_s, (C, V), ta=True, tb=True)
+        dxu, dxw = mm((tg_s, dvn_s, (C, V), None, T, T), (tg_s, dw_s, (C, K), None, T, F))
         db = jnp.sum(load(v_s, WGMMA).astype(F32) * dxu, axis=1)
         dxu_s[...] = dxu.astype(dt)
         dv_o[...] = (dxu * rows_of(beta_r, (C, V))).astype(dt)   # v_new is read: its SMEM
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(dv_o, dv_ref.at[rows, hv])
-        dxw = matmul(tg_s, dw_s, (C, K), ta=True)
         wk = gam * jnp.sum(k32 * dxw, axis=1)
         db = db + wk
         if gated:
             r1 = r1 + beta_r * wk
         dk = dk + dxw * rows_of(beta_r * gam, (C, K))
         dxw_s[...] = dxw.astype(dt)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(dv_o, dv_ref.at[rows, hv])
         # W' and U of the forward (W' into dw_s, which dXw has read)
-        w = matmul(agk_s, k_s, (C, K))
-        u = matmul(ag_s, v_s, (C, V))
+        w, u = mm((agk_s, k_s, (C, K), None, F, F), (ag_s, v_s, (C, V), None, F, F))
         dw_s[...] = w.astype(dt)
         u_s[...] = u.astype(dt)
         plgpu.commit_smem()
 
         # dA = -(exp2(G_0) dXw W'^T + dXu U^T) and its transpose (own products: fp32 column
         # sums)
-        da = -matmul(dxu_s, u_s, sq, tb=True,
-                     init=matmul(dxw_s, dw_s, sq, tb=True) * jnp.exp2(g_first))
-        da_t = -matmul(u_s, dxu_s, sq, tb=True,
-                       init=matmul(dw_s, dxw_s, sq, tb=True) * jnp.exp2(g_first))
-        kk = matmul(k_s, k_s, sq, tb=True)
-        bm = jnp.where(strict, da * dec, 0.0)
+        x, x_t, kk = mm((dxw_s, dw_s, sq, None, F, T), (dw_s, dxw_s, sq, None, F, T),
+                        (k_s, k_s, sq, None, F, T))
+        e0 = jnp.exp2(g_first)
+        da, da_t = mm((dxu_s, u_s, sq, x * e0, F, T), (u_s, dxu_s, sq, x_t * e0, F, T))
+        bm = jnp.where(strict, -da * dec, 0.0)
         db = db + jnp.sum(bm * kk, axis=1)
         bb = bm * rows_of(beta_r, sq)                                   # beta B
-        bb_t = jnp.where(strict_t, da_t * dec_t, 0.0) * cols_of(beta_c, sq)   # (beta B)^T
+        bb_t = jnp.where(strict_t, -da_t * dec_t, 0.0) * cols_of(beta_c, sq)   # (beta B)^T
         if gated:
             r1 = r1 + jnp.sum(bb * kk, axis=1) - jnp.sum(bb_t * kk, axis=1)
-        dk = matmul(bb.astype(dt), k_s, (C, K), init=dk)
-        dk = matmul(bb_t.astype(dt), k_s, (C, K), init=dk)
+        dk = _chain(dk, (bb.astype(dt), k_s), (bb_t.astype(dt), k_s), shape=(C, K))
         dk_o[...] = dk.astype(dt)
         db_o[...] = db
         if gated:

@@ -24,40 +24,42 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of,
-                                  interpreting, load, matmul, smem_tile, zeros_wgmma)
+                                  interpreting, load, matmul, rows_of, smem_tile, zeros_wgmma)
 from . import mosaic_fwd_kernel
 from .mosaic_fwd_kernel import BV, C, SMEM_BUDGET, TABLE_WIDTH, matmuls
 
 
 def _chain(init, *pairs, shape):
-    """init + sum of a @ b over pairs, one accumulator, one wait."""
+    """init + sum of op(a) @ b over pairs (a, b) or (a, b, ta) (op: transpose where ta; a
+    16-bit SMEM ref then), one accumulator, one wait."""
+    pairs = [(p + (False,))[:3] for p in pairs]
     if interpreting():
         out = init
-        for a, b in pairs:
-            out = matmul(a, b, shape, init=out)
+        for a, b, ta in pairs:
+            out = matmul(a, b, shape, init=out, ta=ta)
         return out
 
     def body(acc):
-        for a, b in pairs:
-            plgpu.wgmma(acc, a, b)
+        for a, b, ta in pairs:
+            plgpu.wgmma(acc, a.T if ta else a, b)
     return lax.optimization_barrier(pl.run_state(body)(plgpu.ACC.init(init)))
 
 
 def _stages(K: int, dtype) -> int:
     isz = jnp.dtype(dtype).itemsize
     per_stage = 3 * C * K * isz + BV * C * isz + 3 * 4 * C
-    fixed = C * C * isz + BV * K * (4 + isz) + BV * C * isz + 1024
+    fixed = C * C * isz + C * K * isz + BV * K * (4 + isz) + BV * C * isz + 1024
     return 2 if fixed + 2 * per_stage <= SMEM_BUDGET else 1
 
 
-def reverse_states(q, k, wneg, doT, gcum, gsuf, table, dhtT, *, scale: float, group: int):
-    """q, k: [R, H, K]; wneg: [HV, R, K] (-w', w relative to each chunk's first row); doT: [HV, V, R] (do transposed), all in one
-    16-bit dtype; gcum, gsuf: [HV, R] fp32 (G and G_last - G in log2 units); table: [N,
+def reverse_states(q, k, wneg, do, gcum, gsuf, table, dhtT, *, scale: float, group: int):
+    """q, k: [R, H, K]; wneg: [HV, R, K] (-w', w relative to each chunk's first row); do:
+    [R, HV, V], all in one 16-bit dtype; gcum, gsuf: [HV, R] fp32 (G and G_last - G in log2 units); table: [N,
     TABLE_WIDTH] int32 as in the forward; dhtT: None or [N, HV, V, K] fp32.
     Returns dh [R // C, HV, V, K] (L^T per chunk), dvnT [HV, V, R] (both in q's dtype) and
     dh0T [N, HV, V, K] fp32."""
     R, H, K = q.shape
-    HV, V = doT.shape[0], doT.shape[1]
+    HV, V = do.shape[1], do.shape[2]
     N = table.shape[0]
     dtype = q.dtype
     has_dht = dhtT is not None
@@ -68,7 +70,8 @@ def reverse_states(q, k, wneg, doT, gcum, gsuf, table, dhtT, *, scale: float, gr
         q_s=smem_tile((stages, C, K), dtype),
         k_s=smem_tile((stages, C, K), dtype),
         w_s=smem_tile((stages, C, K), dtype),
-        do_s=smem_tile((stages, BV, C), dtype),
+        do_s=smem_tile((stages, C, BV), dtype),
+        qg_s=smem_tile((C, K), dtype),
         g_c=vec, g_r=vec, s_c=vec,
         p_s=smem_tile((C, C), dtype),
         l_s=smem_tile((BV, K), F32),
@@ -82,8 +85,8 @@ def reverse_states(q, k, wneg, doT, gcum, gsuf, table, dhtT, *, scale: float, gr
                 jax.ShapeDtypeStruct((HV, V, R), dtype),
                 jax.ShapeDtypeStruct((N, HV, V, K), F32)]
 
-    def body(*refs, q_s, k_s, w_s, do_s, g_c, g_r, s_c, p_s, l_s, lo_s, dv_s, tab_s, in_bar,
-             one_bar):
+    def body(*refs, q_s, k_s, w_s, do_s, qg_s, g_c, g_r, s_c, p_s, l_s, lo_s, dv_s, tab_s,
+             in_bar, one_bar):
         refs = list(refs)
         q_ref, k_ref, w_ref, do_ref, gc_ref, gs_ref, tab_ref = refs[:7]
         dht_ref = refs[7] if has_dht else None
@@ -102,7 +105,7 @@ def reverse_states(q, k, wneg, doT, gcum, gsuf, table, dhtT, *, scale: float, gr
             plgpu.copy_gmem_to_smem(q_ref.at[rows, h], q_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(k_ref.at[rows, h], k_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(w_ref.at[hv, rows], w_s.at[slot], bar)
-            plgpu.copy_gmem_to_smem(do_ref.at[hv, cols, rows], do_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(do_ref.at[rows, hv, cols], do_s.at[slot], bar)
             for src, dst in ((gc_ref, g_c), (gc_ref, g_r), (gs_ref, s_c)):
                 plgpu.copy_gmem_to_smem(src.at[hv, rows], dst.at[slot], bar)
 
@@ -143,18 +146,20 @@ def reverse_states(q, k, wneg, doT, gcum, gsuf, table, dhtT, *, scale: float, gr
                 p = matmul(q_s.at[slot], k_s.at[slot], sq, tb=True)
                 lk = matmul(l_lo, k_s.at[slot], tile, tb=True)             # L^T k^T
             p_s[...] = (p * decay * scale).astype(dtype)
+            # scale Gamma' q (Gamma relative to the chunk's first row) for the state update
+            g_first, g_last = g_c[slot, 0], g_c[slot, C - 1]
+            qg = load(q_s.at[slot], WGMMA).astype(F32) * rows_of(
+                jnp.exp2(g_row - g_first) * scale, (C, K))
+            qg_s[...] = qg.astype(dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(lo_s, dh_ref.at[c, hv, cols])
-            do_t = load(do_s.at[slot], WGMMA)
             kd = jnp.exp2(load(s_c.at[slot], COLS))
-            dvn = matmul(do_t, p_s, tile, init=lk * cols_of(kd, tile))     # dv_new^T
+            dvn = matmul(do_s.at[slot], p_s, tile, init=lk * cols_of(kd, tile),
+                         ta=True)                                            # dv_new^T
             dv_s[...] = dvn.astype(dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(dv_s, dv_ref.at[hv, cols, pl.ds(c * C, C)])
-            g_first, g_last = g_c[slot, 0], g_c[slot, C - 1]
-            dog = (do_t.astype(F32) * cols_of(jnp.exp2(g_col - g_first) * scale, tile)
-                   ).astype(dtype)
-            upd = _chain(zeros_wgmma((BV, K)), (dog, q_s.at[slot]),
+            upd = _chain(zeros_wgmma((BV, K)), (do_s.at[slot], qg_s, True),
                          (dvn.astype(dtype), w_s.at[slot]), shape=(BV, K))
             l_new = l_t * jnp.exp2(g_last) + upd * jnp.exp2(g_first)
             if stages == 1:
@@ -171,7 +176,7 @@ def reverse_states(q, k, wneg, doT, gcum, gsuf, table, dhtT, *, scale: float, gr
         plgpu.copy_smem_to_gmem(l_s, dh0_ref.at[n, hv, cols])
         plgpu.wait_smem_to_gmem(0)
 
-    args = [q, k, wneg, doT, gcum, gsuf, table] + ([dhtT] if has_dht else [])
+    args = [q, k, wneg, do, gcum, gsuf, table] + ([dhtT] if has_dht else [])
     kernel = build(body, name="gdn_bwd_states", out_type=out_type, scratch=scratch,
                    grid=(N, HV, V // BV), grid_names=("n", "hv", "v"))
     return kernel(*args)
