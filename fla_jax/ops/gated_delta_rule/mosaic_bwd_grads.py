@@ -40,6 +40,8 @@ from .mosaic_fwd_kernel import C, matmuls
 # Issue the independent products of a stage together, one wait (False: one wait per product;
 # fewer live accumulators)
 BATCH = True
+# The second stage (P^T, k q^T, the state part of dk, dw) as two groups of products
+SPLIT_B = False
 
 
 def mm(*ops, pad=0):
@@ -113,14 +115,19 @@ def chunk_grads(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scale: 
             plgpu.copy_gmem_to_smem(src, dst, bar.at[0])
         plgpu.barrier_wait(bar.at[0])
 
-        g_row, g_col = load(g_r, ROWS), load(g_c, COLS)
+        g_row = load(g_r, ROWS)
         beta_r = load(b_r, ROWS)
         g_first, g_last = g_r[0], g_r[C - 1]
         gam = jnp.exp2(g_row)                                           # Gamma (rows)
-        dec = causal_decay(g_row, g_col, sq)                            # D
-        dec_t = causal_decay(g_row, g_col, sq, transposed=True)        # D^T
-        r, cc = iota(sq, 0), iota(sq, 1)
-        strict, strict_t = r > cc, cc > r
+
+        # [C, C] decays and masks are formed where used, from SMEM (not kept live across the
+        # kernel: registers)
+        def dec(transposed=False):                     # D (D^T)
+            return causal_decay(load(g_r, ROWS), load(g_c, COLS), sq, transposed=transposed)
+
+        def strict(transposed=False):                  # i > j (i < j)
+            r, cc = iota(sq, 0), iota(sq, 1)
+            return cc > r if transposed else r > cc
 
         # <S, L> before the state tiles are reused (in 64-row slices: registers)
         hdh = jnp.zeros((), F32)
@@ -134,10 +141,10 @@ def chunk_grads(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scale: 
         T, F = True, False
         p, dq, qk = mm((do_s, vn_s, sq, None, F, F), (do_s, h_s, (C, K), None, F, F),
                        *([(q_s, k_s, sq, None, F, T)] if gated else []), pad=3)
-        p = p * dec
+        p = p * dec()
         dq = dq * rows_of(gam * scale, (C, K))                           # dq_inter
         if gated:
-            m = jnp.where(strict, p * qk * scale, 0.0)
+            m = jnp.where(strict(), p * qk * scale, 0.0)
             r1 = jnp.sum(load(q_s, WGMMA).astype(F32) * dq, axis=1) + jnp.sum(m, axis=1)
         dq = matmul((p * scale).astype(dt), k_s, (C, K), init=dq)
         dq_o[...] = dq.astype(dt)
@@ -145,24 +152,30 @@ def chunk_grads(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scale: 
         plgpu.copy_smem_to_gmem(dq_o, dq_ref.at[rows, hv])
 
         # dk: the state part exp2(G_last - G) (v_new L) and scale P^T q; -dw = dv_new S^T
-        p_t, dk, dw, kq = mm((vn_s, do_s, sq, None, T, T), (vn_s, dh_s, (C, K), None, T, F),
-                             (dvn_s, h_s, (C, K), None, T, F),
-                             *([(k_s, q_s, sq, None, F, T)] if gated else []), pad=4)
-        p_t = p_t * dec_t                                                # P^T
-        k32 = load(k_s, WGMMA).astype(F32)
+        if SPLIT_B:   # two waits, at most two live accumulators (registers)
+            p_t, kq = mm((vn_s, do_s, sq, None, T, T),
+                         *([(k_s, q_s, sq, None, F, T)] if gated else []), pad=2)
+            dk, dw = mm((vn_s, dh_s, (C, K), None, T, F), (dvn_s, h_s, (C, K), None, T, F))
+        else:
+            p_t, dk, dw, kq = mm((vn_s, do_s, sq, None, T, T),
+                                 (vn_s, dh_s, (C, K), None, T, F),
+                                 (dvn_s, h_s, (C, K), None, T, F),
+                                 *([(k_s, q_s, sq, None, F, T)] if gated else []), pad=4)
+        p_t = p_t * dec(True)                                            # P^T
         dk = dk * rows_of(jnp.exp2(load(s_r, ROWS)), (C, K))
         if gated:
-            m_t = jnp.where(strict_t, p_t * kq * scale, 0.0)
+            m_t = jnp.where(strict(True), p_t * kq * scale, 0.0)
             r1 = r1 - jnp.sum(m_t, axis=1)
-            r2 = jnp.sum(k32 * dk, axis=1)
+            r2 = jnp.sum(load(k_s, WGMMA).astype(F32) * dk, axis=1)
         # the states are read: their SMEM now holds the WY cotangents
         dw_s[...] = (-dw).astype(dt)
-        tg = load(t_s, WGMMA).astype(F32) * dec                          # Tg
+        tg = load(t_s, WGMMA).astype(F32) * dec()                        # Tg
         tg_s[...] = tg.astype(dt)
         beta_c = load(b_c, COLS)
         ag_s[...] = (tg * cols_of(beta_c, sq)).astype(dt)                # Ag
         # Ag Gamma' (Gamma relative to the first row: no fp16 underflow of strong gates)
-        agk_s[...] = (tg * cols_of(beta_c * jnp.exp2(g_col - g_first), sq)).astype(dt)
+        agk_s[...] = (tg * cols_of(beta_c * jnp.exp2(load(g_c, COLS) - g_first), sq)
+                      ).astype(dt)
         plgpu.commit_smem()
         dk = matmul((p_t * scale).astype(dt), q_s, (C, K), init=dk)
 
@@ -171,7 +184,7 @@ def chunk_grads(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scale: 
         db = jnp.sum(load(v_s, WGMMA).astype(F32) * dxu, axis=1)
         dxu_s[...] = dxu.astype(dt)
         dv_o[...] = (dxu * rows_of(beta_r, (C, V))).astype(dt)   # v_new is read: its SMEM
-        wk = gam * jnp.sum(k32 * dxw, axis=1)
+        wk = gam * jnp.sum(load(k_s, WGMMA).astype(F32) * dxw, axis=1)
         db = db + wk
         if gated:
             r1 = r1 + beta_r * wk
@@ -191,10 +204,10 @@ def chunk_grads(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scale: 
                         (k_s, k_s, sq, None, F, T))
         e0 = jnp.exp2(g_first)
         da, da_t = mm((dxu_s, u_s, sq, x * e0, F, T), (u_s, dxu_s, sq, x_t * e0, F, T))
-        bm = jnp.where(strict, -da * dec, 0.0)
+        bm = jnp.where(strict(), -da * dec(), 0.0)
         db = db + jnp.sum(bm * kk, axis=1)
         bb = bm * rows_of(beta_r, sq)                                   # beta B
-        bb_t = jnp.where(strict_t, -da_t * dec_t, 0.0) * cols_of(beta_c, sq)   # (beta B)^T
+        bb_t = jnp.where(strict(True), -da_t * dec(True), 0.0) * cols_of(load(b_c, COLS), sq)
         if gated:
             r1 = r1 + jnp.sum(bb * kk, axis=1) - jnp.sum(bb_t * kk, axis=1)
         dk = _chain(dk, (bb.astype(dt), k_s), (bb_t.astype(dt), k_s), shape=(C, K))
