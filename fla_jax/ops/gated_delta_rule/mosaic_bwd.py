@@ -5,8 +5,9 @@ W the reverse pass reads, the in-chunk cumsums of the gate gradient and the GQA 
 
 Residuals (mosaic_chunk.forward(..., residuals=True)): hs [NC, HV, V, K] the transposed state
 entering each chunk, vnT [HV, V, R] v_new transposed (both in q's dtype, stored by the fused
-forward) and T0 [HV, R, C] the gate-free inverse. Per chunk (log2 units as in the forward)
-W = (T0 * D) diag(beta Gamma) k; the reverse pass turns (W, do, dht) into L^T per chunk (the
+forward), T0 [HV, R, C] the gate-free inverse and -W' [HV, R, K] the WY keys relative to each
+chunk's first row (mosaic_layout.gate_free_inverse); the reverse pass turns (W', do, dht) into
+L^T per chunk (the
 cotangent of the state the chunk hands on), dv_new and dh0; the gradient kernel then gives
 dq, dk, dv, dbeta and the two per-row gate terms r1, r2, with
     dg_t = sum_{s >= t in t's chunk} r1_s + sum_{s < t in t's chunk} r2_s.
@@ -24,35 +25,7 @@ from .mosaic_layout import from_rows, gate_vectors, l2norm, plan, to_rows
 
 F32 = jnp.float32
 
-__all__ = ["MAX_HEAD", "backward", "wy_keys"]
-
-
-def _dot16(spec, a, b):
-    """einsum of 16-bit a, b with fp32 accumulation (XLA:CPU has no 16-bit x 16-bit -> fp32
-    dot: there the rounded operands are multiplied in fp32, which gives the same products)."""
-    if jax.default_backend() == "cpu":
-        return jnp.einsum(spec, a.astype(F32), b.astype(F32), precision=jax.lax.Precision.HIGHEST)
-    return jnp.einsum(spec, a, b, preferred_element_type=F32)
-
-
-def wy_keys(k_rows, t0, gcum, beta_t, group: int):
-    """W' = exp2(-G_0) W = (T0 * D) diag(beta exp2(G - G_0)) k per chunk (W as the forward
-    kernel forms v_new from it, relative to the chunk's first row: no fp16 underflow under
-    strong gates). k_rows: [R, H, K] (16-bit); t0: [HV, R, C] (q's dtype); gcum, beta_t:
-    [HV, R] fp32 (G in log2 units). Returns -W' [HV, R, K] in k's dtype (the reverse pass'
-    operand)."""
-    R, H, K = k_rows.shape
-    HV = t0.shape[0]
-    NC = R // C
-    g = gcum.reshape(HV, NC, C)
-    idx = jnp.arange(C)
-    dec = jnp.exp2(jnp.where(idx[:, None] >= idx[None, :], g[..., :, None] - g[..., None, :],
-                             -jnp.inf))
-    scale = beta_t.reshape(HV, NC, C) * jnp.exp2(g - g[..., :1])      # beta Gamma' (columns)
-    agk = (t0.reshape(HV, NC, C, C).astype(F32) * dec * scale[..., None, :]).astype(k_rows.dtype)
-    kc = jnp.repeat(k_rows.reshape(NC, C, H, K), group, axis=2)        # [NC, C, HV, K]
-    w = _dot16("hnij,njhk->hnik", agk, kc)
-    return (-w).astype(k_rows.dtype).reshape(HV, R, K)
+__all__ = ["MAX_HEAD", "backward"]
 
 
 def _gate_grad(r1, r2, HV: int, R: int):
@@ -67,13 +40,13 @@ def _gate_grad(r1, r2, HV: int, R: int):
 def backward(q, k, v, g, beta, h0, cu_seqlens, do, dht, *, scale: float, l2: bool, resid):
     """Cotangents (dq, dk, dv, dg or None, dbeta, dh0 or None) of the Mosaic forward, each in
     its input's dtype; shapes as in mosaic_chunk.forward. do: [B, T, HV, V];
-    dht: None or [N, HV, K, V] fp32. resid: (hs, vnT, t0) from mosaic_chunk.forward(...,
+    dht: None or [N, HV, K, V] fp32. resid: (hs, vnT, t0, wneg) from mosaic_chunk.forward(...,
     residuals=True)."""
     B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
+    HV = v.shape[2]
     group = HV // H
     dtype = q.dtype
-    hs, vnT, t0 = resid
+    hs, vnT, t0, wneg = resid
     qn, kn = (l2norm(q), l2norm(k)) if l2 else (q, k)
     lay, table = plan(B, T, cu_seqlens)
     qr, kr, vr = to_rows(qn, lay), to_rows(kn, lay), to_rows(v, lay)
@@ -83,8 +56,7 @@ def backward(q, k, v, g, beta, h0, cu_seqlens, do, dht, *, scale: float, l2: boo
     bt = br.T
     dor = to_rows(do.astype(dtype), lay)                                # [R, HV, V]
     dhtT = None if dht is None else jnp.swapaxes(dht.astype(F32), -1, -2)
-    lamT, dvnT, dh0T = reverse_states(qr, kr, wy_keys(kr, t0, gcum, bt, group),
-                                      dor, gcum, gsuf, table, dhtT,
+    lamT, dvnT, dh0T = reverse_states(qr, kr, wneg, dor, gcum, gsuf, table, dhtT,
                                       scale=scale, group=group)
     dq, dk, dv, db, r1, r2 = chunk_grads(qr, kr, vr, dor, t0, hs, lamT, vnT, dvnT, gcum, gsuf,
                                          bt, scale=scale, group=group, gated=g is not None)

@@ -63,8 +63,9 @@ def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool,
     """The Mosaic forward (lowers for CUDA on any machine: common/mosaic/lowering.py).
     q, k: [B, T, H, K]; v: [B, T, HV, V]; g: None or [B, T, HV]; beta: [B, T, HV];
     h0: None or [N, HV, K, V] fp32. Returns o [B, T, HV, V] (q's dtype) and the final
-    states [N, HV, K, V] fp32; with `residuals` also (hs, vnT, t0): the forward kernel's
-    chunk states and v_new and the gate-free inverse, the residuals of mosaic_bwd.backward."""
+    states [N, HV, K, V] fp32; with `residuals` also (hs, vnT, t0, wneg): the forward
+    kernel's chunk states and v_new, the gate-free inverse and the WY keys, the residuals of
+    mosaic_bwd.backward."""
     B, T, H, K = q.shape
     HV = v.shape[2]
     if l2:
@@ -74,12 +75,15 @@ def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool,
     br = to_rows(beta.astype(F32), lay)                                  # [R, HV]
     gr = None if g is None else to_rows(g.astype(F32), lay)
     G, later = gate_vectors(gr, qr.shape[0], HV)
-    t0 = gate_free_inverse(kr, br, HV // H, q.dtype)
+    if residuals:   # T0 and the backward's WY keys from one kernel
+        t0, wneg = gate_free_inverse(kr, br, HV // H, q.dtype, gcum=G)
+    else:
+        t0 = gate_free_inverse(kr, br, HV // H, q.dtype)
     h0t = None if h0 is None else jnp.swapaxes(h0.astype(F32), -1, -2)
     outs = fused_forward(qr, kr, vr, t0, G, later, br.T, table, h0t, scale=scale,
                          group=HV // H, residuals=residuals)
     o, ht = from_rows(outs[0], lay, B), jnp.swapaxes(outs[1], -1, -2)
-    return (o, ht, (outs[2], outs[3], t0)) if residuals else (o, ht)
+    return (o, ht, (outs[2], outs[3], t0, wneg)) if residuals else (o, ht)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))

@@ -27,17 +27,21 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from ..common.mosaic.tiles import F32, ROWS, build, iota, load, matmul, rows_of, smem_tile
+from ..common.mosaic.tiles import (COLS, F32, ROWS, build, causal_decay, cols_of, iota, load,
+                                   matmul, rows_of, smem_tile)
 from .mosaic_fwd_kernel import C   # the chunk length the fused forward reads T0 in
 
 LEVELS = C.bit_length() - 1    # block sizes 1, 2, ..., C / 2 merged
 BF16 = jnp.bfloat16
 
 
-def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype):
+def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, gcum=None):
     """k_rows: [R, H, K] (16-bit; R a multiple of C, chunks of C rows); beta_t: [HV, R] fp32,
     HV = H * group (value head hv reads key head hv // group). Returns T0 [HV, R, C] in
-    `dtype`: rows n*C .. n*C + C - 1 hold chunk n's (I + tril(beta_i k_i . k_j, -1))^-1."""
+    `dtype`: rows n*C .. n*C + C - 1 hold chunk n's (I + tril(beta_i k_i . k_j, -1))^-1.
+    With gcum ([HV, R] fp32, the chunk-local gate cumsum G in log2 units; zeros for the delta
+    rule) also -W' [HV, R, K] in `dtype`, the WY keys of the backward's reverse pass
+    (mosaic_bwd.wy_keys: W' = (T0 * D) diag(beta exp2(G - G_0)) k, from the T0 as rounded)."""
     R, H, K = k_rows.shape
     HV = beta_t.shape[0]
     if R % C or HV != H * group or beta_t.shape[1] != R:
@@ -51,14 +55,27 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype):
         hi_s=smem_tile(sq, BF16),
         lo_s=smem_tile(sq, BF16),
         t_s=smem_tile(sq, dtype),
-        bar=plgpu.Barrier(num_arrivals=2, num_barriers=1),
+        bar=plgpu.Barrier(num_arrivals=2 if gcum is None else 5, num_barriers=1),
     )
+    with_w = gcum is not None
+    if with_w:   # G as rows and as columns, beta as columns: one buffer per register layout
+        scratch.update(g_r=plgpu.SMEM((C,), F32), g_c=plgpu.SMEM((C,), F32),
+                       bc_s=plgpu.SMEM((C,), F32), a_s=smem_tile(sq, dtype),
+                       w_s=smem_tile((C, K), dtype))
 
-    def body(k_ref, b_ref, t_ref, k_s, b_s, hi_s, lo_s, t_s, bar):
+    def body(*refs, k_s, b_s, hi_s, lo_s, t_s, bar, g_r=None, g_c=None, bc_s=None, a_s=None,
+             w_s=None):
+        k_ref, b_ref = refs[:2]
+        g_ref = refs[2] if with_w else None
+        t_ref = refs[3 if with_w else 2]
+        w_ref = refs[4] if with_w else None
         n, hv = lax.axis_index("n"), lax.axis_index("hv")
         rows = pl.ds(n * C, C)
         plgpu.copy_gmem_to_smem(k_ref.at[rows, lax.div(hv, group)], k_s, bar.at[0])
         plgpu.copy_gmem_to_smem(b_ref.at[hv, rows], b_s, bar.at[0])
+        if with_w:
+            for src, dst in ((g_ref, g_r), (g_ref, g_c), (b_ref, bc_s)):
+                plgpu.copy_gmem_to_smem(src.at[hv, rows], dst, bar.at[0])
         plgpu.barrier_wait(bar.at[0])
 
         def prod(x, y):
@@ -88,12 +105,24 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype):
         for level in range(1, LEVELS):
             p = prod(d, pair_part(level))
             d = d - prod(p, d)
-        t0 = d
-        t_s[...] = t0.astype(dtype)
+        t0 = d.astype(dtype)
+        t_s[...] = t0
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(t_s, t_ref.at[hv, rows])
+        if with_w:   # -W' = -(T0 * D) diag(beta exp2(G - G_0)) k
+            g_col = load(g_c, COLS)
+            dec = causal_decay(load(g_r, ROWS), g_col, sq)
+            colw = load(bc_s, COLS) * jnp.exp2(g_col - g_r[0])
+            a_s[...] = (t0.astype(F32) * dec * cols_of(colw, sq)).astype(dtype)
+            plgpu.commit_smem()
+            w_s[...] = (-matmul(a_s, k_s, (C, K))).astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(w_s, w_ref.at[hv, rows])
         plgpu.wait_smem_to_gmem(0)
 
-    kernel = build(body, name="gdn_kkt_inverse", out_type=jax.ShapeDtypeStruct((HV, R, C), dtype),
+    out_type = jax.ShapeDtypeStruct((HV, R, C), dtype)
+    if with_w:
+        out_type = [out_type, jax.ShapeDtypeStruct((HV, R, K), dtype)]
+    kernel = build(body, name="gdn_kkt_inverse", out_type=out_type,
                    scratch=scratch, grid=(R // C, HV), grid_names=("n", "hv"))
-    return kernel(k_rows, beta_t)
+    return kernel(k_rows, beta_t, gcum) if with_w else kernel(k_rows, beta_t)
