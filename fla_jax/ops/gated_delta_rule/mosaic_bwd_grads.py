@@ -37,19 +37,11 @@ from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, 
 from .mosaic_bwd_kernel import _chain
 from .mosaic_fwd_kernel import C, matmuls
 
-# Issue the independent products of a stage together, one wait (False: one wait per product;
-# fewer live accumulators)
-BATCH = True
-# The second stage (P^T, k q^T, the state part of dk, dw) as two groups of products
-SPLIT_B = False
-
-
 def mm(*ops, pad=0):
-    """The products ops ((a, b, shape, init, ta, tb) as for mosaic_fwd_kernel.matmuls),
-    issued together when BATCH; the result tuple padded with None to `pad` entries."""
-    outs = matmuls(*ops) if BATCH else tuple(
-        matmul(a, b, shape, init=init, ta=ta, tb=tb) for a, b, shape, init, ta, tb in ops)
-    return tuple(outs) + (None,) * (pad - len(outs))
+    """Independent products ((a, b, shape, init, ta, tb) as for mosaic_fwd_kernel.matmuls)
+    issued together, one wait (H100: the same time as one wait per product, RESULTS.md run 15);
+    the result tuple padded with None to `pad` entries."""
+    return tuple(matmuls(*ops)) + (None,) * (pad - len(ops))
 
 MAX_HEAD = 128   # K and V: the chunk's tiles fit shared memory (208 KB at K = V = 128)
 
@@ -152,15 +144,9 @@ def chunk_grads(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scale: 
         plgpu.copy_smem_to_gmem(dq_o, dq_ref.at[rows, hv])
 
         # dk: the state part exp2(G_last - G) (v_new L) and scale P^T q; -dw = dv_new S^T
-        if SPLIT_B:   # two waits, at most two live accumulators (registers)
-            p_t, kq = mm((vn_s, do_s, sq, None, T, T),
-                         *([(k_s, q_s, sq, None, F, T)] if gated else []), pad=2)
-            dk, dw = mm((vn_s, dh_s, (C, K), None, T, F), (dvn_s, h_s, (C, K), None, T, F))
-        else:
-            p_t, dk, dw, kq = mm((vn_s, do_s, sq, None, T, T),
-                                 (vn_s, dh_s, (C, K), None, T, F),
-                                 (dvn_s, h_s, (C, K), None, T, F),
-                                 *([(k_s, q_s, sq, None, F, T)] if gated else []), pad=4)
+        p_t, dk, dw, kq = mm((vn_s, do_s, sq, None, T, T), (vn_s, dh_s, (C, K), None, T, F),
+                             (dvn_s, h_s, (C, K), None, T, F),
+                             *([(k_s, q_s, sq, None, F, T)] if gated else []), pad=4)
         p_t = p_t * dec(True)                                            # P^T
         dk = dk * rows_of(jnp.exp2(load(s_r, ROWS)), (C, K))
         if gated:
