@@ -1,17 +1,19 @@
 """Chunked gated delta rule (and the delta rule, g=None) with Pallas Mosaic GPU kernels
 (Hopper, sm_90): impl="mosaic".
 
-Forward: XLA prepares the chunk-aligned token layout (mosaic_layout.py), the gate vectors
-and the gate-free inverse T0 per chunk (batched matmuls, fp32); one Mosaic kernel
-(mosaic_fwd_kernel.py) then runs the sequential state pass fused with the output.
+Forward: XLA prepares the chunk-aligned token layout and the gate vectors
+(mosaic_layout.py); a chunk-parallel Mosaic kernel forms the gate-free inverse T0 per chunk
+(mosaic_kkt.py); one Mosaic kernel (mosaic_fwd_kernel.py) then runs the sequential state pass
+fused with the output.
 Backward (jax.custom_vjp; every gradient in its input's dtype), chosen by BACKWARD:
-"pallas" (default): the Pallas Triton-lowering kernels of pallas_chunk.py. Their backward needs
-the Pallas forward's residuals (W, U, Tm, chunk states, v_new in its own layout), so under
-differentiation the forward pass runs the Pallas forward (o, final state and residuals in one
-pass) instead of the Mosaic one: computing o with Mosaic and then the residuals again in the
-backward cost 0.39 ms more per training step (H100, RESULTS.md run 14). Without
-differentiation (inference) the Mosaic forward runs. "mosaic" (opt-in, slower): mosaic_bwd.py
-(the forward kernel's saved residuals, a Mosaic reverse state pass, chunk-parallel XLA).
+"mosaic" (default; K, V <= 128): under differentiation the forward also keeps its residuals
+(chunk states, v_new, T0 and the WY keys W' from the T0 kernel), and mosaic_bwd.py runs a
+Mosaic reverse state pass and a Mosaic per-chunk gradient kernel. H100 bf16 B4 T4096 H16
+K=V=128, training step 1.338 ms for GDN, 1.181 for the delta rule (RESULTS.md run 15).
+"pallas" (and K or V > 128, whose gradient tiles do not fit shared memory): the Pallas
+Triton-lowering kernels of pallas_chunk.py; their backward needs the Pallas forward's
+residuals, so under differentiation the Pallas forward runs instead of the Mosaic one
+(training step 4.014 ms, run 14). Without differentiation (inference) the Mosaic forward runs.
 
 Takes q/k/v in bf16 or fp16 with K and V in {64, 128, 256} (other multiples of 64 up to 256
 too); `mosaic_unsupported_reason` says why a call is refused (fp32: use impl="pallas").
@@ -32,10 +34,8 @@ from .pallas_chunk import chunk_gated_delta_rule_pallas
 F32 = jnp.float32
 DTYPES = ("bfloat16", "float16")
 BACKWARDS = ("pallas", "mosaic")
-# The backward behind the Mosaic forward: "pallas" (the Pallas Triton-lowering backward; under
-# differentiation the Pallas forward runs too, for its residuals) or "mosaic" (reverse state
-# pass in Mosaic + chunk-parallel XLA). H100 bf16 B4 T4096 H16 K=V=128, fwd+bwd: 4.43 ms with
-# "pallas", 6.32 with "mosaic" (RESULTS.md run 14).
+# The backward behind the Mosaic forward (see the module docstring): "mosaic" (K, V <= 128;
+# else "pallas" is used) or "pallas"
 BACKWARD = "mosaic"
 MAX_HEAD = 256
 
