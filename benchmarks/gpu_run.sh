@@ -2,7 +2,8 @@
 # One GPU session, run from the repo root on the GPU machine (carry .whl for fla-core + einops):
 #   MODE=parity  kernel parity at GPU shapes, one process per job in parallel ($OUT/parity.txt);
 #                IMPLS=mosaic: fla_jax's Mosaic GPU kernels against float64 and fla_torch's Triton;
-#                DTYPES="bf16 fp16": only those
+#                DTYPES="bf16 fp16": only those; OVERRIDE="<module>:NAME=value" (an opt-in
+#                kernel, benchmarks/with_override.py)
 #   MODE=bench   the benchmark steps below (STEPS, default all), one process after another
 #                ($OUT/bench.txt, bench.md, bench.json)
 #   MODE=profile device time per kernel (benchmarks/kernel_profile.py) of PROFILE_OPS on
@@ -47,7 +48,9 @@ if [ "$MODE" = parity ]; then
     op=${job%%:*}; cases=""; [ "$op" != "$job" ] && cases=${job#*:}
     i=$((i + 1))
     impls=${IMPLS:-kernel}; [ "$op" = attention ] && impls=default   # attention: engines, no kernel
-    timeout ${PARITY_S:-480} python3 -m parity_tests --device cuda --impls $impls --ops $op \
+    # OVERRIDE="<module>:NAME=value": module constants set for the run (with_override.py)
+    timeout ${PARITY_S:-480} python3 ${OVERRIDE:+benchmarks/with_override.py "$OVERRIDE"} \
+      -m parity_tests --device cuda --impls $impls --ops $op \
       ${DTYPES:+--dtypes $DTYPES} \
       ${cases:+--cases ${cases//,/ }} > "$OUT/p_$(printf %02d $i)_$op.log" 2>&1 &
     # at most PAR jobs at once: 23 at once ran the one GPU out of memory (DPLR chunk jobs)
@@ -123,6 +126,19 @@ for step in ${STEPS:-1 2 3 4 5 6 10}; do
             --variant "fla_jax.ops.gated_delta_rule.mosaic_chunk:BACKWARD=pallas" \
             2>&1 | grep -v Warning | tee -a "$OUT/bench.txt"
         done ;;
+    # issue 11: simple GLA's opt-in Mosaic backward against the Pallas one and jla; the
+    # Mosaic GDN forward with its products issued one at a time (OVERLAP=0: fewer live
+    # accumulators; the kernel spills 324 B at 255 registers) and ptxas' counts for it
+    17) b 17 --ops simple_gla --dtypes bf16 --shapes B4T4096 --paths jla mosaic
+        timeout ${BENCH_S:-300} python3 benchmarks/pallas_launch_sweep.py --op simple_gla \
+          --impl mosaic --dtype bf16 \
+          --variant "fla_jax.ops.simple_gla.mosaic_chunk:BACKWARD=mosaic" \
+          2>&1 | grep -v Warning | tee -a "$OUT/bench.txt"
+        F=fla_jax.ops.gated_delta_rule.mosaic_fwd_kernel:OVERLAP=0
+        timeout ${BENCH_S:-300} python3 benchmarks/pallas_launch_sweep.py --op gated_delta_rule \
+          --impl mosaic --dtype bf16 --variant "$F" 2>&1 | grep -v Warning | tee -a "$OUT/bench.txt"
+        timeout ${BENCH_S:-300} python3 benchmarks/mosaic_ptxas.py --op gated_delta_rule \
+          --variant "$F" 2>&1 | grep -v Warning | tee -a "$OUT/bench.txt" ;;
     # issue 10: the GLA forward (1.08x FLA on the H200, run 13): cumsum_scores spills at the
     # shipped 4 warps / BK 32 (offline sm_90 compile: 255 registers, 408 B stack; 8 warps /
     # BK 16: 192, none), so time its launch variants on the whole op, defaults first.

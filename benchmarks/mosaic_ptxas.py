@@ -32,7 +32,7 @@ def parse(text: str) -> list[tuple[str, str]]:
         elif (m := PROPS.search(line)) and name:
             props = f"stack {m.group(1)} B, spill stores {m.group(2)} B, loads {m.group(3)} B"
         elif (m := REGS.search(line)) and name:
-            out.append((name, f"{m.group(1)} registers, {props}"))
+            out.append((name, f"{m.group(1)} registers" + (f", {props}" if props else "")))
             name = None
     return out
 

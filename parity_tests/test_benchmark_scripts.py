@@ -212,3 +212,37 @@ def test_offline_regs_pallas_unescapes_mlir_strings():
                        else f"\\{c:02X}" for c in b)
     assert o._unescape(mlir_escape(raw)) == raw
     assert o._unescape("ML\\EFR\\5C\\\\a") == b"ML\xefR\\\\a"
+
+
+def test_with_override_sets_constants_for_the_run(tmp_path):
+    """benchmarks/with_override.py: the module runs with the constant set (restored after),
+    and an unknown constant is an error."""
+    (tmp_path / "probe_mod.py").write_text(
+        "import sys\nfrom fla_jax.ops.simple_gla import mosaic_chunk\n"
+        "open(sys.argv[1], 'w').write(mosaic_chunk.BACKWARD)\n")
+    out = tmp_path / "seen.txt"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT]))
+    script = os.path.join(ROOT, "benchmarks", "with_override.py")
+    subprocess.run([sys.executable, script, "fla_jax.ops.simple_gla.mosaic_chunk:BACKWARD=mosaic",
+                    "-m", "probe_mod", str(out)], check=True, env=env, cwd=ROOT)
+    assert out.read_text() == "mosaic"
+    subprocess.run([sys.executable, script, "fla_jax.ops.simple_gla.mosaic_chunk:BACKWARD=pallas",
+                    "-m", "probe_mod", str(out)], check=True, env=env, cwd=ROOT)
+    assert out.read_text() == "pallas"
+    bad = subprocess.run([sys.executable, script, "fla_jax.ops.simple_gla.mosaic_chunk:NOPE=1",
+                          "-m", "probe_mod", str(out)], env=env, cwd=ROOT,
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "NOPE: no such constant" in bad.stderr
+
+
+def test_mosaic_ptxas_parses_ptxas_report():
+    mod = _load("mosaic_ptxas")
+    text = ("ptxas info    : Compiling entry function 'gdn_bwd_grads_kernel' for 'sm_90a'\n"
+            "ptxas info    : Function properties for gdn_bwd_grads_kernel\n"
+            "    632 bytes stack frame, 784 bytes spill stores, 780 bytes spill loads\n"
+            "ptxas info    : Used 255 registers, used 1 barriers\n"
+            "ptxas info    : Compiling entry function 'gdn_fwd_kernel' for 'sm_90a'\n"
+            "ptxas info    : Used 128 registers\n")
+    assert mod.parse(text) == [
+        ("gdn_bwd_grads_kernel", "255 registers, stack 632 B, spill stores 784 B, loads 780 B"),
+        ("gdn_fwd_kernel", "128 registers")]
