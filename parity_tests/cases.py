@@ -406,6 +406,10 @@ MOSAIC_KERNEL_CASES = (
     Case("mos_sgla_gamma_varlen", B=1, T=100, H=1, HV=1, K=64, V=128, gate_mode="gamma",
          cu_seqlens=(0, 7, 7, 70, 100), families=_SGLA),
     Case("mos_sgla_split", B=1, T=300, H=1, HV=1, K=64, V=64, gate_mode="both", families=_SGLA),
+    # per-token gates in [-20, -10] (the H100 gpu_strong_* dg of the Mosaic backward: 1.6e-1,
+    # 1.2e+3 in bf16 before its gate terms were summed in closed form)
+    Case("mos_sgla_strong", B=1, T=150, H=1, HV=1, K=64, V=64, cu_seqlens=(0, 60, 150),
+         strength=20.0, floor=0.5, families=_SGLA),
     Case("mos_dr_gqa_h0_t100", B=2, T=100, H=1, HV=2, K=64, V=64, strength=5.0, floor=0.0,
          beta_max=2.0, l2norm=True, families=_DR),
     Case("mos_dr_varlen", B=1, T=140, H=1, HV=1, K=64, V=128, cu_seqlens=(0, 7, 7, 100, 140),

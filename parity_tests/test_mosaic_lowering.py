@@ -80,19 +80,22 @@ def test_varlen_vjp_lowers(K):
 
 # case -> forward settings: warp-specialized; default; split into pieces of 2, 2, 1 and 0
 # chunks per sequence (the split's scans, an empty piece)
-CASES = {"mos_sgla_g_h0_t150": "ws", "mos_sgla_gamma_varlen": "", "mos_sgla_split": "split"}
+CASES = {"mos_sgla_g_h0_t150": "ws", "mos_sgla_gamma_varlen": "", "mos_sgla_split": "split",
+         "mos_sgla_strong": ""}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_interpreted_against_float64(case, monkeypatch):
-    """Mosaic forward and backward kernels in the GPU interpreter vs float64 (bf16)."""
+    """Mosaic forward and backward kernels in the GPU interpreter vs float64 (bf16; the strong
+    gates also in fp16)."""
     monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
     monkeypatch.setitem(mosaic_fwd.TUNING, "ws", CASES[case] == "ws")
     if CASES[case] == "split":
         monkeypatch.setitem(mosaic_split.POLICY, "min_piece_chunks", 1)
         assert mosaic_split.pieces(1, 1, 64, 5, False) == 4
     with gpu_interpret():
-        assert_passed(check("chunk_simple_gla", case, "bf16", {"jax": "mosaic"}))
+        for dtype in ("bf16", "fp16") if case == "mos_sgla_strong" else ("bf16",):
+            assert_passed(check("chunk_simple_gla", case, dtype, {"jax": "mosaic"}))
 
 
 def test_mosaic_needs_hopper():

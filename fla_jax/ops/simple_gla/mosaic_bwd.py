@@ -2,8 +2,8 @@
 
 Three kernels: the forward recomputes the state entering every chunk (mosaic_fwd, states
 mode), `dstate` runs the state gradient backwards over the chunks (and gives dh0), `grads`
-forms dq, dk, dv and the per-row gate terms of every chunk in parallel; the gate gradient is
-their in-chunk reverse cumsum (XLA). States and state gradients are kept in q's dtype
+forms dq, dk, dv and the two per-row gate terms of every chunk in parallel; the gate gradient is
+their in-chunk (reverse / exclusive) cumsums (XLA, mosaic_inputs.chunk_gate_grad). States and state gradients are kept in q's dtype
 between kernels, as FLA does. With a sequence split (mosaic_split.py) both serial passes run
 per piece from the true piece boundary states and gradients.
 """
@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from ..common.mosaic import packing
 from . import mosaic_bwd_kernels as kernels
 from . import mosaic_fwd, mosaic_split
-from .mosaic_inputs import chunk_cumsum, chunk_reverse_cumsum, flat, layout, log_decay
+from .mosaic_inputs import chunk_cumsum, chunk_gate_grad, flat, layout, log_decay
 
 MAX_HEAD = 128      # all of K and V of one chunk in SMEM
 
@@ -52,12 +52,13 @@ def backward(cfg, q, k, v, g, gamma, h0, cu, do, dht):
                                out_final=False, mode="states")
     dhs, dh0t = kernels.dstate(qp, dop, g2, ends, seq, scale=cfg.scale, n_seqs=n,
                                want_dh0=h0 is not None and P == 1)
-    dq, dk, dv, r = kernels.grads(qp, kp, vp, dop, g2, hs, dhs, scale=cfg.scale)
+    dq, dk, dv, r1, r2 = kernels.grads(qp, kp, vp, dop, g2, hs, dhs, scale=cfg.scale)
     if P > 1:
         dh0t = dh0t_split
         dq, dk, dv = (x.reshape(q.shape[:1] + (-1,) + x.shape[2:]) for x in (dq, dk, dv))
-        r = jnp.transpose(r.reshape(r.shape[1], q.shape[0], -1), (1, 0, 2))
+        r1, r2 = (jnp.transpose(r.reshape(r.shape[1], q.shape[0], -1), (1, 0, 2))
+                  for r in (r1, r2))
     dq, dk, dv = (packing.unpack(x, lay) for x in (dq, dk, dv))
-    dg = None if g is None else chunk_reverse_cumsum(r, lay).astype(g.dtype)
+    dg = None if g is None else chunk_gate_grad(r1, r2, lay).astype(g.dtype)
     dh0 = None if h0 is None else jnp.swapaxes(dh0t, -1, -2)
     return dq, dk, dv, dg, dh0

@@ -13,8 +13,14 @@ underflow) and the factor exp2(g2_0) applied to the fp32 product.
     dq = scale (Γ (do S^T) + (P * D) k),          P = do v^T
     dk = Γr (v dS^T) + scale ((P * D)^T q)
     dv = Γr (k dS) + scale ((q k^T) * D)^T do
-    r  = q . dq - k . dk per row, plus <S_next, dS> = <γ S, dS> + Σ_j k_j . (Γr_j dS v_j)
-         on the chunk's last row; the gate gradient is the in-chunk reverse cumsum of r.
+    per row (the gate terms, each scaling with the decay it differentiates):
+    r1 = q . dq_inter + rowsum(M) - colsum(M)  (+ <γ S, dS> on the chunk's last row),
+         dq_inter = scale Γ (do S^T),  M = scale (P * D) * (q k^T) below the diagonal,
+    r2 = k . dk_state,  dk_state = Γr (v dS^T);
+    dg_t = Σ_{s >= t} r1_s + Σ_{s < t} r2_s within the chunk (mosaic_inputs.chunk_gate_grad).
+    colsum(M) is the row sum of M^T = scale (P * D)^T * (k q^T), formed from its own products.
+    Not q . dq - k . dk: that sum cancels O(1) terms (the diagonal, Σ_j k_j . dk_state_j)
+    and lost every digit of dg under gates of -10..-20 per token (H100, RESULTS.md run 15).
 """
 from __future__ import annotations
 
@@ -24,8 +30,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from ..common.mosaic.tiles import (COLS, F32, ROWS, build, causal_decay, iota_vec, load_vec,
-                                   load_wgmma, matmul, rows_of, smem_tile, union)
+from ..common.mosaic.tiles import (COLS, F32, ROWS, build, causal_decay, iota, iota_vec,
+                                   load_vec, load_wgmma, matmul, rows_of, smem_tile, union)
 from .mosaic_fwd import BV, C, SEQ_COLS
 
 
@@ -126,13 +132,14 @@ def dstate(q, do, g2, dhtt, seq, *, scale: float, n_seqs: int, want_dh0: bool):
 def grads(q, k, v, do, g2, hs, dhs, *, scale: float):
     """q, k: [Bq, Tp, H, K]; v, do: [Bq, Tp, H, V] (16-bit); g2: [Bq, H, Tp] fp32;
     hs, dhs: [Bq, H, Tp // 64, V, K] (transposed state entering / state gradient after each
-    chunk, q's dtype). Returns dq, dk [Bq, Tp, H, K], dv [Bq, Tp, H, V] in q's dtype and r
-    [Bq, H, Tp] fp32 (per row q.dq - k.dk, the chunk's state term on its last row)."""
+    chunk, q's dtype). Returns dq, dk [Bq, Tp, H, K], dv [Bq, Tp, H, V] in q's dtype and the
+    gate terms r1, r2 [Bq, H, Tp] fp32 (module docstring)."""
     Bq, Tp, H, K = q.shape
     V = v.shape[-1]
     dt = q.dtype
     out_type = [jax.ShapeDtypeStruct(q.shape, dt), jax.ShapeDtypeStruct(k.shape, dt),
-                jax.ShapeDtypeStruct(v.shape, dt), jax.ShapeDtypeStruct((Bq, H, Tp), F32)]
+                jax.ShapeDtypeStruct(v.shape, dt), jax.ShapeDtypeStruct((Bq, H, Tp), F32),
+                jax.ShapeDtypeStruct((Bq, H, Tp), F32)]
     scratch = dict(
         q_s=smem_tile((C, K), dt), k_s=smem_tile((C, K), dt),
         v_s=smem_tile((C, V), dt), do_s=smem_tile((C, V), dt),
@@ -140,12 +147,14 @@ def grads(q, k, v, do, g2, hs, dhs, *, scale: float):
         # the gates twice: one buffer per register layout they are read in (one buffer read
         # as rows and as columns fails Mosaic layout inference on jax 0.11.2)
         g_s=plgpu.SMEM((C,), F32), gc_s=plgpu.SMEM((C,), F32), r_s=plgpu.SMEM((C,), F32),
+        r2_s=plgpu.SMEM((C,), F32),
         dq_s=smem_tile((C, K), dt), dk_s=smem_tile((C, K), dt), dv_s=smem_tile((C, V), dt),
         bar=plgpu.Barrier(num_arrivals=8, num_barriers=1),
     )
 
     def body(q_ref, k_ref, v_ref, do_ref, g_ref, h_ref, dh_ref, dq_ref, dk_ref, dv_ref, r_ref,
-             q_s, k_s, v_s, do_s, h_s, dh_s, g_s, gc_s, r_s, dq_s, dk_s, dv_s, bar):
+             r2_ref, q_s, k_s, v_s, do_s, h_s, dh_s, g_s, gc_s, r_s, r2_s, dq_s, dk_s, dv_s,
+             bar):
         b, h, c = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("c")
         rows = pl.ds(c * C, C)
         for src, dst in ((q_ref.at[b, rows, h], q_s), (k_ref.at[b, rows, h], k_s),
@@ -162,36 +171,39 @@ def grads(q, k, v, do, g2, hs, dhs, *, scale: float):
         rdecay = jnp.exp2(g_last - g_row)
         # dq = scale (Γ (do S^T) + (P * D) k)
         p = matmul(do_s, v_s, (C, C), tb=True) * causal_decay(g_row, g_col, (C, C))
-        dq = matmul(do_s, h_s, (C, K)) * rows_of(decay, (C, K))
-        dq = matmul(p.astype(dt), k_s, (C, K), init=dq) * scale
+        dq = matmul(do_s, h_s, (C, K)) * rows_of(decay * scale, (C, K))   # dq_inter
+        ri, ci = iota((C, C), 0), iota((C, C), 1)
+        m = jnp.where(ri > ci, p * matmul(q_s, k_s, (C, C), tb=True) * scale, 0.0)
+        r = jnp.sum(load_wgmma(q_s).astype(F32) * dq, axis=1) + jnp.sum(m, axis=1)
+        dq = matmul((p * scale).astype(dt), k_s, (C, K), init=dq)
         dq_s[...] = dq.astype(dt)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(dq_s, dq_ref.at[b, rows, h])
-        r = jnp.sum(load_wgmma(q_s).astype(F32) * dq, axis=1)
         # dk = Γr (v dS^T) + scale (P * D)^T q
-        pt = matmul(v_s, do_s, (C, C), tb=True) * causal_decay(g_row, g_col, (C, C),
-                                                               transposed=True)
+        dec_t = causal_decay(g_row, g_col, (C, C), transposed=True)
+        pt = matmul(v_s, do_s, (C, C), tb=True) * dec_t
+        kq = matmul(k_s, q_s, (C, C), tb=True)
+        r = r - jnp.sum(jnp.where(ci > ri, pt * kq * scale, 0.0), axis=1)     # colsum(M)
         dk_inter = matmul(v_s, dh_s, (C, K)) * rows_of(rdecay, (C, K))
-        state = jnp.sum(jnp.sum(load_wgmma(k_s).astype(F32) * dk_inter, axis=1))
+        r2_s[...] = jnp.sum(load_wgmma(k_s).astype(F32) * dk_inter, axis=1)
         dk = matmul((pt * scale).astype(dt), q_s, (C, K), init=dk_inter)
         dk_s[...] = dk.astype(dt)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(dk_s, dk_ref.at[b, rows, h])
-        r = r - jnp.sum(load_wgmma(k_s).astype(F32) * dk, axis=1)
         # dv = Γr (k dS) + scale ((q k^T) * D)^T do
-        at = matmul(k_s, q_s, (C, C), tb=True) * causal_decay(g_row, g_col, (C, C),
-                                                              transposed=True)
+        at = kq * dec_t
         dv = matmul(k_s, dh_s, (C, V), tb=True) * rows_of(rdecay, (C, V))
         dv = matmul((at * scale).astype(dt), do_s, (C, V), init=dv)
         dv_s[...] = dv.astype(dt)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(dv_s, dv_ref.at[b, rows, h])
-        # <S_next, dS> = <γ S, dS> + sum_j k_j . dk_inter_j, on the last row
-        state = state + jnp.exp2(g_last) * jnp.sum(jnp.sum(
+        # <γ S, dS> on the last row
+        state = jnp.exp2(g_last) * jnp.sum(jnp.sum(
             load_wgmma(h_s).astype(F32) * load_wgmma(dh_s).astype(F32), axis=1))
         r_s[...] = r + jnp.where(iota_vec(C, ROWS) == C - 1, state, 0.0)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(r_s, r_ref.at[b, h, rows])
+        plgpu.copy_smem_to_gmem(r2_s, r2_ref.at[b, h, rows])
         plgpu.wait_smem_to_gmem(0)
 
     return build(body, name="simple_gla_mosaic_bwd_grads", out_type=out_type, scratch=scratch,

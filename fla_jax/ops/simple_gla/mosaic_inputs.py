@@ -32,12 +32,13 @@ def chunk_cumsum(a):
     return jnp.swapaxes(a * LOG2E, 1, 2)
 
 
-def chunk_reverse_cumsum(r, lay):
-    """r [Bq, H, Tp] fp32 -> [B, T, H]: in-chunk reverse cumsum, back in the caller's layout."""
-    Bq, H, Tp = r.shape
-    r = jnp.swapaxes(r, 1, 2).reshape(Bq, Tp // C, C, H)
-    r = jnp.flip(jnp.cumsum(jnp.flip(r, 2), axis=2), 2).reshape(Bq, Tp, H)
-    return packing.unpack(r, lay)
+def chunk_gate_grad(r1, r2, lay):
+    """r1, r2 [Bq, H, Tp] fp32 -> dg [B, T, H] in the caller's layout: per chunk, the reverse
+    cumsum of r1 plus the exclusive cumsum of r2 (mosaic_bwd_kernels.grads)."""
+    Bq, H, Tp = r1.shape
+    a, b = (jnp.swapaxes(x, 1, 2).reshape(Bq, Tp // C, C, H) for x in (r1, r2))
+    dg = jnp.flip(jnp.cumsum(jnp.flip(a, 2), axis=2), 2) + (jnp.cumsum(b, axis=2) - b)
+    return packing.unpack(dg.reshape(Bq, Tp, H), lay)
 
 
 def flat(x):
