@@ -139,6 +139,16 @@ for step in ${STEPS:-1 2 3 4 5 6 10}; do
           --impl mosaic --dtype bf16 --variant "$F" 2>&1 | grep -v Warning | tee -a "$OUT/bench.txt"
         timeout ${BENCH_S:-300} python3 benchmarks/mosaic_ptxas.py --op gated_delta_rule \
           --variant "$F" 2>&1 | grep -v Warning | tee -a "$OUT/bench.txt" ;;
+    # issue 11: the delta family's gradient kernel on two warpgroups (mosaic_bwd_grads_ws.py,
+    # opt-in) against one, and ptxas' counts for it; its parity: MODE=parity IMPLS=mosaic
+    # OVERRIDE="fla_jax.ops.gated_delta_rule.mosaic_bwd_grads:WARPGROUPS=2"
+    18) W=fla_jax.ops.gated_delta_rule.mosaic_bwd_grads:WARPGROUPS=2
+        for op in gated_delta_rule delta_rule; do
+          timeout ${BENCH_S:-300} python3 benchmarks/pallas_launch_sweep.py --op $op \
+            --impl mosaic --dtype bf16 --variant "$W" 2>&1 | grep -v Warning | tee -a "$OUT/bench.txt"
+        done
+        timeout ${BENCH_S:-300} python3 benchmarks/mosaic_ptxas.py --op gated_delta_rule \
+          --variant "$W" 2>&1 | grep -v Warning | tee -a "$OUT/bench.txt" ;;
     # issue 10: the GLA forward (1.08x FLA on the H200, run 13): cumsum_scores spills at the
     # shipped 4 warps / BK 32 (offline sm_90 compile: 255 registers, 408 B stack; 8 warps /
     # BK 16: 192, none), so time its launch variants on the whole op, defaults first.

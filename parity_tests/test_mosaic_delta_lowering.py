@@ -28,6 +28,7 @@ from fla_jax.ops.common.mosaic.tiles import gpu_interpret
 from fla_jax.ops.delta_rule import chunk_delta_rule
 from fla_jax.ops.gated_delta_rule import (chunk_gated_delta_rule, mosaic_bwd, mosaic_chunk,
                                            mosaic_layout, mosaic_unsupported_reason)
+from fla_jax.ops.gated_delta_rule import mosaic_bwd_grads
 from fla_jax.ops.gated_delta_rule.mosaic_kkt import C, gate_free_inverse_mosaic
 
 from .harness import assert_passed, check
@@ -124,6 +125,24 @@ def test_interpreted_against_float64(op, case, backward, dtype, monkeypatch):
     monkeypatch.setattr(mosaic_chunk, "BACKWARD", backward)
     with gpu_interpret():
         assert_passed(check(op, case, dtype, {"jax": "mosaic"}))
+
+
+@pytest.mark.parametrize("case", ["mos_dr_gqa_h0_t100", "mos_dr_strong"])
+def test_two_warpgroup_gradients_interpreted(case, monkeypatch):
+    """mosaic_bwd_grads.WARPGROUPS = 2 (mosaic_bwd_grads_ws.py, opt-in): the same gradients
+    against float64 in fp16 (the tighter tolerances), its cross-warpgroup barriers included."""
+    monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
+    monkeypatch.setattr(mosaic_bwd_grads, "WARPGROUPS", 2)
+    with gpu_interpret():
+        assert_passed(check("chunk_gated_delta_rule", case, "fp16", {"jax": "mosaic"}))
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_two_warpgroup_gradients_lower(gated, mosaic_backward, monkeypatch):
+    """At K = V = 128 it fits shared memory only with beta B in the dq staging tile."""
+    monkeypatch.setattr(mosaic_bwd_grads, "WARPGROUPS", 2)
+    text = _lower(128, "bf16", varlen=False, backward=True, gated=gated)
+    assert "gdn_bwd_grads_ws" in text and "triton" not in text
 
 
 def test_mosaic_needs_hopper():

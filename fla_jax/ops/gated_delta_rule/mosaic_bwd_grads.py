@@ -37,14 +37,89 @@ from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, 
 from .mosaic_bwd_kernel import _chain
 from .mosaic_fwd_kernel import C, matmuls
 
+# Warpgroups per CTA: 1 (this file's kernel) or 2 (mosaic_bwd_grads_ws.py: the dq side and the
+# dk / WY side of the chunk in parallel; opt-in until timed and GPU-proven)
+WARPGROUPS = 1
+
+MAX_HEAD = 128   # K and V: the chunk's tiles fit shared memory (208 KB at K = V = 128)
+
+
 def mm(*ops, pad=0):
     """Independent products ((a, b, shape, init, ta, tb) as for mosaic_fwd_kernel.matmuls)
     issued together, one wait (H100: the same time as one wait per product, RESULTS.md run 15);
     the result tuple padded with None to `pad` entries."""
     return tuple(matmuls(*ops)) + (None,) * (pad - len(ops))
 
-MAX_HEAD = 128   # K and V: the chunk's tiles fit shared memory (208 KB at K = V = 128)
 
+def check_heads(K: int, V: int) -> None:
+    if max(K, V) > MAX_HEAD:
+        raise ValueError(f"mosaic chunk_grads: K={K}, V={V}; takes K, V <= {MAX_HEAD}")
+
+
+def scratch_of(K: int, V: int, dt, with_bb: bool = False, **extra) -> dict:
+    """The SMEM buffers of the gradient kernels (`extra`: a variant's own). with_bb: dq_o is
+    a union of the dq staging tile and a [C, C] tile for beta B (once dq is stored)."""
+    sq = (C, C)
+    vec = lambda: plgpu.SMEM((C,), F32)
+    return dict(
+        q_s=smem_tile((C, K), dt), k_s=smem_tile((C, K), dt),
+        v_s=smem_tile((C, V), dt), do_s=smem_tile((C, V), dt),
+        t_s=smem_tile(sq, dt), tg_s=smem_tile(sq, dt), ag_s=smem_tile(sq, dt),
+        agk_s=smem_tile(sq, dt),
+        # the states until dw is formed, then the WY cotangents (dw_s holds W once dXw is out)
+        st=union((smem_tile((V, K), dt), smem_tile((V, K), dt)),
+                 (smem_tile((C, K), dt), smem_tile((C, K), dt), smem_tile((C, V), dt),
+                  smem_tile((C, V), dt))),
+        # v_new and its cotangent until dXu is formed, then the dv / dk staging
+        vn=union((smem_tile((V, C), dt), smem_tile((V, C), dt)),
+                 (smem_tile((C, V), dt), smem_tile((C, K), dt))),
+        dq_o=(union(smem_tile((C, K), dt), smem_tile(sq, dt)) if with_bb
+              else smem_tile((C, K), dt)),
+        g_r=vec(), g_c=vec(), s_r=vec(), b_r=vec(), b_c=vec(),
+        db_o=vec(), r1_o=vec(), r2_o=vec(),
+        bar=plgpu.Barrier(num_arrivals=14, num_barriers=1),
+        **extra)
+
+
+def out_type_of(R: int, HV: int, K: int, V: int, dt, gated: bool) -> list:
+    out = [jax.ShapeDtypeStruct((R, HV, K), dt), jax.ShapeDtypeStruct((R, HV, K), dt),
+           jax.ShapeDtypeStruct((R, HV, V), dt), jax.ShapeDtypeStruct((HV, R), F32)]
+    return out + ([jax.ShapeDtypeStruct((HV, R), F32)] * 2 if gated else [])
+
+
+def issue_loads(refs, bufs, c, hv, h):
+    """TMA copies of chunk c's inputs (refs: the kernel's 12 input refs) into the scratch
+    buffers, all arriving on bufs['bar'][0]."""
+    (q_ref, k_ref, v_ref, do_ref, t_ref, hs_ref, dh_ref, vn_ref, dvn_ref, gc_ref, gs_ref,
+     b_ref) = refs
+    b = bufs
+    (h_s, dh_s), _ = b["st"]
+    (vn_s, dvn_s), _ = b["vn"]
+    rows = pl.ds(c * C, C)
+    for src, dst in ((q_ref.at[rows, h], b["q_s"]), (k_ref.at[rows, h], b["k_s"]),
+                     (v_ref.at[rows, hv], b["v_s"]), (do_ref.at[rows, hv], b["do_s"]),
+                     (t_ref.at[hv, rows], b["t_s"]), (hs_ref.at[c, hv], h_s),
+                     (dh_ref.at[c, hv], dh_s), (vn_ref.at[hv, :, rows], vn_s),
+                     (dvn_ref.at[hv, :, rows], dvn_s), (gc_ref.at[hv, rows], b["g_r"]),
+                     (gc_ref.at[hv, rows], b["g_c"]), (gs_ref.at[hv, rows], b["s_r"]),
+                     (b_ref.at[hv, rows], b["b_r"]), (b_ref.at[hv, rows], b["b_c"])):
+        # G and beta twice: one buffer per register layout they are read in (one buffer
+        # read as rows and as columns fails Mosaic's layout inference on jax 0.11.2)
+        plgpu.copy_gmem_to_smem(src, dst, b["bar"].at[0])
+
+
+def decay_fns(g_r, g_c):
+    """dec(transposed) -> D (D^T) and strict(transposed) -> i > j (i < j), formed where used
+    from SMEM (not kept live across the kernel: registers)."""
+    sq = (C, C)
+
+    def dec(transposed=False):
+        return causal_decay(load(g_r, ROWS), load(g_c, COLS), sq, transposed=transposed)
+
+    def strict(transposed=False):
+        r, cc = iota(sq, 0), iota(sq, 1)
+        return cc > r if transposed else r > cc
+    return dec, strict
 
 
 def chunk_grads(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scale: float,
@@ -57,54 +132,27 @@ def chunk_grads(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scale: 
     and, when gated, r1, r2 [HV, R] fp32 (see the module docstring)."""
     R, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
-    if max(K, V) > MAX_HEAD:
-        raise ValueError(f"mosaic chunk_grads: K={K}, V={V}; takes K, V <= {MAX_HEAD}")
+    check_heads(K, V)
+    if WARPGROUPS == 2:
+        from .mosaic_bwd_grads_ws import chunk_grads_ws
+        return chunk_grads_ws(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta,
+                              scale=scale, group=group, gated=gated)
     dt = q.dtype
     sq = (C, C)
-    vec = lambda: plgpu.SMEM((C,), F32)
-    scratch = dict(
-        q_s=smem_tile((C, K), dt), k_s=smem_tile((C, K), dt),
-        v_s=smem_tile((C, V), dt), do_s=smem_tile((C, V), dt),
-        t_s=smem_tile(sq, dt), tg_s=smem_tile(sq, dt), ag_s=smem_tile(sq, dt),
-        agk_s=smem_tile(sq, dt),
-        # the states until dw is formed, then the WY cotangents (dw_s holds W once dXw is out)
-        st=union((smem_tile((V, K), dt), smem_tile((V, K), dt)),
-                 (smem_tile((C, K), dt), smem_tile((C, K), dt), smem_tile((C, V), dt),
-                  smem_tile((C, V), dt))),
-        # v_new and its cotangent until dXu is formed, then the dv / dk staging
-        vn=union((smem_tile((V, C), dt), smem_tile((V, C), dt)),
-                 (smem_tile((C, V), dt), smem_tile((C, K), dt))),
-        dq_o=smem_tile((C, K), dt),
-        g_r=vec(), g_c=vec(), s_r=vec(), b_r=vec(), b_c=vec(),
-        db_o=vec(), r1_o=vec(), r2_o=vec(),
-        bar=plgpu.Barrier(num_arrivals=14, num_barriers=1),
-    )
-    out_type = [jax.ShapeDtypeStruct((R, HV, K), dt), jax.ShapeDtypeStruct((R, HV, K), dt),
-                jax.ShapeDtypeStruct((R, HV, V), dt), jax.ShapeDtypeStruct((HV, R), F32)]
-    if gated:
-        out_type += [jax.ShapeDtypeStruct((HV, R), F32)] * 2
+    scratch = scratch_of(K, V, dt)
+    out_type = out_type_of(R, HV, K, V, dt, gated)
 
     def body(*refs, q_s, k_s, v_s, do_s, t_s, tg_s, ag_s, agk_s, st, vn, dq_o, g_r, g_c,
              s_r, b_r, b_c, db_o, r1_o, r2_o, bar):
-        (q_ref, k_ref, v_ref, do_ref, t_ref, hs_ref, dh_ref, vn_ref, dvn_ref, gc_ref, gs_ref,
-         b_ref) = refs[:12]
         dq_ref, dk_ref, dv_ref, db_ref = refs[12:16]
         r1_ref, r2_ref = refs[16:18] if gated else (None, None)
         (h_s, dh_s), (dw_s, dxw_s, dxu_s, u_s) = st
         (vn_s, dvn_s), (dv_o, dk_o) = vn
         c, hv = lax.axis_index("c"), lax.axis_index("hv")
-        h = lax.div(hv, group)
         rows = pl.ds(c * C, C)
-        for src, dst in ((q_ref.at[rows, h], q_s), (k_ref.at[rows, h], k_s),
-                         (v_ref.at[rows, hv], v_s), (do_ref.at[rows, hv], do_s),
-                         (t_ref.at[hv, rows], t_s), (hs_ref.at[c, hv], h_s),
-                         (dh_ref.at[c, hv], dh_s), (vn_ref.at[hv, :, rows], vn_s),
-                         (dvn_ref.at[hv, :, rows], dvn_s), (gc_ref.at[hv, rows], g_r),
-                         (gc_ref.at[hv, rows], g_c), (gs_ref.at[hv, rows], s_r),
-                         (b_ref.at[hv, rows], b_r), (b_ref.at[hv, rows], b_c)):
-            # G and beta twice: one buffer per register layout they are read in (one buffer
-            # read as rows and as columns fails Mosaic's layout inference on jax 0.11.2)
-            plgpu.copy_gmem_to_smem(src, dst, bar.at[0])
+        issue_loads(refs[:12], dict(q_s=q_s, k_s=k_s, v_s=v_s, do_s=do_s, t_s=t_s, st=st,
+                                    vn=vn, g_r=g_r, g_c=g_c, s_r=s_r, b_r=b_r, b_c=b_c,
+                                    bar=bar), c, hv, lax.div(hv, group))
         plgpu.barrier_wait(bar.at[0])
 
         g_row = load(g_r, ROWS)
@@ -112,14 +160,7 @@ def chunk_grads(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scale: 
         g_first, g_last = g_r[0], g_r[C - 1]
         gam = jnp.exp2(g_row)                                           # Gamma (rows)
 
-        # [C, C] decays and masks are formed where used, from SMEM (not kept live across the
-        # kernel: registers)
-        def dec(transposed=False):                     # D (D^T)
-            return causal_decay(load(g_r, ROWS), load(g_c, COLS), sq, transposed=transposed)
-
-        def strict(transposed=False):                  # i > j (i < j)
-            r, cc = iota(sq, 0), iota(sq, 1)
-            return cc > r if transposed else r > cc
+        dec, strict = decay_fns(g_r, g_c)
 
         # <S, L> before the state tiles are reused (in 64-row slices: registers)
         hdh = jnp.zeros((), F32)
