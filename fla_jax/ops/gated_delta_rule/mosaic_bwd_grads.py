@@ -122,6 +122,58 @@ def decay_fns(g_r, g_c):
     return dec, strict
 
 
+def dq_stage(q_s, k_s, do_s, vn_s, h_s, dq_o, dq_out, dec, strict, gam, *, scale, gated):
+    """dq = scale (Gamma (do S^T) + P k), staged in dq_o and stored (TMA) to dq_out; returns
+    the gate rows' q-side part q . dq_inter + rowsum(M) (None unless gated)."""
+    T, F = True, False
+    sq, K, dt = (C, C), q_s.shape[-1], q_s.dtype
+    p, dq, qk = mm((do_s, vn_s, sq, None, F, F), (do_s, h_s, (C, K), None, F, F),
+                   *([(q_s, k_s, sq, None, F, T)] if gated else []), pad=3)
+    p = p * dec()
+    dq = dq * rows_of(gam * scale, (C, K))                               # dq_inter
+    r1 = None
+    if gated:
+        m = jnp.where(strict(), p * qk * scale, 0.0)
+        r1 = jnp.sum(load(q_s, WGMMA).astype(F32) * dq, axis=1) + jnp.sum(m, axis=1)
+    dq = matmul((p * scale).astype(dt), k_s, (C, K), init=dq)
+    dq_o[...] = dq.astype(dt)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dq_o, dq_out)
+    return r1
+
+
+def inverse_stage(dw, t_s, tg_s, ag_s, agk_s, dw_s, b_c, g_c, g_first, dec):
+    """-dw into dw_s (the states' SMEM), and Tg, Ag = Tg diag(beta), Ag Gamma' (Gamma
+    relative to the first row: no fp16 underflow of strong gates) into SMEM, fenced."""
+    sq, dt = (C, C), t_s.dtype
+    dw_s[...] = (-dw).astype(dt)
+    tg = load(t_s, WGMMA).astype(F32) * dec()                            # Tg
+    tg_s[...] = tg.astype(dt)
+    beta_c = load(b_c, COLS)
+    ag_s[...] = (tg * cols_of(beta_c, sq)).astype(dt)
+    agk_s[...] = (tg * cols_of(beta_c * jnp.exp2(load(g_c, COLS) - g_first), sq)).astype(dt)
+    plgpu.commit_smem()
+
+
+def store_last(bufs, out_refs, rows, hv, dk, db, r1, r2, state):
+    """Stage and store (TMA, waited) dk (q's dtype), dbeta and, when r1 is not None, the gate
+    rows, r1 with `state` (exp2(G_last) <S, L>) added on the chunk's last row."""
+    dk_o, db_o, r1_o, r2_o = bufs
+    dk_ref, db_ref, r1_ref, r2_ref = out_refs
+    dk_o[...] = dk
+    db_o[...] = db
+    if r1 is not None:
+        r1_o[...] = r1 + jnp.where(iota_vec(C, ROWS) == C - 1, state, 0.0)
+        r2_o[...] = r2
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dk_o, dk_ref.at[rows, hv])
+    plgpu.copy_smem_to_gmem(db_o, db_ref.at[hv, rows])
+    if r1 is not None:
+        plgpu.copy_smem_to_gmem(r1_o, r1_ref.at[hv, rows])
+        plgpu.copy_smem_to_gmem(r2_o, r2_ref.at[hv, rows])
+    plgpu.wait_smem_to_gmem(0)
+
+
 def chunk_grads(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scale: float,
                 group: int, gated: bool):
     """q, k: [R, H, K]; v, do: [R, HV, V]; t0: [HV, R, C] (gate-free inverse per chunk);
@@ -164,25 +216,17 @@ def chunk_grads(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scale: 
 
         # <S, L> before the state tiles are reused (in 64-row slices: registers)
         hdh = jnp.zeros((), F32)
+        r1 = r2 = None                   # the gate rows (gated only)
         if gated:
             for i in range(V // 64):
                 sl = pl.ds(i * 64, 64)
                 hdh = hdh + jnp.sum(jnp.sum(load(h_s.at[sl], WGMMA).astype(F32)
                                             * load(dh_s.at[sl], WGMMA).astype(F32), axis=1))
 
-        # dq = scale (Gamma (do S^T) + P k); products of one stage are issued together
+        # dq; products of one stage are issued together
         T, F = True, False
-        p, dq, qk = mm((do_s, vn_s, sq, None, F, F), (do_s, h_s, (C, K), None, F, F),
-                       *([(q_s, k_s, sq, None, F, T)] if gated else []), pad=3)
-        p = p * dec()
-        dq = dq * rows_of(gam * scale, (C, K))                           # dq_inter
-        if gated:
-            m = jnp.where(strict(), p * qk * scale, 0.0)
-            r1 = jnp.sum(load(q_s, WGMMA).astype(F32) * dq, axis=1) + jnp.sum(m, axis=1)
-        dq = matmul((p * scale).astype(dt), k_s, (C, K), init=dq)
-        dq_o[...] = dq.astype(dt)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(dq_o, dq_ref.at[rows, hv])
+        r1 = dq_stage(q_s, k_s, do_s, vn_s, h_s, dq_o, dq_ref.at[rows, hv], dec, strict, gam,
+                      scale=scale, gated=gated)
 
         # dk: the state part exp2(G_last - G) (v_new L) and scale P^T q; -dw = dv_new S^T
         p_t, dk, dw, kq = mm((vn_s, do_s, sq, None, T, T), (vn_s, dh_s, (C, K), None, T, F),
@@ -195,15 +239,7 @@ def chunk_grads(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scale: 
             r1 = r1 - jnp.sum(m_t, axis=1)
             r2 = jnp.sum(load(k_s, WGMMA).astype(F32) * dk, axis=1)
         # the states are read: their SMEM now holds the WY cotangents
-        dw_s[...] = (-dw).astype(dt)
-        tg = load(t_s, WGMMA).astype(F32) * dec()                        # Tg
-        tg_s[...] = tg.astype(dt)
-        beta_c = load(b_c, COLS)
-        ag_s[...] = (tg * cols_of(beta_c, sq)).astype(dt)                # Ag
-        # Ag Gamma' (Gamma relative to the first row: no fp16 underflow of strong gates)
-        agk_s[...] = (tg * cols_of(beta_c * jnp.exp2(load(g_c, COLS) - g_first), sq)
-                      ).astype(dt)
-        plgpu.commit_smem()
+        inverse_stage(dw, t_s, tg_s, ag_s, agk_s, dw_s, b_c, g_c, g_first, dec)
         dk = matmul((p_t * scale).astype(dt), q_s, (C, K), init=dk)
 
         # dXu = Tg^T dv_new, dv = beta dXu; dXw = Tg^T dw
@@ -238,19 +274,8 @@ def chunk_grads(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scale: 
         if gated:
             r1 = r1 + jnp.sum(bb * kk, axis=1) - jnp.sum(bb_t * kk, axis=1)
         dk = _chain(dk, (bb.astype(dt), k_s), (bb_t.astype(dt), k_s), shape=(C, K))
-        dk_o[...] = dk.astype(dt)
-        db_o[...] = db
-        if gated:
-            last = iota_vec(C, ROWS) == C - 1
-            r1_o[...] = r1 + jnp.where(last, jnp.exp2(g_last) * hdh, 0.0)
-            r2_o[...] = r2
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(dk_o, dk_ref.at[rows, hv])
-        plgpu.copy_smem_to_gmem(db_o, db_ref.at[hv, rows])
-        if gated:
-            plgpu.copy_smem_to_gmem(r1_o, r1_ref.at[hv, rows])
-            plgpu.copy_smem_to_gmem(r2_o, r2_ref.at[hv, rows])
-        plgpu.wait_smem_to_gmem(0)
+        store_last((dk_o, db_o, r1_o, r2_o), (dk_ref, db_ref, r1_ref, r2_ref), rows, hv,
+                   dk.astype(dt), db, r1, r2, jnp.exp2(g_last) * hdh)
 
     outs = build(body, name="gdn_bwd_grads", out_type=out_type, scratch=scratch,
                  grid=(R // C, HV), grid_names=("c", "hv"))(

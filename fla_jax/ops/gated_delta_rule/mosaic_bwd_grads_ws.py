@@ -21,9 +21,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, cols_of, iota_vec, load,
-                                   matmul, rows_of)
-from .mosaic_bwd_grads import decay_fns, issue_loads, mm, out_type_of, scratch_of
+from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, cols_of, load, matmul,
+                                   rows_of)
+from .mosaic_bwd_grads import (decay_fns, dq_stage, inverse_stage, issue_loads, mm,
+                               out_type_of, scratch_of, store_last)
 from .mosaic_bwd_kernel import _chain
 from .mosaic_fwd_kernel import C
 
@@ -70,28 +71,11 @@ def chunk_grads_ws(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scal
 
         @pl.when(wg == 0)
         def _q_side():
-            p, dq, qk = mm((do_s, vn_s, sq, None, F, F), (do_s, h_s, (C, K), None, F, F),
-                           *([(q_s, k_s, sq, None, F, T)] if gated else []), pad=3)
-            p = p * dec()
-            dq = dq * rows_of(gam * scale, (C, K))                       # dq_inter
-            r1 = None
-            if gated:
-                m = jnp.where(strict(), p * qk * scale, 0.0)
-                r1 = jnp.sum(load(q_s, WGMMA).astype(F32) * dq, axis=1) + jnp.sum(m, axis=1)
-            dq = matmul((p * scale).astype(dt), k_s, (C, K), init=dq)
-            dq_o[...] = dq.astype(dt)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(dq_o, dq_ref.at[rows, hv])
+            r1 = dq_stage(q_s, k_s, do_s, vn_s, h_s, dq_o, dq_ref.at[rows, hv], dec, strict,
+                          gam, scale=scale, gated=gated)
             dw = matmul(dvn_s, h_s, (C, K), ta=True)                     # -dw = dv_new S^T
             meet(x1)                      # both have read the states: their SMEM is reused
-            dw_s[...] = (-dw).astype(dt)
-            tg = load(t_s, WGMMA).astype(F32) * dec()                    # Tg
-            tg_s[...] = tg.astype(dt)
-            beta_c = load(b_c, COLS)
-            ag_s[...] = (tg * cols_of(beta_c, sq)).astype(dt)            # Ag
-            agk_s[...] = (tg * cols_of(beta_c * jnp.exp2(load(g_c, COLS) - g_first), sq)
-                          ).astype(dt)                                   # Ag Gamma'
-            plgpu.commit_smem()
+            inverse_stage(dw, t_s, tg_s, ag_s, agk_s, dw_s, b_c, g_c, g_first, dec)
             plgpu.barrier_arrive(x2.at[0])
             dxu = matmul(tg_s, dvn_s, (C, V), ta=True, tb=True)          # Tg^T dv_new
             db = jnp.sum(load(v_s, WGMMA).astype(F32) * dxu, axis=1)
@@ -152,20 +136,10 @@ def chunk_grads_ws(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scal
                 r1 = r1 - jnp.sum(bb_t * kk, axis=1)
             plgpu.barrier_wait(x4.at[0])      # beta B and the q side's row sums
             dk = _chain(dk, (bb_s, k_s), (bb_t.astype(dt), k_s), shape=(C, K))
-            dk_o[...] = dk.astype(dt)
-            db_o[...] = db + load(dba_s, ROWS)
-            if gated:
-                last = iota_vec(C, ROWS) == C - 1
-                r1_o[...] = r1 + load(r1a_s, ROWS) + jnp.where(last, jnp.exp2(g_last) * hdh,
-                                                                0.0)
-                r2_o[...] = r2
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(dk_o, dk_ref.at[rows, hv])
-            plgpu.copy_smem_to_gmem(db_o, db_ref.at[hv, rows])
-            if gated:
-                plgpu.copy_smem_to_gmem(r1_o, r1_ref.at[hv, rows])
-                plgpu.copy_smem_to_gmem(r2_o, r2_ref.at[hv, rows])
-            plgpu.wait_smem_to_gmem(0)
+            store_last((dk_o, db_o, r1_o, r2_o), (dk_ref, db_ref, r1_ref, r2_ref), rows, hv,
+                       dk.astype(dt), db + load(dba_s, ROWS),
+                       None if r1 is None else r1 + load(r1a_s, ROWS), r2,
+                       None if hdh is None else jnp.exp2(g_last) * hdh)
 
         meet(done)
 
