@@ -169,11 +169,11 @@ def test_pallas_launch_sweep_overrides():
         assert ov.hits == {"launch.cumsum_scores": 1}
     assert cumsum_scores.launch_for("cumsum_scores", 128, 128, jnp.bfloat16) == before
     assert cumsum_scores.DIAG == diag
-    from fla_jax.ops.gated_delta_rule import mosaic_layout
+    from fla_jax.ops.gated_delta_rule import mosaic_chunk
     with sweep.Override(sweep.parse_variant(
-            "fla_jax.ops.gated_delta_rule.mosaic_layout:T0_KERNEL=xla")):
-        assert mosaic_layout.T0_KERNEL == "xla"        # a full module name outside the engine
-    assert mosaic_layout.T0_KERNEL == "mosaic"
+            "fla_jax.ops.gated_delta_rule.mosaic_chunk:BACKWARD=pallas")):
+        assert mosaic_chunk.BACKWARD == "pallas"       # a full module name outside the engine
+    assert mosaic_chunk.BACKWARD == "mosaic"
     for bad in ("launch.nope:bk=16", "launch.cumsum_scores:maxnreg=1", "cumsum_scores:NOPE=1",
                 "cumsum_scores:DIAG=loop;cumsum_scores:NOPE=1"):
         try:

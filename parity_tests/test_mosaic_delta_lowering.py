@@ -8,8 +8,7 @@ CPU machine.
   against the harness's float64 oracle (cases.MOSAIC_KERNEL_CASES, every output and
   gradient): indices, packing, pipelining and masking; not the register layouts of a real GPU.
 - Dispatch: what impl='mosaic' raises off a Hopper GPU; the unsupported reasons.
-- The gate-free inverse T0 as a Mosaic kernel (mosaic_kkt.py, the default mosaic_layout.T0_KERNEL
-  "mosaic"): against float64 per chunk (keys nearly parallel with beta up to 1.95 included),
+- The gate-free inverse T0 as a Mosaic kernel (mosaic_kkt.py): against float64 per chunk (keys nearly parallel with beta up to 1.95 included),
   and the whole op with it, interpreted; it lowers for CUDA.
 """
 from __future__ import annotations
@@ -27,7 +26,7 @@ from fla_jax.ops.common.mosaic import export_for_cuda
 from fla_jax.ops.common.mosaic.tiles import gpu_interpret
 from fla_jax.ops.delta_rule import chunk_delta_rule
 from fla_jax.ops.gated_delta_rule import (chunk_gated_delta_rule, mosaic_bwd, mosaic_chunk,
-                                           mosaic_layout, mosaic_unsupported_reason)
+                                           mosaic_unsupported_reason)
 from fla_jax.ops.gated_delta_rule import mosaic_bwd_grads
 from fla_jax.ops.gated_delta_rule.mosaic_kkt import C, gate_free_inverse_mosaic
 
@@ -200,33 +199,14 @@ def test_t0_kernel_against_float64(keys, beta_range, dtype):
     assert err < {"bf16": 4e-3, "fp16": 1e-3}[dtype], err
 
 
-def test_t0_from_xla_in_the_op(monkeypatch):
-    """The op with T0 from XLA (mosaic_layout.T0_KERNEL = "xla", the default before the H100
-    timed the Mosaic kernel) against the float64 oracle, interpreted, forward and Mosaic
-    backward (which forms T0 again)."""
-    monkeypatch.setattr(mosaic_layout, "T0_KERNEL", "xla")
-    monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
-    with gpu_interpret():
-        assert_passed(check("chunk_gated_delta_rule", "mos_dr_gqa_h0_t100", "bf16",
-                            {"jax": "mosaic"}))
-
-
 def test_t0_kernel_in_the_op(monkeypatch):
-    """The op with T0 from the Mosaic kernel (the default; forward and the Mosaic backward,
-    which forms T0 again) against the float64 oracle, interpreted; it lowers for CUDA."""
-    assert mosaic_layout.T0_KERNEL == "mosaic"
+    """The op with T0 (and, differentiated, W') from the Mosaic kernel against the float64
+    oracle, interpreted; it lowers for CUDA."""
     monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
     with gpu_interpret():
         assert_passed(check("chunk_gated_delta_rule", "mos_dr_gqa_h0_t100", "bf16",
                             {"jax": "mosaic"}))
     assert "gdn_kkt_inverse" in _lower(128, "fp16", varlen=True, backward=True)
-
-
-def test_t0_kernel_choice_is_checked(monkeypatch):
-    monkeypatch.setattr(mosaic_layout, "T0_KERNEL", "cuda")
-    with pytest.raises(ValueError, match="T0_KERNEL='cuda'"):
-        mosaic_layout.gate_free_inverse(jnp.zeros((C, 1, 64), jnp.bfloat16),
-                                        jnp.zeros((C, 1), jnp.float32), 1, jnp.bfloat16)
 
 
 @pytest.mark.parametrize("op", ["chunk_gated_delta_rule", "chunk_delta_rule"])

@@ -1,8 +1,7 @@
 """Mosaic GPU (sm_90) kernel for the gate-free inverse of the delta rule's forward, per chunk:
-    T0 = (I + A)^-1,   A = tril(beta_i k_i . k_j, -1)   ([C, C] per chunk and value head),
-what mosaic_layout.gate_free_inverse forms in XLA (an einsum, a levelled inverse, transposes).
-The op calls it with mosaic_layout.T0_KERNEL = "mosaic" (the default since the H100 timed it:
-the forward 0.673 -> 0.394 ms at B4 T4096 H16 K=V=128 bf16, RESULTS.md run 14).
+    T0 = (I + A)^-1,   A = tril(beta_i k_i . k_j, -1)   ([C, C] per chunk and value head).
+It replaced a batched XLA einsum + levelled inverse: the H100 forward 0.673 -> 0.394 ms at
+B4 T4096 H16 K=V=128 bf16 (RESULTS.md run 14).
 
 One CTA (one warpgroup) per (chunk, value head), chunk-parallel, nothing sequential:
 - k k^T by one wgmma (16-bit operands, fp32 accumulation: exact products).
@@ -41,7 +40,8 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, gcum=None):
     `dtype`: rows n*C .. n*C + C - 1 hold chunk n's (I + tril(beta_i k_i . k_j, -1))^-1.
     With gcum ([HV, R] fp32, the chunk-local gate cumsum G in log2 units; zeros for the delta
     rule) also -W' [HV, R, K] in `dtype`, the WY keys of the backward's reverse pass
-    (mosaic_bwd.wy_keys: W' = (T0 * D) diag(beta exp2(G - G_0)) k, from the T0 as rounded)."""
+    (W' = (T0 * D) diag(beta exp2(G - G_0)) k, from the T0 as rounded; relative to the chunk's
+    first row: no fp16 underflow under strong gates)."""
     R, H, K = k_rows.shape
     HV = beta_t.shape[0]
     if R % C or HV != H * group or beta_t.shape[1] != R:
