@@ -1,15 +1,14 @@
 """Backward of the Mosaic GPU gated delta rule (the delta rule with g = None), K, V <= 128:
-the forward kernel's residuals, the Mosaic reverse state pass (mosaic_bwd_kernel.py), the
-Mosaic per-chunk gradient kernel (mosaic_bwd_grads.py), and XLA for the layout, the WY keys
-W the reverse pass reads, the in-chunk cumsums of the gate gradient and the GQA group sums.
+the forward's residuals, the Mosaic reverse state pass (mosaic_bwd_kernel.py), the Mosaic
+per-chunk gradient kernel (mosaic_bwd_grads.py), and XLA for the layout, the in-chunk cumsums
+of the gate gradient (common/mosaic/gate_rows.py) and the GQA group sums.
 
 Residuals (mosaic_chunk.forward(..., residuals=True)): hs [NC, HV, V, K] the transposed state
-entering each chunk, vnT [HV, V, R] v_new transposed (both in q's dtype, stored by the fused
+entering each chunk and vnT [HV, V, R] v_new transposed (both in q's dtype, stored by the fused
 forward), T0 [HV, R, C] the gate-free inverse and -W' [HV, R, K] the WY keys relative to each
-chunk's first row (mosaic_layout.gate_free_inverse); the reverse pass turns (W', do, dht) into
-L^T per chunk (the
-cotangent of the state the chunk hands on), dv_new and dh0; the gradient kernel then gives
-dq, dk, dv, dbeta and the two per-row gate terms r1, r2, with
+chunk's first row (both from mosaic_kkt.py). The reverse pass turns (W', do, dht) into L^T per
+chunk (the cotangent of the state the chunk hands on), dv_new and dh0; the gradient kernel then
+gives dq, dk, dv, dbeta and the two per-row gate terms r1, r2, with
     dg_t = sum_{s >= t in t's chunk} r1_s + sum_{s < t in t's chunk} r2_s.
 """
 from __future__ import annotations
@@ -17,6 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ..common.mosaic.gate_rows import chunk_gate_grad
 from ..common.pallas_delta_layout import l2norm_fwd
 from .mosaic_bwd_grads import MAX_HEAD, chunk_grads
 from .mosaic_bwd_kernel import reverse_states
@@ -26,15 +26,6 @@ from .mosaic_layout import from_rows, gate_vectors, l2norm, plan, to_rows
 F32 = jnp.float32
 
 __all__ = ["MAX_HEAD", "backward"]
-
-
-def _gate_grad(r1, r2, HV: int, R: int):
-    """[HV, R] per-row terms -> dg [R, HV] fp32: reverse in-chunk cumsum of r1 plus the
-    exclusive in-chunk cumsum of r2 (both masked sums of O(decay) terms)."""
-    a = r1.reshape(HV, R // C, C)
-    b = r2.reshape(HV, R // C, C)
-    dg = jnp.cumsum(a[..., ::-1], axis=-1)[..., ::-1] + (jnp.cumsum(b, axis=-1) - b)
-    return dg.reshape(HV, R).T
 
 
 def backward(q, k, v, g, beta, h0, cu_seqlens, do, dht, *, scale: float, l2: bool, resid):
@@ -69,7 +60,7 @@ def backward(q, k, v, g, beta, h0, cu_seqlens, do, dht, *, scale: float, l2: boo
         dk = jax.vjp(l2norm_fwd, k.astype(F32))[1](dk.astype(F32))[0]
     dv = from_rows(dv, lay, B)
     db = from_rows(db.T, lay, B)
-    dg = None if g is None else from_rows(_gate_grad(r1, r2, HV, R), lay, B).astype(g.dtype)
+    dg = None if g is None else from_rows(chunk_gate_grad(r1, r2, C).T, lay, B).astype(g.dtype)
     dh0 = None if h0 is None else jnp.swapaxes(dh0T, -1, -2).astype(h0.dtype)
     return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg,
             db.astype(beta.dtype), dh0)

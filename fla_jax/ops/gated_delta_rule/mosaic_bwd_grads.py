@@ -34,7 +34,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of, iota,
                                    iota_vec, load, matmul, rows_of, smem_tile, union)
-from .mosaic_bwd_kernel import _chain
+from .mosaic_bwd_kernel import chain
 from .mosaic_fwd_kernel import C, matmuls
 
 # Warpgroups per CTA: 1 (this file's kernel) or 2 (mosaic_bwd_grads_ws.py: the dq side and the
@@ -273,7 +273,7 @@ def chunk_grads(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scale: 
         bb_t = jnp.where(strict(True), -da_t * dec(True), 0.0) * cols_of(load(b_c, COLS), sq)
         if gated:
             r1 = r1 + jnp.sum(bb * kk, axis=1) - jnp.sum(bb_t * kk, axis=1)
-        dk = _chain(dk, (bb.astype(dt), k_s), (bb_t.astype(dt), k_s), shape=(C, K))
+        dk = chain(dk, (bb.astype(dt), k_s), (bb_t.astype(dt), k_s), shape=(C, K))
         store_last((dk_o, db_o, r1_o, r2_o), (dk_ref, db_ref, r1_ref, r2_ref), rows, hv,
                    dk.astype(dt), db, r1, r2, jnp.exp2(g_last) * hdh)
 

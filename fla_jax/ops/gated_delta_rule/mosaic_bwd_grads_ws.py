@@ -25,7 +25,7 @@ from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, cols_of, load,
                                    rows_of)
 from .mosaic_bwd_grads import (decay_fns, dq_stage, inverse_stage, issue_loads, mm,
                                out_type_of, scratch_of, store_last)
-from .mosaic_bwd_kernel import _chain
+from .mosaic_bwd_kernel import chain
 from .mosaic_fwd_kernel import C
 
 
@@ -135,7 +135,7 @@ def chunk_grads_ws(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scal
             if gated:
                 r1 = r1 - jnp.sum(bb_t * kk, axis=1)
             plgpu.barrier_wait(x4.at[0])      # beta B and the q side's row sums
-            dk = _chain(dk, (bb_s, k_s), (bb_t.astype(dt), k_s), shape=(C, K))
+            dk = chain(dk, (bb_s, k_s), (bb_t.astype(dt), k_s), shape=(C, K))
             store_last((dk_o, db_o, r1_o, r2_o), (dk_ref, db_ref, r1_ref, r2_ref), rows, hv,
                        dk.astype(dt), db + load(dba_s, ROWS),
                        None if r1 is None else r1 + load(r1a_s, ROWS), r2,

@@ -29,7 +29,7 @@ from . import mosaic_fwd_kernel
 from .mosaic_fwd_kernel import BV, C, SMEM_BUDGET, TABLE_WIDTH, matmuls
 
 
-def _chain(init, *pairs, shape):
+def chain(init, *pairs, shape):
     """init + sum of op(a) @ b over pairs (a, b) or (a, b, ta) (op: transpose where ta; a
     16-bit SMEM ref then), one accumulator, one wait."""
     pairs = [(p + (False,))[:3] for p in pairs]
@@ -54,8 +54,8 @@ def _stages(K: int, dtype) -> int:
 
 def reverse_states(q, k, wneg, do, gcum, gsuf, table, dhtT, *, scale: float, group: int):
     """q, k: [R, H, K]; wneg: [HV, R, K] (-w', w relative to each chunk's first row); do:
-    [R, HV, V], all in one 16-bit dtype; gcum, gsuf: [HV, R] fp32 (G and G_last - G in log2 units); table: [N,
-    TABLE_WIDTH] int32 as in the forward; dhtT: None or [N, HV, V, K] fp32.
+    [R, HV, V], all in one 16-bit dtype; gcum, gsuf: [HV, R] fp32 (G and G_last - G in log2
+    units); table: [N, TABLE_WIDTH] int32 as in the forward; dhtT: None or [N, HV, V, K] fp32.
     Returns dh [R // C, HV, V, K] (L^T per chunk), dvnT [HV, V, R] (both in q's dtype) and
     dh0T [N, HV, V, K] fp32."""
     R, H, K = q.shape
@@ -159,7 +159,7 @@ def reverse_states(q, k, wneg, do, gcum, gsuf, table, dhtT, *, scale: float, gro
             dv_s[...] = dvn.astype(dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(dv_s, dv_ref.at[hv, cols, pl.ds(c * C, C)])
-            upd = _chain(zeros_wgmma((BV, K)), (do_s.at[slot], qg_s, True),
+            upd = chain(zeros_wgmma((BV, K)), (do_s.at[slot], qg_s, True),
                          (dvn.astype(dtype), w_s.at[slot]), shape=(BV, K))
             l_new = l_t * jnp.exp2(g_last) + upd * jnp.exp2(g_first)
             if stages == 1:

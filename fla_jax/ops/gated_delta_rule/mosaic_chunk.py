@@ -92,7 +92,8 @@ def _gdn(q, k, v, g, beta, h0, cu, scale, l2, backward):
 
 
 def _gdn_fwd(q, k, v, g, beta, h0, cu, scale, l2, backward):
-    if backward == "mosaic" and max(q.shape[-1], v.shape[-1]) <= mosaic_bwd.MAX_HEAD:   # the forward kernel's residuals feed the Mosaic backward
+    # the forward kernel's residuals feed the Mosaic backward (its tiles: K, V <= 128)
+    if backward == "mosaic" and max(q.shape[-1], v.shape[-1]) <= mosaic_bwd.MAX_HEAD:
         o, ht, extra = forward(q, k, v, g, beta, h0, cu, scale=scale, l2=l2, residuals=True)
         return (o, ht), (q, k, v, g, beta, h0, cu, extra)
 

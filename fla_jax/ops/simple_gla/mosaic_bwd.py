@@ -2,10 +2,11 @@
 
 Three kernels: the forward recomputes the state entering every chunk (mosaic_fwd, states
 mode), `dstate` runs the state gradient backwards over the chunks (and gives dh0), `grads`
-forms dq, dk, dv and the two per-row gate terms of every chunk in parallel; the gate gradient is
-their in-chunk (reverse / exclusive) cumsums (XLA, mosaic_inputs.chunk_gate_grad). States and state gradients are kept in q's dtype
-between kernels, as FLA does. With a sequence split (mosaic_split.py) both serial passes run
-per piece from the true piece boundary states and gradients.
+forms dq, dk, dv and the two per-row gate terms of every chunk in parallel; the gate gradient
+is their in-chunk (reverse / exclusive) cumsums (XLA, common/mosaic/gate_rows.py). States and
+state gradients are kept in q's dtype between kernels, as FLA does. With a sequence split
+(mosaic_split.py) both serial passes run per piece from the true piece boundary states and
+gradients.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ..common.mosaic import packing
+from ..common.mosaic import gate_rows, packing
 from ..common.mosaic.tiles import LOG2E
 from .mosaic_fwd import C, SEQ_COLS
 
@@ -33,12 +33,10 @@ def chunk_cumsum(a):
 
 
 def chunk_gate_grad(r1, r2, lay):
-    """r1, r2 [Bq, H, Tp] fp32 -> dg [B, T, H] in the caller's layout: per chunk, the reverse
-    cumsum of r1 plus the exclusive cumsum of r2 (mosaic_bwd_kernels.grads)."""
-    Bq, H, Tp = r1.shape
-    a, b = (jnp.swapaxes(x, 1, 2).reshape(Bq, Tp // C, C, H) for x in (r1, r2))
-    dg = jnp.flip(jnp.cumsum(jnp.flip(a, 2), axis=2), 2) + (jnp.cumsum(b, axis=2) - b)
-    return packing.unpack(dg.reshape(Bq, Tp, H), lay)
+    """r1, r2 [Bq, H, Tp] fp32 -> dg [B, T, H] in the caller's layout
+    (common/mosaic/gate_rows.py; mosaic_bwd_kernels.grads)."""
+    dg = gate_rows.chunk_gate_grad(r1, r2, C)
+    return packing.unpack(jnp.swapaxes(dg, 1, 2), lay)
 
 
 def flat(x):
