@@ -86,14 +86,19 @@ def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool,
     return (o, ht, (outs[2], outs[3], t0, wneg)) if residuals else (o, ht)
 
 
+def _mosaic_backward(backward: str, K: int, V: int) -> bool:
+    """The Mosaic backward runs (its gradient tiles fit SMEM for K, V <= 128), fed by the
+    Mosaic forward's residuals; else the Pallas forward and backward."""
+    return backward == "mosaic" and max(K, V) <= mosaic_bwd.MAX_HEAD
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
 def _gdn(q, k, v, g, beta, h0, cu, scale, l2, backward):
     return forward(q, k, v, g, beta, h0, cu, scale=scale, l2=l2)
 
 
 def _gdn_fwd(q, k, v, g, beta, h0, cu, scale, l2, backward):
-    # the forward kernel's residuals feed the Mosaic backward (its tiles: K, V <= 128)
-    if backward == "mosaic" and max(q.shape[-1], v.shape[-1]) <= mosaic_bwd.MAX_HEAD:
+    if _mosaic_backward(backward, q.shape[-1], v.shape[-1]):
         o, ht, extra = forward(q, k, v, g, beta, h0, cu, scale=scale, l2=l2, residuals=True)
         return (o, ht), (q, k, v, g, beta, h0, cu, extra)
 
@@ -109,10 +114,11 @@ def _gdn_fwd(q, k, v, g, beta, h0, cu, scale, l2, backward):
 
 
 def _gdn_bwd(scale, l2, backward, res, cts):
-    if not callable(res):   # the Mosaic forward's residuals (see _gdn_fwd)
-        q, k, v, g, beta, h0, cu = res[:7]
+    # which forward ran (_gdn_fwd): the cotangents carry K and V (dht [N, HV, K, V])
+    if _mosaic_backward(backward, cts[1].shape[-2], cts[1].shape[-1]):
+        q, k, v, g, beta, h0, cu, extra = res
         return (*mosaic_bwd.backward(q, k, v, g, beta, h0, cu, cts[0], cts[1], scale=scale,
-                                     l2=l2, resid=res[7]), None)
+                                     l2=l2, resid=extra), None)
     return (*res(cts), None)
 
 
