@@ -127,21 +127,24 @@ def test_interpreted_against_float64(op, case, backward, dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("case", ["mos_dr_gqa_h0_t100", "mos_dr_strong"])
-def test_two_warpgroup_gradients_interpreted(case, monkeypatch):
-    """mosaic_bwd_grads.WARPGROUPS = 2 (mosaic_bwd_grads_ws.py, opt-in): the same gradients
-    against float64 in fp16 (the tighter tolerances), its cross-warpgroup barriers included."""
+def test_one_warpgroup_gradients_interpreted(case, monkeypatch):
+    """mosaic_bwd_grads.WARPGROUPS = 1 (the one-warpgroup kernel, no longer the default): the
+    same gradients against float64 in fp16 (the tighter tolerances)."""
     monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
-    monkeypatch.setattr(mosaic_bwd_grads, "WARPGROUPS", 2)
+    monkeypatch.setattr(mosaic_bwd_grads, "WARPGROUPS", 1)
     with gpu_interpret():
         assert_passed(check("chunk_gated_delta_rule", case, "fp16", {"jax": "mosaic"}))
 
 
+@pytest.mark.parametrize("warpgroups", [1, 2])
 @pytest.mark.parametrize("gated", [True, False])
-def test_two_warpgroup_gradients_lower(gated, mosaic_backward, monkeypatch):
-    """At K = V = 128 it fits shared memory only with beta B in the dq staging tile."""
-    monkeypatch.setattr(mosaic_bwd_grads, "WARPGROUPS", 2)
+def test_gradient_kernel_variants_lower(gated, warpgroups, mosaic_backward, monkeypatch):
+    """Both gradient kernels lower; two warpgroups (the default) fit shared memory at K = V = 128
+    only with beta B in the dq staging tile."""
+    monkeypatch.setattr(mosaic_bwd_grads, "WARPGROUPS", warpgroups)
     text = _lower(128, "bf16", varlen=False, backward=True, gated=gated)
-    assert "gdn_bwd_grads_ws" in text and "triton" not in text
+    assert "gdn_bwd_grads" in text and "triton" not in text
+    assert ("gdn_bwd_grads_ws" in text) == (warpgroups == 2)
 
 
 def test_mosaic_needs_hopper():
@@ -193,7 +196,7 @@ def test_t0_kernel_against_float64(keys, beta_range, dtype):
     kq = jnp.asarray(k, DT[dtype])
     ref = _t0_float64(np.asarray(kq.astype(jnp.float32), np.float64), beta, group)
     with gpu_interpret():
-        got = gate_free_inverse_mosaic(kq, jnp.asarray(beta.T, jnp.float32), group, DT[dtype])
+        got, = gate_free_inverse_mosaic(kq, jnp.asarray(beta.T, jnp.float32), group, DT[dtype])
     got = np.asarray(got.astype(jnp.float32), np.float64)
     err = np.sqrt(np.mean((got - ref) ** 2) / np.mean(ref ** 2))
     assert err < {"bf16": 4e-3, "fp16": 1e-3}[dtype], err

@@ -1,5 +1,6 @@
-"""Mosaic GPU (sm_90) per-chunk gradients of the chunked gated delta rule: one CTA (one
-warpgroup) per (chunk, value head), chunk-parallel, all of K and V (K, V <= 128).
+"""Mosaic GPU (sm_90) per-chunk gradients of the chunked gated delta rule: one CTA per
+(chunk, value head; one warpgroup here, two in mosaic_bwd_grads_ws.py, the default),
+chunk-parallel, all of K and V (K, V <= 128).
 
 Per chunk (C = 64 rows; log2 units: G the chunk-local cumsum, Gamma = exp2(G),
 D_ij = exp2(G_i - G_j) for j <= i, Tg = T0 * D the gated inverse, Ag = Tg diag(beta)), with
@@ -37,9 +38,10 @@ from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, 
 from .mosaic_bwd_kernel import chain
 from .mosaic_fwd_kernel import C, matmuls
 
-# Warpgroups per CTA: 1 (this file's kernel) or 2 (mosaic_bwd_grads_ws.py: the dq side and the
-# dk / WY side of the chunk in parallel; opt-in until timed and GPU-proven)
-WARPGROUPS = 1
+# Warpgroups per CTA: 2 (mosaic_bwd_grads_ws.py: the dq side and the dk / WY side of the chunk
+# in parallel; H100, RESULTS.md run 16 call 1: GDN training step 1.139 ms vs 1.353 with 1, delta
+# rule 1.003 vs 1.199; ptxas 16 B spilled vs 792 B; GPU parity 0 failed) or 1 (this file's kernel)
+WARPGROUPS = 2
 
 MAX_HEAD = 128   # K and V: the chunk's tiles fit shared memory (208 KB at K = V = 128)
 

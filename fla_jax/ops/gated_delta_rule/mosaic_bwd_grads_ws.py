@@ -1,5 +1,5 @@
-"""The per-chunk gradient kernel of mosaic_bwd_grads.py with two warpgroups per CTA (opt-in:
-mosaic_bwd_grads.WARPGROUPS = 2). Same math, same inputs and outputs; the chunk's work is split
+"""The per-chunk gradient kernel of mosaic_bwd_grads.py with two warpgroups per CTA (the
+default, mosaic_bwd_grads.WARPGROUPS = 2). Same math, same inputs and outputs; the chunk's work is split
 so that each warpgroup holds about half of the live tiles (the one-warpgroup kernel spills at
 255 registers) and the two run their products and element-wise work in parallel:
 

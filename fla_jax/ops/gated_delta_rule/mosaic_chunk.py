@@ -2,9 +2,9 @@
 (Hopper, sm_90): impl="mosaic".
 
 Forward: XLA prepares the chunk-aligned token layout and the gate vectors
-(mosaic_layout.py); a chunk-parallel Mosaic kernel forms the gate-free inverse T0 per chunk
-(mosaic_kkt.py); one Mosaic kernel (mosaic_fwd_kernel.py) then runs the sequential state pass
-fused with the output.
+(mosaic_layout.py); a chunk-parallel Mosaic kernel forms the gate-free inverse T0 per chunk and
+from it the WY factors W' and U^T (mosaic_kkt.py); one Mosaic kernel (mosaic_fwd_kernel.py)
+then runs the sequential state pass fused with the output.
 Backward (jax.custom_vjp; every gradient in its input's dtype), chosen by BACKWARD:
 "mosaic" (default; K, V <= 128): under differentiation the forward also keeps its residuals
 (chunk states, v_new, T0 and the WY keys W' from the T0 kernel), and mosaic_bwd.py runs a
@@ -75,13 +75,12 @@ def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool,
     br = to_rows(beta.astype(F32), lay)                                  # [R, HV]
     gr = None if g is None else to_rows(g.astype(F32), lay)
     G, later = gate_vectors(gr, qr.shape[0], HV)
-    if residuals:   # T0 and the backward's WY keys from one kernel
-        t0, wneg = gate_free_inverse(kr, br, HV // H, q.dtype, gcum=G)
-    else:
-        t0 = gate_free_inverse(kr, br, HV // H, q.dtype)
+    # the WY factors (and, for the backward, T0) from one chunk-parallel kernel
+    wy = gate_free_inverse(kr, br, HV // H, q.dtype, gcum=G, v_rows=vr, with_t0=residuals)
+    t0, wneg, uT = wy if residuals else (None, *wy)
     h0t = None if h0 is None else jnp.swapaxes(h0.astype(F32), -1, -2)
-    outs = fused_forward(qr, kr, vr, t0, G, later, br.T, table, h0t, scale=scale,
-                         group=HV // H, residuals=residuals)
+    outs = fused_forward(qr, kr, wneg, uT, G, later, table, h0t, scale=scale,
+                         residuals=residuals)
     o, ht = from_rows(outs[0], lay, B), jnp.swapaxes(outs[1], -1, -2)
     return (o, ht, (outs[2], outs[3], t0, wneg)) if residuals else (o, ht)
 

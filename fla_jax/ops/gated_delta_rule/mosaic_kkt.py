@@ -16,7 +16,12 @@ One CTA (one warpgroup) per (chunk, value head), chunk-parallel, nothing sequent
   A, never powers of A: the product form (I - A)(I + A^2)(I + A^4)... multiplies binomially
   growing powers, and with correlated keys and beta near 2 it lost every digit (tested against
   float64; this form matches the XLA inverse's error there).
-T0 is written in the activations' dtype, as the fused forward reads it.
+Then, from T0 as rounded to the activations' dtype, the WY factors the fused forward and the
+backward read (forming them here takes them off the forward's sequential chain):
+    -W' = -(T0 * D) diag(beta exp2(G - G_0)) k   [C, K]  (W = exp2(G_0) W', relative to the
+          chunk's first row: no fp16 underflow under strong gates),
+    U^T = v^T ((T0 * D) diag(beta))^T            [V, C]  (transposed: v_new^T's layout),
+with D_ij = exp2(G_i - G_j) (i >= j). Outputs in the activations' dtype.
 """
 from __future__ import annotations
 
@@ -34,41 +39,58 @@ LEVELS = C.bit_length() - 1    # block sizes 1, 2, ..., C / 2 merged
 BF16 = jnp.bfloat16
 
 
-def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, gcum=None):
+def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_rows=None,
+                             with_t0: bool = True):
     """k_rows: [R, H, K] (16-bit; R a multiple of C, chunks of C rows); beta_t: [HV, R] fp32,
-    HV = H * group (value head hv reads key head hv // group). Returns T0 [HV, R, C] in
-    `dtype`: rows n*C .. n*C + C - 1 hold chunk n's (I + tril(beta_i k_i . k_j, -1))^-1.
-    With gcum ([HV, R] fp32, the chunk-local gate cumsum G in log2 units; zeros for the delta
-    rule) also -W' [HV, R, K] in `dtype`, the WY keys of the backward's reverse pass
-    (W' = (T0 * D) diag(beta exp2(G - G_0)) k, from the T0 as rounded; relative to the chunk's
-    first row: no fp16 underflow under strong gates)."""
+    HV = H * group (value head hv reads key head hv // group); gcum: None or [HV, R] fp32 (the
+    chunk-local gate cumsum G in log2 units; None: no gates); v_rows: None or [R, HV, V]
+    (16-bit, V a multiple of 64). Returns a tuple, in this order, of
+      T0 [HV, R, C]     (when with_t0): rows n*C .. n*C + C - 1 hold chunk n's
+                        (I + tril(beta_i k_i . k_j, -1))^-1,
+      -W' [HV, R, K]    (when gcum is given; see the module docstring),
+      U^T [HV, V, R]    (when v_rows is given),
+    all in `dtype`."""
     R, H, K = k_rows.shape
     HV = beta_t.shape[0]
     if R % C or HV != H * group or beta_t.shape[1] != R:
         raise ValueError(f"gate_free_inverse_mosaic: k_rows {k_rows.shape}, beta_t "
                          f"{beta_t.shape}, group {group}; expected R % {C} == 0, "
                          f"beta_t [H * group, R]")
+    with_w, with_u = gcum is not None, v_rows is not None
+    if with_u and (v_rows.shape[:2] != (R, HV) or v_rows.shape[2] % C):
+        raise ValueError(f"gate_free_inverse_mosaic: v_rows {v_rows.shape}; expected "
+                         f"[{R}, {HV}, V] with V a multiple of {C}")
+    if not (with_t0 or with_w or with_u):
+        raise ValueError("gate_free_inverse_mosaic: no output requested")
+    nv = v_rows.shape[2] // C if with_u else 0
     sq = (C, C)
+    arrivals = 2 + (3 if with_w else 0) + (nv if with_u else 0) + (1 if with_u and not with_w else 0)
     scratch = dict(
         k_s=smem_tile((C, K), k_rows.dtype),
         b_s=plgpu.SMEM((C,), F32),
         hi_s=smem_tile(sq, BF16),
         lo_s=smem_tile(sq, BF16),
         t_s=smem_tile(sq, dtype),
-        bar=plgpu.Barrier(num_arrivals=2 if gcum is None else 5, num_barriers=1),
+        bar=plgpu.Barrier(num_arrivals=arrivals, num_barriers=1),
     )
-    with_w = gcum is not None
-    if with_w:   # G as rows and as columns, beta as columns: one buffer per register layout
+    if with_w or with_u:   # G as rows and as columns, beta as columns: one buffer per layout
         scratch.update(g_r=plgpu.SMEM((C,), F32), g_c=plgpu.SMEM((C,), F32),
-                       bc_s=plgpu.SMEM((C,), F32), a_s=smem_tile(sq, dtype),
-                       w_s=smem_tile((C, K), dtype))
+                       bc_s=plgpu.SMEM((C,), F32), a_s=smem_tile(sq, dtype))
+    if with_w:
+        scratch.update(w_s=smem_tile((C, K), dtype))
+    if with_u:
+        scratch.update(v_s=smem_tile((nv, C, C), dtype), u_s=smem_tile((nv, C, C), dtype))
 
     def body(*refs, k_s, b_s, hi_s, lo_s, t_s, bar, g_r=None, g_c=None, bc_s=None, a_s=None,
-             w_s=None):
+             w_s=None, v_s=None, u_s=None):
+        refs = list(refs)
         k_ref, b_ref = refs[:2]
         g_ref = refs[2] if with_w else None
-        t_ref = refs[3 if with_w else 2]
-        w_ref = refs[4] if with_w else None
+        v_ref = refs[2 + with_w] if with_u else None
+        outs = refs[2 + with_w + with_u:]
+        t_ref = outs.pop(0) if with_t0 else None
+        w_ref = outs.pop(0) if with_w else None
+        u_ref = outs.pop(0) if with_u else None
         n, hv = lax.axis_index("n"), lax.axis_index("hv")
         rows = pl.ds(n * C, C)
         plgpu.copy_gmem_to_smem(k_ref.at[rows, lax.div(hv, group)], k_s, bar.at[0])
@@ -76,6 +98,10 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, gcum=None):
         if with_w:
             for src, dst in ((g_ref, g_r), (g_ref, g_c), (b_ref, bc_s)):
                 plgpu.copy_gmem_to_smem(src.at[hv, rows], dst, bar.at[0])
+        elif with_u:
+            plgpu.copy_gmem_to_smem(b_ref.at[hv, rows], bc_s, bar.at[0])
+        for j in range(nv):
+            plgpu.copy_gmem_to_smem(v_ref.at[rows, hv, pl.ds(j * C, C)], v_s.at[j], bar.at[0])
         plgpu.barrier_wait(bar.at[0])
 
         def prod(x, y):
@@ -106,23 +132,40 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, gcum=None):
             p = prod(d, pair_part(level))
             d = d - prod(p, d)
         t0 = d.astype(dtype)
-        t_s[...] = t0
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(t_s, t_ref.at[hv, rows])
+        if with_t0:
+            t_s[...] = t0
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(t_s, t_ref.at[hv, rows])
+        if with_w or with_u:
+            g_col = load(g_c, COLS) if with_w else None
+            tg = t0.astype(F32)
+            if with_w:   # T0 * D
+                tg = tg * causal_decay(load(g_r, ROWS), g_col, sq)
+            beta_c = load(bc_s, COLS)
         if with_w:   # -W' = -(T0 * D) diag(beta exp2(G - G_0)) k
-            g_col = load(g_c, COLS)
-            dec = causal_decay(load(g_r, ROWS), g_col, sq)
-            colw = load(bc_s, COLS) * jnp.exp2(g_col - g_r[0])
-            a_s[...] = (t0.astype(F32) * dec * cols_of(colw, sq)).astype(dtype)
+            a_s[...] = (tg * cols_of(beta_c * jnp.exp2(g_col - g_r[0]), sq)).astype(dtype)
             plgpu.commit_smem()
             w_s[...] = (-matmul(a_s, k_s, (C, K))).astype(dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(w_s, w_ref.at[hv, rows])
+        if with_u:   # U^T = v^T Ag^T, Ag = (T0 * D) diag(beta); a_s is free again (waited)
+            a_s[...] = (tg * cols_of(beta_c, sq)).astype(dtype)
+            plgpu.commit_smem()
+            for j in range(nv):
+                u_s.at[j][...] = matmul(v_s.at[j], a_s, sq, ta=True, tb=True).astype(dtype)
+            plgpu.commit_smem()
+            for j in range(nv):
+                plgpu.copy_smem_to_gmem(u_s.at[j], u_ref.at[hv, pl.ds(j * C, C), rows])
         plgpu.wait_smem_to_gmem(0)
 
-    out_type = jax.ShapeDtypeStruct((HV, R, C), dtype)
+    out_type = []
+    if with_t0:
+        out_type.append(jax.ShapeDtypeStruct((HV, R, C), dtype))
     if with_w:
-        out_type = [out_type, jax.ShapeDtypeStruct((HV, R, K), dtype)]
+        out_type.append(jax.ShapeDtypeStruct((HV, R, K), dtype))
+    if with_u:
+        out_type.append(jax.ShapeDtypeStruct((HV, nv * C, R), dtype))
     kernel = build(body, name="gdn_kkt_inverse", out_type=out_type,
                    scratch=scratch, grid=(R // C, HV), grid_names=("n", "hv"))
-    return kernel(k_rows, beta_t, gcum) if with_w else kernel(k_rows, beta_t)
+    args = [k_rows, beta_t] + ([gcum] if with_w else []) + ([v_rows] if with_u else [])
+    return tuple(kernel(*args))

@@ -23,13 +23,11 @@ from . import mosaic_bwd, mosaic_fwd, mosaic_fwd_ws, mosaic_inputs, mosaic_split
 OP = "chunk_simple_gla"
 MAX_GRID = 65535
 BACKWARDS = ("pallas", "mosaic")    # backward kernels available
-# One of BACKWARDS, read when an op is traced. "mosaic" (K, V <= 128): H100 (RESULTS.md run 15
-# call 9) training step 0.691 ms against the Pallas backward's 1.485 and jla's 0.748 (B4 T4096
-# H16 K=V=128 bf16), GPU parity passed except dg under gates of -10..-20 per token (bf16 1.6e-1,
-# fp16 2.2e-2 and worse on gpu_strong_uniform: a cancelling gate sum, since rewritten in closed
-# form; interpreted mos_sgla_strong dg 8.6e-2 -> 1.4e-4). Opt-in until a GPU parity run of the
-# rewrite passes.
-BACKWARD = "pallas"
+# One of BACKWARDS, read when an op is traced. "mosaic" (K, V <= 128; larger heads take the
+# Pallas backward): H100 training step 0.681 ms against the Pallas backward's 1.467 in the same
+# process (RESULTS.md run 16 call 1; jla 0.748 in run 15 call 9), B4 T4096 H16 K=V=128 bf16;
+# GPU parity (bf16 + fp16, every GPU case incl. gates of -10..-20 per token) 0 failed.
+BACKWARD = "mosaic"
 
 
 def mosaic_unsupported_reason(q, k, v, g=None, g_gamma=None, initial_state=None,
