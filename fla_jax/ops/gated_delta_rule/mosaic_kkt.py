@@ -11,8 +11,8 @@ One CTA (one warpgroup) per (chunk, value head), chunk-parallel, nothing sequent
   (D_s L_s)^2 = 0, so
       D_2s = (I - D_s L_s) D_s = D_s - (D_s L_s) D_s,     D_2 = I - L_1,   T0 = D_64.
   Ten [C, C] products (two per level from s = 2), each on the tensor cores as three bf16
-  products of hi / lo splits (x = x_hi + x_lo; ~2^-16 relative per product): no 64-step
-  substitution, no per-element loop. The factors are inverses of diagonal blocks and blocks of
+  products of hi / lo splits (x = x_hi + x_lo; ~2^-16 relative per product; the three chained
+  on one accumulator, one wait): no 64-step substitution, no per-element loop. The factors are inverses of diagonal blocks and blocks of
   A, never powers of A: the product form (I - A)(I + A^2)(I + A^4)... multiplies binomially
   growing powers, and with correlated keys and beta near 2 it lost every digit (tested against
   float64; this form matches the XLA inverse's error there).
@@ -32,7 +32,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ..common.mosaic.tiles import (COLS, F32, ROWS, build, causal_decay, cols_of, iota, load,
-                                   matmul, rows_of, smem_tile)
+                                   matmul, matmul_sum, rows_of, smem_tile)
 from .mosaic_fwd_kernel import C   # the chunk length the fused forward reads T0 in
 
 LEVELS = C.bit_length() - 1    # block sizes 1, 2, ..., C / 2 merged
@@ -112,9 +112,7 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
             plgpu.commit_smem()
             x_hi = x.astype(BF16)
             x_lo = (x - x_hi.astype(F32)).astype(BF16)
-            out = matmul(x_hi, hi_s, sq)
-            out = matmul(x_hi, lo_s, sq, init=out)
-            return matmul(x_lo, hi_s, sq, init=out)
+            return matmul_sum(((x_hi, hi_s), (x_hi, lo_s), (x_lo, hi_s)), sq)   # one wait
 
         r, c = iota(sq, 0), iota(sq, 1)
         kk = matmul(k_s, k_s, sq, tb=True)

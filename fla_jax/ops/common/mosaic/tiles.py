@@ -63,6 +63,23 @@ def matmul(a, b, shape, init=None, ta=False, tb=False):
     return lax.optimization_barrier(out)
 
 
+def matmul_sum(pairs, shape):
+    """sum of a @ b over pairs [(a, b), ...] into one fp32 accumulator: the wgmmas are issued
+    back to back with a single wait (chained on the accumulator, no round trip per product).
+    a: SMEM ref or 16-bit register tile (WGMMA layout); b: SMEM ref."""
+    if interpreting():
+        out = None
+        for a, b in pairs:
+            out = matmul(a, b, shape, init=out)
+        return out
+
+    def scoped(acc):
+        for a, b in pairs:
+            plgpu.wgmma(acc, a, b)
+        return acc[...]
+    return lax.optimization_barrier(pl.run_scoped(scoped, plgpu.ACC(tuple(shape), F32)))
+
+
 def matmul_pair(first, second, between=None):
     """Two independent products issued back to back (the tensor cores run them while the
     warpgroup computes `between()`), then read: returns (out1, out2, between's result).
@@ -174,5 +191,5 @@ def load_vec(ref, layout):
     return load(ref, layout)
 
 
-__all__ = ["F32", "LOG2E", "WGMMA", "ROWS", "COLS", "smem_tile", "matmul", "iota", "rows_of",
+__all__ = ["F32", "LOG2E", "WGMMA", "ROWS", "COLS", "smem_tile", "matmul", "matmul_sum", "iota", "rows_of",
            "cols_of", "causal_decay", "build", "zeros_wgmma", "load_wgmma", "load_vec", "jax"]
