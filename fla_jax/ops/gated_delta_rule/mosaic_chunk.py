@@ -9,7 +9,7 @@ Backward (jax.custom_vjp; every gradient in its input's dtype), chosen by BACKWA
 "mosaic" (default; K, V <= 128): under differentiation the forward also keeps its residuals
 (chunk states, v_new, T0 and the WY keys W' from the T0 kernel), and mosaic_bwd.py runs a
 Mosaic reverse state pass and a Mosaic per-chunk gradient kernel. H100 bf16 B4 T4096 H16
-K=V=128, training step 1.338 ms for GDN, 1.181 for the delta rule (RESULTS.md run 15).
+K=V=128, training step 1.128 ms for GDN, 1.023 for the delta rule (RESULTS.md run 16).
 "pallas" (and K or V > 128, whose gradient tiles do not fit shared memory): the Pallas
 Triton-lowering kernels of pallas_chunk.py; their backward needs the Pallas forward's
 residuals, so under differentiation the Pallas forward runs instead of the Mosaic one
