@@ -149,6 +149,16 @@ for step in ${STEPS:-1 2 3 4 5 6 10}; do
         done
         timeout ${BENCH_S:-300} python3 benchmarks/mosaic_ptxas.py --op gated_delta_rule \
           --variant "$W" 2>&1 | grep -v Warning | tee -a "$OUT/bench.txt" ;;
+    # issue 11: the T0 kernel with several chunks per CTA (mosaic_kkt.CHUNKS_PER_CTA, opt-in:
+    # double-buffered loads, asynchronous stores; 198 us vs jla's 50 with one chunk, RESULTS
+    # run 16) on the whole op, and ptxas' counts; its parity: MODE=parity IMPLS=mosaic
+    # OVERRIDE="fla_jax.ops.gated_delta_rule.mosaic_kkt:CHUNKS_PER_CTA=8"
+    19) T=fla_jax.ops.gated_delta_rule.mosaic_kkt:CHUNKS_PER_CTA
+        timeout ${BENCH_S:-300} python3 benchmarks/pallas_launch_sweep.py --op gated_delta_rule \
+          --impl mosaic --dtype bf16 --variant "$T=2" --variant "$T=4" --variant "$T=8" \
+          --variant "$T=16" 2>&1 | grep -v Warning | tee -a "$OUT/bench.txt"
+        timeout ${BENCH_S:-300} python3 benchmarks/mosaic_ptxas.py --op gated_delta_rule \
+          --variant "$T=8" 2>&1 | grep -v Warning | tee -a "$OUT/bench.txt" ;;
     # issue 10: the GLA forward (1.08x FLA on the H200, run 13): cumsum_scores spills at the
     # shipped 4 warps / BK 32 (offline sm_90 compile: 255 registers, 408 B stack; 8 warps /
     # BK 16: 192, none), so time its launch variants on the whole op, defaults first.

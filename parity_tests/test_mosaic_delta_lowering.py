@@ -27,7 +27,7 @@ from fla_jax.ops.common.mosaic.tiles import gpu_interpret
 from fla_jax.ops.delta_rule import chunk_delta_rule
 from fla_jax.ops.gated_delta_rule import (chunk_gated_delta_rule, mosaic_bwd, mosaic_chunk,
                                            mosaic_unsupported_reason)
-from fla_jax.ops.gated_delta_rule import mosaic_bwd_grads
+from fla_jax.ops.gated_delta_rule import mosaic_bwd_grads, mosaic_kkt
 from fla_jax.ops.gated_delta_rule.mosaic_kkt import C, gate_free_inverse_mosaic
 
 from .harness import assert_passed, check
@@ -200,6 +200,39 @@ def test_t0_kernel_against_float64(keys, beta_range, dtype):
     got = np.asarray(got.astype(jnp.float32), np.float64)
     err = np.sqrt(np.mean((got - ref) ** 2) / np.mean(ref ** 2))
     assert err < {"bf16": 4e-3, "fp16": 1e-3}[dtype], err
+
+
+@pytest.mark.parametrize("chunks_per_cta", [2, 3])
+def test_t0_kernel_several_chunks_per_cta(chunks_per_cta, monkeypatch):
+    """mosaic_kkt.CHUNKS_PER_CTA > 1 (opt-in): double-buffered inputs, a partial last group
+    (5 chunks in groups of 2 or 3); T0, -W' and U^T equal the one-chunk kernel's, bit for bit
+    (the same operations per chunk), and T0 matches float64."""
+    rng = np.random.default_rng(2)
+    R, H, K, V, group = 5 * C, 1, 64, 128, 2
+    k = rng.standard_normal((R, H, K))
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    beta = rng.uniform(0.05, 1.95, (R, H * group))
+    kq = jnp.asarray(k, jnp.bfloat16)
+    bt = jnp.asarray(beta.T, jnp.float32)
+    g = jnp.asarray(np.cumsum(-rng.uniform(0, 2, (H * group, 5, C)), -1).reshape(H * group, R),
+                    jnp.float32)
+    v = jnp.asarray(rng.standard_normal((R, H * group, V)), jnp.bfloat16)
+    with gpu_interpret():
+        one = gate_free_inverse_mosaic(kq, bt, group, jnp.bfloat16, gcum=g, v_rows=v)
+        monkeypatch.setattr(mosaic_kkt, "CHUNKS_PER_CTA", chunks_per_cta)
+        many = gate_free_inverse_mosaic(kq, bt, group, jnp.bfloat16, gcum=g, v_rows=v)
+    for a, b in zip(one, many):
+        assert a.shape == b.shape and not np.isnan(np.asarray(b, np.float32)).any()
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    ref = _t0_float64(np.asarray(kq.astype(jnp.float32), np.float64), beta, group)
+    got = np.asarray(many[0].astype(jnp.float32), np.float64)
+    assert np.sqrt(np.mean((got - ref) ** 2) / np.mean(ref ** 2)) < 4e-3
+
+
+def test_t0_kernel_several_chunks_per_cta_lowers(monkeypatch):
+    monkeypatch.setattr(mosaic_kkt, "CHUNKS_PER_CTA", 8)
+    assert "gdn_kkt_inverse" in _lower(128, "bf16", varlen=True, backward=True)
+    assert "gdn_kkt_inverse" in _lower(256, "fp16", varlen=False, backward=False)
 
 
 def test_t0_kernel_in_the_op(monkeypatch):

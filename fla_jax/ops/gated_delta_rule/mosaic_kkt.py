@@ -32,10 +32,15 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ..common.mosaic.tiles import (COLS, F32, ROWS, build, causal_decay, cols_of, iota, load,
-                                   matmul, matmul_sum, rows_of, smem_tile)
+                                   matmul, matmul_sum, rows_of, smem_tile, union)
 from .mosaic_fwd_kernel import C   # the chunk length the fused forward reads T0 in
 
 LEVELS = C.bit_length() - 1    # block sizes 1, 2, ..., C / 2 merged
+# Chunks per CTA: 1 (4096 one-chunk CTAs at B4 T4096 HV16; each loads, computes and stores in
+# turn: 198 us on the H100 vs jla's 50, RESULTS.md run 16) or more (opt-in until timed and
+# GPU-proven: inputs double-buffered, the next chunk's loads and this chunk's stores in flight
+# while a chunk is computed; jla runs 8 chunks per CTA)
+CHUNKS_PER_CTA = 1
 BF16 = jnp.bfloat16
 
 
@@ -63,26 +68,40 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
     if not (with_t0 or with_w or with_u):
         raise ValueError("gate_free_inverse_mosaic: no output requested")
     nv = v_rows.shape[2] // C if with_u else 0
+    NC = R // C
+    cpb = max(1, min(CHUNKS_PER_CTA, NC))
+    multi = cpb > 1
+    # multi: inputs double-buffered (slot = chunk parity), the next chunk's loads in flight
+    # while this one is computed, its stores left asynchronous
+    stack = (lambda shape: (2, *shape)) if multi else (lambda shape: shape)
     sq = (C, C)
-    arrivals = 2 + (3 if with_w else 0) + (nv if with_u else 0) + (1 if with_u and not with_w else 0)
+    vec_arrivals = 2 + (3 if with_w else 0) + (1 if with_u and not with_w else 0)
     scratch = dict(
-        k_s=smem_tile((C, K), k_rows.dtype),
-        b_s=plgpu.SMEM((C,), F32),
-        hi_s=smem_tile(sq, BF16),
+        k_s=smem_tile(stack((C, K)), k_rows.dtype),
+        b_s=plgpu.SMEM(stack((C,)), F32),
         lo_s=smem_tile(sq, BF16),
         t_s=smem_tile(sq, dtype),
-        bar=plgpu.Barrier(num_arrivals=arrivals, num_barriers=1),
+        bar=plgpu.Barrier(num_arrivals=vec_arrivals + (0 if multi else nv),
+                          num_barriers=2 if multi else 1),
     )
+    # hi_s (the doubling's) and a_s (the gated inverse after it) are never live together; in
+    # the multi-chunk kernel they share memory (two CTAs per SM at K = V = 128)
+    hi = smem_tile(sq, BF16)
+    scratch["hi_a"] = (union(hi, smem_tile(sq, dtype)) if multi and (with_w or with_u)
+                       else (hi, smem_tile(sq, dtype)) if with_w or with_u else (hi, None))
     if with_w or with_u:   # G as rows and as columns, beta as columns: one buffer per layout
-        scratch.update(g_r=plgpu.SMEM((C,), F32), g_c=plgpu.SMEM((C,), F32),
-                       bc_s=plgpu.SMEM((C,), F32), a_s=smem_tile(sq, dtype))
+        scratch.update(g_r=plgpu.SMEM(stack((C,)), F32), g_c=plgpu.SMEM(stack((C,)), F32),
+                       bc_s=plgpu.SMEM(stack((C,)), F32))
     if with_w:
         scratch.update(w_s=smem_tile((C, K), dtype))
-    if with_u:
+    if with_u:   # one v buffer: the next chunk's v is loaded once this chunk's U^T is formed
         scratch.update(v_s=smem_tile((nv, C, C), dtype), u_s=smem_tile((nv, C, C), dtype))
+        if multi:
+            scratch.update(v_bar=plgpu.Barrier(num_arrivals=nv, num_barriers=1))
 
-    def body(*refs, k_s, b_s, hi_s, lo_s, t_s, bar, g_r=None, g_c=None, bc_s=None, a_s=None,
-             w_s=None, v_s=None, u_s=None):
+    def body(*refs, k_s, b_s, lo_s, t_s, bar, hi_a, g_r=None, g_c=None, bc_s=None,
+             w_s=None, v_s=None, u_s=None, v_bar=None):
+        hi_s, a_s = hi_a
         refs = list(refs)
         k_ref, b_ref = refs[:2]
         g_ref = refs[2] if with_w else None
@@ -92,17 +111,28 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
         w_ref = outs.pop(0) if with_w else None
         u_ref = outs.pop(0) if with_u else None
         n, hv = lax.axis_index("n"), lax.axis_index("hv")
-        rows = pl.ds(n * C, C)
-        plgpu.copy_gmem_to_smem(k_ref.at[rows, lax.div(hv, group)], k_s, bar.at[0])
-        plgpu.copy_gmem_to_smem(b_ref.at[hv, rows], b_s, bar.at[0])
-        if with_w:
-            for src, dst in ((g_ref, g_r), (g_ref, g_c), (b_ref, bc_s)):
-                plgpu.copy_gmem_to_smem(src.at[hv, rows], dst, bar.at[0])
-        elif with_u:
-            plgpu.copy_gmem_to_smem(b_ref.at[hv, rows], bc_s, bar.at[0])
-        for j in range(nv):
-            plgpu.copy_gmem_to_smem(v_ref.at[rows, hv, pl.ds(j * C, C)], v_s.at[j], bar.at[0])
-        plgpu.barrier_wait(bar.at[0])
+
+        def at(ref, slot):
+            return ref if slot is None else ref.at[slot]
+
+        def load_v(ci, b):
+            for j in range(nv):
+                plgpu.copy_gmem_to_smem(v_ref.at[pl.ds(ci * C, C), hv, pl.ds(j * C, C)],
+                                        v_s.at[j], b)
+
+        def load_chunk(ci, slot):
+            """TMA loads of chunk ci's k and vectors into `slot` (None: the unstacked buffers,
+            and v too)."""
+            rows, b = pl.ds(ci * C, C), bar.at[0 if slot is None else slot]
+            plgpu.copy_gmem_to_smem(k_ref.at[rows, lax.div(hv, group)], at(k_s, slot), b)
+            plgpu.copy_gmem_to_smem(b_ref.at[hv, rows], at(b_s, slot), b)
+            if with_w:
+                for src, dst in ((g_ref, g_r), (g_ref, g_c), (b_ref, bc_s)):
+                    plgpu.copy_gmem_to_smem(src.at[hv, rows], at(dst, slot), b)
+            elif with_u:
+                plgpu.copy_gmem_to_smem(b_ref.at[hv, rows], at(bc_s, slot), b)
+            if slot is None:
+                load_v(ci, b)
 
         def prod(x, y):
             """x @ y for fp32 register tiles: y's hi / lo parts through SMEM, three wgmmas."""
@@ -114,46 +144,88 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
             x_lo = (x - x_hi.astype(F32)).astype(BF16)
             return matmul_sum(((x_hi, hi_s), (x_hi, lo_s), (x_lo, hi_s)), sq)   # one wait
 
-        r, c = iota(sq, 0), iota(sq, 1)
-        kk = matmul(k_s, k_s, sq, tb=True)
-        a = jnp.where(r > c, kk * rows_of(load(b_s, ROWS), sq), 0.0)
-        eye = jnp.where(r == c, 1.0, 0.0)
+        def compute(ci, slot, next_v=None):
+            """Chunk ci from the inputs in `slot`: T0, then -W' and U^T; stores issued.
+            next_v: issues the next chunk's v loads (multi-chunk kernel)."""
+            rows = pl.ds(ci * C, C)
+            k_c = at(k_s, slot)
+            r, c = iota(sq, 0), iota(sq, 1)
+            kk = matmul(k_c, k_c, sq, tb=True)
+            a = jnp.where(r > c, kk * rows_of(load(at(b_s, slot), ROWS), sq), 0.0)
+            eye = jnp.where(r == c, 1.0, 0.0)
 
-        def pair_part(level):
-            """A in the (odd, even) s x s block pairs of the 2s x 2s diagonal blocks, s = 2^level."""
-            pair = lax.shift_right_logical(r, level + 1) == lax.shift_right_logical(c, level + 1)
-            other = lax.shift_right_logical(r, level) != lax.shift_right_logical(c, level)
-            return jnp.where(pair & other, a, 0.0)
+            def pair_part(level):
+                """A in the (odd, even) s x s block pairs of the 2s x 2s diagonal blocks,
+                s = 2^level."""
+                pair = (lax.shift_right_logical(r, level + 1)
+                        == lax.shift_right_logical(c, level + 1))
+                other = lax.shift_right_logical(r, level) != lax.shift_right_logical(c, level)
+                return jnp.where(pair & other, a, 0.0)
 
-        d = eye - pair_part(0)
-        for level in range(1, LEVELS):
-            p = prod(d, pair_part(level))
-            d = d - prod(p, d)
-        t0 = d.astype(dtype)
-        if with_t0:
-            t_s[...] = t0
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(t_s, t_ref.at[hv, rows])
-        if with_w or with_u:
-            g_col = load(g_c, COLS) if with_w else None
-            tg = t0.astype(F32)
-            if with_w:   # T0 * D
-                tg = tg * causal_decay(load(g_r, ROWS), g_col, sq)
-            beta_c = load(bc_s, COLS)
-        if with_w:   # -W' = -(T0 * D) diag(beta exp2(G - G_0)) k
-            a_s[...] = (tg * cols_of(beta_c * jnp.exp2(g_col - g_r[0]), sq)).astype(dtype)
-            plgpu.commit_smem()
-            w_s[...] = (-matmul(a_s, k_s, (C, K))).astype(dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(w_s, w_ref.at[hv, rows])
-        if with_u:   # U^T = v^T Ag^T, Ag = (T0 * D) diag(beta); a_s is free again (waited)
-            a_s[...] = (tg * cols_of(beta_c, sq)).astype(dtype)
-            plgpu.commit_smem()
-            for j in range(nv):
-                u_s.at[j][...] = matmul(v_s.at[j], a_s, sq, ta=True, tb=True).astype(dtype)
-            plgpu.commit_smem()
-            for j in range(nv):
-                plgpu.copy_smem_to_gmem(u_s.at[j], u_ref.at[hv, pl.ds(j * C, C), rows])
+            d = eye - pair_part(0)
+            for level in range(1, LEVELS):
+                p = prod(d, pair_part(level))
+                d = d - prod(p, d)
+            t0 = d.astype(dtype)
+            if multi:   # the previous chunk's stores have read t_s, w_s, u_s
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            if with_t0:
+                t_s[...] = t0
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(t_s, t_ref.at[hv, rows])
+            if with_w or with_u:
+                g_col = load(at(g_c, slot), COLS) if with_w else None
+                tg = t0.astype(F32)
+                if with_w:   # T0 * D
+                    tg = tg * causal_decay(load(at(g_r, slot), ROWS), g_col, sq)
+                beta_c = load(at(bc_s, slot), COLS)
+            if with_w:   # -W' = -(T0 * D) diag(beta exp2(G - G_0)) k
+                g_first = at(g_r, slot)[0]
+                a_s[...] = (tg * cols_of(beta_c * jnp.exp2(g_col - g_first), sq)).astype(dtype)
+                plgpu.commit_smem()
+                w_s[...] = (-matmul(a_s, k_c, (C, K))).astype(dtype)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(w_s, w_ref.at[hv, rows])
+            if with_u:   # U^T = v^T Ag^T, Ag = (T0 * D) diag(beta); a_s is free again (waited)
+                a_s[...] = (tg * cols_of(beta_c, sq)).astype(dtype)
+                plgpu.commit_smem()
+                if multi:
+                    plgpu.barrier_wait(v_bar.at[0])
+                for j in range(nv):
+                    u_s.at[j][...] = matmul(v_s.at[j], a_s, sq, ta=True, tb=True).astype(dtype)
+                if multi and next_v is not None:
+                    next_v()    # v_s has been read: the next chunk's v
+                plgpu.commit_smem()
+                for j in range(nv):
+                    plgpu.copy_smem_to_gmem(u_s.at[j], u_ref.at[hv, pl.ds(j * C, C), rows])
+
+        if not multi:
+            load_chunk(n, None)
+            plgpu.barrier_wait(bar.at[0])
+            compute(n, None)
+        else:
+            first = n * cpb
+            count = jnp.minimum(cpb, NC - first)
+            load_chunk(first, 0)
+            if with_u:
+                load_v(first, v_bar.at[0])
+
+            def step(i, carry):
+                slot = lax.rem(i, 2)
+                plgpu.barrier_wait(bar.at[slot])
+
+                @pl.when(i + 1 < count)
+                def _():
+                    plgpu.commit_smem()
+                    load_chunk(first + i + 1, 1 - slot)
+
+                def next_v():
+                    @pl.when(i + 1 < count)
+                    def _():
+                        load_v(first + i + 1, v_bar.at[0])
+                compute(first + i, slot, next_v if with_u else None)
+                return carry
+            lax.fori_loop(0, count, step, 0)
         plgpu.wait_smem_to_gmem(0)
 
     out_type = []
@@ -164,6 +236,6 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
     if with_u:
         out_type.append(jax.ShapeDtypeStruct((HV, nv * C, R), dtype))
     kernel = build(body, name="gdn_kkt_inverse", out_type=out_type,
-                   scratch=scratch, grid=(R // C, HV), grid_names=("n", "hv"))
+                   scratch=scratch, grid=(-(-NC // cpb), HV), grid_names=("n", "hv"))
     args = [k_rows, beta_t] + ([gcum] if with_w else []) + ([v_rows] if with_u else [])
     return tuple(kernel(*args))
