@@ -29,12 +29,15 @@ def _case(op: str, K: int, V: int, backward: bool):
 
     from fla_jax.ops.delta_rule import chunk_delta_rule
     from fla_jax.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla_jax.ops.gla import chunk_gla
     from fla_jax.ops.simple_gla import chunk_simple_gla
     B, T, H, N = 1, 300, 2, 3
-    HV = H if op == "chunk_simple_gla" else 2 * H
+    HV = H if op in ("chunk_simple_gla", "chunk_gla") else 2 * H
     dt, f32 = jnp.bfloat16, jnp.float32
     args = [S((B, T, H, K), dt), S((B, T, H, K), dt), S((B, T, HV, V), dt), S((B, T, HV), f32),
             S((B, T, HV), f32), S((N, HV, K, V), f32), S((N + 1,), jnp.int32)]
+    if op == "chunk_gla":   # per-key gates
+        args[3] = S((B, T, H, K), f32)
 
     def f(q, k, v, g, beta, h0, cu):
         kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, impl="mosaic")
@@ -42,6 +45,8 @@ def _case(op: str, K: int, V: int, backward: bool):
             return chunk_gated_delta_rule(q, k, v, g, beta, **kw)
         if op == "chunk_delta_rule":
             return chunk_delta_rule(q, k, v, beta, **kw)
+        if op == "chunk_gla":
+            return chunk_gla(q, k, v, g, **kw)
         return chunk_simple_gla(q, k, v, g, **kw)
 
     def fb(*a):
@@ -60,10 +65,12 @@ def main() -> int:
     from fla_jax.ops.simple_gla import mosaic_chunk as sgla_mosaic
     print(f"jax {jax.__version__}")
     bad = 0
-    ops = ("chunk_gated_delta_rule", "chunk_delta_rule", "chunk_simple_gla")
+    ops = ("chunk_gated_delta_rule", "chunk_delta_rule", "chunk_simple_gla", "chunk_gla")
     for K, V in HEADS:
         for op in ops:
             for backward in (False, True):
+                if backward and op == "chunk_gla":
+                    continue     # its backward is the Pallas one (Triton lowering)
                 if backward and op == "chunk_simple_gla" and not sgla_bwd.supports(K, V):
                     continue     # its Mosaic backward takes K, V <= 128 (else the Pallas one)
                 if backward and op != "chunk_simple_gla" and max(K, V) > gdn_bwd.MAX_HEAD:

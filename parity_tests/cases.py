@@ -417,6 +417,11 @@ MOSAIC_KERNEL_CASES = (
     # per-token gates in [-20, -10]: fp16 underflow of the gate factors (H100 gpu_strong_* fp16)
     Case("mos_dr_strong", B=1, T=150, H=1, HV=1, K=64, V=64, cu_seqlens=(0, 60, 150),
          strength=20.0, floor=0.5, families=_DR),
+    # GLA (per-key gates): varlen with an empty sequence and a tail; gates in [-20, -10]
+    Case("mos_gla_varlen", B=1, T=150, H=1, HV=1, K=64, V=128, cu_seqlens=(0, 7, 7, 100, 150),
+         strength=1.0, families=("gla",)),
+    Case("mos_gla_strong", B=1, T=150, H=1, HV=1, K=64, V=64, cu_seqlens=(0, 60, 150),
+         strength=20.0, floor=0.5, families=("gla",)),
 )
 
 # float64 cases of parity_tests/test_chunked_fp64_torch.py (impl='chunked' in fp64 against the

@@ -90,15 +90,16 @@ def test_mosaic_cells_off_hopper_are_listed_not_run(capsys, monkeypatch):
     """--impls mosaic off a Hopper GPU: each cell of an op with Mosaic kernels is printed as
     skipped with the reason, an op without them is 'not registered', nothing is compared."""
     _keep_env(monkeypatch)
-    assert main(["--impls", "mosaic", "--ops", "chunk_gated_delta_rule", "chunk_gla",
+    assert main(["--impls", "mosaic", "--ops", "chunk_gated_delta_rule", "chunk_kda",
                  "--dtypes", "bf16", "--cases", "basic"]) == 0
     out = capsys.readouterr().out
     assert "skipped chunk_gated_delta_rule basic bf16 jax:mosaic: no Hopper GPU" in out
-    assert "0 comparisons, 0 failed" in out and "chunk_gla mosaic (jax)" in out
+    assert "0 comparisons, 0 failed" in out and "chunk_kda mosaic (jax)" in out
     assert "1 cells an implementation cannot take" in out
 
 
-@pytest.mark.parametrize("op", ["chunk_gated_delta_rule", "chunk_delta_rule", "chunk_simple_gla"])
+@pytest.mark.parametrize("op", ["chunk_gated_delta_rule", "chunk_delta_rule", "chunk_simple_gla",
+                                "chunk_gla"])
 def test_mosaic_reasons_per_case(op, monkeypatch):
     """On a (pretended) Hopper GPU the CLI asks the family's mosaic_unsupported_reason with
     the case's shapes: fp32 and K=100 are refused with the reason, the 4k / GQA / varlen

@@ -1,3 +1,3 @@
-from .interface import chunk_gla, fused_recurrent_gla
+from .interface import chunk_gla, fused_recurrent_gla, mosaic_unsupported_reason
 
-__all__ = ["chunk_gla", "fused_recurrent_gla"]
+__all__ = ["chunk_gla", "fused_recurrent_gla", "mosaic_unsupported_reason"]

@@ -9,11 +9,13 @@ from __future__ import annotations
 from fla_contract import OPS
 
 from ..common import context_parallel
+from ..common.mosaic.dispatch import mosaic_or
 from ..common.prepare import run_op
 
 _BASE = {"reference": "fla_jax.ops.gla.reference:gla_reference",
          "chunked": "fla_jax.ops.gla.chunked:gla_chunked"}
-CHUNK_IMPLS = dict(_BASE, pallas="fla_jax.ops.gla.pallas_chunk:chunk_gla_pallas")
+CHUNK_IMPLS = dict(_BASE, pallas="fla_jax.ops.gla.pallas_chunk:chunk_gla_pallas",
+                   mosaic="fla_jax.ops.gla.mosaic_chunk:chunk_gla_mosaic")
 RECURRENT_IMPLS = dict(_BASE, pallas="fla_jax.ops.gla.pallas_recurrent:fused_recurrent_gla_pallas")
 
 
@@ -26,7 +28,9 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
             chunked). g: [B, T, H, K] log-decay (<= 0), any float dtype, used in fp32.
             scale: float, default K ** -0.5. initial_state: [N, H, K, V] fp32.
             cu_seqlens: [N+1] int, needs B == 1.
-        impl: 'auto' | 'reference' | 'chunked' | 'pallas'.
+        impl: 'auto' | 'reference' | 'chunked' | 'pallas' | 'mosaic' (Pallas Mosaic GPU
+            forward kernel, Pallas backward: Hopper only, bf16/fp16, K and V multiples of 64
+            up to 256; not yet GPU-proven, so 'auto' does not take it).
         cp_mesh_axis: context parallelism (the sequence split along T): the name of a mesh
             axis of the enclosing shard_map;
             see fla_jax/ops/common/context_parallel.py (cu_seqlens, initial_state and
@@ -40,6 +44,8 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
             "gla", chunk_gla, cp_mesh_axis, q, k, v, g=g, scale=scale,
             initial_state=initial_state, output_final_state=output_final_state,
             cu_seqlens=cu_seqlens, impl=impl)
+    impl = mosaic_or("chunk_gla", impl, q, lambda: mosaic_unsupported_reason(
+        q, k, v, g, initial_state, cu_seqlens))
     return run_op(OPS["chunk_gla"], CHUNK_IMPLS, impl, q=q, k=k, v=v,
                   g=g, scale=scale, initial_state=initial_state,
                   output_final_state=output_final_state, cu_seqlens=cu_seqlens)
@@ -53,3 +59,10 @@ def fused_recurrent_gla(q, k, v, g, scale=None, initial_state=None, output_final
                   g=g, scale=scale,
                   initial_state=initial_state, output_final_state=output_final_state,
                   cu_seqlens=cu_seqlens)
+
+
+def mosaic_unsupported_reason(q, k, v, g=None, initial_state=None, cu_seqlens=None):
+    """Why impl='mosaic' cannot take this chunk_gla call (str), or None when it can (dtypes
+    and head sizes; the backend is checked when it runs)."""
+    from .mosaic_chunk import mosaic_unsupported_reason as reason
+    return reason(q, k, v, g, initial_state, cu_seqlens)

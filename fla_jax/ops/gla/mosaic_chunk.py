@@ -1,0 +1,101 @@
+"""Chunked GLA (per-key decay g [B, T, H, K]) with Pallas Mosaic GPU kernels (Hopper, sm_90):
+impl="mosaic". Forward only on Mosaic kernels for now:
+
+Forward: XLA lays the rows out in chunks (gated_delta_rule/mosaic_layout.py) and forms the
+chunk-parallel factors and intra-chunk scores (mosaic_inputs.py); one Mosaic kernel
+(mosaic_fwd_kernel.py) runs the state pass fused with the output.
+Backward (jax.custom_vjp): the Pallas Triton-lowering kernels of pallas_chunk.py, which need
+the Pallas forward's residuals, so under differentiation the Pallas forward runs instead of
+the Mosaic one (as the delta family with K or V = 256). Not GPU-proven yet: impl="auto" does
+not take it (fla_contract.auto_kernel.AUTO_MOSAIC).
+
+Takes q/k/v in bf16 or fp16 with K and V multiples of 64 up to 256;
+`mosaic_unsupported_reason` says why a call is refused (fp32: use impl="pallas").
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from ..common.mosaic import check_mosaic
+from ..gated_delta_rule.mosaic_layout import from_rows, plan, to_rows
+from .mosaic_fwd_kernel import C, gla_forward
+from .mosaic_inputs import chunk_gates, factors, scores
+from .pallas_chunk import chunk_gla_pallas
+
+F32 = jnp.float32
+OP = "chunk_gla"
+DTYPES = ("bfloat16", "float16")
+MAX_HEAD = 256
+
+
+def mosaic_unsupported_reason(q, k, v, g=None, initial_state=None, cu_seqlens=None,
+                              **_) -> str | None:
+    """Why the Mosaic kernels cannot take this call (None when they can). Shapes as for
+    chunk_gla; checks dtypes and head sizes only (not the backend)."""
+    name = jnp.dtype(q.dtype).name
+    if name not in DTYPES:
+        return (f"q/k/v dtype {name}: the Mosaic GPU kernels take bfloat16 or float16 "
+                f"(16-bit wgmma operands); use impl='pallas' for {name}")
+    for label, d in (("K", q.shape[-1]), ("V", v.shape[-1])):
+        if d % 64 or d > MAX_HEAD:
+            return (f"head size {label}={d}: the Mosaic GPU kernels take multiples of 64 up "
+                    f"to {MAX_HEAD}")
+    return None
+
+
+def forward(q, k, v, g, h0, cu_seqlens, *, scale: float):
+    """The Mosaic forward. q, k: [B, T, H, K]; v: [B, T, H, V]; g: [B, T, H, K];
+    h0: None or [N, H, K, V] fp32. Returns o [B, T, H, V] (q's dtype) and the final states
+    [N, H, K, V] fp32."""
+    B, T = q.shape[:2]
+    lay, table = plan(B, T, cu_seqlens)
+    qr, kr, vr = to_rows(q, lay), to_rows(k, lay), to_rows(v, lay)
+    b = chunk_gates(to_rows(g.astype(F32), lay), C)
+    qg, kg, el = factors(qr, kr, b, q.dtype)
+    a = scores(qr, kr, b, q.dtype)
+    h0t = None if h0 is None else jnp.swapaxes(h0.astype(F32), -1, -2)
+    o, ht = gla_forward(qg, kg, vr, a, el, table, h0t, scale=scale)
+    return from_rows(o, lay, B), jnp.swapaxes(ht, -1, -2)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _gla(q, k, v, g, h0, cu, scale):
+    return forward(q, k, v, g, h0, cu, scale=scale)
+
+
+def _gla_fwd(q, k, v, g, h0, cu, scale):
+    def pallas(q, k, v, g, h0):
+        return chunk_gla_pallas(q, k, v, g=g, scale=scale, initial_state=h0,
+                                output_final_state=True, cu_seqlens=cu)
+    out, vjp = jax.vjp(pallas, q, k, v, g, h0)   # the Pallas forward with its residuals
+    return out, vjp
+
+
+def _gla_bwd(scale, vjp, cts):
+    return (*vjp(cts), None)
+
+
+_gla.defvjp(_gla_fwd, _gla_bwd)
+
+
+def chunk_gla_mosaic(q, k, v, *, g, scale, initial_state=None, output_final_state=False,
+                     cu_seqlens=None):
+    """Chunked GLA as Mosaic GPU kernels (Hopper only; lowers anywhere via export_for_cuda).
+
+    Args:
+        q, k: [B, T, H, K]; v: [B, T, H, V]; bf16 or fp16, one dtype; K, V multiples of 64 up
+            to 256. g: [B, T, H, K] log-decay (<= 0), used in fp32. scale: float.
+        initial_state: None or fp32 [N, H, K, V]. cu_seqlens: None or int [N+1] (B == 1), may
+            be traced.
+    Returns:
+        o [B, T, H, V] in q's dtype; final state fp32 [N, H, K, V] or None unless
+        output_final_state. Differentiable w.r.t. q, k, v, g, initial_state (Pallas backward).
+    Raises ValueError (named) off a Hopper GPU or for a call the kernels cannot take.
+    """
+    check_mosaic(OP, mosaic_unsupported_reason(q, k, v))
+    cu = None if cu_seqlens is None else cu_seqlens.astype(jnp.int32)
+    o, ht = _gla(q, k, v, g.astype(F32), initial_state, cu, float(scale))
+    return o, (ht if output_final_state else None)
