@@ -2,14 +2,15 @@
 CPU machine.
 
 - Lowering: the forward kernel (and the vjp with either backward: mosaic_chunk.BACKWARD
-  "mosaic", the default, or "pallas", the Pallas Triton-lowering kernels) lowers for CUDA with jax.export for
-  K = V in {64, 128, 256}, bf16/fp16, h0, varlen, GQA.
+  "mosaic", the default, or "pallas", the Pallas Triton-lowering kernels) lowers for CUDA with
+  jax.export for K = V in {64, 128, 256}, bf16/fp16, h0, varlen, GQA.
 - Numerics: JAX's GPU interpret mode (common/mosaic/tiles.gpu_interpret) runs the kernels
   against the harness's float64 oracle (cases.MOSAIC_KERNEL_CASES, every output and
   gradient): indices, packing, pipelining and masking; not the register layouts of a real GPU.
 - Dispatch: what impl='mosaic' raises off a Hopper GPU; the unsupported reasons.
-- The gate-free inverse T0 as a Mosaic kernel (mosaic_kkt.py): against float64 per chunk (keys nearly parallel with beta up to 1.95 included),
-  and the whole op with it, interpreted; it lowers for CUDA.
+- The gate-free inverse T0 as a Mosaic kernel (mosaic_kkt.py): against float64 per chunk
+  (keys nearly parallel with beta up to 1.95 included), one and several chunks per CTA, and
+  the whole op with it, interpreted; it lowers for CUDA.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The per-chunk gradient kernel of mosaic_bwd_grads.py with two warpgroups per CTA (the
-default, mosaic_bwd_grads.WARPGROUPS = 2). Same math, same inputs and outputs; the chunk's work is split
-so that each warpgroup holds about half of the live tiles (the one-warpgroup kernel spills at
-255 registers) and the two run their products and element-wise work in parallel:
+default, mosaic_bwd_grads.WARPGROUPS = 2). Same math, same inputs and outputs; the chunk's work
+is split so that each warpgroup holds about half of the live tiles (the one-warpgroup kernel
+spills at 255 registers) and the two run their products and element-wise work in parallel:
 
   warpgroup A (the q / v side): P, dq (stored), -dv_new S^T; after the states are read (X1)
       Tg, Ag, Ag Gamma' into SMEM (X2); dXu, dv (stored), U; after X3 dA, B, its row sums and

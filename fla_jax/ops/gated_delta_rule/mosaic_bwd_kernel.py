@@ -23,6 +23,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from ..common.mosaic.serial import (carried_state, issue_next_single_stage, sequence_range,
+                                    wait_and_prefetch)
 from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of,
                                   interpreting, load, matmul, rows_of, smem_tile, zeros_wgmma)
 from . import mosaic_fwd_kernel
@@ -95,9 +97,7 @@ def reverse_states(q, k, wneg, do, gcum, gsuf, table, dhtT, *, scale: float, gro
         h = lax.div(hv, group)
         cols = pl.ds(iv * BV, BV)
 
-        plgpu.copy_gmem_to_smem(tab_ref.at[n], tab_s, one_bar.at[0])
-        plgpu.barrier_wait(one_bar.at[0])
-        first, count = tab_s[0], tab_s[1]
+        first, count = sequence_range(tab_ref, n, tab_s, one_bar.at[0])
 
         def issue(i, slot):   # i-th chunk from the end
             rows = pl.ds((first + count - 1 - i) * C, C)
@@ -113,12 +113,8 @@ def reverse_states(q, k, wneg, do, gcum, gsuf, table, dhtT, *, scale: float, gro
         def _():
             issue(0, 0)
 
-        if has_dht:
-            plgpu.copy_gmem_to_smem(dht_ref.at[n, hv, cols], l_s, one_bar.at[1])
-            plgpu.barrier_wait(one_bar.at[1])
-            l0 = load(l_s, WGMMA)
-        else:
-            l0 = zeros_wgmma((BV, K))
+        l0 = carried_state(dht_ref.at[n, hv, cols] if has_dht else None, l_s, one_bar.at[1],
+                           (BV, K))
 
         sq, tile = (C, C), (BV, C)
 
@@ -126,12 +122,7 @@ def reverse_states(q, k, wneg, do, gcum, gsuf, table, dhtT, *, scale: float, gro
             # traced even for one stage: jax 0.11.2 fails to lower a constant slot here
             slot = lax.rem(i, stages)
             c = first + count - 1 - i
-            plgpu.barrier_wait(in_bar.at[slot])
-            if stages > 1:
-                @pl.when(i + 1 < count)
-                def _():
-                    plgpu.commit_smem()
-                    issue(i + 1, 1 - slot)
+            wait_and_prefetch(i, count, slot, stages, in_bar, issue)
 
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # lo_s, dv_s of the last chunk
             l_lo = l_t.astype(dtype)
@@ -163,10 +154,7 @@ def reverse_states(q, k, wneg, do, gcum, gsuf, table, dhtT, *, scale: float, gro
                          (dvn.astype(dtype), w_s.at[slot]), shape=(BV, K))
             l_new = l_t * jnp.exp2(g_last) + upd * jnp.exp2(g_first)
             if stages == 1:
-                @pl.when(i + 1 < count)
-                def _():
-                    plgpu.commit_smem()
-                    issue(i + 1, 0)
+                issue_next_single_stage(i, count, issue)
             return l_new
 
         l_t = lax.fori_loop(0, count, step, l0)

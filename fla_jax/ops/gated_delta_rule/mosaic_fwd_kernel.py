@@ -21,6 +21,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from ..common.mosaic.serial import (carried_state, issue_next_single_stage, sequence_range,
+                                    store_final_state, store_output, wait_and_prefetch)
 from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of, load,
                                   matmul, rows_of, smem_tile, union, zeros_wgmma)
 from ..common.mosaic.tiles import interpreting
@@ -110,9 +112,7 @@ def fused_forward(q, k, wneg, uT, gcum, gsuf, table, h0t, *, scale: float,
         h = lax.div(hv, group)
         cols = pl.ds(iv * BV, BV)
 
-        plgpu.copy_gmem_to_smem(tab_ref.at[n], tab_s, one_bar.at[0])
-        plgpu.barrier_wait(one_bar.at[0])
-        first, count = tab_s[0], tab_s[1]
+        first, count = sequence_range(tab_ref, n, tab_s, one_bar.at[0])
 
         def issue(i, slot):
             rows = pl.ds((first + i) * C, C)
@@ -124,12 +124,9 @@ def fused_forward(q, k, wneg, uT, gcum, gsuf, table, h0t, *, scale: float,
             for src, dst in ((gc_ref, g_c), (gc_ref, g_r), (gs_ref, s_c)):
                 plgpu.copy_gmem_to_smem(src.at[hv, rows], dst.at[slot], bar)
 
-        if has_h0:   # before the first load: st_s shares the input stages' memory
-            plgpu.copy_gmem_to_smem(h0_ref.at[n, hv, cols], st_s, one_bar.at[1])
-            plgpu.barrier_wait(one_bar.at[1])
-            s0 = load(st_s, WGMMA)
-        else:
-            s0 = zeros_wgmma((BV, K))
+        # before the first load: st_s may share the input stages' memory
+        s0 = carried_state(h0_ref.at[n, hv, cols] if has_h0 else None, st_s, one_bar.at[1],
+                           (BV, K))
 
         @pl.when(count > 0)
         def _():
@@ -141,12 +138,7 @@ def fused_forward(q, k, wneg, uT, gcum, gsuf, table, h0t, *, scale: float,
         def step(i, s_t):
             # traced even for one stage: jax 0.11.2 fails to lower a constant slot here
             slot = lax.rem(i, stages)
-            plgpu.barrier_wait(in_bar.at[slot])
-            if stages > 1:
-                @pl.when(i + 1 < count)
-                def _():
-                    plgpu.commit_smem()
-                    issue(i + 1, 1 - slot)
+            wait_and_prefetch(i, count, slot, stages, in_bar, issue)
 
             g_col = load(g_c.at[slot], COLS)
             g_row = load(g_r.at[slot], ROWS)
@@ -182,23 +174,14 @@ def fused_forward(q, k, wneg, uT, gcum, gsuf, table, h0t, *, scale: float,
                                                                           (C, BV))
                 o = matmul(p_lo, vn_s, (C, BV), init=o, tb=True) * scale
                 s_new = matmul(vd_lo, k_s.at[slot], (BV, K), init=s_decayed)
-            oslot = lax.rem(i, 2)
-            plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-            o_s.at[oslot][...] = o.astype(dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(o_s.at[oslot], o_ref.at[pl.ds((first + i) * C, C), hv, cols])
+            store_output(o_s, i, o.astype(dtype),
+                         o_ref.at[pl.ds((first + i) * C, C), hv, cols])
             if stages == 1:
-                @pl.when(i + 1 < count)
-                def _():
-                    plgpu.commit_smem()
-                    issue(i + 1, 0)
+                issue_next_single_stage(i, count, issue)
             return s_new
 
         s_t = lax.fori_loop(0, count, step, s0)
-        st_s[...] = s_t
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(st_s, ht_ref.at[n, hv, cols])
-        plgpu.wait_smem_to_gmem(0)
+        store_final_state(st_s, s_t, ht_ref.at[n, hv, cols])
 
     args = [q, k, wneg, uT, gcum, gsuf, table] + ([h0t] if has_h0 else [])
     kernel = build(body, name="gdn_fwd", out_type=out_type, scratch=scratch,

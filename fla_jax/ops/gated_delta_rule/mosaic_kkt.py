@@ -12,9 +12,10 @@ One CTA (one warpgroup) per (chunk, value head), chunk-parallel, nothing sequent
       D_2s = (I - D_s L_s) D_s = D_s - (D_s L_s) D_s,     D_2 = I - L_1,   T0 = D_64.
   Ten [C, C] products (two per level from s = 2), each on the tensor cores as three bf16
   products of hi / lo splits (x = x_hi + x_lo; ~2^-16 relative per product; the three chained
-  on one accumulator, one wait): no 64-step substitution, no per-element loop. The factors are inverses of diagonal blocks and blocks of
-  A, never powers of A: the product form (I - A)(I + A^2)(I + A^4)... multiplies binomially
-  growing powers, and with correlated keys and beta near 2 it lost every digit (tested against
+  on one accumulator, one wait): no 64-step substitution, no per-element loop. The factors are
+  inverses of diagonal blocks and blocks of A, never powers of A: the product form (I - A)(I +
+  A^2)(I + A^4)... multiplies binomially growing powers, and with correlated keys and beta
+  near 2 it lost every digit (tested against
   float64; this form matches the XLA inverse's error there).
 Then, from T0 as rounded to the activations' dtype, the WY factors the fused forward and the
 backward read (forming them here takes them off the forward's sequential chain):

@@ -18,8 +18,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from ..common.mosaic.tiles import (COLS, F32, WGMMA, build, cols_of, load, smem_tile, union,
-                                   zeros_wgmma)
+from ..common.mosaic.serial import (carried_state, issue_next_single_stage, sequence_range,
+                                    store_final_state, store_output, wait_and_prefetch)
+from ..common.mosaic.tiles import COLS, F32, build, cols_of, load, smem_tile, union
 from ..gated_delta_rule.mosaic_fwd_kernel import BV, C, SMEM_BUDGET, TABLE_WIDTH, matmuls
 
 
@@ -70,9 +71,7 @@ def gla_forward(qg, kg, v, a, el, table, h0t, *, scale: float):
         n, h, iv = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("v")
         cols = pl.ds(iv * BV, BV)
 
-        plgpu.copy_gmem_to_smem(tab_ref.at[n], tab_s, one_bar.at[0])
-        plgpu.barrier_wait(one_bar.at[0])
-        first, count = tab_s[0], tab_s[1]
+        first, count = sequence_range(tab_ref, n, tab_s, one_bar.at[0])
 
         def issue(i, slot):
             rows = pl.ds((first + i) * C, C)
@@ -83,12 +82,9 @@ def gla_forward(qg, kg, v, a, el, table, h0t, *, scale: float):
             plgpu.copy_gmem_to_smem(a_ref.at[h, rows], a_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(el_ref.at[h, first + i], el_s.at[slot], bar)
 
-        if has_h0:   # before the first load: st_s may share the input stages' memory
-            plgpu.copy_gmem_to_smem(h0_ref.at[n, h, cols], st_s, one_bar.at[1])
-            plgpu.barrier_wait(one_bar.at[1])
-            s0 = load(st_s, WGMMA)
-        else:
-            s0 = zeros_wgmma((BV, K))
+        # before the first load: st_s may share the input stages' memory
+        s0 = carried_state(h0_ref.at[n, h, cols] if has_h0 else None, st_s, one_bar.at[1],
+                           (BV, K))
 
         @pl.when(count > 0)
         def _():
@@ -97,12 +93,7 @@ def gla_forward(qg, kg, v, a, el, table, h0t, *, scale: float):
 
         def step(i, s_t):
             slot = lax.rem(i, stages)     # traced (jax 0.11.2: no constant slot in a loop)
-            plgpu.barrier_wait(in_bar.at[slot])
-            if stages > 1:
-                @pl.when(i + 1 < count)
-                def _():
-                    plgpu.commit_smem()
-                    issue(i + 1, 1 - slot)
+            wait_and_prefetch(i, count, slot, stages, in_bar, issue)
             s_s[...] = s_t.astype(dtype)
             plgpu.commit_smem()
             s_decayed = s_t * cols_of(load(el_s.at[slot], COLS), (BV, K))
@@ -114,23 +105,14 @@ def gla_forward(qg, kg, v, a, el, table, h0t, *, scale: float):
             else:
                 oq, av, s_new = (matmuls(p)[0] for p in prods)
             o = (oq + av) * scale
-            oslot = lax.rem(i, 2)
-            plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-            o_s.at[oslot][...] = o.astype(dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(o_s.at[oslot], o_ref.at[pl.ds((first + i) * C, C), h, cols])
+            store_output(o_s, i, o.astype(dtype),
+                         o_ref.at[pl.ds((first + i) * C, C), h, cols])
             if stages == 1:
-                @pl.when(i + 1 < count)
-                def _():
-                    plgpu.commit_smem()
-                    issue(i + 1, 0)
+                issue_next_single_stage(i, count, issue)
             return s_new
 
         s_t = lax.fori_loop(0, count, step, s0)
-        st_s[...] = s_t
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(st_s, ht_ref.at[n, h, cols])
-        plgpu.wait_smem_to_gmem(0)
+        store_final_state(st_s, s_t, ht_ref.at[n, h, cols])
 
     args = [qg, kg, v, a, el, table] + ([h0t] if has_h0 else [])
     kernel = build(body, name="gla_fwd", out_type=out_type, scratch=scratch,

@@ -191,5 +191,6 @@ def load_vec(ref, layout):
     return load(ref, layout)
 
 
-__all__ = ["F32", "LOG2E", "WGMMA", "ROWS", "COLS", "smem_tile", "matmul", "matmul_sum", "iota", "rows_of",
-           "cols_of", "causal_decay", "build", "zeros_wgmma", "load_wgmma", "load_vec", "jax"]
+__all__ = ["F32", "LOG2E", "WGMMA", "ROWS", "COLS", "smem_tile", "matmul", "matmul_sum", "iota",
+           "rows_of", "cols_of", "causal_decay", "build", "zeros_wgmma", "load_wgmma", "load_vec",
+           "jax"]
