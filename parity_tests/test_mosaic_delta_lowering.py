@@ -228,6 +228,9 @@ def test_t0_kernel_several_chunks_per_cta(chunks_per_cta, monkeypatch):
     ref = _t0_float64(np.asarray(kq.astype(jnp.float32), np.float64), beta, group)
     got = np.asarray(many[0].astype(jnp.float32), np.float64)
     assert np.sqrt(np.mean((got - ref) ** 2) / np.mean(ref ** 2)) < 4e-3
+    for bad in (dict(gcum=g), dict(v_rows=v)):      # the WY factors need both
+        with pytest.raises(ValueError, match="gcum .* v_rows .* expected both"):
+            gate_free_inverse_mosaic(kq, bt, group, jnp.bfloat16, **bad)
 
 
 def test_t0_kernel_several_chunks_per_cta_lowers(monkeypatch):

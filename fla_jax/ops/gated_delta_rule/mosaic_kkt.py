@@ -34,6 +34,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ..common.mosaic.tiles import (COLS, F32, ROWS, build, causal_decay, cols_of, iota, load,
                                    matmul, matmul_sum, rows_of, smem_tile, union)
+from ..common.mosaic.serial import wait_and_prefetch
 from .mosaic_fwd_kernel import C   # the chunk length the fused forward reads T0 in
 
 LEVELS = C.bit_length() - 1    # block sizes 1, 2, ..., C / 2 merged
@@ -49,12 +50,12 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
                              with_t0: bool = True):
     """k_rows: [R, H, K] (16-bit; R a multiple of C, chunks of C rows); beta_t: [HV, R] fp32,
     HV = H * group (value head hv reads key head hv // group); gcum: None or [HV, R] fp32 (the
-    chunk-local gate cumsum G in log2 units; None: no gates); v_rows: None or [R, HV, V]
-    (16-bit, V a multiple of 64). Returns a tuple, in this order, of
+    chunk-local gate cumsum G in log2 units; zeros for the delta rule) and v_rows: [R, HV, V]
+    (16-bit, V a multiple of 64), both or neither: with them the WY factors are formed too.
+    Returns a tuple, in this order, of
       T0 [HV, R, C]     (when with_t0): rows n*C .. n*C + C - 1 hold chunk n's
                         (I + tril(beta_i k_i . k_j, -1))^-1,
-      -W' [HV, R, K]    (when gcum is given; see the module docstring),
-      U^T [HV, V, R]    (when v_rows is given),
+      -W' [HV, R, K], U^T [HV, V, R]   (with gcum and v_rows; see the module docstring),
     all in `dtype`."""
     R, H, K = k_rows.shape
     HV = beta_t.shape[0]
@@ -62,13 +63,18 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
         raise ValueError(f"gate_free_inverse_mosaic: k_rows {k_rows.shape}, beta_t "
                          f"{beta_t.shape}, group {group}; expected R % {C} == 0, "
                          f"beta_t [H * group, R]")
-    with_w, with_u = gcum is not None, v_rows is not None
-    if with_u and (v_rows.shape[:2] != (R, HV) or v_rows.shape[2] % C):
-        raise ValueError(f"gate_free_inverse_mosaic: v_rows {v_rows.shape}; expected "
-                         f"[{R}, {HV}, V] with V a multiple of {C}")
-    if not (with_t0 or with_w or with_u):
-        raise ValueError("gate_free_inverse_mosaic: no output requested")
-    nv = v_rows.shape[2] // C if with_u else 0
+    if (gcum is None) != (v_rows is None):
+        raise ValueError(f"gate_free_inverse_mosaic: gcum {None if gcum is None else gcum.shape}"
+                         f", v_rows {None if v_rows is None else v_rows.shape}; expected both "
+                         f"(the WY factors) or neither")
+    wy = gcum is not None
+    if wy and (v_rows.shape[:2] != (R, HV) or v_rows.shape[2] % C or gcum.shape != (HV, R)):
+        raise ValueError(f"gate_free_inverse_mosaic: v_rows {v_rows.shape}, gcum {gcum.shape};"
+                         f" expected [{R}, {HV}, V] with V a multiple of {C}, [{HV}, {R}]")
+    if not (with_t0 or wy):
+        raise ValueError("gate_free_inverse_mosaic: no output requested (with_t0=False and "
+                         "no gcum / v_rows)")
+    nv = v_rows.shape[2] // C if wy else 0
     NC = R // C
     cpb = max(1, min(CHUNKS_PER_CTA, NC))
     multi = cpb > 1
@@ -76,7 +82,7 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
     # while this one is computed, its stores left asynchronous
     stack = (lambda shape: (2, *shape)) if multi else (lambda shape: shape)
     sq = (C, C)
-    vec_arrivals = 2 + (3 if with_w else 0) + (1 if with_u and not with_w else 0)
+    vec_arrivals = 2 + (3 if wy else 0)
     scratch = dict(
         k_s=smem_tile(stack((C, K)), k_rows.dtype),
         b_s=plgpu.SMEM(stack((C,)), F32),
@@ -88,16 +94,13 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
     # hi_s (the doubling's) and a_s (the gated inverse after it) are never live together; in
     # the multi-chunk kernel they share memory (two CTAs per SM at K = V = 128)
     hi = smem_tile(sq, BF16)
-    scratch["hi_a"] = (union(hi, smem_tile(sq, dtype)) if multi and (with_w or with_u)
-                       else (hi, smem_tile(sq, dtype)) if with_w or with_u else (hi, None))
-    if with_w or with_u:   # G as rows and as columns, beta as columns: one buffer per layout
+    a_tile = smem_tile(sq, dtype) if wy else None
+    scratch["hi_a"] = union(hi, a_tile) if multi and wy else (hi, a_tile)
+    if wy:   # G as rows and as columns, beta as columns (one buffer per layout); -W', v, U^T
         scratch.update(g_r=plgpu.SMEM(stack((C,)), F32), g_c=plgpu.SMEM(stack((C,)), F32),
-                       bc_s=plgpu.SMEM(stack((C,)), F32))
-    if with_w:
-        scratch.update(w_s=smem_tile((C, K), dtype))
-    if with_u:   # one v buffer: the next chunk's v is loaded once this chunk's U^T is formed
-        scratch.update(v_s=smem_tile((nv, C, C), dtype), u_s=smem_tile((nv, C, C), dtype))
-        if multi:
+                       bc_s=plgpu.SMEM(stack((C,)), F32), w_s=smem_tile((C, K), dtype),
+                       v_s=smem_tile((nv, C, C), dtype), u_s=smem_tile((nv, C, C), dtype))
+        if multi:   # one v buffer: the next chunk's v is loaded once this chunk's U^T is formed
             scratch.update(v_bar=plgpu.Barrier(num_arrivals=nv, num_barriers=1))
 
     def body(*refs, k_s, b_s, lo_s, t_s, bar, hi_a, g_r=None, g_c=None, bc_s=None,
@@ -105,12 +108,10 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
         hi_s, a_s = hi_a
         refs = list(refs)
         k_ref, b_ref = refs[:2]
-        g_ref = refs[2] if with_w else None
-        v_ref = refs[2 + with_w] if with_u else None
-        outs = refs[2 + with_w + with_u:]
+        g_ref, v_ref = refs[2:4] if wy else (None, None)
+        outs = refs[4 if wy else 2:]
         t_ref = outs.pop(0) if with_t0 else None
-        w_ref = outs.pop(0) if with_w else None
-        u_ref = outs.pop(0) if with_u else None
+        w_ref, u_ref = outs if wy else (None, None)
         n, hv = lax.axis_index("n"), lax.axis_index("hv")
 
         def at(ref, slot):
@@ -127,11 +128,9 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
             rows, b = pl.ds(ci * C, C), bar.at[0 if slot is None else slot]
             plgpu.copy_gmem_to_smem(k_ref.at[rows, lax.div(hv, group)], at(k_s, slot), b)
             plgpu.copy_gmem_to_smem(b_ref.at[hv, rows], at(b_s, slot), b)
-            if with_w:
+            if wy:
                 for src, dst in ((g_ref, g_r), (g_ref, g_c), (b_ref, bc_s)):
                     plgpu.copy_gmem_to_smem(src.at[hv, rows], at(dst, slot), b)
-            elif with_u:
-                plgpu.copy_gmem_to_smem(b_ref.at[hv, rows], at(bc_s, slot), b)
             if slot is None:
                 load_v(ci, b)
 
@@ -145,9 +144,10 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
             x_lo = (x - x_hi.astype(F32)).astype(BF16)
             return matmul_sum(((x_hi, hi_s), (x_hi, lo_s), (x_lo, hi_s)), sq)   # one wait
 
-        def compute(ci, slot, next_v=None):
-            """Chunk ci from the inputs in `slot`: T0, then -W' and U^T; stores issued.
-            next_v: issues the next chunk's v loads (multi-chunk kernel)."""
+        def compute(ci, slot, end=None):
+            """Chunk ci from the inputs in `slot`: T0, then -W' and U^T; stores issued. end
+            (multi-chunk kernel): the CTA's chunks end before it; the next one's v is loaded
+            here."""
             rows = pl.ds(ci * C, C)
             k_c = at(k_s, slot)
             r, c = iota(sq, 0), iota(sq, 1)
@@ -174,31 +174,32 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
                 t_s[...] = t0
                 plgpu.commit_smem()
                 plgpu.copy_smem_to_gmem(t_s, t_ref.at[hv, rows])
-            if with_w or with_u:
-                g_col = load(at(g_c, slot), COLS) if with_w else None
-                tg = t0.astype(F32)
-                if with_w:   # T0 * D
-                    tg = tg * causal_decay(load(at(g_r, slot), ROWS), g_col, sq)
-                beta_c = load(at(bc_s, slot), COLS)
-            if with_w:   # -W' = -(T0 * D) diag(beta exp2(G - G_0)) k
-                g_first = at(g_r, slot)[0]
-                a_s[...] = (tg * cols_of(beta_c * jnp.exp2(g_col - g_first), sq)).astype(dtype)
-                plgpu.commit_smem()
-                w_s[...] = (-matmul(a_s, k_c, (C, K))).astype(dtype)
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(w_s, w_ref.at[hv, rows])
-            if with_u:   # U^T = v^T Ag^T, Ag = (T0 * D) diag(beta); a_s is free again (waited)
-                a_s[...] = (tg * cols_of(beta_c, sq)).astype(dtype)
-                plgpu.commit_smem()
-                if multi:
-                    plgpu.barrier_wait(v_bar.at[0])
-                for j in range(nv):
-                    u_s.at[j][...] = matmul(v_s.at[j], a_s, sq, ta=True, tb=True).astype(dtype)
-                if multi and next_v is not None:
-                    next_v()    # v_s has been read: the next chunk's v
-                plgpu.commit_smem()
-                for j in range(nv):
-                    plgpu.copy_smem_to_gmem(u_s.at[j], u_ref.at[hv, pl.ds(j * C, C), rows])
+            if not wy:
+                return
+            g_col = load(at(g_c, slot), COLS)
+            tg = t0.astype(F32) * causal_decay(load(at(g_r, slot), ROWS), g_col, sq)   # T0 * D
+            beta_c = load(at(bc_s, slot), COLS)
+            # -W' = -(T0 * D) diag(beta exp2(G - G_0)) k
+            g_first = at(g_r, slot)[0]
+            a_s[...] = (tg * cols_of(beta_c * jnp.exp2(g_col - g_first), sq)).astype(dtype)
+            plgpu.commit_smem()
+            w_s[...] = (-matmul(a_s, k_c, (C, K))).astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(w_s, w_ref.at[hv, rows])
+            # U^T = v^T Ag^T, Ag = (T0 * D) diag(beta); a_s is free again (waited)
+            a_s[...] = (tg * cols_of(beta_c, sq)).astype(dtype)
+            plgpu.commit_smem()
+            if multi:
+                plgpu.barrier_wait(v_bar.at[0])
+            for j in range(nv):
+                u_s.at[j][...] = matmul(v_s.at[j], a_s, sq, ta=True, tb=True).astype(dtype)
+            if multi:   # v_s has been read: the next chunk's v
+                @pl.when(ci + 1 < end)
+                def _():
+                    load_v(ci + 1, v_bar.at[0])
+            plgpu.commit_smem()
+            for j in range(nv):
+                plgpu.copy_smem_to_gmem(u_s.at[j], u_ref.at[hv, pl.ds(j * C, C), rows])
 
         if not multi:
             load_chunk(n, None)
@@ -208,35 +209,22 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
             first = n * cpb
             count = jnp.minimum(cpb, NC - first)
             load_chunk(first, 0)
-            if with_u:
+            if wy:
                 load_v(first, v_bar.at[0])
 
             def step(i, carry):
                 slot = lax.rem(i, 2)
-                plgpu.barrier_wait(bar.at[slot])
-
-                @pl.when(i + 1 < count)
-                def _():
-                    plgpu.commit_smem()
-                    load_chunk(first + i + 1, 1 - slot)
-
-                def next_v():
-                    @pl.when(i + 1 < count)
-                    def _():
-                        load_v(first + i + 1, v_bar.at[0])
-                compute(first + i, slot, next_v if with_u else None)
+                wait_and_prefetch(i, count, slot, 2, bar, lambda j, s: load_chunk(first + j, s))
+                compute(first + i, slot, first + count)
                 return carry
             lax.fori_loop(0, count, step, 0)
         plgpu.wait_smem_to_gmem(0)
 
-    out_type = []
-    if with_t0:
-        out_type.append(jax.ShapeDtypeStruct((HV, R, C), dtype))
-    if with_w:
-        out_type.append(jax.ShapeDtypeStruct((HV, R, K), dtype))
-    if with_u:
-        out_type.append(jax.ShapeDtypeStruct((HV, nv * C, R), dtype))
+    out_type = [jax.ShapeDtypeStruct((HV, R, C), dtype)] if with_t0 else []
+    if wy:
+        out_type += [jax.ShapeDtypeStruct((HV, R, K), dtype),
+                     jax.ShapeDtypeStruct((HV, nv * C, R), dtype)]
     kernel = build(body, name="gdn_kkt_inverse", out_type=out_type,
                    scratch=scratch, grid=(-(-NC // cpb), HV), grid_names=("n", "hv"))
-    args = [k_rows, beta_t] + ([gcum] if with_w else []) + ([v_rows] if with_u else [])
+    args = [k_rows, beta_t] + ([gcum, v_rows] if wy else [])
     return tuple(kernel(*args))
