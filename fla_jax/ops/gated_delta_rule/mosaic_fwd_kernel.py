@@ -27,7 +27,7 @@ from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, 
                                   matmul, rows_of, smem_tile, union, zeros_wgmma)
 from ..common.mosaic.tiles import interpreting
 
-OVERLAP = True   # issue a chunk's independent wgmmas together (3 waits per chunk, not 7); K <= 128
+OVERLAP = True   # issue a chunk's independent wgmmas together (2 waits per chunk, not 5); K <= 128
 
 C = 64
 BV = 64
