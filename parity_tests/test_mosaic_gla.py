@@ -4,7 +4,8 @@
   SMEM size) for K, V in {64, 128, 256}, bf16 / fp16, h0, varlen.
 - Numerics: JAX's GPU interpret mode runs the kernel against the harness's float64 oracle
   (cases.MOSAIC_KERNEL_CASES mos_gla_*: varlen with an empty sequence, gates in [-20, -10]);
-  the intra-chunk scores of mosaic_inputs.py against float64 directly under strong gates.
+  the chunk-parallel kernel (cumsum, factors, intra-chunk scores) against float64 directly,
+  also under strong gates.
 - Dispatch: not GPU-proven, so impl='auto' does not take it on Hopper; named errors.
 """
 from __future__ import annotations
@@ -21,7 +22,8 @@ import pytest
 from fla_jax.ops.common.mosaic import dispatch as mdispatch
 from fla_jax.ops.common.mosaic import export_for_cuda
 from fla_jax.ops.common.mosaic.tiles import gpu_interpret
-from fla_jax.ops.gla import chunk_gla, mosaic_inputs, mosaic_unsupported_reason
+from fla_jax.ops.gla import chunk_gla, mosaic_unsupported_reason
+from fla_jax.ops.gla.mosaic_intra_kernel import gla_intra
 
 from .harness import assert_passed, check
 
@@ -46,7 +48,7 @@ def _lower(K, V, dtype, varlen, T=300, H=2):
                                               (256, 64, "bf16", True), (64, 256, "fp16", False)])
 def test_forward_lowers(K, V, dtype, varlen):
     text = _lower(K, V, dtype, varlen)
-    assert "gla_fwd" in text and "mosaic_gpu" in text
+    assert "gla_fwd" in text and "gla_intra" in text and "mosaic_gpu" in text
 
 
 @pytest.mark.parametrize("case,dtype", [("mos_gla_varlen", "bf16"), ("mos_gla_strong", "fp16")])
@@ -55,29 +57,51 @@ def test_interpreted_against_float64(case, dtype):
         assert_passed(check("chunk_gla", case, dtype, {"jax": "mosaic"}))
 
 
-def test_scores_against_float64_under_strong_gates():
-    """A_ij = sum_c q_ic k_jc exp(b_ic - b_jc) (j <= i) with gates to -20 per token and
-    channel: no overflow, within fp16 rounding of float64 (rel. RMS), zeros above the
-    diagonal."""
-    rng = np.random.default_rng(3)
-    C, H, K = 64, 2, 64
-    q = rng.standard_normal((2 * C, H, K))
-    k = rng.standard_normal((2 * C, H, K))
-    g = -rng.uniform(0.0, 20.0, (2 * C, H, K)) * (rng.uniform(size=(1, 1, K)) < 0.3)
-    b = np.asarray(mosaic_inputs.chunk_gates(jnp.asarray(g, jnp.float32), C), np.float64)
-    got = np.asarray(mosaic_inputs.scores(jnp.asarray(q, jnp.float16),
-                                          jnp.asarray(k, jnp.float16),
-                                          jnp.asarray(b, jnp.float32), jnp.float16), np.float64)
-    qf = np.asarray(jnp.asarray(q, jnp.float16), np.float64).reshape(2, C, H, K)
-    kf = np.asarray(jnp.asarray(k, jnp.float16), np.float64).reshape(2, C, H, K)
+def _intra_reference(q, k, g, C):
+    """float64 qg, kg [R, H, K], A [H, R, C], last [H, NC, K] (mosaic_intra_kernel's outputs)."""
+    R, H, K = q.shape
+    q, k = q.reshape(R // C, C, H, K), k.reshape(R // C, C, H, K)
+    b = np.cumsum(g.reshape(R // C, C, H, K), 1) / np.log(2.0)
+    last = b[:, -1]
     expo = b[:, :, None] - b[:, None, :]                                   # [n, i, j, H, K]
     causal = np.tril(np.ones((C, C), bool))[None, :, :, None, None]
-    ref = np.sum(qf[:, :, None] * kf[:, None] * np.exp2(np.where(causal, expo, -np.inf)), -1)
-    ref = ref.transpose(3, 0, 1, 2).reshape(H, 2 * C, C)                  # [H, R, C]
-    assert np.isfinite(got).all()
-    assert np.sqrt(np.mean((got - ref) ** 2) / np.mean(ref ** 2)) < 1e-3
-    assert not got.reshape(H, 2, C, C)[..., np.triu_indices(C, 1)[0],
-                                       np.triu_indices(C, 1)[1]].any()
+    a = np.sum(q[:, :, None] * k[:, None] * np.exp2(np.where(causal, expo, -np.inf)), -1)
+    return ((q * np.exp2(b)).reshape(R, H, K), (k * np.exp2(last[:, None] - b)).reshape(R, H, K),
+            a.transpose(3, 0, 1, 2).reshape(H, R, C), last.transpose(1, 0, 2))
+
+
+@pytest.mark.parametrize("K,dtype,strong", [(64, "fp16", True), (128, "bf16", False)])
+def test_intra_kernel_against_float64(K, dtype, strong):
+    """The chunk-parallel kernel (cumsum, qg, kg, last, scores A) interpreted against float64:
+    with gates to -20 per token and channel (strong) no overflow and the scores within fp16
+    rounding; zeros above the diagonal; two chunks, two heads."""
+    rng = np.random.default_rng(3)
+    C, H, R = 64, 2, 128
+    q = jnp.asarray(rng.standard_normal((R, H, K)), DT[dtype])
+    k = jnp.asarray(rng.standard_normal((R, H, K)), DT[dtype])
+    if strong:
+        g = -rng.uniform(0.0, 20.0, (R, H, K)) * (rng.uniform(size=(1, 1, K)) < 0.3)
+    else:
+        g = np.log(rng.uniform(0.8, 1.0, (R, H, K)))
+    g = jnp.asarray(g, jnp.float32)
+    with gpu_interpret():
+        got = jax.jit(gla_intra)(q, k, g)
+    want = _intra_reference(*(np.asarray(x, np.float64) for x in (q, k, g)), C)
+    bound = {"fp16": 1e-3, "bf16": 8e-3}[dtype]
+    for name, o, r in zip(("qg", "kg", "A", "last"), got, want):
+        o = np.asarray(o.astype(jnp.float32), np.float64)
+        assert np.isfinite(o).all(), name
+        rel = np.sqrt(np.mean((o - r) ** 2) / np.mean(r ** 2))
+        assert rel < (1e-6 if name == "last" else bound), (name, rel)
+    a = np.asarray(got[2].astype(jnp.float32)).reshape(H, R // C, C, C)
+    assert not a[..., np.triu_indices(C, 1)[0], np.triu_indices(C, 1)[1]].any()
+
+
+def test_intra_kernel_lowers():
+    for K, dt in ((64, jnp.bfloat16), (256, jnp.float16)):
+        text = export_for_cuda(gla_intra, S((256, 2, K), dt), S((256, 2, K), dt),
+                               S((256, 2, K), jnp.float32))
+        assert "gla_intra" in text
 
 
 def test_unsupported_reasons_and_dispatch(monkeypatch):

@@ -1,9 +1,10 @@
 """Chunked GLA (per-key decay g [B, T, H, K]) with Pallas Mosaic GPU kernels (Hopper, sm_90):
 impl="mosaic". Forward only on Mosaic kernels for now:
 
-Forward: XLA lays the rows out in chunks (gated_delta_rule/mosaic_layout.py) and forms the
-chunk-parallel factors and intra-chunk scores (mosaic_inputs.py); one Mosaic kernel
-(mosaic_fwd_kernel.py) runs the state pass fused with the output.
+Forward: XLA lays the rows out in chunks (gated_delta_rule/mosaic_layout.py); one chunk-parallel
+Mosaic kernel (mosaic_intra_kernel.py) forms the chunk-local gate cumsum, the factors qg / kg
+and the intra-chunk scores; one Mosaic kernel (mosaic_fwd_kernel.py) runs the state pass
+fused with the output.
 Backward (jax.custom_vjp): the Pallas Triton-lowering kernels of pallas_chunk.py, which need
 the Pallas forward's residuals, so under differentiation the Pallas forward runs instead of
 the Mosaic one (as the delta family with K or V = 256). Not GPU-proven yet: impl="auto" does
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 from ..common.mosaic import check_mosaic
 from ..gated_delta_rule.mosaic_layout import from_rows, plan, to_rows
 from .mosaic_fwd_kernel import C, gla_forward
-from .mosaic_inputs import chunk_gates, factors, scores
+from .mosaic_intra_kernel import gla_intra
 from .pallas_chunk import chunk_gla_pallas
 
 F32 = jnp.float32
@@ -53,11 +54,9 @@ def forward(q, k, v, g, h0, cu_seqlens, *, scale: float):
     B, T = q.shape[:2]
     lay, table = plan(B, T, cu_seqlens)
     qr, kr, vr = to_rows(q, lay), to_rows(k, lay), to_rows(v, lay)
-    b = chunk_gates(to_rows(g.astype(F32), lay), C)
-    qg, kg, el = factors(qr, kr, b, q.dtype)
-    a = scores(qr, kr, b, q.dtype)
+    qg, kg, a, last = gla_intra(qr, kr, to_rows(g.astype(F32), lay))
     h0t = None if h0 is None else jnp.swapaxes(h0.astype(F32), -1, -2)
-    o, ht = gla_forward(qg, kg, vr, a, el, table, h0t, scale=scale)
+    o, ht = gla_forward(qg, kg, vr, a, last, table, h0t, scale=scale)
     return from_rows(o, lay, B), jnp.swapaxes(ht, -1, -2)
 
 

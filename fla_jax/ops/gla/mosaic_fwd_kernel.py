@@ -2,10 +2,10 @@
 with the output, one CTA (one warpgroup) per (sequence, head, 64 value columns).
 
 Per chunk of C = 64 tokens, with S^T [BV, K] fp32 carried in registers and the chunk-parallel
-factors of mosaic_inputs.py (qg = q exp2(b), kg = k exp2(last - b), el = exp2(last), the
-intra-chunk scores A):
+factors of mosaic_intra_kernel.py (qg = q exp2(b), kg = k exp2(last - b), the intra-chunk
+scores A; b the chunk-local gate cumsum in log2 units, last its value on the chunk's last row):
     o   = scale (qg S + A v)
-    S^T = S^T diag(el) + v^T kg
+    S^T = S^T diag(exp2(last)) + v^T kg
 The three products (qg S through S^T in SMEM, A v, the state update) are independent once S^T
 is stored: one wait per chunk. 16-bit operands, fp32 accumulation; the TMA loads of chunk c + 1
 are issued before chunk c is computed; o leaves through a double-buffered SMEM tile.
@@ -33,10 +33,10 @@ def _stages(K: int, dtype) -> int:
     return 2 if fixed + 2 * per_stage <= SMEM_BUDGET else 1
 
 
-def gla_forward(qg, kg, v, a, el, table, h0t, *, scale: float):
+def gla_forward(qg, kg, v, a, last, table, h0t, *, scale: float):
     """qg, kg: [R, H, K]; v: [R, H, V] (one 16-bit dtype; R a multiple of C, every sequence
     starting at a chunk boundary, padding rows zero); a: [H, R, C] (q's dtype, the intra-chunk
-    scores, rows of chunk n at n*C .. n*C + C - 1); el: [H, R // C, K] fp32; table:
+    scores, rows of chunk n at n*C .. n*C + C - 1); last: [H, R // C, K] fp32; table:
     [N, TABLE_WIDTH] int32 (first chunk, chunk count of sequence n); h0t: None or
     [N, H, V, K] fp32 (transposed initial states). Returns o [R, H, V] in q's dtype and the
     transposed final states [N, H, V, K] fp32."""
@@ -96,7 +96,7 @@ def gla_forward(qg, kg, v, a, el, table, h0t, *, scale: float):
             wait_and_prefetch(i, count, slot, stages, in_bar, issue)
             s_s[...] = s_t.astype(dtype)
             plgpu.commit_smem()
-            s_decayed = s_t * cols_of(load(el_s.at[slot], COLS), (BV, K))
+            s_decayed = s_t * cols_of(jnp.exp2(load(el_s.at[slot], COLS)), (BV, K))
             prods = ((q_s.at[slot], s_s, (C, BV), None, False, True),        # qg S
                      (a_s.at[slot], v_s.at[slot], (C, BV), None, False, False),   # A v
                      (v_s.at[slot], k_s.at[slot], (BV, K), s_decayed, True, False))
@@ -114,7 +114,7 @@ def gla_forward(qg, kg, v, a, el, table, h0t, *, scale: float):
         s_t = lax.fori_loop(0, count, step, s0)
         store_final_state(st_s, s_t, ht_ref.at[n, h, cols])
 
-    args = [qg, kg, v, a, el, table] + ([h0t] if has_h0 else [])
+    args = [qg, kg, v, a, last, table] + ([h0t] if has_h0 else [])
     kernel = build(body, name="gla_fwd", out_type=out_type, scratch=scratch,
                    grid=(N, H, V // BV), grid_names=("n", "h", "v"))
     return kernel(*args)

@@ -176,6 +176,13 @@ def zeros_wgmma(shape):
     return plgpu.layout_cast(jnp.zeros(shape, F32), WGMMA)
 
 
+def ones_vec(n, layout):
+    """A vector of n ones in `layout` (ROWS or COLS)."""
+    if interpreting():
+        return jnp.ones((n,), F32)
+    return plgpu.layout_cast(jnp.ones((n,), F32), layout)
+
+
 def load(ref, layout):
     """ref's value in registers of the given layout."""
     if interpreting():

@@ -1,0 +1,181 @@
+"""Mosaic GPU (sm_90) chunk-parallel part of the GLA forward: per chunk of C = 64 rows and
+head, from q, k (16-bit) and the per-key log-decay g (fp32, natural log), in one kernel:
+    b_i    = sum_{t <= i} g_t log2(e)        the chunk-local cumsum (log2 units, fp32)
+    qg     = q exp2(b),  kg = k exp2(b_last - b)            [C, K] (q's dtype; factors <= 1)
+    last   = b_last                                           [K] fp32 (the state's decay)
+    A_ij   = sum_c q_ic k_jc exp2(b_ic - b_jc), j <= i        [C, C] (q's dtype)
+It replaced XLA ops that took 1.85 of the forward's 2.0 ms at B4 T4096 H16 K=V=128 on the H100
+(RESULTS.md run 17: the cumsum as a reduce window, the diagonal blocks as a broadcast-reduce).
+
+One CTA (one warpgroup) per (chunk, head), nothing sequential between CTAs; the key columns in
+parts of P = 64 (TMA loads per part; A accumulates over the parts):
+- cumsum: a Hillis-Steele scan over rows (six steps of b_i += b_{i-s}, the shifted rows read
+  back from SMEM above zero rows): fp32, no tensor-core rounding.
+- A below the diagonal 16 x 16 blocks (sub-chunks I > J) on the tensor cores: with e_J = b at
+  the last row of sub-chunk J, A_IJ = (q_I exp2(b_I - e_{I-1}) exp2(e_{I-1} - e_J)) .
+  (k_J exp2(e_J - b_J))^T: every factor <= 1 (no overflow under any gate), 16-bit operands,
+  fp32 accumulation.
+- the diagonal 16 x 16 blocks exactly, per row pair and channel in fp32: for offsets d = 0..15
+  the row i's partner i - d is read from row-shifted SMEM, its decay exp2(b_i - b_{i-d}) a
+  running product of the per-token exp(g) (<= 1 each; no difference of large cumsums, so no
+  cancellation under strong gates).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from ..common.mosaic.tiles import (COLS, F32, LOG2E, WGMMA, build, cols_of, interpreting, iota,
+                                   load, matmul, ones_vec, rows_of, smem_tile, union,
+                                   zeros_wgmma)
+
+C = 64          # chunk rows
+SUB = 16        # sub-chunk rows (the exact diagonal blocks)
+NSUB = C // SUB
+P = 64          # key columns per part
+PITCH = P + 8   # row pitch of the row-shifted fp32 buffers (conflict-free WGMMA-layout reads)
+PITCH_K = P + 16   # ... of the 16-bit one (jax 0.11 lowers multiples of 16 only; 2-way conflicts)
+PAD_SCAN = 33   # zero rows above the scan buffer (shifts up to C / 2; 33: its last row, the
+                # TMA source of `last`, starts 128-byte aligned at this pitch)
+PAD_DIAG = SUB  # rows above the shifted k / exp(g) buffers (shifts up to SUB - 1)
+
+
+def _per_block(blocks, values, shape):
+    """Row i takes values[blocks[i]] (a COLS vector, or None for zero)."""
+    out = jnp.zeros(shape, F32)
+    for blk, val in enumerate(values):
+        if val is not None:
+            out = jnp.where(blocks == blk, cols_of(val, shape), out)
+    return out
+
+
+def gla_intra(q_rows, k_rows, g_rows):
+    """q_rows, k_rows: [R, H, K] (one 16-bit dtype; R a multiple of C, chunks of C consecutive
+    rows); g_rows: [R, H, K] fp32 log-decay (natural log, <= 0). K a multiple of P. Returns
+    qg, kg [R, H, K] and A [H, R, C] in q's dtype, last [H, R // C, K] fp32 (see the module
+    docstring)."""
+    R, H, K = q_rows.shape
+    dtype = q_rows.dtype
+    if R % C or K % P or k_rows.shape != (R, H, K) or g_rows.shape != (R, H, K):
+        raise ValueError(f"gla_intra: q_rows {q_rows.shape}, k_rows {k_rows.shape}, g_rows "
+                         f"{g_rows.shape}; expected one shape [R, H, K] with R % {C} == 0 and "
+                         f"K % {P} == 0")
+    NC = R // C
+    parts = K // P
+    tile, sq, blk16 = (C, P), (C, C), (C, SUB)
+    scratch = dict(
+        # the TMA destinations (read into registers first) share memory with the tiles formed
+        # after: two CTAs per SM (~105 KB)
+        ins_outs=union((smem_tile(tile, dtype), smem_tile(tile, dtype), smem_tile(tile, F32)),
+                       (smem_tile(tile, dtype), smem_tile(tile, dtype), smem_tile(tile, dtype))),
+        kpad=plgpu.SMEM((PAD_DIAG + C, PITCH_K), dtype),
+        epad=plgpu.SMEM((PAD_DIAG + C, PITCH), F32),
+        # the scan buffer and a flat view of it (its rows' vector loads: jax 0.11 infers no
+        # layout for a 1D load from a row of a 2D ref)
+        spad_flat=union((plgpu.SMEM((PAD_SCAN + C, PITCH), F32),),
+                        (plgpu.SMEM(((PAD_SCAN + C) * PITCH,), F32),)),
+        a_s=plgpu.SMEM(sq, dtype),   # untiled: written in 16-column blocks
+        bar=plgpu.Barrier(num_arrivals=3),
+    )
+    out_type = (jax.ShapeDtypeStruct((R, H, K), dtype), jax.ShapeDtypeStruct((R, H, K), dtype),
+                jax.ShapeDtypeStruct((H, R, C), dtype), jax.ShapeDtypeStruct((H, NC, K), F32))
+
+    def body(q_ref, k_ref, g_ref, qg_ref, kg_ref, a_ref, last_ref, *, ins_outs, kpad, epad,
+             spad_flat, a_s, bar):
+        (q_s, k_s, g_s), (x_s, qg_s, kg_s) = ins_outs
+        (spad,), (flat,) = spad_flat
+        n, h = lax.axis_index("n"), lax.axis_index("h")
+
+        def scan_row(r):
+            """Row r of the scan buffer: a COLS vector and a ref view (the TMA source)."""
+            if interpreting():   # no aliasing there (tiles.union)
+                return spad[r, :P], spad.at[r, pl.ds(0, P)]
+            view = flat.at[pl.ds(r * PITCH, P)]
+            return load(view, COLS), view
+        rows = pl.ds(n * C, C)
+        data = pl.ds(0, P)
+        r16 = lax.bitwise_and(iota(blk16, 0), SUB - 1)     # row within its sub-chunk
+        c16 = iota(blk16, 1)
+        blocks = lax.shift_right_logical(iota(tile, 0), 4)
+        spad.at[pl.ds(0, C), data][...] = zeros_wgmma(tile)   # rows < PAD_SCAN stay zero
+
+        def part(p, carry):
+            diag, offs = carry
+            cols = pl.ds(pl.multiple_of(p * P, P), P)
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # the previous part's stores
+            plgpu.commit_smem()   # every thread is done with the previous part's buffers
+            for src, dst in ((q_ref, q_s), (k_ref, k_s), (g_ref, g_s)):
+                plgpu.copy_gmem_to_smem(src.at[rows, h, cols], dst, bar)
+            plgpu.barrier_wait(bar)
+            x = load(g_s, WGMMA) * LOG2E
+            kk = load(k_s, WGMMA)
+            q = load(q_s, WGMMA).astype(F32)   # before the scan's barriers: x_s aliases q_s
+            kpad.at[pl.ds(PAD_DIAG, C), data][...] = kk
+            epad.at[pl.ds(PAD_DIAG, C), data][...] = jnp.exp2(x)
+            # the chunk-local cumsum: b_i += b_{i-s}, s = 1, 2, ..., C / 2 (zeros above)
+            b = x
+            s = 1
+            while s < C:
+                spad.at[pl.ds(PAD_SCAN, C), data][...] = b
+                plgpu.commit_smem()
+                b = b + load(spad.at[pl.ds(PAD_SCAN - s, C), data], WGMMA)
+                plgpu.commit_smem()
+                s *= 2
+            spad.at[pl.ds(PAD_SCAN, C), data][...] = b
+            plgpu.commit_smem()
+            ends = [scan_row(PAD_SCAN + SUB * j + SUB - 1)[0] for j in range(NSUB)]
+            k = kk.astype(F32)
+
+            # diagonal blocks, exact: offset d = 0 (no decay), then the partner row i - d
+            diag = diag + jnp.where(c16 == r16, rows_of(jnp.sum(q * k, axis=1), blk16), 0.0)
+
+            def offset(d, c):
+                decay, dg = c
+                decay = decay * load(epad.at[pl.ds(PAD_DIAG + 1 - d, C), data], WGMMA)
+                kd = load(kpad.at[pl.ds(PAD_DIAG - d, C), data], WGMMA).astype(F32)
+                val = rows_of(jnp.sum(q * kd * decay, axis=1), blk16)
+                return decay, dg + jnp.where(c16 == r16 - d, val, 0.0)
+
+            _, diag = lax.fori_loop(1, SUB, offset, (zeros_wgmma(tile) + 1.0, diag))
+
+            # below the diagonal blocks: k_J exp2(e_J - b_J) as the right operand
+            x_s[...] = (k * jnp.exp2(jnp.where(blocks < NSUB - 1,
+                                               _per_block(blocks, ends, tile) - b, -jnp.inf))
+                        ).astype(dtype)
+            starts = [None] + ends[:-1]                   # e_{I-1} for row block I >= 1
+            one = ones_vec(P, COLS)
+            qy = q * jnp.exp2(jnp.where(blocks >= 1, b - _per_block(blocks, starts, tile),
+                                        -jnp.inf))
+            plgpu.commit_smem()
+            new_offs = []
+            for j in range(NSUB - 1):
+                fac = [None] * (j + 1) + [jnp.exp2(ends[i - 1] - ends[j]) if i > j + 1 else
+                                          one for i in range(j + 1, NSUB)]
+                lhs = (qy * _per_block(blocks, fac, tile)).astype(dtype)
+                new_offs.append(matmul(lhs, x_s.at[pl.ds(SUB * j, SUB)], blk16, init=offs[j],
+                                       tb=True))
+            # the chunk-parallel factors of the state pass
+            qg_s[...] = (q * jnp.exp2(b)).astype(dtype)
+            kg_s[...] = (k * jnp.exp2(cols_of(ends[-1], tile) - b)).astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(qg_s, qg_ref.at[rows, h, cols])
+            plgpu.copy_smem_to_gmem(kg_s, kg_ref.at[rows, h, cols])
+            plgpu.copy_smem_to_gmem(scan_row(PAD_SCAN + C - 1)[1], last_ref.at[h, n, cols])
+            return diag, tuple(new_offs)
+
+        zero16 = zeros_wgmma(blk16)
+        diag, offs = lax.fori_loop(0, parts, part, (zero16, (zero16,) * (NSUB - 1)))
+        rb = lax.shift_right_logical(iota(blk16, 0), 4)
+        for j in range(NSUB):
+            below = jnp.where(rb > j, offs[j], 0.0) if j < NSUB - 1 else 0.0
+            a_s.at[:, pl.ds(SUB * j, SUB)][...] = jnp.where(rb == j, diag, below).astype(dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(a_s, a_ref.at[h, rows])
+        plgpu.wait_smem_to_gmem(0)
+
+    kernel = build(body, name="gla_intra", out_type=out_type, scratch=scratch,
+                   grid=(NC, H), grid_names=("n", "h"))
+    return kernel(q_rows, k_rows, g_rows)
