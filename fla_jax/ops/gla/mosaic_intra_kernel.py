@@ -28,19 +28,23 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from ..common.mosaic.tiles import (COLS, F32, LOG2E, WGMMA, build, cols_of, interpreting, iota,
+from ..gated_delta_rule.mosaic_fwd_kernel import matmuls
+from ..common.mosaic.tiles import (COLS, F32, LOG2E, WGMMA, build, cols_of, iota,
                                    load, matmul, ones_vec, rows_of, smem_tile, union,
                                    zeros_wgmma)
 
 C = 64          # chunk rows
-SUB = 16        # sub-chunk rows (the exact diagonal blocks)
+SUB = 16        # sub-chunk rows (blocks below them on the tensor cores)
+EXACT = 8       # rows of the diagonal blocks formed exactly (the rest of each 16 x 16 diagonal
+                # block on the tensor cores, through its row 8)
 NSUB = C // SUB
-P = 64          # key columns per part
-PITCH = P + 8   # row pitch of the row-shifted fp32 buffers (conflict-free WGMMA-layout reads)
-PITCH_K = P + 16   # ... of the 16-bit one (jax 0.11 lowers multiples of 16 only; 2-way conflicts)
+P = 32          # key columns per part
+PITCH = P + 8   # row pitch of the row-shifted buffers (conflict-free WGMMA-layout reads)
 PAD_SCAN = 33   # zero rows above the scan buffer (shifts up to C / 2; 33: its last row, the
                 # TMA source of `last`, starts 128-byte aligned at this pitch)
-PAD_DIAG = SUB  # rows above the shifted k / exp(g) buffers (shifts up to SUB - 1)
+assert (PAD_SCAN + C - 1) * PITCH * 4 % 128 == 0
+PAD_DIAG = 16   # rows above the shifted k / exp(g) buffers (shifts up to EXACT - 1; 16 keeps
+                # their stores 8-row aligned)
 
 
 def _per_block(blocks, values, shape):
@@ -70,13 +74,10 @@ def gla_intra(q_rows, k_rows, g_rows):
         # the TMA destinations (read into registers first) share memory with the tiles formed
         # after: two CTAs per SM (~105 KB)
         ins_outs=union((smem_tile(tile, dtype), smem_tile(tile, dtype), smem_tile(tile, F32)),
-                       (smem_tile(tile, dtype), smem_tile(tile, dtype), smem_tile(tile, dtype))),
-        kpad=plgpu.SMEM((PAD_DIAG + C, PITCH_K), dtype),
+                       tuple(smem_tile(tile, dtype) for _ in range(4))),
+        kpad=plgpu.SMEM((PAD_DIAG + C, PITCH), dtype),
         epad=plgpu.SMEM((PAD_DIAG + C, PITCH), F32),
-        # the scan buffer and a flat view of it (its rows' vector loads: jax 0.11 infers no
-        # layout for a 1D load from a row of a 2D ref)
-        spad_flat=union((plgpu.SMEM((PAD_SCAN + C, PITCH), F32),),
-                        (plgpu.SMEM(((PAD_SCAN + C) * PITCH,), F32),)),
+        spad=plgpu.SMEM((PAD_SCAN + C, PITCH), F32),
         a_s=plgpu.SMEM(sq, dtype),   # untiled: written in 16-column blocks
         bar=plgpu.Barrier(num_arrivals=3),
     )
@@ -84,22 +85,20 @@ def gla_intra(q_rows, k_rows, g_rows):
                 jax.ShapeDtypeStruct((H, R, C), dtype), jax.ShapeDtypeStruct((H, NC, K), F32))
 
     def body(q_ref, k_ref, g_ref, qg_ref, kg_ref, a_ref, last_ref, *, ins_outs, kpad, epad,
-             spad_flat, a_s, bar):
-        (q_s, k_s, g_s), (x_s, qg_s, kg_s) = ins_outs
-        (spad,), (flat,) = spad_flat
+             spad, a_s, bar):
+        (q_s, k_s, g_s), (x_s, x2_s, qg_s, kg_s) = ins_outs
         n, h = lax.axis_index("n"), lax.axis_index("h")
 
         def scan_row(r):
-            """Row r of the scan buffer: a COLS vector and a ref view (the TMA source)."""
-            if interpreting():   # no aliasing there (tiles.union)
-                return spad[r, :P], spad.at[r, pl.ds(0, P)]
-            view = flat.at[pl.ds(r * PITCH, P)]
+            """Row r of the scan buffer: a COLS vector and its ref view (the TMA source)."""
+            view = spad.at[r, pl.ds(0, P)]
             return load(view, COLS), view
         rows = pl.ds(n * C, C)
         data = pl.ds(0, P)
         r16 = lax.bitwise_and(iota(blk16, 0), SUB - 1)     # row within its sub-chunk
         c16 = iota(blk16, 1)
         blocks = lax.shift_right_logical(iota(tile, 0), 4)
+        rb = lax.shift_right_logical(iota(blk16, 0), 4)     # sub-chunk of the row
         spad.at[pl.ds(0, C), data][...] = zeros_wgmma(tile)   # rows < PAD_SCAN stay zero
 
         def part(p, carry):
@@ -127,9 +126,10 @@ def gla_intra(q_rows, k_rows, g_rows):
             spad.at[pl.ds(PAD_SCAN, C), data][...] = b
             plgpu.commit_smem()
             ends = [scan_row(PAD_SCAN + SUB * j + SUB - 1)[0] for j in range(NSUB)]
+            mids = [scan_row(PAD_SCAN + SUB * j + EXACT - 1)[0] for j in range(NSUB)]
             k = kk.astype(F32)
 
-            # diagonal blocks, exact: offset d = 0 (no decay), then the partner row i - d
+            # diagonal 8 x 8 blocks, exact: offset d = 0 (no decay), then the partner row i - d
             diag = diag + jnp.where(c16 == r16, rows_of(jnp.sum(q * k, axis=1), blk16), 0.0)
 
             def offset(d, c):
@@ -137,11 +137,20 @@ def gla_intra(q_rows, k_rows, g_rows):
                 decay = decay * load(epad.at[pl.ds(PAD_DIAG + 1 - d, C), data], WGMMA)
                 kd = load(kpad.at[pl.ds(PAD_DIAG - d, C), data], WGMMA).astype(F32)
                 val = rows_of(jnp.sum(q * kd * decay, axis=1), blk16)
-                return decay, dg + jnp.where(c16 == r16 - d, val, 0.0)
+                keep = (c16 == r16 - d) & (lax.bitwise_and(r16, EXACT - 1) >= d)
+                return decay, dg + jnp.where(keep, val, 0.0)
 
-            _, diag = lax.fori_loop(1, SUB, offset, (zeros_wgmma(tile) + 1.0, diag))
+            _, diag = lax.fori_loop(1, EXACT, offset, (zeros_wgmma(tile) + 1.0, diag))
 
-            # below the diagonal blocks: k_J exp2(e_J - b_J) as the right operand
+            # on the tensor cores, all products issued together (one wait):
+            # - the lower-left 8 x 8 quadrant of each diagonal block through m_J = b at row
+            #   16 J + 7: (q_i exp2(b_i - m_J)) . (k_j exp2(m_J - b_j)), i >= 8 > j
+            # - the blocks below the diagonal ones through e_J: k_J exp2(e_J - b_J) on the right,
+            #   q_I exp2(b_I - e_{I-1}) exp2(e_{I-1} - e_J) on the left
+            second = lax.bitwise_and(iota(tile, 0), SUB - 1) >= EXACT
+            mid = _per_block(blocks, mids, tile)
+            x2_s[...] = (k * jnp.exp2(jnp.where(second, -jnp.inf, mid - b))).astype(dtype)
+            lhs = (q * jnp.exp2(jnp.where(second, b - mid, -jnp.inf))).astype(dtype)
             x_s[...] = (k * jnp.exp2(jnp.where(blocks < NSUB - 1,
                                                _per_block(blocks, ends, tile) - b, -jnp.inf))
                         ).astype(dtype)
@@ -150,13 +159,18 @@ def gla_intra(q_rows, k_rows, g_rows):
             qy = q * jnp.exp2(jnp.where(blocks >= 1, b - _per_block(blocks, starts, tile),
                                         -jnp.inf))
             plgpu.commit_smem()
-            new_offs = []
+            prods = [(lhs, x2_s.at[pl.ds(SUB * j, SUB)], blk16, None, False, True)
+                     for j in range(NSUB)]
             for j in range(NSUB - 1):
                 fac = [None] * (j + 1) + [jnp.exp2(ends[i - 1] - ends[j]) if i > j + 1 else
                                           one for i in range(j + 1, NSUB)]
-                lhs = (qy * _per_block(blocks, fac, tile)).astype(dtype)
-                new_offs.append(matmul(lhs, x_s.at[pl.ds(SUB * j, SUB)], blk16, init=offs[j],
-                                       tb=True))
+                prods.append(((qy * _per_block(blocks, fac, tile)).astype(dtype),
+                              x_s.at[pl.ds(SUB * j, SUB)], blk16, offs[j], False, True))
+            res = matmuls(*prods)
+            quadrant = (r16 >= EXACT) & (c16 < EXACT)
+            for j in range(NSUB):
+                diag = diag + jnp.where(quadrant & (rb == j), res[j], 0.0)
+            new_offs = res[NSUB:]
             # the chunk-parallel factors of the state pass
             qg_s[...] = (q * jnp.exp2(b)).astype(dtype)
             kg_s[...] = (k * jnp.exp2(cols_of(ends[-1], tile) - b)).astype(dtype)
@@ -168,7 +182,6 @@ def gla_intra(q_rows, k_rows, g_rows):
 
         zero16 = zeros_wgmma(blk16)
         diag, offs = lax.fori_loop(0, parts, part, (zero16, (zero16,) * (NSUB - 1)))
-        rb = lax.shift_right_logical(iota(blk16, 0), 4)
         for j in range(NSUB):
             below = jnp.where(rb > j, offs[j], 0.0) if j < NSUB - 1 else 0.0
             a_s.at[:, pl.ds(SUB * j, SUB)][...] = jnp.where(rb == j, diag, below).astype(dtype)
@@ -177,5 +190,6 @@ def gla_intra(q_rows, k_rows, g_rows):
         plgpu.wait_smem_to_gmem(0)
 
     kernel = build(body, name="gla_intra", out_type=out_type, scratch=scratch,
-                   grid=(NC, H), grid_names=("n", "h"))
+                   grid=(NC, H), grid_names=("n", "h"), lane=True,   # row-shifted views
+                   approx_math=True)
     return kernel(q_rows, k_rows, g_rows)

@@ -134,8 +134,14 @@ def causal_decay(g_row, g_col, shape, transposed=False):
     return jnp.exp2(jnp.where(keep, expo, -jnp.inf))
 
 
-def compiler_params(approx_math=False):
-    """approx_math: ex2.approx and friends (~2 ulp of fp32)."""
+def compiler_params(approx_math=False, lane=False):
+    """approx_math: ex2.approx and friends (~2 ulp of fp32). lane: Lane lowering semantics (SMEM
+    buffers keep exactly the transforms given; jax 0.10's default). jax 0.11 defaults to
+    Warpgroup semantics, which infers tilings / swizzles for untransformed buffers: row-shifted
+    views of them then read permuted columns (GPU run, RESULTS.md run 17)."""
+    if lane:
+        return plgpu.CompilerParams(approx_math=approx_math,
+                                    lowering_semantics=plgpu.LoweringSemantics.Lane)
     return plgpu.CompilerParams(approx_math=approx_math)
 
 
@@ -159,14 +165,16 @@ def interpreting() -> bool:
     return _INTERPRET[0] is not None
 
 
-def build(body, *, name, out_type, scratch, grid, grid_names, threads=1, approx_math=False):
-    """plgpu.kernel of `threads` warpgroups per CTA (axis "wg" when more than one)."""
+def build(body, *, name, out_type, scratch, grid, grid_names, threads=1, approx_math=False,
+          lane=False):
+    """plgpu.kernel of `threads` warpgroups per CTA (axis "wg" when more than one); lane: see
+    compiler_params."""
     kw = dict(num_threads=threads, thread_name="wg") if threads > 1 else {}
     if interpreting():
         return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
                             grid_names=grid_names, interpret=_INTERPRET[0], **kw)
     return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
-                        grid_names=grid_names, compiler_params=compiler_params(approx_math),
+                        grid_names=grid_names, compiler_params=compiler_params(approx_math, lane),
                         kernel_name=name, **kw)
 
 
