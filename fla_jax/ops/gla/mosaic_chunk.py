@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from ..common.mosaic import check_mosaic
 from ..gated_delta_rule.mosaic_layout import from_rows, plan, to_rows
-from .mosaic_fwd_kernel import C, gla_forward
+from .mosaic_fwd_kernel import gla_forward
 from .mosaic_intra_kernel import gla_intra
 from .pallas_chunk import chunk_gla_pallas
 

@@ -12,13 +12,15 @@ parts of P = 64 (TMA loads per part; A accumulates over the parts):
 - cumsum: a Hillis-Steele scan over rows (six steps of b_i += b_{i-s}, the shifted rows read
   back from SMEM above zero rows): fp32, no tensor-core rounding.
 - A below the diagonal 16 x 16 blocks (sub-chunks I > J) on the tensor cores: with e_J = b at
-  the last row of sub-chunk J, A_IJ = (q_I exp2(b_I - e_{I-1}) exp2(e_{I-1} - e_J)) .
-  (k_J exp2(e_J - b_J))^T: every factor <= 1 (no overflow under any gate), 16-bit operands,
-  fp32 accumulation.
-- the diagonal 16 x 16 blocks exactly, per row pair and channel in fp32: for offsets d = 0..15
+  the last row of sub-chunk J, A_IJ = (q_I exp2(b_I - e_J)) . (k_J exp2(e_J - b_J))^T: every
+  factor <= 1 (no overflow under any gate), 16-bit operands, fp32 accumulation. Likewise the
+  lower-left 8 x 8 quadrant of each diagonal 16 x 16 block, through b at its row 8.
+- the diagonal 8 x 8 blocks exactly, per row pair and channel in fp32: for offsets d = 0..7
   the row i's partner i - d is read from row-shifted SMEM, its decay exp2(b_i - b_{i-d}) a
   running product of the per-token exp(g) (<= 1 each; no difference of large cumsums, so no
   cancellation under strong gates).
+Inputs double-buffered over the parts; stores asynchronous. Lane lowering semantics: the
+row-shifted buffers must keep their plain row-major layout (tiles.compiler_params).
 """
 from __future__ import annotations
 
@@ -28,10 +30,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from ..common.mosaic.serial import wait_and_prefetch
+from ..common.mosaic.tiles import (COLS, F32, LOG2E, WGMMA, build, cols_of, iota, load, rows_of,
+                                   smem_tile, zeros_wgmma)
 from ..gated_delta_rule.mosaic_fwd_kernel import matmuls
-from ..common.mosaic.tiles import (COLS, F32, LOG2E, WGMMA, build, cols_of, iota,
-                                   load, matmul, ones_vec, rows_of, smem_tile, union,
-                                   zeros_wgmma)
 
 C = 64          # chunk rows
 SUB = 16        # sub-chunk rows (blocks below them on the tensor cores)
@@ -71,22 +73,22 @@ def gla_intra(q_rows, k_rows, g_rows):
     parts = K // P
     tile, sq, blk16 = (C, P), (C, C), (C, SUB)
     scratch = dict(
-        # the TMA destinations (read into registers first) share memory with the tiles formed
-        # after: two CTAs per SM (~105 KB)
-        ins_outs=union((smem_tile(tile, dtype), smem_tile(tile, dtype), smem_tile(tile, F32)),
-                       tuple(smem_tile(tile, dtype) for _ in range(4))),
+        # q, k, g: two stages (the next part's loads in flight while one is computed)
+        ins=(smem_tile((2, *tile), dtype), smem_tile((2, *tile), dtype),
+             smem_tile((2, *tile), F32)),
+        outs=tuple(smem_tile(tile, dtype) for _ in range(4)),    # x, x2, qg, kg
         kpad=plgpu.SMEM((PAD_DIAG + C, PITCH), dtype),
         epad=plgpu.SMEM((PAD_DIAG + C, PITCH), F32),
         spad=plgpu.SMEM((PAD_SCAN + C, PITCH), F32),
         a_s=plgpu.SMEM(sq, dtype),   # untiled: written in 16-column blocks
-        bar=plgpu.Barrier(num_arrivals=3),
+        bar=plgpu.Barrier(num_arrivals=3, num_barriers=2),
     )
     out_type = (jax.ShapeDtypeStruct((R, H, K), dtype), jax.ShapeDtypeStruct((R, H, K), dtype),
                 jax.ShapeDtypeStruct((H, R, C), dtype), jax.ShapeDtypeStruct((H, NC, K), F32))
 
-    def body(q_ref, k_ref, g_ref, qg_ref, kg_ref, a_ref, last_ref, *, ins_outs, kpad, epad,
+    def body(q_ref, k_ref, g_ref, qg_ref, kg_ref, a_ref, last_ref, *, ins, outs, kpad, epad,
              spad, a_s, bar):
-        (q_s, k_s, g_s), (x_s, x2_s, qg_s, kg_s) = ins_outs
+        (q_s, k_s, g_s), (x_s, x2_s, qg_s, kg_s) = ins, outs
         n, h = lax.axis_index("n"), lax.axis_index("h")
 
         def scan_row(r):
@@ -101,17 +103,25 @@ def gla_intra(q_rows, k_rows, g_rows):
         rb = lax.shift_right_logical(iota(blk16, 0), 4)     # sub-chunk of the row
         spad.at[pl.ds(0, C), data][...] = zeros_wgmma(tile)   # rows < PAD_SCAN stay zero
 
+        def issue(p, slot):
+            cols = pl.ds(pl.multiple_of(p * P, P), P)
+            for src, dst in ((q_ref, q_s), (k_ref, k_s), (g_ref, g_s)):
+                plgpu.copy_gmem_to_smem(src.at[rows, h, cols], dst.at[slot], bar.at[slot])
+
+        plgpu.commit_smem()
+        issue(0, 0)
+
         def part(p, carry):
             diag, offs = carry
             cols = pl.ds(pl.multiple_of(p * P, P), P)
+            slot = lax.rem(p, 2)
+            # every thread is done with the other stage (read before part p - 1's barriers)
+            wait_and_prefetch(p, parts, slot, 2, bar, issue)
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # the previous part's stores
-            plgpu.commit_smem()   # every thread is done with the previous part's buffers
-            for src, dst in ((q_ref, q_s), (k_ref, k_s), (g_ref, g_s)):
-                plgpu.copy_gmem_to_smem(src.at[rows, h, cols], dst, bar)
-            plgpu.barrier_wait(bar)
-            x = load(g_s, WGMMA) * LOG2E
-            kk = load(k_s, WGMMA)
-            q = load(q_s, WGMMA).astype(F32)   # before the scan's barriers: x_s aliases q_s
+            plgpu.commit_smem()
+            x = load(g_s.at[slot], WGMMA) * LOG2E
+            kk = load(k_s.at[slot], WGMMA)
+            q = load(q_s.at[slot], WGMMA).astype(F32)
             kpad.at[pl.ds(PAD_DIAG, C), data][...] = kk
             epad.at[pl.ds(PAD_DIAG, C), data][...] = jnp.exp2(x)
             # the chunk-local cumsum: b_i += b_{i-s}, s = 1, 2, ..., C / 2 (zeros above)
@@ -146,7 +156,7 @@ def gla_intra(q_rows, k_rows, g_rows):
             # - the lower-left 8 x 8 quadrant of each diagonal block through m_J = b at row
             #   16 J + 7: (q_i exp2(b_i - m_J)) . (k_j exp2(m_J - b_j)), i >= 8 > j
             # - the blocks below the diagonal ones through e_J: k_J exp2(e_J - b_J) on the right,
-            #   q_I exp2(b_I - e_{I-1}) exp2(e_{I-1} - e_J) on the left
+            #   q_I exp2(b_I - e_J) on the left
             second = lax.bitwise_and(iota(tile, 0), SUB - 1) >= EXACT
             mid = _per_block(blocks, mids, tile)
             x2_s[...] = (k * jnp.exp2(jnp.where(second, -jnp.inf, mid - b))).astype(dtype)
@@ -154,17 +164,12 @@ def gla_intra(q_rows, k_rows, g_rows):
             x_s[...] = (k * jnp.exp2(jnp.where(blocks < NSUB - 1,
                                                _per_block(blocks, ends, tile) - b, -jnp.inf))
                         ).astype(dtype)
-            starts = [None] + ends[:-1]                   # e_{I-1} for row block I >= 1
-            one = ones_vec(P, COLS)
-            qy = q * jnp.exp2(jnp.where(blocks >= 1, b - _per_block(blocks, starts, tile),
-                                        -jnp.inf))
             plgpu.commit_smem()
             prods = [(lhs, x2_s.at[pl.ds(SUB * j, SUB)], blk16, None, False, True)
                      for j in range(NSUB)]
             for j in range(NSUB - 1):
-                fac = [None] * (j + 1) + [jnp.exp2(ends[i - 1] - ends[j]) if i > j + 1 else
-                                          one for i in range(j + 1, NSUB)]
-                prods.append(((qy * _per_block(blocks, fac, tile)).astype(dtype),
+                expo = jnp.where(blocks > j, b - cols_of(ends[j], tile), -jnp.inf)
+                prods.append(((q * jnp.exp2(expo)).astype(dtype),
                               x_s.at[pl.ds(SUB * j, SUB)], blk16, offs[j], False, True))
             res = matmuls(*prods)
             quadrant = (r16 >= EXACT) & (c16 < EXACT)
