@@ -6,7 +6,8 @@
   (cases.MOSAIC_KERNEL_CASES mos_gla_*: varlen with an empty sequence, gates in [-20, -10]);
   the chunk-parallel kernel (cumsum, factors, intra-chunk scores) against float64 directly,
   also under strong gates.
-- Dispatch: not GPU-proven, so impl='auto' does not take it on Hopper; named errors.
+- Dispatch: GPU-proven (RESULTS.md run 17), so impl='auto' takes it on Hopper for bf16 / fp16
+  calls it fits; named errors.
 """
 from __future__ import annotations
 
@@ -113,4 +114,7 @@ def test_unsupported_reasons_and_dispatch(monkeypatch):
     with pytest.raises(ValueError, match="needs a Hopper GPU"):
         chunk_gla(q, q, q, q.astype(jnp.float32), impl="mosaic")
     monkeypatch.setattr(mdispatch, "on_hopper", lambda: True)
-    assert mdispatch.mosaic_or("chunk_gla", "auto", q, lambda: None) == "auto"   # not proven
+    # GPU-proven (AUTO_MOSAIC): 'auto' takes it on Hopper for bf16 / fp16 when it fits
+    assert mdispatch.mosaic_or("chunk_gla", "auto", q, lambda: None) == "mosaic"
+    assert mdispatch.mosaic_or("chunk_gla", "auto", q, lambda: "K=96") == "auto"
+    assert mdispatch.mosaic_or("chunk_gla", "auto", q.astype(jnp.float32), lambda: None) == "auto"

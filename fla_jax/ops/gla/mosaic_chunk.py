@@ -7,8 +7,8 @@ and the intra-chunk scores; one Mosaic kernel (mosaic_fwd_kernel.py) runs the st
 fused with the output.
 Backward (jax.custom_vjp): the Pallas Triton-lowering kernels of pallas_chunk.py, which need
 the Pallas forward's residuals, so under differentiation the Pallas forward runs instead of
-the Mosaic one (as the delta family with K or V = 256). Not GPU-proven yet: impl="auto" does
-not take it (fla_contract.auto_kernel.AUTO_MOSAIC).
+the Mosaic one (as the delta family with K or V = 256). GPU-proven (H100 parity, RESULTS.md
+run 17): impl="auto" takes it on Hopper (fla_contract.auto_kernel.AUTO_MOSAIC).
 
 Takes q/k/v in bf16 or fp16 with K and V multiples of 64 up to 256;
 `mosaic_unsupported_reason` says why a call is refused (fp32: use impl="pallas").
