@@ -24,6 +24,7 @@ from fla_jax.ops.common.mosaic import dispatch as mdispatch
 from fla_jax.ops.common.mosaic import export_for_cuda
 from fla_jax.ops.common.mosaic.tiles import gpu_interpret
 from fla_jax.ops.gla import chunk_gla, mosaic_unsupported_reason
+from fla_jax.ops.gla import mosaic_intra_kernel
 from fla_jax.ops.gla.mosaic_intra_kernel import gla_intra
 
 from .harness import assert_passed, check
@@ -98,11 +99,33 @@ def test_intra_kernel_against_float64(K, dtype, strong):
     assert not a[..., np.triu_indices(C, 1)[0], np.triu_indices(C, 1)[1]].any()
 
 
-def test_intra_kernel_lowers():
+def test_intra_kernel_chunks_per_cta_bit_identical(monkeypatch):
+    """Several chunks per CTA (the next chunk's loads in flight across the boundary; 5 chunks
+    over CTAs of 2 and 3: a partial last CTA) compute exactly what one chunk per CTA does."""
+    rng = np.random.default_rng(5)
+    R, H, K = 320, 1, 64
+    q = jnp.asarray(rng.standard_normal((R, H, K)), jnp.float16)
+    k = jnp.asarray(rng.standard_normal((R, H, K)), jnp.float16)
+    g = jnp.asarray(-rng.uniform(0.0, 3.0, (R, H, K)), jnp.float32)
+    outs = []
+    for cpc in (1, 2, 3):
+        monkeypatch.setattr(mosaic_intra_kernel, "CHUNKS_PER_CTA", cpc)
+        with gpu_interpret():
+            outs.append([np.asarray(x) for x in jax.jit(gla_intra)(q, k, g)])
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            assert np.isfinite(a).all() and np.array_equal(a, b)
+
+
+def test_intra_kernel_lowers(monkeypatch):
     for K, dt in ((64, jnp.bfloat16), (256, jnp.float16)):
         text = export_for_cuda(gla_intra, S((256, 2, K), dt), S((256, 2, K), dt),
                                S((256, 2, K), jnp.float32))
         assert "gla_intra" in text
+    monkeypatch.setattr(mosaic_intra_kernel, "CHUNKS_PER_CTA", 4)
+    assert "gla_intra" in export_for_cuda(gla_intra, S((320, 1, 64), jnp.bfloat16),
+                                          S((320, 1, 64), jnp.bfloat16),
+                                          S((320, 1, 64), jnp.float32))
 
 
 def test_unsupported_reasons_and_dispatch(monkeypatch):

@@ -7,8 +7,9 @@ head, from q, k (16-bit) and the per-key log-decay g (fp32, natural log), in one
 It replaced XLA ops that took 1.85 of the forward's 2.0 ms at B4 T4096 H16 K=V=128 on the H100
 (RESULTS.md run 17: the cumsum as a reduce window, the diagonal blocks as a broadcast-reduce).
 
-One CTA (one warpgroup) per (chunk, head), nothing sequential between CTAs; the key columns in
-parts of P = 64 (TMA loads per part; A accumulates over the parts):
+One CTA (one warpgroup) per (CHUNKS_PER_CTA chunks, head), nothing sequential between CTAs;
+the key columns in parts of P = 32 (TMA loads per part, double-buffered across the parts and
+chunks; A accumulates over a chunk's parts):
 - cumsum: a Hillis-Steele scan over rows (six steps of b_i += b_{i-s}, the shifted rows read
   back from SMEM above zero rows): fp32, no tensor-core rounding.
 - A below the diagonal 16 x 16 blocks (sub-chunks I > J) on the tensor cores: with e_J = b at
@@ -45,6 +46,8 @@ PITCH = P + 8   # row pitch of the row-shifted buffers (conflict-free WGMMA-layo
 PAD_SCAN = 33   # zero rows above the scan buffer (shifts up to C / 2; 33: its last row, the
                 # TMA source of `last`, starts 128-byte aligned at this pitch)
 assert (PAD_SCAN + C - 1) * PITCH * 4 % 128 == 0
+SCAN_BUFFERS = 2   # 2: one barrier per scan step (1: two)
+CHUNKS_PER_CTA = 1   # > 1: the next chunk's first loads in flight across the chunk boundary
 PAD_DIAG = 16   # rows above the shifted k / exp(g) buffers (shifts up to EXACT - 1; 16 keeps
                 # their stores 8-row aligned)
 
@@ -71,6 +74,7 @@ def gla_intra(q_rows, k_rows, g_rows):
                          f"K % {P} == 0")
     NC = R // C
     parts = K // P
+    cpc = max(1, min(CHUNKS_PER_CTA, NC))
     tile, sq, blk16 = (C, P), (C, C), (C, SUB)
     scratch = dict(
         # q, k, g: two stages (the next part's loads in flight while one is computed)
@@ -79,7 +83,7 @@ def gla_intra(q_rows, k_rows, g_rows):
         outs=tuple(smem_tile(tile, dtype) for _ in range(4)),    # x, x2, qg, kg
         kpad=plgpu.SMEM((PAD_DIAG + C, PITCH), dtype),
         epad=plgpu.SMEM((PAD_DIAG + C, PITCH), F32),
-        spad=plgpu.SMEM((PAD_SCAN + C, PITCH), F32),
+        spad=plgpu.SMEM((SCAN_BUFFERS, PAD_SCAN + C, PITCH), F32),
         a_s=plgpu.SMEM(sq, dtype),   # untiled: written in 16-column blocks
         bar=plgpu.Barrier(num_arrivals=3, num_barriers=2),
     )
@@ -89,51 +93,66 @@ def gla_intra(q_rows, k_rows, g_rows):
     def body(q_ref, k_ref, g_ref, qg_ref, kg_ref, a_ref, last_ref, *, ins, outs, kpad, epad,
              spad, a_s, bar):
         (q_s, k_s, g_s), (x_s, x2_s, qg_s, kg_s) = ins, outs
-        n, h = lax.axis_index("n"), lax.axis_index("h")
+        h = lax.axis_index("h")
+        first = lax.axis_index("n") * cpc                   # the CTA's chunks: first ..
+        steps = jnp.minimum(cpc, NC - first) * parts        # .. one step per (chunk, part)
 
         def scan_row(r):
             """Row r of the scan buffer: a COLS vector and its ref view (the TMA source)."""
-            view = spad.at[r, pl.ds(0, P)]
+            view = spad.at[0, r, pl.ds(0, P)]
             return load(view, COLS), view
-        rows = pl.ds(n * C, C)
         data = pl.ds(0, P)
+
+        def where(t):
+            """Step t's chunk (global index), its rows and its key columns."""
+            n = first + lax.div(t, parts)
+            cols = pl.ds(pl.multiple_of(lax.rem(t, parts) * P, P), P)
+            return n, pl.ds(n * C, C), cols
         r16 = lax.bitwise_and(iota(blk16, 0), SUB - 1)     # row within its sub-chunk
         c16 = iota(blk16, 1)
         blocks = lax.shift_right_logical(iota(tile, 0), 4)
         rb = lax.shift_right_logical(iota(blk16, 0), 4)     # sub-chunk of the row
-        spad.at[pl.ds(0, C), data][...] = zeros_wgmma(tile)   # rows < PAD_SCAN stay zero
+        for buf in range(SCAN_BUFFERS):    # rows < PAD_SCAN stay zero
+            spad.at[buf, pl.ds(0, C), data][...] = zeros_wgmma(tile)
 
-        def issue(p, slot):
-            cols = pl.ds(pl.multiple_of(p * P, P), P)
+        def issue(t, slot):
+            _, rows, cols = where(t)
             for src, dst in ((q_ref, q_s), (k_ref, k_s), (g_ref, g_s)):
                 plgpu.copy_gmem_to_smem(src.at[rows, h, cols], dst.at[slot], bar.at[slot])
 
         plgpu.commit_smem()
         issue(0, 0)
 
-        def part(p, carry):
-            diag, offs = carry
-            cols = pl.ds(pl.multiple_of(p * P, P), P)
-            slot = lax.rem(p, 2)
-            # every thread is done with the other stage (read before part p - 1's barriers)
-            wait_and_prefetch(p, parts, slot, 2, bar, issue)
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # the previous part's stores
+        def part(t, carry):
+            n, rows, cols = where(t)
+            p = lax.rem(t, parts)
+            # a chunk's first part starts its sums of A over the key columns
+            diag = jnp.where(p == 0, 0.0, carry[0])
+            offs = tuple(jnp.where(p == 0, 0.0, o) for o in carry[1])
+            slot = lax.rem(t, 2)
+            # every thread is done with the other stage (read before step t - 1's barriers)
+            wait_and_prefetch(t, steps, slot, 2, bar, issue)
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # the previous step's stores
             plgpu.commit_smem()
             x = load(g_s.at[slot], WGMMA) * LOG2E
             kk = load(k_s.at[slot], WGMMA)
             q = load(q_s.at[slot], WGMMA).astype(F32)
             kpad.at[pl.ds(PAD_DIAG, C), data][...] = kk
             epad.at[pl.ds(PAD_DIAG, C), data][...] = jnp.exp2(x)
-            # the chunk-local cumsum: b_i += b_{i-s}, s = 1, 2, ..., C / 2 (zeros above)
+            # the chunk-local cumsum: b_i += b_{i-s}, s = 1, 2, ..., C / 2 (zeros above); with
+            # two buffers a step's store cannot race the previous step's shifted reads, so one
+            # barrier per step
             b = x
-            s = 1
-            while s < C:
-                spad.at[pl.ds(PAD_SCAN, C), data][...] = b
+            step = 0
+            while (1 << step) < C:
+                buf = spad.at[step % SCAN_BUFFERS]
+                buf.at[pl.ds(PAD_SCAN, C), data][...] = b
                 plgpu.commit_smem()
-                b = b + load(spad.at[pl.ds(PAD_SCAN - s, C), data], WGMMA)
-                plgpu.commit_smem()
-                s *= 2
-            spad.at[pl.ds(PAD_SCAN, C), data][...] = b
+                b = b + load(buf.at[pl.ds(PAD_SCAN - (1 << step), C), data], WGMMA)
+                if SCAN_BUFFERS == 1:
+                    plgpu.commit_smem()
+                step += 1
+            spad.at[0, pl.ds(PAD_SCAN, C), data][...] = b   # the final b: buffer 0
             plgpu.commit_smem()
             ends = [scan_row(PAD_SCAN + SUB * j + SUB - 1)[0] for j in range(NSUB)]
             mids = [scan_row(PAD_SCAN + SUB * j + EXACT - 1)[0] for j in range(NSUB)]
@@ -183,18 +202,23 @@ def gla_intra(q_rows, k_rows, g_rows):
             plgpu.copy_smem_to_gmem(qg_s, qg_ref.at[rows, h, cols])
             plgpu.copy_smem_to_gmem(kg_s, kg_ref.at[rows, h, cols])
             plgpu.copy_smem_to_gmem(scan_row(PAD_SCAN + C - 1)[1], last_ref.at[h, n, cols])
+
+            @pl.when(p == parts - 1)     # the chunk's A is complete (a_s: waited above)
+            def _():
+                for j in range(NSUB):
+                    below = jnp.where(rb > j, new_offs[j], 0.0) if j < NSUB - 1 else 0.0
+                    a_s.at[:, pl.ds(SUB * j, SUB)][...] = jnp.where(rb == j, diag,
+                                                                    below).astype(dtype)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(a_s, a_ref.at[h, rows])
             return diag, tuple(new_offs)
 
         zero16 = zeros_wgmma(blk16)
-        diag, offs = lax.fori_loop(0, parts, part, (zero16, (zero16,) * (NSUB - 1)))
-        for j in range(NSUB):
-            below = jnp.where(rb > j, offs[j], 0.0) if j < NSUB - 1 else 0.0
-            a_s.at[:, pl.ds(SUB * j, SUB)][...] = jnp.where(rb == j, diag, below).astype(dtype)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(a_s, a_ref.at[h, rows])
+        lax.fori_loop(0, steps, part, (zero16, (zero16,) * (NSUB - 1)))
         plgpu.wait_smem_to_gmem(0)
 
     kernel = build(body, name="gla_intra", out_type=out_type, scratch=scratch,
-                   grid=(NC, H), grid_names=("n", "h"), lane=True,   # row-shifted views
+                   grid=(pl.cdiv(NC, cpc), H), grid_names=("n", "h"),
+                   lane=True,   # row-shifted views
                    approx_math=True)
     return kernel(q_rows, k_rows, g_rows)
