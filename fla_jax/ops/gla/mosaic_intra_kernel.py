@@ -46,8 +46,9 @@ PITCH = P + 8   # row pitch of the row-shifted buffers (conflict-free WGMMA-layo
 PAD_SCAN = 33   # zero rows above the scan buffer (shifts up to C / 2; 33: its last row, the
                 # TMA source of `last`, starts 128-byte aligned at this pitch)
 assert (PAD_SCAN + C - 1) * PITCH * 4 % 128 == 0
-SCAN_BUFFERS = 2   # 2: one barrier per scan step (1: two)
-CHUNKS_PER_CTA = 1   # > 1: the next chunk's first loads in flight across the chunk boundary
+SCAN_BUFFERS = 2   # 2: one barrier per scan step (1: two; equal speed on the H100, run 17 call 7)
+CHUNKS_PER_CTA = 4   # the next chunk's first loads in flight across the chunk boundary (4: 0.344
+                     # vs 0.355 ms for 1 on the H100, RESULTS.md run 17 call 7)
 PAD_DIAG = 16   # rows above the shifted k / exp(g) buffers (shifts up to EXACT - 1; 16 keeps
                 # their stores 8-row aligned)
 
