@@ -128,6 +128,27 @@ def test_intra_kernel_lowers(monkeypatch):
                                           S((320, 1, 64), jnp.float32))
 
 
+def test_intra_kernel_builds_with_lane_semantics(monkeypatch):
+    """The intra kernel reads row-shifted windows of plain SMEM buffers: built with Warpgroup
+    semantics (jax 0.11's default) those buffers get an inferred swizzle and the windows read
+    permuted columns on the GPU (RESULTS.md run 17), silently. It must ask for Lane semantics
+    (jax 0.10's default, so the request itself is what is checked), and tiles turns that into
+    the compiler parameter."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    from fla_jax.ops.common.mosaic import tiles
+    seen = []
+
+    def spy(*a, **kw):
+        seen.append(kw.get("lane"))
+        return tiles.build(*a, **kw)
+    monkeypatch.setattr(mosaic_intra_kernel, "build", spy)
+    x = S((256, 1, 64), jnp.bfloat16)
+    export_for_cuda(gla_intra, x, x, S((256, 1, 64), jnp.float32))
+    assert seen == [True]
+    assert tiles.compiler_params(lane=True).lowering_semantics == plgpu.LoweringSemantics.Lane
+
+
 def test_unsupported_reasons_and_dispatch(monkeypatch):
     q = jnp.zeros((1, 64, 1, 64), jnp.bfloat16)
     assert mosaic_unsupported_reason(q, q, q) is None
