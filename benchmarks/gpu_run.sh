@@ -159,9 +159,10 @@ for step in ${STEPS:-1 2 3 4 5 6 10}; do
           --variant "$T=16" 2>&1 | grep -v Warning | tee -a "$OUT/bench.txt"
         timeout ${BENCH_S:-300} python3 benchmarks/mosaic_ptxas.py --op gated_delta_rule \
           --variant "$T=8" 2>&1 | grep -v Warning | tee -a "$OUT/bench.txt" ;;
-    # issue 11: GLA's Mosaic forward (mosaic_chunk.py; its training step runs the Pallas
-    # kernels) against jla and the Pallas forward; its parity: MODE=parity IMPLS=mosaic
-    # JOBS="chunk_gla:gpu_4k,gpu_gqa,gpu_varlen chunk_gla:gpu_strong_edges,gpu_strong_uniform,gpu_t16k"
+    # issue 11: GLA's Mosaic forward (mosaic_intra_kernel.py + mosaic_fwd_kernel.py; its
+    # training step runs the Pallas kernels) against jla and the Pallas forward; its parity:
+    # MODE=parity IMPLS=mosaic JOBS="chunk_gla:gpu_4k,gpu_gqa,gpu_varlen
+    # chunk_gla:gpu_strong_edges,gpu_strong_uniform,gpu_t16k" (RESULTS.md run 17)
     20) b 20 --ops gla --dtypes bf16 --shapes B4T4096 --paths jla mosaic pallas
         b 20f --ops gla --dtypes fp16 --shapes B4T4096 --paths mosaic ;;
     # issue 10: the GLA forward (1.08x FLA on the H200, run 13): cumsum_scores spills at the
