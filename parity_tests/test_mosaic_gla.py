@@ -59,6 +59,17 @@ def test_interpreted_against_float64(case, dtype):
         assert_passed(check("chunk_gla", case, dtype, {"jax": "mosaic"}))
 
 
+@pytest.mark.parametrize("case,dtype", [("mos_gla_varlen", "bf16"), ("mos_gla_strong", "fp16")])
+def test_mosaic_backward_interpreted_against_float64(case, dtype, monkeypatch):
+    """The opt-in Mosaic backward (mosaic_bwd.py: states and the reverse pass on the forward
+    kernel, the intra-chunk gradient kernel) against the float64 oracle: every gradient, varlen
+    with an empty sequence and h0, gates to -20 per token."""
+    from fla_jax.ops.gla import mosaic_chunk
+    monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
+    with gpu_interpret():
+        assert_passed(check("chunk_gla", case, dtype, {"jax": "mosaic"}))
+
+
 def _intra_reference(q, k, g, C):
     """float64 qg, kg [R, H, K], A [H, R, C], last [H, NC, K] (mosaic_intra_kernel's outputs)."""
     R, H, K = q.shape
@@ -115,6 +126,26 @@ def test_intra_kernel_chunks_per_cta_bit_identical(monkeypatch):
     for other in outs[1:]:
         for a, b in zip(outs[0], other):
             assert np.isfinite(a).all() and np.array_equal(a, b)
+
+
+def test_backward_kernels_lower(monkeypatch):
+    """The Mosaic backward's kernels (the forward kernel in states and reverse modes, the
+    intra-chunk gradient kernel) lower for CUDA."""
+    from fla_jax.ops.gla import mosaic_chunk
+    monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
+    B, T, H, K, V, N = 1, 300, 2, 128, 64, 3
+    dt = jnp.bfloat16
+    args = [S((B, T, H, K), dt), S((B, T, H, K), dt), S((B, T, H, V), dt),
+            S((B, T, H, K), jnp.float32), S((N, H, K, V), jnp.float32), S((N + 1,), jnp.int32)]
+
+    def fb(q, k, v, g, h0, cu):
+        def f(*x):
+            return chunk_gla(*x, initial_state=None, output_final_state=True, cu_seqlens=cu,
+                             impl="mosaic")
+        (o, ht), vjp = jax.vjp(lambda q, k, v, g: f(q, k, v, g), q, k, v, g)
+        return vjp((jnp.ones_like(o), jnp.ones_like(ht)))
+    text = export_for_cuda(fb, *args)
+    assert "gla_intra_bwd" in text and "gla_fwd" in text
 
 
 def test_intra_kernel_lowers(monkeypatch):

@@ -1,14 +1,16 @@
 """Chunked GLA (per-key decay g [B, T, H, K]) with Pallas Mosaic GPU kernels (Hopper, sm_90):
-impl="mosaic". Forward only on Mosaic kernels for now:
+impl="mosaic".
 
 Forward: XLA lays the rows out in chunks (gated_delta_rule/mosaic_layout.py); one chunk-parallel
 Mosaic kernel (mosaic_intra_kernel.py) forms the chunk-local gate cumsum, the factors qg / kg
 and the intra-chunk scores; one Mosaic kernel (mosaic_fwd_kernel.py) runs the state pass
 fused with the output.
-Backward (jax.custom_vjp): the Pallas Triton-lowering kernels of pallas_chunk.py, which need
-the Pallas forward's residuals, so under differentiation the Pallas forward runs instead of
-the Mosaic one (as the delta family with K or V = 256). GPU-proven (H100 parity, RESULTS.md
-run 17): impl="auto" takes it on Hopper (fla_contract.auto_kernel.AUTO_MOSAIC).
+Backward (jax.custom_vjp): by default the Pallas Triton-lowering kernels of pallas_chunk.py,
+which need the Pallas forward's residuals, so under differentiation the Pallas forward runs
+instead of the Mosaic one (as the delta family with K or V = 256); BACKWARD = "mosaic" (opt-in,
+not GPU-proven): the Mosaic backward of mosaic_bwd.py, which recomputes from the inputs.
+The forward with the Pallas backward is GPU-proven (H100 parity, RESULTS.md run 17):
+impl="auto" takes it on Hopper (fla_contract.auto_kernel.AUTO_MOSAIC).
 
 Takes q/k/v in bf16 or fp16 with K and V multiples of 64 up to 256;
 `mosaic_unsupported_reason` says why a call is refused (fp32: use impl="pallas").
@@ -22,12 +24,17 @@ import jax.numpy as jnp
 
 from ..common.mosaic import check_mosaic
 from ..gated_delta_rule.mosaic_layout import from_rows, plan, to_rows
+from .mosaic_bwd import backward as mosaic_backward
 from .mosaic_fwd_kernel import gla_forward
 from .mosaic_intra_kernel import gla_intra
 from .pallas_chunk import chunk_gla_pallas
 
 F32 = jnp.float32
 OP = "chunk_gla"
+# "pallas": under differentiation the Pallas forward and backward run (GPU-proven, the
+# default); "mosaic": the Mosaic backward (mosaic_bwd.py; interpreted and lowered on CPU, not
+# yet run on a GPU)
+BACKWARD = "pallas"
 DTYPES = ("bfloat16", "float16")
 MAX_HEAD = 256
 
@@ -66,6 +73,9 @@ def _gla(q, k, v, g, h0, cu, scale):
 
 
 def _gla_fwd(q, k, v, g, h0, cu, scale):
+    if BACKWARD == "mosaic":   # recomputes from the inputs (mosaic_bwd.py)
+        return forward(q, k, v, g, h0, cu, scale=scale), (q, k, v, g, h0, cu)
+
     def pallas(q, k, v, g, h0):
         return chunk_gla_pallas(q, k, v, g=g, scale=scale, initial_state=h0,
                                 output_final_state=True, cu_seqlens=cu)
@@ -73,8 +83,11 @@ def _gla_fwd(q, k, v, g, h0, cu, scale):
     return out, vjp
 
 
-def _gla_bwd(scale, vjp, cts):
-    return (*vjp(cts), None)
+def _gla_bwd(scale, res, cts):
+    if callable(res):      # the Pallas forward's vjp
+        return (*res(cts), None)
+    q, k, v, g, h0, cu = res
+    return (*mosaic_backward(q, k, v, g, h0, cu, cts[0], cts[1], scale=scale), None)
 
 
 _gla.defvjp(_gla_fwd, _gla_bwd)
@@ -91,7 +104,8 @@ def chunk_gla_mosaic(q, k, v, *, g, scale, initial_state=None, output_final_stat
             be traced.
     Returns:
         o [B, T, H, V] in q's dtype; final state fp32 [N, H, K, V] or None unless
-        output_final_state. Differentiable w.r.t. q, k, v, g, initial_state (Pallas backward).
+        output_final_state. Differentiable w.r.t. q, k, v, g, initial_state (the Pallas
+        backward, or with BACKWARD = "mosaic" the Mosaic one).
     Raises ValueError (named) off a Hopper GPU or for a call the kernels cannot take.
     """
     check_mosaic(OP, mosaic_unsupported_reason(q, k, v))

@@ -33,13 +33,16 @@ def _stages(K: int, dtype) -> int:
     return 2 if fixed + 2 * per_stage <= SMEM_BUDGET else 1
 
 
-def gla_forward(qg, kg, v, a, last, table, h0t, *, scale: float):
+def gla_forward(qg, kg, v, a, last, table, h0t, *, scale: float, reverse: bool = False,
+                states: bool = False):
     """qg, kg: [R, H, K]; v: [R, H, V] (one 16-bit dtype; R a multiple of C, every sequence
     starting at a chunk boundary, padding rows zero); a: [H, R, C] (q's dtype, the intra-chunk
     scores, rows of chunk n at n*C .. n*C + C - 1); last: [H, R // C, K] fp32; table:
     [N, TABLE_WIDTH] int32 (first chunk, chunk count of sequence n); h0t: None or
     [N, H, V, K] fp32 (transposed initial states). Returns o [R, H, V] in q's dtype and the
-    transposed final states [N, H, V, K] fp32."""
+    transposed final states [N, H, V, K] fp32; with `states` also the transposed state each
+    chunk starts from, [R // C, H, V, K] in q's dtype. reverse: each sequence's chunks from the
+    last to the first (the backward's state-gradient pass, mosaic_bwd.py)."""
     R, H, K = qg.shape
     V = v.shape[2]
     N = table.shape[0]
@@ -62,25 +65,32 @@ def gla_forward(qg, kg, v, a, last, table, h0t, *, scale: float):
     )
     out_type = [jax.ShapeDtypeStruct((R, H, V), dtype),
                 jax.ShapeDtypeStruct((N, H, V, K), F32)]
+    if states:
+        out_type.append(jax.ShapeDtypeStruct((R // C, H, V, K), dtype))
 
     def body(*refs, ins_st, v_s, a_s, el_s, s_s, o_s, tab_s, in_bar, one_bar):
         (q_s, k_s), st_s = ins_st
         q_ref, k_ref, v_ref, a_ref, el_ref, tab_ref = refs[:6]
         h0_ref = refs[6] if has_h0 else None
-        o_ref, ht_ref = refs[-2:]
+        o_ref, ht_ref = refs[6 + has_h0:8 + has_h0]
+        hs_ref = refs[-1] if states else None
         n, h, iv = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("v")
         cols = pl.ds(iv * BV, BV)
 
         first, count = sequence_range(tab_ref, n, tab_s, one_bar.at[0])
 
+        def chunk(i):
+            """The chunk of step i (reverse: from the sequence's last chunk)."""
+            return first + count - 1 - i if reverse else first + i
+
         def issue(i, slot):
-            rows = pl.ds((first + i) * C, C)
+            rows = pl.ds(chunk(i) * C, C)
             bar = in_bar.at[slot]
             plgpu.copy_gmem_to_smem(q_ref.at[rows, h], q_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(k_ref.at[rows, h], k_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(v_ref.at[rows, h, cols], v_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(a_ref.at[h, rows], a_s.at[slot], bar)
-            plgpu.copy_gmem_to_smem(el_ref.at[h, first + i], el_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(el_ref.at[h, chunk(i)], el_s.at[slot], bar)
 
         # before the first load: st_s may share the input stages' memory
         s0 = carried_state(h0_ref.at[n, h, cols] if has_h0 else None, st_s, one_bar.at[1],
@@ -94,8 +104,12 @@ def gla_forward(qg, kg, v, a, last, table, h0t, *, scale: float):
         def step(i, s_t):
             slot = lax.rem(i, stages)     # traced (jax 0.11.2: no constant slot in a loop)
             wait_and_prefetch(i, count, slot, stages, in_bar, issue)
+            if states:   # the previous chunk's state store has read s_s (its o store may not)
+                plgpu.wait_smem_to_gmem(1, wait_read_only=True)
             s_s[...] = s_t.astype(dtype)
             plgpu.commit_smem()
+            if states:
+                plgpu.copy_smem_to_gmem(s_s, hs_ref.at[chunk(i), h, cols])
             s_decayed = s_t * cols_of(jnp.exp2(load(el_s.at[slot], COLS)), (BV, K))
             prods = ((q_s.at[slot], s_s, (C, BV), None, False, True),        # qg S
                      (a_s.at[slot], v_s.at[slot], (C, BV), None, False, False),   # A v
@@ -105,8 +119,7 @@ def gla_forward(qg, kg, v, a, last, table, h0t, *, scale: float):
             else:
                 oq, av, s_new = (matmuls(p)[0] for p in prods)
             o = (oq + av) * scale
-            store_output(o_s, i, o.astype(dtype),
-                         o_ref.at[pl.ds((first + i) * C, C), h, cols])
+            store_output(o_s, i, o.astype(dtype), o_ref.at[pl.ds(chunk(i) * C, C), h, cols])
             if stages == 1:
                 issue_next_single_stage(i, count, issue)
             return s_new

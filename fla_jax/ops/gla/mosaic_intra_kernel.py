@@ -62,6 +62,42 @@ def _per_block(blocks, values, shape):
     return out
 
 
+def scan_buffer():
+    """SMEM of chunk_cumsum: SCAN_BUFFERS row-shifted fp32 buffers of a [C, P] part."""
+    return plgpu.SMEM((SCAN_BUFFERS, PAD_SCAN + C, PITCH), F32)
+
+
+def zero_scan_pads(spad):
+    """Once per kernel: the rows above the data (read by the shifts) are zero."""
+    for buf in range(SCAN_BUFFERS):
+        spad.at[buf, pl.ds(0, C), pl.ds(0, P)][...] = zeros_wgmma((C, P))
+
+
+def chunk_cumsum(spad, x):
+    """x [C, P] fp32 (WGMMA layout) -> its inclusive cumsum over the rows: a Hillis-Steele
+    scan, b_i += b_{i-s} for s = 1, 2, ..., C / 2, the shifted rows read back from SMEM above
+    zero rows; with two buffers a step's store cannot race the previous step's shifted reads
+    (one barrier per step). The result is also left in buffer 0 (scan_row_of)."""
+    data = pl.ds(0, P)
+    b = x
+    for level in range(C.bit_length() - 1):
+        buf = spad.at[level % SCAN_BUFFERS]
+        buf.at[pl.ds(PAD_SCAN, C), data][...] = b
+        plgpu.commit_smem()
+        b = b + load(buf.at[pl.ds(PAD_SCAN - (1 << level), C), data], WGMMA)
+        if SCAN_BUFFERS == 1:
+            plgpu.commit_smem()
+    spad.at[0, pl.ds(PAD_SCAN, C), data][...] = b
+    plgpu.commit_smem()
+    return b
+
+
+def scan_row_of(spad, r):
+    """Row r of chunk_cumsum's result: a COLS vector and its ref view (a TMA source)."""
+    view = spad.at[0, PAD_SCAN + r, pl.ds(0, P)]
+    return load(view, COLS), view
+
+
 def gla_intra(q_rows, k_rows, g_rows):
     """q_rows, k_rows: [R, H, K] (one 16-bit dtype; R a multiple of C, chunks of C consecutive
     rows); g_rows: [R, H, K] fp32 log-decay (natural log, <= 0). K a multiple of P. Returns
@@ -84,7 +120,7 @@ def gla_intra(q_rows, k_rows, g_rows):
         outs=tuple(smem_tile(tile, dtype) for _ in range(4)),    # x, x2, qg, kg
         kpad=plgpu.SMEM((PAD_DIAG + C, PITCH), dtype),
         epad=plgpu.SMEM((PAD_DIAG + C, PITCH), F32),
-        spad=plgpu.SMEM((SCAN_BUFFERS, PAD_SCAN + C, PITCH), F32),
+        spad=scan_buffer(),
         a_s=plgpu.SMEM(sq, dtype),   # untiled: written in 16-column blocks
         bar=plgpu.Barrier(num_arrivals=3, num_barriers=2),
     )
@@ -98,10 +134,6 @@ def gla_intra(q_rows, k_rows, g_rows):
         first = lax.axis_index("n") * cpc                   # the CTA's chunks: first ..
         steps = jnp.minimum(cpc, NC - first) * parts        # .. one step per (chunk, part)
 
-        def scan_row(r):
-            """Row r of the scan buffer: a COLS vector and its ref view (the TMA source)."""
-            view = spad.at[0, r, pl.ds(0, P)]
-            return load(view, COLS), view
         data = pl.ds(0, P)
 
         def locate(t):
@@ -113,8 +145,7 @@ def gla_intra(q_rows, k_rows, g_rows):
         c16 = iota(blk16, 1)
         blocks = lax.shift_right_logical(iota(tile, 0), 4)
         rb = lax.shift_right_logical(iota(blk16, 0), 4)     # sub-chunk of the row
-        for buf in range(SCAN_BUFFERS):    # rows < PAD_SCAN stay zero
-            spad.at[buf, pl.ds(0, C), data][...] = zeros_wgmma(tile)
+        zero_scan_pads(spad)
 
         def issue(t, slot):
             _, rows, cols = locate(t)
@@ -140,21 +171,9 @@ def gla_intra(q_rows, k_rows, g_rows):
             q = load(q_s.at[slot], WGMMA).astype(F32)
             kpad.at[pl.ds(PAD_DIAG, C), data][...] = kk
             epad.at[pl.ds(PAD_DIAG, C), data][...] = jnp.exp2(x)
-            # the chunk-local cumsum: b_i += b_{i-s}, s = 1, 2, ..., C / 2 (zeros above); with
-            # two buffers a step's store cannot race the previous step's shifted reads, so one
-            # barrier per step
-            b = x
-            for level in range(C.bit_length() - 1):
-                buf = spad.at[level % SCAN_BUFFERS]
-                buf.at[pl.ds(PAD_SCAN, C), data][...] = b
-                plgpu.commit_smem()
-                b = b + load(buf.at[pl.ds(PAD_SCAN - (1 << level), C), data], WGMMA)
-                if SCAN_BUFFERS == 1:
-                    plgpu.commit_smem()
-            spad.at[0, pl.ds(PAD_SCAN, C), data][...] = b   # the final b: buffer 0
-            plgpu.commit_smem()
-            ends = [scan_row(PAD_SCAN + SUB * j + SUB - 1)[0] for j in range(NSUB)]
-            mids = [scan_row(PAD_SCAN + SUB * j + EXACT - 1)[0] for j in range(NSUB)]
+            b = chunk_cumsum(spad, x)
+            ends = [scan_row_of(spad, SUB * j + SUB - 1)[0] for j in range(NSUB)]
+            mids = [scan_row_of(spad, SUB * j + EXACT - 1)[0] for j in range(NSUB)]
             k = kk.astype(F32)
 
             # diagonal 8 x 8 blocks, exact: offset d = 0 (no decay), then the partner row i - d
@@ -200,7 +219,7 @@ def gla_intra(q_rows, k_rows, g_rows):
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(qg_s, qg_ref.at[rows, h, cols])
             plgpu.copy_smem_to_gmem(kg_s, kg_ref.at[rows, h, cols])
-            plgpu.copy_smem_to_gmem(scan_row(PAD_SCAN + C - 1)[1], last_ref.at[h, n, cols])
+            plgpu.copy_smem_to_gmem(scan_row_of(spad, C - 1)[1], last_ref.at[h, n, cols])
 
             @pl.when(p == parts - 1)     # the chunk's A is complete (a_s: waited above)
             def _():

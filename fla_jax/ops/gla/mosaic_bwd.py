@@ -1,0 +1,75 @@
+"""The Mosaic GPU backward of chunked GLA (opt-in: mosaic_chunk.BACKWARD = "mosaic"; not
+GPU-proven yet). From the inputs alone (no forward residuals), per chunk n of C rows with b the
+chunk-local log2 gate cumsum, qg = q 2^b, kg = k 2^(last - b), el = 2^last:
+1. mosaic_intra_kernel: qg, kg, the intra-chunk scores A, last (as the forward);
+2. mosaic_fwd_kernel with `states`: S_n^T, the state each chunk starts from;
+3. the same kernel in reverse chunk order on (qg' = kg, kg' = qg, A' = A^T, v' = do) with the
+   carried state dS / scale: its output is dv = kg dS_{n+1} + scale A^T do, its stored states
+   dS_{n+1} / scale, its final state dh0 / scale (dS_n = el dS_{n+1} + scale qg^T do);
+4. XLA: dA = scale tril(do v^T), dqg = scale do S_n^T, dkg = v dS_{n+1}^T (batched products);
+5. mosaic_intra_bwd_kernel: dq, dk and the gate rows r1, r2;
+6. XLA: dg_t = sum_{s >= t} r1_s + sum_{s < t} r2_s + el (S_n . dS_{n+1}) within each chunk.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ..common.mosaic.gate_rows import chunk_gate_grad
+from ..gated_delta_rule.mosaic_layout import from_rows, plan, to_rows
+from .mosaic_fwd_kernel import C, gla_forward
+from .mosaic_intra_bwd_kernel import gla_intra_bwd
+from .mosaic_intra_kernel import gla_intra
+
+F32 = jnp.float32
+
+
+def _dot32(spec, a, b):
+    """einsum with fp32 accumulation of 16-bit operands (XLA on CPU has no bf16 x bf16 -> f32
+    dot: the operands are widened there, exactly)."""
+    if jax.default_backend() == "cpu":
+        a, b = a.astype(F32), b.astype(F32)
+    return jnp.einsum(spec, a, b, preferred_element_type=F32)
+
+
+def _per_chunk_t(a, H, NC):
+    """[H, R, C] -> each chunk's [C, C] block transposed."""
+    return jnp.swapaxes(a.reshape(H, NC, C, C), -1, -2).reshape(H, NC * C, C)
+
+
+def backward(q, k, v, g, h0, cu_seqlens, do, dht, *, scale: float):
+    """Gradients of (o, final state) = chunk_gla(q, k, v, g, h0) for the cotangents do
+    [B, T, H, V] and dht [N, H, K, V] fp32 (zeros when the final state is not used). Shapes
+    as mosaic_chunk.forward. Returns dq, dk [B, T, H, K] (q's dtype), dv [B, T, H, V] (v's
+    dtype), dg [B, T, H, K] fp32 and dh0 [N, H, K, V] fp32 (None without h0)."""
+    B, T, H, K = q.shape
+    lay, table = plan(B, T, cu_seqlens)
+    qr, kr, vr = to_rows(q, lay), to_rows(k, lay), to_rows(v, lay)
+    gr = to_rows(g.astype(F32), lay)
+    dor = to_rows(do.astype(q.dtype), lay)
+    R = qr.shape[0]
+    NC = R // C
+    V = vr.shape[-1]
+    qg, kg, a, last = gla_intra(qr, kr, gr)
+    h0t = None if h0 is None else jnp.swapaxes(h0.astype(F32), -1, -2)
+    _, _, hs = gla_forward(qg, kg, vr, a, last, table, h0t, scale=scale, states=True)
+    dht_t = jnp.swapaxes(dht.astype(F32), -1, -2) / scale
+    dv, dh0_t, dhs = gla_forward(kg, qg, dor, _per_chunk_t(a, H, NC), last, table, dht_t,
+                                 scale=scale, reverse=True, states=True)
+    # the per-chunk products (fp32 accumulation): dA, the state terms of dq and dk
+    doc = dor.reshape(NC, C, H, V)
+    vc = vr.reshape(NC, C, H, V)
+    da = _dot32("nihv,njhv->hnij", doc, vc) * scale
+    da = jnp.where(jnp.tril(jnp.ones((C, C), bool)), da, 0.0).reshape(H, R, C)
+    dqg = _dot32("nchv,nhvk->nchk", doc, hs) * scale
+    dkg = _dot32("nchv,nhvk->nchk", vc, dhs) * scale
+    dq, dk, r1, r2 = gla_intra_bwd(qr, kr, gr, da, dqg.reshape(R, H, K), dkg.reshape(R, H, K))
+    # the gate: two masked sums within each chunk, plus the state decay's term on every row
+    dg = chunk_gate_grad(jnp.moveaxis(r1, 0, -1), jnp.moveaxis(r2, 0, -1), C)   # [H, K, R]
+    dstate = jnp.einsum("nhvk,nhvk->hkn", hs.astype(F32), dhs.astype(F32)) * scale
+    dstate = dstate * jnp.exp2(jnp.swapaxes(last, 1, 2))                       # [H, K, NC]
+    dg = dg + jnp.repeat(dstate, C, axis=-1)
+    dg = jnp.moveaxis(dg, -1, 0)
+    dh0 = None if h0 is None else jnp.swapaxes(dh0_t, -1, -2) * scale
+    return (from_rows(dq, lay, B), from_rows(dk, lay, B), from_rows(dv, lay, B).astype(v.dtype),
+            from_rows(dg, lay, B), dh0)
