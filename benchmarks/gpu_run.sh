@@ -165,6 +165,14 @@ for step in ${STEPS:-1 2 3 4 5 6 10}; do
     # chunk_gla:gpu_strong_edges,gpu_strong_uniform,gpu_t16k" (RESULTS.md run 17)
     20) b 20 --ops gla --dtypes bf16 --shapes B4T4096 --paths jla mosaic pallas
         b 20f --ops gla --dtypes fp16 --shapes B4T4096 --paths mosaic ;;
+    # issue 11: GLA's opt-in Mosaic backward (mosaic_bwd.py, mosaic_chunk.BACKWARD=mosaic;
+    # interpreted and lowered only) against the Pallas one behind the Mosaic forward and jla;
+    # its parity: MODE=parity IMPLS=mosaic OVERRIDE="fla_jax.ops.gla.mosaic_chunk:BACKWARD=mosaic"
+    # JOBS="chunk_gla:gpu_4k,gpu_gqa,gpu_varlen chunk_gla:gpu_strong_edges,gpu_strong_uniform,gpu_t16k"
+    21) b 21 --ops gla --dtypes bf16 --shapes B4T4096 --paths jla mosaic
+        timeout ${BENCH_S:-300} python3 benchmarks/pallas_launch_sweep.py --op gla --impl mosaic \
+          --dtype bf16 --variant "fla_jax.ops.gla.mosaic_chunk:BACKWARD=mosaic" 2>&1 \
+          | grep -v Warning | tee -a "$OUT/bench.txt" ;;
     # issue 10: the GLA forward (1.08x FLA on the H200, run 13): cumsum_scores spills at the
     # shipped 4 warps / BK 32 (offline sm_90 compile: 255 registers, 408 B stack; 8 warps /
     # BK 16: 192, none), so time its launch variants on the whole op, defaults first.

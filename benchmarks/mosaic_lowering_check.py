@@ -61,6 +61,7 @@ def main() -> int:
     from fla_jax.ops.common.mosaic import export_for_cuda
     from fla_jax.ops.gated_delta_rule import mosaic_bwd as gdn_bwd
     from fla_jax.ops.gated_delta_rule import mosaic_chunk as gdn_mosaic
+    from fla_jax.ops.gla import mosaic_chunk as gla_mosaic
     from fla_jax.ops.simple_gla import mosaic_bwd as sgla_bwd
     from fla_jax.ops.simple_gla import mosaic_chunk as sgla_mosaic
     print(f"jax {jax.__version__}")
@@ -69,14 +70,13 @@ def main() -> int:
     for K, V in HEADS:
         for op in ops:
             for backward in (False, True):
-                if backward and op == "chunk_gla":
-                    continue     # its backward is the Pallas one (Triton lowering)
                 if backward and op == "chunk_simple_gla" and not sgla_bwd.supports(K, V):
                     continue     # its Mosaic backward takes K, V <= 128 (else the Pallas one)
-                if backward and op != "chunk_simple_gla" and max(K, V) > gdn_bwd.MAX_HEAD:
+                if backward and op not in ("chunk_simple_gla", "chunk_gla") \
+                        and max(K, V) > gdn_bwd.MAX_HEAD:
                     continue     # likewise the delta family's
-                saved = gdn_mosaic.BACKWARD, sgla_mosaic.BACKWARD
-                gdn_mosaic.BACKWARD = sgla_mosaic.BACKWARD = "mosaic"
+                saved = gdn_mosaic.BACKWARD, sgla_mosaic.BACKWARD, gla_mosaic.BACKWARD
+                gdn_mosaic.BACKWARD = sgla_mosaic.BACKWARD = gla_mosaic.BACKWARD = "mosaic"
                 try:
                     fn, args = _case(op, K, V, backward)
                     export_for_cuda(fn, *args)
@@ -85,7 +85,7 @@ def main() -> int:
                     bad += 1
                     status = f"FAIL {type(e).__name__}: {str(e).splitlines()[0][:160]}"
                 finally:
-                    gdn_mosaic.BACKWARD, sgla_mosaic.BACKWARD = saved
+                    gdn_mosaic.BACKWARD, sgla_mosaic.BACKWARD, gla_mosaic.BACKWARD = saved
                 part = "fwd+bwd (Mosaic)" if backward else "fwd"
                 print(f"{op:24s} K={K:3d} V={V:3d} {part:16s} {status}", flush=True)
     print(f"{bad} failed")
