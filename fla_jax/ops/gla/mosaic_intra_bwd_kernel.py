@@ -33,7 +33,7 @@ from ..common.mosaic.tiles import (F32, LOG2E, WGMMA, build, cols_of, iota, load
                                    smem_tile, zeros_wgmma)
 from ..gated_delta_rule.mosaic_fwd_kernel import matmuls
 from .mosaic_intra_kernel import (C, EXACT, NSUB, P, PAD_DIAG, PITCH, SUB, chunk_cumsum,
-                                  scan_buffer, scan_row_of, zero_scan_pads)
+                                  per_block, scan_buffer, scan_row_of, zero_scan_pads)
 
 
 def _as_parts(shape, dtype):
@@ -42,13 +42,6 @@ def _as_parts(shape, dtype):
     sw = P * jnp.dtype(dtype).itemsize
     return plgpu.SMEM(shape, dtype, transforms=(plgpu.TilingTransform((8, P)),
                                                 plgpu.SwizzleTransform(sw)))
-
-
-def _per_block(blocks, values, shape):
-    out = jnp.zeros(shape, F32)
-    for blk, val in enumerate(values):
-        out = jnp.where(blocks == blk, cols_of(val, shape), out)
-    return out
 
 
 def gla_intra_bwd(q_rows, k_rows, g_rows, da, dqg, dkg):
@@ -166,8 +159,8 @@ def gla_intra_bwd(q_rows, k_rows, g_rows, da, dqg, dkg):
             _, dq, dk_x = lax.fori_loop(1, EXACT, offset, (zeros_wgmma(tile) + 1.0, dq, dk_x))
 
             # the tensor-core operands (16-bit, every factor <= 1)
-            end = _per_block(blocks, ends, tile)
-            mid = _per_block(blocks, mids, tile)
+            end = per_block(blocks, ends, tile)
+            mid = per_block(blocks, mids, tile)
             x_s[...] = (k * jnp.exp2(jnp.where(blocks < NSUB - 1, end - b, -jnp.inf))
                         ).astype(dtype)
             x2_s[...] = (k * jnp.exp2(jnp.where(second, -jnp.inf, mid - b))).astype(dtype)

@@ -53,7 +53,7 @@ PAD_DIAG = 16   # rows above the shifted k / exp(g) buffers (shifts up to EXACT 
                 # their stores 8-row aligned)
 
 
-def _per_block(blocks, values, shape):
+def per_block(blocks, values, shape):
     """Row i takes values[blocks[i]] (a COLS vector, or None for zero)."""
     out = jnp.zeros(shape, F32)
     for blk, val in enumerate(values):
@@ -195,11 +195,11 @@ def gla_intra(q_rows, k_rows, g_rows):
             # - the blocks below the diagonal ones through e_J: k_J exp2(e_J - b_J) on the right,
             #   q_I exp2(b_I - e_J) on the left
             second = lax.bitwise_and(iota(tile, 0), SUB - 1) >= EXACT
-            mid = _per_block(blocks, mids, tile)
+            mid = per_block(blocks, mids, tile)
             x2_s[...] = (k * jnp.exp2(jnp.where(second, -jnp.inf, mid - b))).astype(dtype)
             lhs = (q * jnp.exp2(jnp.where(second, b - mid, -jnp.inf))).astype(dtype)
             x_s[...] = (k * jnp.exp2(jnp.where(blocks < NSUB - 1,
-                                               _per_block(blocks, ends, tile) - b, -jnp.inf))
+                                               per_block(blocks, ends, tile) - b, -jnp.inf))
                         ).astype(dtype)
             plgpu.commit_smem()
             prods = [(lhs, x2_s.at[pl.ds(SUB * j, SUB)], blk16, None, False, True)
