@@ -7,15 +7,15 @@ chunk-local log2 gate cumsum, qg = q 2^b, kg = k 2^(last - b), el = 2^last:
    carried state dS / scale: its output is dv = kg dS_{n+1} + scale A^T do, its stored states
    dS_{n+1} / scale, its final state dh0 / scale (dS_n = el dS_{n+1} + scale qg^T do);
 4. XLA: dA = scale tril(do v^T), dqg = scale do S_n^T, dkg = v dS_{n+1}^T (batched products);
-5. mosaic_intra_bwd_kernel: dq, dk and the gate rows r1, r2;
-6. XLA: dg_t = sum_{s >= t} r1_s + sum_{s < t} r2_s + el (S_n . dS_{n+1}) within each chunk.
+5. XLA: the state decay's gate term el (S_n . dS_{n+1}) per chunk and channel;
+6. mosaic_intra_bwd_kernel: dq, dk and dg (dg_t = sum_{s >= t} r1_s + sum_{s < t} r2_s + that
+   term, two scans within the chunk).
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from ..common.mosaic.gate_rows import chunk_gate_grad
 from ..gated_delta_rule.mosaic_layout import from_rows, plan, to_rows
 from .mosaic_fwd_kernel import C, gla_forward
 from .mosaic_intra_bwd_kernel import gla_intra_bwd
@@ -63,13 +63,11 @@ def backward(q, k, v, g, h0, cu_seqlens, do, dht, *, scale: float):
     da = jnp.where(jnp.tril(jnp.ones((C, C), bool)), da, 0.0).reshape(H, R, C)
     dqg = _dot32("nchv,nhvk->nchk", doc, hs) * scale
     dkg = _dot32("nchv,nhvk->nchk", vc, dhs) * scale
-    dq, dk, r1, r2 = gla_intra_bwd(qr, kr, gr, da, dqg.reshape(R, H, K), dkg.reshape(R, H, K))
-    # the gate: two masked sums within each chunk, plus the state decay's term on every row
-    dg = chunk_gate_grad(jnp.moveaxis(r1, 0, -1), jnp.moveaxis(r2, 0, -1), C)   # [H, K, R]
-    dstate = jnp.einsum("nhvk,nhvk->hkn", hs.astype(F32), dhs.astype(F32)) * scale
-    dstate = dstate * jnp.exp2(jnp.swapaxes(last, 1, 2))                       # [H, K, NC]
-    dg = dg + jnp.repeat(dstate, C, axis=-1)
-    dg = jnp.moveaxis(dg, -1, 0)
+    # the state decay's gate term el (S_n . dS_{n+1}) [H, NC, K], on every row of chunk n
+    dstate = jnp.einsum("nhvk,nhvk->hnk", hs.astype(F32), dhs.astype(F32)) * scale
+    dstate = dstate * jnp.exp2(last)
+    dq, dk, dg = gla_intra_bwd(qr, kr, gr, da, dqg.reshape(R, H, K), dkg.reshape(R, H, K),
+                               dstate)
     dh0 = None if h0 is None else jnp.swapaxes(dh0_t, -1, -2) * scale
     return (from_rows(dq, lay, B), from_rows(dk, lay, B), from_rows(dv, lay, B).astype(v.dtype),
             from_rows(dg, lay, B), dh0)

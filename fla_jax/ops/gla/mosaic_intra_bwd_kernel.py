@@ -5,8 +5,8 @@ dA = scale tril(do v^T) and the state terms dqg = scale do S_n^T, dkg = v dS_{n+
     dk_j = dkg_j 2^{last - b_j} + sum_{i >= j} dA_ij q_i 2^{b_i - b_j}
     r1 = q dq - k dk_intra,   r2 = k dk_inter       (fp32, per row and channel; the pairs
                                                      (i, i) left out of r1: they cancel)
-from which the gate gradient is dg_t = sum_{s >= t} r1_s + sum_{s < t} r2_s + the state decay's
-term (mosaic_bwd.py): two masked sums, never a chunk total minus a prefix.
+    dg_t = sum_{s >= t} r1_s + sum_{s < t} r2_s + dstate        (two scans within the chunk,
+                                                     never a chunk total minus a prefix)
 
 The intra-chunk sums are split as in the forward (mosaic_intra_kernel.py), every factor <= 1:
 - sub-chunk blocks I > J on the tensor cores through e_J = b at the last row of block J:
@@ -29,11 +29,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from ..common.mosaic.tiles import (F32, LOG2E, WGMMA, build, cols_of, iota, load, rows_of,
-                                   smem_tile, zeros_wgmma)
+from ..common.mosaic.tiles import (COLS, F32, LOG2E, WGMMA, build, cols_of, iota, load,
+                                   rows_of, smem_tile, union, zeros_wgmma)
 from ..gated_delta_rule.mosaic_fwd_kernel import matmuls
 from .mosaic_intra_kernel import (C, EXACT, NSUB, P, PAD_DIAG, PITCH, SUB, chunk_cumsum,
-                                  per_block, scan_buffer, scan_row_of, zero_scan_pads)
+                                  per_block, scan_buffer, scan_row_of, shift_down,
+                                  zero_scan_pads)
 
 
 def _as_parts(shape, dtype):
@@ -44,43 +45,49 @@ def _as_parts(shape, dtype):
                                                 plgpu.SwizzleTransform(sw)))
 
 
-def gla_intra_bwd(q_rows, k_rows, g_rows, da, dqg, dkg):
+def gla_intra_bwd(q_rows, k_rows, g_rows, da, dqg, dkg, dstate):
     """q_rows, k_rows: [R, H, K] (one 16-bit dtype; chunks of C consecutive rows); g_rows:
     [R, H, K] fp32 log-decay (natural log); da: [H, R, C] fp32 (scale tril(do v^T) per chunk,
-    zero above the diagonal); dqg, dkg: [R, H, K] fp32. Returns dq, dk [R, H, K] in q's dtype
-    and r1, r2 [R, H, K] fp32 (see the module docstring)."""
+    zero above the diagonal); dqg, dkg: [R, H, K] fp32; dstate: [H, R // C, K] fp32 (the state
+    decay's gate term, el (S_n . dS_{n+1}), on every row of chunk n). Returns dq, dk [R, H, K]
+    in q's dtype and dg [R, H, K] fp32 (see the module docstring)."""
     R, H, K = q_rows.shape
     dtype = q_rows.dtype
-    if R % C or K % P or da.shape != (H, R, C) or dqg.shape != (R, H, K) \
-            or dkg.shape != (R, H, K) or g_rows.shape != (R, H, K):
-        raise ValueError(f"gla_intra_bwd: q_rows {q_rows.shape}, g_rows {g_rows.shape}, da "
-                         f"{da.shape}, dqg {dqg.shape}, dkg {dkg.shape}; expected [R, H, K] "
-                         f"(R % {C} == 0, K % {P} == 0) and da [H, R, {C}]")
     NC = R // C
+    if R % C or K % P or da.shape != (H, R, C) or dqg.shape != (R, H, K) \
+            or dkg.shape != (R, H, K) or g_rows.shape != (R, H, K) \
+            or dstate.shape != (H, NC, K):
+        raise ValueError(f"gla_intra_bwd: q_rows {q_rows.shape}, g_rows {g_rows.shape}, da "
+                         f"{da.shape}, dqg {dqg.shape}, dkg {dkg.shape}, dstate "
+                         f"{dstate.shape}; expected [R, H, K] (R % {C} == 0, K % {P} == 0), "
+                         f"da [H, R, {C}], dstate [H, R // {C}, K]")
     parts = K // P
     tile, sq, blk16 = (C, P), (C, C), (C, SUB)
     scratch = dict(
         ins=(smem_tile(tile, dtype), smem_tile(tile, dtype), smem_tile(tile, F32),
-             smem_tile(tile, F32), smem_tile(tile, F32)),           # q, k, g, dqg, dkg
+             smem_tile(tile, F32), smem_tile(tile, F32),            # q, k, g, dqg, dkg
+             plgpu.SMEM((P,), F32)),                                # dstate
         da_s=smem_tile(sq, F32),                   # the TMA destination
-        da_p=plgpu.SMEM((C, C + 8), F32),          # a padded copy, read in 16-column blocks
         # dA in 16 bits: per J < 3 its column block J on the rows below it; on the quadrants
         lhs_s=tuple(_as_parts(sq, dtype) for _ in range(NSUB - 1)), daq16=_as_parts(sq, dtype),
         kpad=plgpu.SMEM((PAD_DIAG + C, PITCH), dtype),
         epad=plgpu.SMEM((PAD_DIAG + C, PITCH), F32),
         zpad=plgpu.SMEM((2, C + EXACT, PITCH), F32),   # dk's exact terms, shifted up
-        spad=scan_buffer(),
-        ops=tuple(smem_tile(tile, dtype) for _ in range(2 + NSUB)),  # X, X2, Qy_0..2, Y
-        outs=(smem_tile(tile, dtype), smem_tile(tile, dtype), smem_tile(tile, F32),
-              smem_tile(tile, F32)),                                 # dq, dk, r1, r2
-        bar=plgpu.Barrier(num_arrivals=5), da_bar=plgpu.Barrier(num_arrivals=1),
+        spad=scan_buffer(reverse=True),
+        # the products' operands X, X2, Qy_0..2, Y; before the first part, sharing their
+        # memory, a padded copy of dA read in 16-column blocks
+        ops_dap=union(tuple(smem_tile(tile, dtype) for _ in range(2 + NSUB)),
+                      plgpu.SMEM((C, C + 8), F32)),
+        outs=(smem_tile(tile, dtype), smem_tile(tile, dtype), smem_tile(tile, F32)),  # dq dk dg
+        bar=plgpu.Barrier(num_arrivals=6), da_bar=plgpu.Barrier(num_arrivals=1),
     )
     out_type = (jax.ShapeDtypeStruct((R, H, K), dtype), jax.ShapeDtypeStruct((R, H, K), dtype),
-                jax.ShapeDtypeStruct((R, H, K), F32), jax.ShapeDtypeStruct((R, H, K), F32))
+                jax.ShapeDtypeStruct((R, H, K), F32))
 
-    def body(q_ref, k_ref, g_ref, da_ref, dqg_ref, dkg_ref, dq_ref, dk_ref, r1_ref, r2_ref, *,
-             ins, da_s, da_p, lhs_s, daq16, kpad, epad, zpad, spad, ops, outs, bar, da_bar):
-        q_s, k_s, g_s, dqg_s, dkg_s = ins
+    def body(q_ref, k_ref, g_ref, da_ref, dqg_ref, dkg_ref, dst_ref, dq_ref, dk_ref, dg_ref,
+             *, ins, da_s, lhs_s, daq16, kpad, epad, zpad, spad, ops_dap, outs, bar, da_bar):
+        q_s, k_s, g_s, dqg_s, dkg_s, dst_s = ins
+        ops, da_p = ops_dap
         x_s, x2_s, y_s = ops[0], ops[1], ops[-1]
         qy_s = ops[2:-1]
         n, h = lax.axis_index("n"), lax.axis_index("h")
@@ -125,6 +132,7 @@ def gla_intra_bwd(q_rows, k_rows, g_rows, da, dqg, dkg):
             for src, dst in ((q_ref, q_s), (k_ref, k_s), (g_ref, g_s), (dqg_ref, dqg_s),
                              (dkg_ref, dkg_s)):
                 plgpu.copy_gmem_to_smem(src.at[rows, h, cols], dst, bar)
+            plgpu.copy_gmem_to_smem(dst_ref.at[h, n, cols], dst_s, bar)
             plgpu.barrier_wait(bar)
             x = load(g_s, WGMMA) * LOG2E
             kk = load(k_s, WGMMA)
@@ -186,13 +194,16 @@ def gla_intra_bwd(q_rows, k_rows, g_rows, da, dqg, dkg):
             # the state terms, the gate rows, the stores
             dq = dq + load(dqg_s, WGMMA) * jnp.exp2(b)
             dk_s = load(dkg_s, WGMMA) * jnp.exp2(cols_of(ends[-1], tile) - b)
-            dq_o, dk_o, r1_o, r2_o = outs
-            r1_o[...] = q * dq - k * dk_x
+            dq_o, dk_o, dg_o = outs
             dq_o[...] = (dq + coef0 * k).astype(dtype)
             dk_o[...] = (dk_x + coef0 * q + dk_s).astype(dtype)
-            r2_o[...] = k * dk_s
+            # the gate: dg_t = sum_{s >= t} r1_s + sum_{s < t} r2_s + dstate (two scans)
+            r1 = q * dq - k * dk_x
+            r2 = shift_down(spad, k * dk_s)
+            dg = chunk_cumsum(spad, r1, reverse=True) + chunk_cumsum(spad, r2)
+            dg_o[...] = dg + cols_of(load(dst_s, COLS), tile)
             plgpu.commit_smem()
-            for src, dst in ((dq_o, dq_ref), (dk_o, dk_ref), (r1_o, r1_ref), (r2_o, r2_ref)):
+            for src, dst in ((dq_o, dq_ref), (dk_o, dk_ref), (dg_o, dg_ref)):
                 plgpu.copy_smem_to_gmem(src, dst.at[rows, h, cols])
             return carry
 
@@ -201,4 +212,4 @@ def gla_intra_bwd(q_rows, k_rows, g_rows, da, dqg, dkg):
 
     kernel = build(body, name="gla_intra_bwd", out_type=out_type, scratch=scratch,
                    grid=(NC, H), grid_names=("n", "h"), lane=True, approx_math=True)
-    return kernel(q_rows, k_rows, g_rows, da, dqg, dkg)
+    return kernel(q_rows, k_rows, g_rows, da, dqg, dkg, dstate)

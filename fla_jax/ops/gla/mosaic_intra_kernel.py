@@ -62,21 +62,30 @@ def per_block(blocks, values, shape):
     return out
 
 
-def scan_buffer():
-    """SMEM of chunk_cumsum: SCAN_BUFFERS row-shifted fp32 buffers of a [C, P] part."""
-    return plgpu.SMEM((SCAN_BUFFERS, PAD_SCAN + C, PITCH), F32)
+PAD_BELOW = 39   # zero rows below the data for reverse scans (shifts up to C / 2; 39: the
+                 # buffer's last C rows start 8-row aligned, where they are zeroed)
+
+
+def scan_buffer(reverse: bool = False):
+    """SMEM of chunk_cumsum: SCAN_BUFFERS row-shifted fp32 buffers of a [C, P] part (with zero
+    rows below the data too where reverse scans run)."""
+    return plgpu.SMEM((SCAN_BUFFERS, PAD_SCAN + C + (PAD_BELOW if reverse else 0), PITCH), F32)
 
 
 def zero_scan_pads(spad):
-    """Once per kernel: the rows above the data (read by the shifts) are zero."""
+    """Once per kernel: the rows around the data (read by the shifts) are zero."""
+    rows = spad.shape[1]
     for buf in range(SCAN_BUFFERS):
         spad.at[buf, pl.ds(0, C), pl.ds(0, P)][...] = zeros_wgmma((C, P))
+        if rows > PAD_SCAN + C:
+            spad.at[buf, pl.ds(rows - C, C), pl.ds(0, P)][...] = zeros_wgmma((C, P))
 
 
-def chunk_cumsum(spad, x):
-    """x [C, P] fp32 (WGMMA layout) -> its inclusive cumsum over the rows: a Hillis-Steele
-    scan, b_i += b_{i-s} for s = 1, 2, ..., C / 2, the shifted rows read back from SMEM above
-    zero rows; with two buffers a step's store cannot race the previous step's shifted reads
+def chunk_cumsum(spad, x, reverse: bool = False):
+    """x [C, P] fp32 (WGMMA layout) -> its inclusive cumsum over the rows (reverse: from the
+    last row, b_i = sum_{s >= i} x_s; spad from scan_buffer(reverse=True)): a Hillis-Steele
+    scan, b_i += b_{i -+ s} for s = 1, 2, ..., C / 2, the shifted rows read back from SMEM next
+    to zero rows; with two buffers a step's store cannot race the previous step's shifted reads
     (one barrier per step). The result is also left in buffer 0 (scan_row_of)."""
     data = pl.ds(0, P)
     b = x
@@ -84,12 +93,24 @@ def chunk_cumsum(spad, x):
         buf = spad.at[level % SCAN_BUFFERS]
         buf.at[pl.ds(PAD_SCAN, C), data][...] = b
         plgpu.commit_smem()
-        b = b + load(buf.at[pl.ds(PAD_SCAN - (1 << level), C), data], WGMMA)
+        shift = -(1 << level) if not reverse else (1 << level)
+        b = b + load(buf.at[pl.ds(PAD_SCAN + shift, C), data], WGMMA)
         if SCAN_BUFFERS == 1:
             plgpu.commit_smem()
     spad.at[0, pl.ds(PAD_SCAN, C), data][...] = b
     plgpu.commit_smem()
     return b
+
+
+def shift_down(spad, x):
+    """x [C, P] moved down one row (row 0 zero), through the scan buffer: the input of an
+    exclusive cumsum. Leaves the buffers free for chunk_cumsum."""
+    buf = spad.at[0]
+    buf.at[pl.ds(PAD_SCAN, C), pl.ds(0, P)][...] = x
+    plgpu.commit_smem()
+    out = load(buf.at[pl.ds(PAD_SCAN - 1, C), pl.ds(0, P)], WGMMA)
+    plgpu.commit_smem()
+    return out
 
 
 def scan_row_of(spad, r):
