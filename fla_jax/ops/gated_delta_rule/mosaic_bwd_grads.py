@@ -34,9 +34,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of, iota,
-                                   iota_vec, load, matmul, rows_of, smem_tile, union)
+                                   iota_vec, load, matmul, matmuls, rows_of, smem_tile, union)
 from .mosaic_bwd_kernel import chain
-from .mosaic_fwd_kernel import C, matmuls
+from .mosaic_fwd_kernel import C
 
 # Warpgroups per CTA: 2 (mosaic_bwd_grads_ws.py: the dq side and the dk / WY side of the chunk
 # in parallel; H100, RESULTS.md run 16 call 1: GDN training step 1.139 ms vs 1.353 with 1, delta
@@ -47,7 +47,7 @@ MAX_HEAD = 128   # K and V: the chunk's tiles fit shared memory (208 KB at K = V
 
 
 def mm(*ops, pad=0):
-    """Independent products ((a, b, shape, init, ta, tb) as for mosaic_fwd_kernel.matmuls)
+    """Independent products ((a, b, shape, init, ta, tb) as for tiles.matmuls)
     issued together, one wait (H100: the same time as one wait per product, RESULTS.md run 15);
     the result tuple padded with None to `pad` entries."""
     return tuple(matmuls(*ops)) + (None,) * (pad - len(ops))

@@ -26,9 +26,10 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from ..common.mosaic.serial import (carried_state, issue_next_single_stage, sequence_range,
                                     wait_and_prefetch)
 from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of,
-                                  interpreting, load, matmul, rows_of, smem_tile, zeros_wgmma)
+                                  interpreting, load, matmul, matmuls, rows_of, smem_tile,
+                                  zeros_wgmma)
 from . import mosaic_fwd_kernel
-from .mosaic_fwd_kernel import BV, C, SMEM_BUDGET, TABLE_WIDTH, matmuls
+from .mosaic_fwd_kernel import BV, C, SMEM_BUDGET, TABLE_WIDTH
 
 
 def chain(init, *pairs, shape):

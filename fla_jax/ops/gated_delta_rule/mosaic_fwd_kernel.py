@@ -24,8 +24,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from ..common.mosaic.serial import (carried_state, issue_next_single_stage, sequence_range,
                                     store_final_state, store_output, wait_and_prefetch)
 from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of, load,
-                                  matmul, rows_of, smem_tile, union, zeros_wgmma)
-from ..common.mosaic.tiles import interpreting
+                                  matmul, matmuls, rows_of, smem_tile, union)
 
 OVERLAP = True   # issue a chunk's independent wgmmas together (2 waits per chunk, not 5); K <= 128
 
@@ -33,21 +32,6 @@ C = 64
 BV = 64
 TABLE_WIDTH = 32   # int32 entries per sequence row: a 128-byte TMA copy
 SMEM_BUDGET = 200 * 1024
-
-
-def matmuls(*ops):
-    """Independent products issued together, one wait: each op is (a, b, shape, init, ta, tb)
-    as for tiles.matmul (init None: zero). Returns their fp32 results."""
-    if interpreting():
-        return tuple(matmul(a, b, shape, init=init, ta=ta, tb=tb)
-                     for a, b, shape, init, ta, tb in ops)
-    inits = tuple(plgpu.ACC.init(zeros_wgmma(shape) if init is None else init)
-                  for _, _, shape, init, _, _ in ops)
-
-    def body(accs):
-        for acc, (a, b, _, _, ta, tb) in zip(accs, ops):
-            plgpu.wgmma(acc, a.T if ta else a, b.T if tb else b)
-    return lax.optimization_barrier(pl.run_state(body)(inits))
 
 
 def _stages(K: int, dtype) -> int:

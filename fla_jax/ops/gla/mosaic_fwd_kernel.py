@@ -20,8 +20,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ..common.mosaic.serial import (carried_state, issue_next_single_stage, sequence_range,
                                     store_final_state, store_output, wait_and_prefetch)
-from ..common.mosaic.tiles import COLS, F32, build, cols_of, load, smem_tile, union
-from ..gated_delta_rule.mosaic_fwd_kernel import BV, C, SMEM_BUDGET, TABLE_WIDTH, matmuls
+from ..common.mosaic.tiles import COLS, F32, build, cols_of, load, matmuls, smem_tile, union
+from ..gated_delta_rule.mosaic_fwd_kernel import BV, C, SMEM_BUDGET, TABLE_WIDTH
 
 
 def _stages(K: int, dtype) -> int:

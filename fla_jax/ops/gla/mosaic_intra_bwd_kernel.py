@@ -30,8 +30,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ..common.mosaic.tiles import (COLS, F32, LOG2E, WGMMA, build, cols_of, iota, load,
-                                   rows_of, smem_tile, union, zeros_wgmma)
-from ..gated_delta_rule.mosaic_fwd_kernel import matmuls
+                                   matmuls, rows_of, smem_tile, union, zeros_wgmma)
 from .mosaic_intra_kernel import (C, EXACT, NSUB, P, PAD_DIAG, PITCH, SUB, chunk_cumsum,
                                   per_block, scan_buffer, scan_row_of, shift_down,
                                   zero_scan_pads)

@@ -32,9 +32,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ..common.mosaic.serial import wait_and_prefetch
-from ..common.mosaic.tiles import (COLS, F32, LOG2E, WGMMA, build, cols_of, iota, load, rows_of,
-                                   smem_tile, zeros_wgmma)
-from ..gated_delta_rule.mosaic_fwd_kernel import matmuls
+from ..common.mosaic.tiles import (COLS, F32, LOG2E, WGMMA, build, cols_of, iota, load, matmuls,
+                                   rows_of, smem_tile, zeros_wgmma)
 
 C = 64          # chunk rows
 SUB = 16        # sub-chunk rows (blocks below them on the tensor cores)

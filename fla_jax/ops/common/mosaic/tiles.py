@@ -98,6 +98,21 @@ def matmul_pair(first, second, between=None):
     return lax.optimization_barrier(out)
 
 
+def matmuls(*ops):
+    """Independent products issued together, one wait: each op is (a, b, shape, init, ta, tb)
+    as for tiles.matmul (init None: zero). Returns their fp32 results."""
+    if interpreting():
+        return tuple(matmul(a, b, shape, init=init, ta=ta, tb=tb)
+                     for a, b, shape, init, ta, tb in ops)
+    inits = tuple(plgpu.ACC.init(zeros_wgmma(shape) if init is None else init)
+                  for _, _, shape, init, _, _ in ops)
+
+    def body(accs):
+        for acc, (a, b, _, _, ta, tb) in zip(accs, ops):
+            plgpu.wgmma(acc, a.T if ta else a, b.T if tb else b)
+    return lax.optimization_barrier(pl.run_state(body)(inits))
+
+
 def iota(shape, dim):
     if interpreting():
         return lax.broadcasted_iota(jnp.int32, shape, dim)
@@ -184,13 +199,6 @@ def zeros_wgmma(shape):
     return plgpu.layout_cast(jnp.zeros(shape, F32), WGMMA)
 
 
-def ones_vec(n, layout):
-    """A vector of n ones in `layout` (ROWS or COLS)."""
-    if interpreting():
-        return jnp.ones((n,), F32)
-    return plgpu.layout_cast(jnp.ones((n,), F32), layout)
-
-
 def load(ref, layout):
     """ref's value in registers of the given layout."""
     if interpreting():
@@ -206,6 +214,6 @@ def load_vec(ref, layout):
     return load(ref, layout)
 
 
-__all__ = ["F32", "LOG2E", "WGMMA", "ROWS", "COLS", "smem_tile", "matmul", "matmul_sum", "iota",
-           "rows_of", "cols_of", "causal_decay", "build", "zeros_wgmma", "load_wgmma", "load_vec",
+__all__ = ["F32", "LOG2E", "WGMMA", "ROWS", "COLS", "smem_tile", "matmul", "matmul_sum", "matmuls",
+           "iota", "rows_of", "cols_of", "causal_decay", "build", "zeros_wgmma", "load_wgmma", "load_vec",
            "jax"]
