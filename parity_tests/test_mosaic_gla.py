@@ -33,7 +33,9 @@ S = jax.ShapeDtypeStruct
 DT = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
 
 
-def _lower(K, V, dtype, varlen, T=300, H=2):
+def _lower(K, V, dtype, varlen, backward=False, T=300, H=2):
+    """chunk_gla(impl='mosaic') lowered for CUDA; backward: with the gradients of every input
+    (h0 included) for cotangents of o and the final state."""
     B, N = (1, 3) if varlen else (2, 2)
     dt = DT[dtype]
     args = [S((B, T, H, K), dt), S((B, T, H, K), dt), S((B, T, H, V), dt),
@@ -43,7 +45,11 @@ def _lower(K, V, dtype, varlen, T=300, H=2):
     def f(q, k, v, g, h0, cu=None):
         return chunk_gla(q, k, v, g, initial_state=h0, output_final_state=True, cu_seqlens=cu,
                          impl="mosaic")
-    return export_for_cuda(f, *args)
+
+    def fb(q, k, v, g, h0, cu=None):
+        (o, ht), vjp = jax.vjp(lambda *x: f(*x, cu), q, k, v, g, h0)
+        return vjp((jnp.ones_like(o), jnp.ones_like(ht)))
+    return export_for_cuda(fb if backward else f, *args)
 
 
 @pytest.mark.parametrize("K,V,dtype,varlen", [(64, 64, "bf16", True), (128, 128, "fp16", False),
@@ -133,18 +139,7 @@ def test_backward_kernels_lower(monkeypatch):
     intra-chunk gradient kernel) lower for CUDA."""
     from fla_jax.ops.gla import mosaic_chunk
     monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
-    B, T, H, K, V, N = 1, 300, 2, 128, 64, 3
-    dt = jnp.bfloat16
-    args = [S((B, T, H, K), dt), S((B, T, H, K), dt), S((B, T, H, V), dt),
-            S((B, T, H, K), jnp.float32), S((N, H, K, V), jnp.float32), S((N + 1,), jnp.int32)]
-
-    def fb(q, k, v, g, h0, cu):
-        def f(*x):
-            return chunk_gla(*x, initial_state=None, output_final_state=True, cu_seqlens=cu,
-                             impl="mosaic")
-        (o, ht), vjp = jax.vjp(lambda q, k, v, g: f(q, k, v, g), q, k, v, g)
-        return vjp((jnp.ones_like(o), jnp.ones_like(ht)))
-    text = export_for_cuda(fb, *args)
+    text = _lower(128, 64, "bf16", True, backward=True)
     assert "gla_intra_bwd" in text and "gla_fwd" in text
 
 

@@ -29,8 +29,8 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
             scale: float, default K ** -0.5. initial_state: [N, H, K, V] fp32.
             cu_seqlens: [N+1] int, needs B == 1.
         impl: 'auto' | 'reference' | 'chunked' | 'pallas' | 'mosaic' (Pallas Mosaic GPU
-            forward kernel, Pallas backward: Hopper only, bf16/fp16, K and V multiples of 64
-            up to 256; not yet GPU-proven, so 'auto' does not take it).
+            forward kernels, the Pallas backward: Hopper only, bf16/fp16, K and V multiples of
+            64 up to 256; GPU-proven, so 'auto' takes it on Hopper for calls it fits).
         cp_mesh_axis: context parallelism (the sequence split along T): the name of a mesh
             axis of the enclosing shard_map;
             see fla_jax/ops/common/context_parallel.py (cu_seqlens, initial_state and

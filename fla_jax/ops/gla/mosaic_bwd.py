@@ -1,17 +1,19 @@
 """The Mosaic GPU backward of chunked GLA (opt-in: mosaic_chunk.BACKWARD = "mosaic"; not
-GPU-proven yet). From the inputs alone (no forward residuals), per chunk n of C rows with b the
-chunk-local log2 gate cumsum, qg = q 2^b, kg = k 2^(last - b), el = 2^last:
-1. mosaic_intra_kernel: qg, kg, the intra-chunk scores A, last (as the forward);
-2. mosaic_fwd_kernel with `states`: S_n^T, the state each chunk starts from;
-3. the same kernel in reverse chunk order on (qg' = kg, kg' = qg, A' = A^T, v' = do) with the
-   carried state dS / scale: its output is dv = kg dS_{n+1} + scale A^T do, its stored states
-   dS_{n+1} / scale, its final state dh0 / scale (dS_n = el dS_{n+1} + scale qg^T do);
-4. XLA: dA = scale tril(do v^T), dqg = scale do S_n^T, dkg = v dS_{n+1}^T (batched products);
-5. XLA: the state decay's gate term el (S_n . dS_{n+1}) per chunk and channel;
-6. mosaic_intra_bwd_kernel: dq, dk and dg (dg_t = sum_{s >= t} r1_s + sum_{s < t} r2_s + that
+GPU-proven yet). Per chunk n of C rows with b the chunk-local log2 gate cumsum, qg = q 2^b,
+kg = k 2^(last - b), el = 2^last, from the Mosaic forward's residuals (Residuals: the intra
+kernel's qg, kg, A, last and, from mosaic_fwd_kernel with `states`, S_n^T, the state each
+chunk starts from):
+1. the forward kernel in reverse chunk order on (qg' = kg, kg' = qg, A' = A^T, v' = do) with
+   the carried state dS / scale: its output is dv = kg dS_{n+1} + scale A^T do, its stored
+   states dS_{n+1} / scale, its final state dh0 / scale (dS_n = el dS_{n+1} + scale qg^T do);
+2. XLA: dA = scale tril(do v^T), dqg = scale do S_n^T, dkg = v dS_{n+1}^T (batched products)
+   and the state decay's gate term el (S_n . dS_{n+1}) per chunk and channel;
+3. mosaic_intra_bwd_kernel: dq, dk and dg (dg_t = sum_{s >= t} r1_s + sum_{s < t} r2_s + that
    term, two scans within the chunk).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -19,9 +21,24 @@ import jax.numpy as jnp
 from ..gated_delta_rule.mosaic_layout import from_rows, plan, to_rows
 from .mosaic_fwd_kernel import C, gla_forward
 from .mosaic_intra_bwd_kernel import gla_intra_bwd
-from .mosaic_intra_kernel import gla_intra
 
 F32 = jnp.float32
+
+
+class Residuals(NamedTuple):
+    """What mosaic_chunk.forward(residuals=True) keeps: the per-sequence table, the row-layout
+    q, k, v [R, H, K|V] and g [R, H, K] fp32, the intra kernel's qg, kg [R, H, K], A [H, R, C]
+    and last [H, R // C, K], and hs [R // C, H, V, K] (S_n^T, q's dtype)."""
+    table: jax.Array
+    q: jax.Array
+    k: jax.Array
+    v: jax.Array
+    g: jax.Array
+    qg: jax.Array
+    kg: jax.Array
+    a: jax.Array
+    last: jax.Array
+    hs: jax.Array
 
 
 def _dot32(spec, a, b):
@@ -37,22 +54,18 @@ def _per_chunk_t(a, H, NC):
     return jnp.swapaxes(a.reshape(H, NC, C, C), -1, -2).reshape(H, NC * C, C)
 
 
-def backward(q, k, v, g, h0, cu_seqlens, do, dht, *, scale: float):
+def backward(res: Residuals, h0, cu_seqlens, do, dht, *, scale: float):
     """Gradients of (o, final state) = chunk_gla(q, k, v, g, h0) for the cotangents do
-    [B, T, H, V] and dht [N, H, K, V] fp32 (zeros when the final state is not used). Shapes
-    as mosaic_chunk.forward. Returns dq, dk [B, T, H, K] (q's dtype), dv [B, T, H, V] (v's
-    dtype), dg [B, T, H, K] fp32 and dh0 [N, H, K, V] fp32 (None without h0)."""
-    B, T, H, K = q.shape
-    lay, table = plan(B, T, cu_seqlens)
-    qr, kr, vr = to_rows(q, lay), to_rows(k, lay), to_rows(v, lay)
-    gr = to_rows(g.astype(F32), lay)
-    dor = to_rows(do.astype(q.dtype), lay)
-    R = qr.shape[0]
+    [B, T, H, V] and dht [N, H, K, V] fp32 (zeros when the final state is not used), from the
+    forward's residuals. Returns dq, dk [B, T, H, K] (q's dtype), dv [B, T, H, V] (v's dtype),
+    dg [B, T, H, K] fp32 and dh0 [N, H, K, V] fp32 (None without h0)."""
+    B, T = do.shape[:2]
+    lay, _ = plan(B, T, cu_seqlens)       # the forward's row layout (table: in res)
+    table, qr, kr, vr, gr, qg, kg, a, last, hs = res
+    R, H, K = qr.shape
     NC = R // C
     V = vr.shape[-1]
-    qg, kg, a, last = gla_intra(qr, kr, gr)
-    h0t = None if h0 is None else jnp.swapaxes(h0.astype(F32), -1, -2)
-    _, _, hs = gla_forward(qg, kg, vr, a, last, table, h0t, scale=scale, states=True)
+    dor = to_rows(do.astype(qr.dtype), lay)
     dht_t = jnp.swapaxes(dht.astype(F32), -1, -2) / scale
     dv, dh0_t, dhs = gla_forward(kg, qg, dor, _per_chunk_t(a, H, NC), last, table, dht_t,
                                  scale=scale, reverse=True, states=True)
@@ -69,5 +82,5 @@ def backward(q, k, v, g, h0, cu_seqlens, do, dht, *, scale: float):
     dq, dk, dg = gla_intra_bwd(qr, kr, gr, da, dqg.reshape(R, H, K), dkg.reshape(R, H, K),
                                dstate)
     dh0 = None if h0 is None else jnp.swapaxes(dh0_t, -1, -2) * scale
-    return (from_rows(dq, lay, B), from_rows(dk, lay, B), from_rows(dv, lay, B).astype(v.dtype),
+    return (from_rows(dq, lay, B), from_rows(dk, lay, B), from_rows(dv, lay, B).astype(vr.dtype),
             from_rows(dg, lay, B), dh0)

@@ -8,7 +8,7 @@ fused with the output.
 Backward (jax.custom_vjp): by default the Pallas Triton-lowering kernels of pallas_chunk.py,
 which need the Pallas forward's residuals, so under differentiation the Pallas forward runs
 instead of the Mosaic one (as the delta family with K or V = 256); BACKWARD = "mosaic" (opt-in,
-not GPU-proven): the Mosaic backward of mosaic_bwd.py, which recomputes from the inputs.
+not GPU-proven): the Mosaic backward of mosaic_bwd.py, from the Mosaic forward's residuals.
 The forward with the Pallas backward is GPU-proven (H100 parity, RESULTS.md run 17):
 impl="auto" takes it on Hopper (fla_contract.auto_kernel.AUTO_MOSAIC).
 
@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from ..common.mosaic import check_mosaic
 from ..gated_delta_rule.mosaic_layout import from_rows, plan, to_rows
+from .mosaic_bwd import Residuals
 from .mosaic_bwd import backward as mosaic_backward
 from .mosaic_fwd_kernel import gla_forward
 from .mosaic_intra_kernel import gla_intra
@@ -54,17 +55,22 @@ def mosaic_unsupported_reason(q, k, v, g=None, initial_state=None, cu_seqlens=No
     return None
 
 
-def forward(q, k, v, g, h0, cu_seqlens, *, scale: float):
+def forward(q, k, v, g, h0, cu_seqlens, *, scale: float, residuals: bool = False):
     """The Mosaic forward. q, k: [B, T, H, K]; v: [B, T, H, V]; g: [B, T, H, K];
     h0: None or [N, H, K, V] fp32. Returns o [B, T, H, V] (q's dtype) and the final states
-    [N, H, K, V] fp32."""
+    [N, H, K, V] fp32; with `residuals` also what the Mosaic backward reads (mosaic_bwd.py):
+    the row-layout inputs, the intra kernel's outputs and the state each chunk starts from."""
     B, T = q.shape[:2]
     lay, table = plan(B, T, cu_seqlens)
     qr, kr, vr = to_rows(q, lay), to_rows(k, lay), to_rows(v, lay)
-    qg, kg, a, last = gla_intra(qr, kr, to_rows(g.astype(F32), lay))
+    gr = to_rows(g.astype(F32), lay)
+    qg, kg, a, last = gla_intra(qr, kr, gr)
     h0t = None if h0 is None else jnp.swapaxes(h0.astype(F32), -1, -2)
-    o, ht = gla_forward(qg, kg, vr, a, last, table, h0t, scale=scale)
-    return from_rows(o, lay, B), jnp.swapaxes(ht, -1, -2)
+    outs = gla_forward(qg, kg, vr, a, last, table, h0t, scale=scale, states=residuals)
+    out = from_rows(outs[0], lay, B), jnp.swapaxes(outs[1], -1, -2)
+    if not residuals:
+        return out
+    return out, Residuals(table, qr, kr, vr, gr, qg, kg, a, last, outs[2])
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
@@ -73,8 +79,9 @@ def _gla(q, k, v, g, h0, cu, scale):
 
 
 def _gla_fwd(q, k, v, g, h0, cu, scale):
-    if BACKWARD == "mosaic":   # recomputes from the inputs (mosaic_bwd.py)
-        return forward(q, k, v, g, h0, cu, scale=scale), (q, k, v, g, h0, cu)
+    if BACKWARD == "mosaic":   # the forward's intermediates and chunk states (mosaic_bwd.py)
+        out, res = forward(q, k, v, g, h0, cu, scale=scale, residuals=True)
+        return out, (res, h0, cu)
 
     def pallas(q, k, v, g, h0):
         return chunk_gla_pallas(q, k, v, g=g, scale=scale, initial_state=h0,
@@ -86,8 +93,8 @@ def _gla_fwd(q, k, v, g, h0, cu, scale):
 def _gla_bwd(scale, res, cts):
     if callable(res):      # the Pallas forward's vjp
         return (*res(cts), None)
-    q, k, v, g, h0, cu = res
-    return (*mosaic_backward(q, k, v, g, h0, cu, cts[0], cts[1], scale=scale), None)
+    fwd_res, h0, cu = res
+    return (*mosaic_backward(fwd_res, h0, cu, cts[0], cts[1], scale=scale), None)
 
 
 _gla.defvjp(_gla_fwd, _gla_bwd)
