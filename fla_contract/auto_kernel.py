@@ -32,9 +32,10 @@ AUTO_KERNEL = {"chunk_simple_gla": ("bf16", "fp16", "fp32"),
 # Triton kernels: 0 failed. The forward is faster than the Pallas one (bf16 B4 T4096 H16
 # K=V=128: GDN 0.393 vs 0.711 ms, simple GLA 0.135-0.144 vs 0.389), fwd+bwd equal or faster.
 # fp32 is not taken (the kernels need 16-bit wgmma operands; 'auto' keeps the Pallas kernels).
-# chunk_gla (a Mosaic forward; under differentiation the Pallas forward and backward): H100
-# parity of 4k, GQA, varlen, strong gates (edges, uniform) and T = 16384, bf16 and fp16, 210
-# comparisons, 0 failed (RESULTS.md run 17 calls 6 and 7); forward 0.485 vs Pallas 0.823 ms.
+# chunk_gla: H100 parity of 4k, GQA, varlen, strong gates (edges, uniform) and T = 16384, bf16
+# and fp16, 210 comparisons each time, 0 failed: the Mosaic forward (RESULTS.md run 17 calls 6
+# and 7; 0.485 vs Pallas 0.823 ms) and its Mosaic backward (run 18 call 1; fwd+bwd 2.70 vs
+# 3.07 ms with the Pallas backward).
 AUTO_MOSAIC: dict = {"chunk_simple_gla": ("bf16", "fp16"),
                      "chunk_gla": ("bf16", "fp16"),
                      "chunk_delta_rule": ("bf16", "fp16"),

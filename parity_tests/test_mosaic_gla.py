@@ -60,14 +60,18 @@ def test_forward_lowers(K, V, dtype, varlen):
 
 
 @pytest.mark.parametrize("case,dtype", [("mos_gla_varlen", "bf16"), ("mos_gla_strong", "fp16")])
-def test_interpreted_against_float64(case, dtype):
+def test_interpreted_against_float64(case, dtype, monkeypatch):
+    """The Mosaic forward with BACKWARD = "pallas" (the Pallas forward and backward under
+    differentiation) against the float64 oracle."""
+    from fla_jax.ops.gla import mosaic_chunk
+    monkeypatch.setattr(mosaic_chunk, "BACKWARD", "pallas")
     with gpu_interpret():
         assert_passed(check("chunk_gla", case, dtype, {"jax": "mosaic"}))
 
 
 @pytest.mark.parametrize("case,dtype", [("mos_gla_varlen", "bf16"), ("mos_gla_strong", "fp16")])
 def test_mosaic_backward_interpreted_against_float64(case, dtype, monkeypatch):
-    """The opt-in Mosaic backward (mosaic_bwd.py: states and the reverse pass on the forward
+    """The Mosaic backward (the default; mosaic_bwd.py: states and the reverse pass on the forward
     kernel, the intra-chunk gradient kernel) against the float64 oracle: every gradient, varlen
     with an empty sequence and h0, gates to -20 per token."""
     from fla_jax.ops.gla import mosaic_chunk

@@ -1,5 +1,5 @@
-"""The Mosaic GPU backward of chunked GLA (opt-in: mosaic_chunk.BACKWARD = "mosaic"; not
-GPU-proven yet). Per chunk n of C rows with b the chunk-local log2 gate cumsum, qg = q 2^b,
+"""The Mosaic GPU backward of chunked GLA (the default, mosaic_chunk.BACKWARD = "mosaic";
+GPU-proven, RESULTS.md run 18). Per chunk n of C rows with b the chunk-local log2 gate cumsum, qg = q 2^b,
 kg = k 2^(last - b), el = 2^last, from the Mosaic forward's residuals (Residuals: the intra
 kernel's qg, kg, A, last and, from mosaic_fwd_kernel with `states`, S_n^T, the state each
 chunk starts from):

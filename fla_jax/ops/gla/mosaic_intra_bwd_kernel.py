@@ -18,8 +18,7 @@ The intra-chunk sums are split as in the forward (mosaic_intra_kernel.py), every
   (a row vector), the partner row read row-shifted, the decay a running product of exp(g);
   dk's terms are formed on row i and moved to row i - d through SMEM.
 One CTA (one warpgroup) per (chunk, head); key columns in parts of P (TMA loads per part, dA
-once per chunk). Lane lowering semantics (row-shifted buffers). Not GPU-proven: opt-in
-(mosaic_chunk.BACKWARD).
+once per chunk). Lane lowering semantics (row-shifted buffers).
 """
 from __future__ import annotations
 
