@@ -1,12 +1,13 @@
 """The Mosaic GPU backward of chunked GLA (the default, mosaic_chunk.BACKWARD = "mosaic";
-GPU-proven, RESULTS.md run 18). Per chunk n of C rows with b the chunk-local log2 gate cumsum, qg = q 2^b,
-kg = k 2^(last - b), el = 2^last, from the Mosaic forward's residuals (Residuals: the intra
+GPU-proven, RESULTS.md run 18). Per chunk n of C rows with b the chunk-local log2 gate
+cumsum, qg = q 2^b, kg = k 2^(last - b), el = 2^last, from the Mosaic forward's residuals (Residuals: the intra
 kernel's qg, kg, A, last and, from mosaic_fwd_kernel with `states`, S_n^T, the state each
 chunk starts from):
 1. the forward kernel in reverse chunk order on (qg' = kg, kg' = qg, A' = A^T, v' = do) with
    the carried state dS / scale: its output is dv = kg dS_{n+1} + scale A^T do, its stored
    states dS_{n+1} / scale, its final state dh0 / scale (dS_n = el dS_{n+1} + scale qg^T do);
-2. XLA: dA = scale tril(do v^T), dqg = scale do S_n^T, dkg = v dS_{n+1}^T (batched products)
+2. XLA: dA = scale do v^T (the kernel reads its lower triangle), dqg = scale do S_n^T,
+   dkg = v dS_{n+1}^T (batched products)
    and the state decay's gate term el (S_n . dS_{n+1}) per chunk and channel;
 3. mosaic_intra_bwd_kernel: dq, dk and dg (dg_t = sum_{s >= t} r1_s + sum_{s < t} r2_s + that
    term, two scans within the chunk).
@@ -20,6 +21,7 @@ import jax.numpy as jnp
 
 from ..gated_delta_rule.mosaic_layout import from_rows, plan, to_rows
 from .mosaic_fwd_kernel import C, gla_forward
+from .mosaic_intra_bwd_kernel import PAD_ABOVE as PAD
 from .mosaic_intra_bwd_kernel import gla_intra_bwd
 
 F32 = jnp.float32
@@ -69,18 +71,20 @@ def backward(res: Residuals, h0, cu_seqlens, do, dht, *, scale: float):
     dht_t = jnp.swapaxes(dht.astype(F32), -1, -2) / scale
     dv, dh0_t, dhs = gla_forward(kg, qg, dor, _per_chunk_t(a, H, NC), last, table, dht_t,
                                  scale=scale, reverse=True, states=True)
-    # the per-chunk products (fp32 accumulation): dA, the state terms of dq and dk
+    # the per-chunk products (fp32 accumulation), chunk and head leading (as the batched
+    # products leave them: no transposes): dA (the kernel reads its lower triangle), the state
+    # terms of dq and dk
     doc = dor.reshape(NC, C, H, V)
     vc = vr.reshape(NC, C, H, V)
-    da = _dot32("nihv,njhv->hnij", doc, vc) * scale
-    da = jnp.where(jnp.tril(jnp.ones((C, C), bool)), da, 0.0).reshape(H, R, C)
-    dqg = _dot32("nchv,nhvk->nchk", doc, hs) * scale
-    dkg = _dot32("nchv,nhvk->nchk", vc, dhs) * scale
+    # (v's chunks padded by 8 zero rows: dA's rows come out padded for the kernel's reads)
+    vpad = jnp.pad(vc, ((0, 0), (0, PAD), (0, 0), (0, 0)))
+    da = _dot32("nihv,njhv->nhij", doc, vpad) * scale
+    dqg = _dot32("nchv,nhvk->nhck", doc, hs) * scale
+    dkg = _dot32("nchv,nhvk->nhck", vc, dhs) * scale
     # the state decay's gate term el (S_n . dS_{n+1}) [H, NC, K], on every row of chunk n
     dstate = jnp.einsum("nhvk,nhvk->hnk", hs.astype(F32), dhs.astype(F32)) * scale
     dstate = dstate * jnp.exp2(last)
-    dq, dk, dg = gla_intra_bwd(qr, kr, gr, da, dqg.reshape(R, H, K), dkg.reshape(R, H, K),
-                               dstate)
+    dq, dk, dg = gla_intra_bwd(qr, kr, gr, da, dqg, dkg, dstate)
     dh0 = None if h0 is None else jnp.swapaxes(dh0_t, -1, -2) * scale
     return (from_rows(dq, lay, B), from_rows(dk, lay, B), from_rows(dv, lay, B).astype(vr.dtype),
             from_rows(dg, lay, B), dh0)

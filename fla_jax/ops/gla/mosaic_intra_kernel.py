@@ -65,16 +65,16 @@ PAD_BELOW = 39   # zero rows below the data for reverse scans (shifts up to C / 
                  # buffer's last C rows start 8-row aligned, where they are zeroed)
 
 
-def scan_buffer(reverse: bool = False):
-    """SMEM of chunk_cumsum: SCAN_BUFFERS row-shifted fp32 buffers of a [C, P] part (with zero
-    rows below the data too where reverse scans run)."""
-    return plgpu.SMEM((SCAN_BUFFERS, PAD_SCAN + C + (PAD_BELOW if reverse else 0), PITCH), F32)
+def scan_buffer(reverse: bool = False, buffers: int = SCAN_BUFFERS):
+    """SMEM of chunk_cumsum: `buffers` row-shifted fp32 buffers of a [C, P] part (with zero
+    rows below the data too where reverse scans run; one buffer: two barriers per step)."""
+    return plgpu.SMEM((buffers, PAD_SCAN + C + (PAD_BELOW if reverse else 0), PITCH), F32)
 
 
 def zero_scan_pads(spad):
     """Once per kernel: the rows around the data (read by the shifts) are zero."""
     rows = spad.shape[1]
-    for buf in range(SCAN_BUFFERS):
+    for buf in range(spad.shape[0]):
         spad.at[buf, pl.ds(0, C), pl.ds(0, P)][...] = zeros_wgmma((C, P))
         if rows > PAD_SCAN + C:
             spad.at[buf, pl.ds(rows - C, C), pl.ds(0, P)][...] = zeros_wgmma((C, P))
@@ -88,13 +88,14 @@ def chunk_cumsum(spad, x, reverse: bool = False):
     (one barrier per step). The result is also left in buffer 0 (scan_row_of)."""
     data = pl.ds(0, P)
     b = x
+    buffers = spad.shape[0]
     for level in range(C.bit_length() - 1):
-        buf = spad.at[level % SCAN_BUFFERS]
+        buf = spad.at[level % buffers]
         buf.at[pl.ds(PAD_SCAN, C), data][...] = b
         plgpu.commit_smem()
         shift = -(1 << level) if not reverse else (1 << level)
         b = b + load(buf.at[pl.ds(PAD_SCAN + shift, C), data], WGMMA)
-        if SCAN_BUFFERS == 1:
+        if buffers == 1:
             plgpu.commit_smem()
     spad.at[0, pl.ds(PAD_SCAN, C), data][...] = b
     plgpu.commit_smem()
