@@ -3,7 +3,8 @@ GPU-proven, RESULTS.md run 18). Per chunk n of C rows with b the chunk-local log
 cumsum, qg = q 2^b, kg = k 2^(last - b), el = 2^last, from the Mosaic forward's residuals (Residuals: the intra
 kernel's qg, kg, A, last and, from mosaic_fwd_kernel with `states`, S_n^T, the state each
 chunk starts from):
-1. the forward kernel in reverse chunk order on (qg' = kg, kg' = qg, A' = A^T, v' = do) with
+1. the forward kernel in reverse chunk order on (qg' = kg, kg' = qg, A' = A^T, v' = do; the
+   kernel transposes A's blocks as it reads them) with
    the carried state dS / scale: its output is dv = kg dS_{n+1} + scale A^T do, its stored
    states dS_{n+1} / scale, its final state dh0 / scale (dS_n = el dS_{n+1} + scale qg^T do);
 2. XLA: dA = scale do v^T (the kernel reads its lower triangle), dqg = scale do S_n^T,
@@ -51,11 +52,6 @@ def _dot32(spec, a, b):
     return jnp.einsum(spec, a, b, preferred_element_type=F32)
 
 
-def _per_chunk_t(a, H, NC):
-    """[H, R, C] -> each chunk's [C, C] block transposed."""
-    return jnp.swapaxes(a.reshape(H, NC, C, C), -1, -2).reshape(H, NC * C, C)
-
-
 def backward(res: Residuals, h0, cu_seqlens, do, dht, *, scale: float):
     """Gradients of (o, final state) = chunk_gla(q, k, v, g, h0) for the cotangents do
     [B, T, H, V] and dht [N, H, K, V] fp32 (zeros when the final state is not used), from the
@@ -69,7 +65,7 @@ def backward(res: Residuals, h0, cu_seqlens, do, dht, *, scale: float):
     V = vr.shape[-1]
     dor = to_rows(do.astype(qr.dtype), lay)
     dht_t = jnp.swapaxes(dht.astype(F32), -1, -2) / scale
-    dv, dh0_t, dhs = gla_forward(kg, qg, dor, _per_chunk_t(a, H, NC), last, table, dht_t,
+    dv, dh0_t, dhs = gla_forward(kg, qg, dor, a, last, table, dht_t,
                                  scale=scale, reverse=True, states=True)
     # the per-chunk products (fp32 accumulation), chunk and head leading (as the batched
     # products leave them: no transposes): dA (the kernel reads its lower triangle), the state

@@ -42,7 +42,8 @@ def gla_forward(qg, kg, v, a, last, table, h0t, *, scale: float, reverse: bool =
     [N, H, V, K] fp32 (transposed initial states). Returns o [R, H, V] in q's dtype and the
     transposed final states [N, H, V, K] fp32; with `states` also the transposed state each
     chunk starts from, [R // C, H, V, K] in q's dtype. reverse: each sequence's chunks from the
-    last to the first (the backward's state-gradient pass, mosaic_bwd.py)."""
+    last to the first, each chunk's block of `a` transposed (A^T v: the backward's
+    state-gradient pass, mosaic_bwd.py)."""
     R, H, K = qg.shape
     V = v.shape[2]
     N = table.shape[0]
@@ -112,7 +113,7 @@ def gla_forward(qg, kg, v, a, last, table, h0t, *, scale: float, reverse: bool =
                 plgpu.copy_smem_to_gmem(s_s, hs_ref.at[chunk(i), h, cols])
             s_decayed = s_t * cols_of(jnp.exp2(load(el_s.at[slot], COLS)), (BV, K))
             prods = ((q_s.at[slot], s_s, (C, BV), None, False, True),        # qg S
-                     (a_s.at[slot], v_s.at[slot], (C, BV), None, False, False),   # A v
+                     (a_s.at[slot], v_s.at[slot], (C, BV), None, reverse, False),  # A v
                      (v_s.at[slot], k_s.at[slot], (BV, K), s_decayed, True, False))
             if overlap:
                 oq, av, s_new = matmuls(*prods)

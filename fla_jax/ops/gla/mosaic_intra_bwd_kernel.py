@@ -21,7 +21,7 @@ The intra-chunk sums are split as in the forward (mosaic_intra_kernel.py), every
 One CTA (one warpgroup) per (chunk, head); key columns in parts of P (TMA loads per part, dA
 once per chunk). Lane lowering semantics (row-shifted buffers). Shared memory kept under half
 of the SM's (~107 KB: dA's fp32 copy shares memory with the inputs, the outputs are written
-over q, k and g, exp(g) lives in the scan buffer between the scans, one scan buffer, two
+over q, k and g, exp(g) lives in the scan buffer before the scans, one scan buffer, two
 product operands at a time) so that two CTAs run on each SM.
 """
 from __future__ import annotations
@@ -79,7 +79,7 @@ def gla_intra_bwd(q_rows, k_rows, g_rows, da, dqg, dkg, dstate):
         lhs_s=tuple(_as_parts(sq, dtype) for _ in range(NSUB - 1)), daq16=_as_parts(sq, dtype),
         kpad=plgpu.SMEM((PAD_ABOVE + C, PITCH), dtype),     # k, zero rows above
         qpad=plgpu.SMEM((C + PAD_ABOVE, PITCH), dtype),     # q, zero rows below
-        # the scans; between them its data rows hold exp(g) (its zero rows around them)
+        # the scans; before them its data rows hold exp(g) (its zero rows around them)
         spad=scan_buffer(reverse=True, buffers=1),
         ops=(smem_tile(tile, dtype), smem_tile(tile, dtype)),   # the products' right operands
         bar=plgpu.Barrier(num_arrivals=6), da_bar=plgpu.Barrier(num_arrivals=1),
@@ -148,10 +148,6 @@ def gla_intra_bwd(q_rows, k_rows, g_rows, da, dqg, dkg, dstate):
             x = load(g_s, WGMMA) * LOG2E
             kpad.at[pl.ds(PAD_ABOVE, C), data][...] = load(k_s, WGMMA)
             qpad.at[pl.ds(0, C), data][...] = load(q_s, WGMMA)
-            b = chunk_cumsum(spad, x)
-            ends = [scan_row_of(spad, SUB * j + SUB - 1)[0] for j in range(NSUB)]
-            mids = [scan_row_of(spad, SUB * j + EXACT - 1)[0] for j in range(NSUB)]
-            plgpu.commit_smem()                    # every thread has read b's rows
             spad.at[0, pl.ds(PAD_SCAN, C), data][...] = jnp.exp2(x)
             plgpu.commit_smem()
 
@@ -175,6 +171,13 @@ def gla_intra_bwd(q_rows, k_rows, g_rows, da, dqg, dkg, dstate):
             one = zeros_wgmma(tile) + 1.0
             _, _, dq, dk_x = lax.fori_loop(1, EXACT, offset,
                                            (one, one, zeros_wgmma(tile), zeros_wgmma(tile)))
+
+            # the gate cumsum b and its rows at the blocks' ends and middles, formed only now
+            # (fewer values live through the loop above)
+            plgpu.commit_smem()                    # every thread is done reading exp(g)
+            b = chunk_cumsum(spad, x)
+            ends = [scan_row_of(spad, SUB * j + SUB - 1)[0] for j in range(NSUB)]
+            mids = [scan_row_of(spad, SUB * j + EXACT - 1)[0] for j in range(NSUB)]
 
             # the tensor-core products (16-bit operands, every factor <= 1), two operands in
             # SMEM at a time: dq's (blocks below the diagonal ones through e_J, quadrants
