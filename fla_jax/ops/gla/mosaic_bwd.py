@@ -22,8 +22,7 @@ import jax.numpy as jnp
 
 from ..gated_delta_rule.mosaic_layout import from_rows, plan, to_rows
 from .mosaic_fwd_kernel import C, gla_forward
-from .mosaic_intra_bwd_kernel import PAD_ABOVE as PAD
-from .mosaic_intra_bwd_kernel import gla_intra_bwd
+from .mosaic_intra_bwd_kernel import PAD, gla_intra_bwd
 
 F32 = jnp.float32
 
@@ -67,16 +66,16 @@ def backward(res: Residuals, h0, cu_seqlens, do, dht, *, scale: float):
     dht_t = jnp.swapaxes(dht.astype(F32), -1, -2) / scale
     dv, dh0_t, dhs = gla_forward(kg, qg, dor, a, last, table, dht_t,
                                  scale=scale, reverse=True, states=True)
-    # the per-chunk products (fp32 accumulation), chunk and head leading (as the batched
-    # products leave them: no transposes): dA (the kernel reads its lower triangle), the state
-    # terms of dq and dk
-    doc = dor.reshape(NC, C, H, V)
-    vc = vr.reshape(NC, C, H, V)
-    # (v's chunks padded by 8 zero rows: dA's rows come out padded for the kernel's reads)
-    vpad = jnp.pad(vc, ((0, 0), (0, PAD), (0, 0), (0, 0)))
-    da = _dot32("nihv,njhv->nhij", doc, vpad) * scale
-    dqg = _dot32("nchv,nhvk->nhck", doc, hs) * scale
-    dkg = _dot32("nchv,nhvk->nhck", vc, dhs) * scale
+    # the per-chunk products (fp32 accumulation) on chunk-and-head-major operands (one
+    # transposed copy of do and of v; v's chunks padded by PAD zero rows, which gives dA the
+    # padded rows the kernel reads and dkg rows it ignores): dA (the kernel reads its lower
+    # triangle), the state terms of dq and dk, outputs as the batched products leave them
+    dot = dor.reshape(NC, C, H, V).transpose(0, 2, 1, 3)
+    vt = jnp.pad(vr.reshape(NC, C, H, V).transpose(0, 2, 1, 3),
+                 ((0, 0), (0, 0), (0, PAD), (0, 0)))
+    da = _dot32("nhiv,nhjv->nhij", dot, vt) * scale
+    dqg = _dot32("nhcv,nhvk->nhck", dot, hs) * scale
+    dkg = _dot32("nhcv,nhvk->nhck", vt, dhs) * scale
     # the state decay's gate term el (S_n . dS_{n+1}) [H, NC, K], on every row of chunk n
     dstate = jnp.einsum("nhvk,nhvk->hnk", hs.astype(F32), dhs.astype(F32)) * scale
     dstate = dstate * jnp.exp2(last)
