@@ -422,6 +422,10 @@ MOSAIC_KERNEL_CASES = (
          strength=1.0, families=("gla",)),
     Case("mos_gla_strong", B=1, T=150, H=1, HV=1, K=64, V=64, cu_seqlens=(0, 60, 150),
          strength=20.0, floor=0.5, families=("gla",)),
+    # gates to -0.3 per token: every part bounded (the diagonal blocks on the tensor cores),
+    # fp16 included (mosaic_intra_kernel.FAST_SPAN)
+    Case("mos_gla_mild", B=1, T=150, H=1, HV=1, K=64, V=64, cu_seqlens=(0, 60, 150),
+         strength=0.3, families=("gla",)),
 )
 
 # float64 cases of parity_tests/test_chunked_fp64_torch.py (impl='chunked' in fp64 against the

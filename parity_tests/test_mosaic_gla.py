@@ -1,13 +1,14 @@
-"""chunk_gla impl='mosaic' (a Pallas Mosaic GPU forward, the Pallas backward) on a CPU machine.
+"""chunk_gla impl='mosaic' (Pallas Mosaic GPU forward and backward) on a CPU machine.
 
-- Lowering: the forward kernel lowers for CUDA with jax.export (layouts, wgmma shapes, TMA,
-  SMEM size) for K, V in {64, 128, 256}, bf16 / fp16, h0, varlen.
-- Numerics: JAX's GPU interpret mode runs the kernel against the harness's float64 oracle
-  (cases.MOSAIC_KERNEL_CASES mos_gla_*: varlen with an empty sequence, gates in [-20, -10]);
-  the chunk-parallel kernel (cumsum, factors, intra-chunk scores) against float64 directly,
-  also under strong gates.
-- Dispatch: GPU-proven (RESULTS.md run 17), so impl='auto' takes it on Hopper for bf16 / fp16
-  calls it fits; named errors.
+- Lowering: the forward and backward kernels lower for CUDA with jax.export (layouts, wgmma
+  shapes, TMA, SMEM size) for K, V in {64, 128, 256}, bf16 / fp16, h0, varlen.
+- Numerics: JAX's GPU interpret mode runs the kernels against the harness's float64 oracle
+  (cases.MOSAIC_KERNEL_CASES mos_gla_*: varlen with an empty sequence, gates in [-20, -10],
+  mild gates whose parts are bounded), with either backward; the chunk-parallel kernel
+  (cumsum, factors, intra-chunk scores) against float64 directly, strong gates and bounded
+  parts (mosaic_intra_kernel.FAST) included.
+- Dispatch: GPU-proven (RESULTS.md runs 17, 18), so impl='auto' takes it on Hopper for bf16 /
+  fp16 calls it fits; named errors.
 """
 from __future__ import annotations
 
@@ -80,6 +81,26 @@ def test_mosaic_backward_interpreted_against_float64(case, dtype, monkeypatch):
         assert_passed(check("chunk_gla", case, dtype, {"jax": "mosaic"}))
 
 
+def test_bounded_parts_forward_and_backward(monkeypatch):
+    """Mild gates in fp16 (mos_gla_mild): with mosaic_intra_kernel.FAST the forward's and the
+    Mosaic backward's diagonal blocks run on the tensor cores; o and every gradient pass
+    against float64 either way, and the two runs differ (the bounded path ran)."""
+    from fla_jax.ops.gla import mosaic_chunk
+    monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
+    runs = []
+    for fast in (True, False):
+        monkeypatch.setattr(mosaic_intra_kernel, "FAST", fast)
+        jax.clear_caches()
+        out = {}
+        with gpu_interpret():
+            assert_passed(check("chunk_gla", "mos_gla_mild", "fp16", {"jax": "mosaic"},
+                                outputs=out))
+        runs.append(out["jax"])
+    for name in ("o", "dq", "dk", "dg"):
+        a, b = (np.asarray(r[name], np.float32) for r in runs)
+        assert not np.array_equal(a, b), name
+
+
 def _intra_reference(q, k, g, C):
     """float64 qg, kg [R, H, K], A [H, R, C], last [H, NC, K] (mosaic_intra_kernel's outputs)."""
     R, H, K = q.shape
@@ -120,6 +141,37 @@ def test_intra_kernel_against_float64(K, dtype, strong):
     assert not a[..., np.triu_indices(C, 1)[0], np.triu_indices(C, 1)[1]].any()
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_intra_kernel_bounded_parts(dtype, monkeypatch):
+    """Bounded parts (mosaic_intra_kernel.FAST): key columns 0..31 with mild gates form their
+    diagonal blocks on the tensor cores, columns 32..63 (gates to -20) stay exact. A differs
+    from the exact-only kernel (the bounded path ran) and both are within 16-bit rounding of
+    float64; under strong gates alone the two kernels agree bit for bit."""
+    rng = np.random.default_rng(7)
+    C, H, R, K = 64, 1, 128, 64
+    q = jnp.asarray(rng.standard_normal((R, H, K)), DT[dtype])
+    k = jnp.asarray(rng.standard_normal((R, H, K)), DT[dtype])
+    mild = np.log(rng.uniform(0.8, 1.0, (R, H, K)))
+    strong = -rng.uniform(0.0, 20.0, (R, H, K))
+    bound = {"fp16": 1e-3, "bf16": 8e-3}[dtype]
+    for g, differs in ((np.concatenate([mild[..., :32], strong[..., 32:]], -1), True),
+                       (strong, False)):
+        g = jnp.asarray(g, jnp.float32)
+        outs = []
+        for fast in (True, False):
+            monkeypatch.setattr(mosaic_intra_kernel, "FAST", fast)
+            with gpu_interpret():
+                outs.append([np.asarray(x.astype(jnp.float32), np.float64)      # (a fresh
+                             for x in jax.jit(lambda *a: gla_intra(*a))(q, k, g)])   # trace)
+        want = _intra_reference(*(np.asarray(x, np.float64) for x in (q, k, g)), C)
+        for got in outs:
+            rel = np.sqrt(np.mean((got[2] - want[2]) ** 2) / np.mean(want[2] ** 2))
+            assert np.isfinite(got[2]).all() and rel < bound, (dtype, rel)
+        for i in (0, 1, 3):                     # qg, kg, last: the same path either way
+            assert np.array_equal(outs[0][i], outs[1][i])
+        assert np.array_equal(outs[0][2], outs[1][2]) != differs
+
+
 def test_intra_kernel_chunks_per_cta_bit_identical(monkeypatch):
     """Several chunks per CTA (the next chunk's loads in flight across the boundary; 5 chunks
     over CTAs of 2 and 3: a partial last CTA) compute exactly what one chunk per CTA does."""
@@ -132,7 +184,8 @@ def test_intra_kernel_chunks_per_cta_bit_identical(monkeypatch):
     for cpc in (1, 2, 3):
         monkeypatch.setattr(mosaic_intra_kernel, "CHUNKS_PER_CTA", cpc)
         with gpu_interpret():
-            outs.append([np.asarray(x) for x in jax.jit(gla_intra)(q, k, g)])
+            # a fresh function per setting: jit's trace cache would reuse the first trace
+            outs.append([np.asarray(x) for x in jax.jit(lambda *a: gla_intra(*a))(q, k, g)])
     for other in outs[1:]:
         for a, b in zip(outs[0], other):
             assert np.isfinite(a).all() and np.array_equal(a, b)

@@ -13,7 +13,9 @@ The intra-chunk sums are split as in the forward (mosaic_intra_kernel.py), every
   dq_I += (dA_IJ @ k_J 2^{e_J - b_J}) 2^{b_I - e_J},  dk_J += (dA_IJ^T @ q_I 2^{b_I - e_J})
   2^{e_J - b_J};
 - the lower-left 8 x 8 quadrant of each diagonal 16 x 16 block likewise through m = b at the
-  block's row 8 (dA masked to the quadrants, one product each for dq and dk);
+  block's row 8 (one product each for dq and dk; in a bounded part, mosaic_intra_kernel.FAST,
+  the whole strict lower triangle of the diagonal blocks through the same middle row, and no
+  exact loop below);
 - the diagonal 8 x 8 blocks exactly in fp32: for offsets d = 1..7 on row i the coefficient
   dA_{i,i-d} and key row i - d (dq), on row j the coefficient dA_{j+d,j} and query row j + d
   (dk; those coefficients gathered once per chunk), the partner rows read row-shifted, the
@@ -21,7 +23,7 @@ The intra-chunk sums are split as in the forward (mosaic_intra_kernel.py), every
 One CTA (one warpgroup) per (chunk, head); key columns in parts of P (TMA loads per part, dA
 once per chunk). Lane lowering semantics (row-shifted buffers). Shared memory kept under half
 of the SM's (~107 KB: dA's fp32 copy shares memory with the inputs, the outputs are written
-over q, k and g, exp(g) lives in the scan buffer before the scans, one scan buffer, two
+over q, k and g, exp(g) lives in the scan buffer between the scans, one scan buffer, two
 product operands at a time) so that two CTAs run on each SM.
 """
 from __future__ import annotations
@@ -34,8 +36,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ..common.mosaic.tiles import (COLS, F32, LOG2E, WGMMA, build, cols_of, iota, load,
                                    matmuls, rows_of, smem_tile, union, zeros_wgmma)
-from .mosaic_intra_kernel import (C, EXACT, NSUB, P, PAD_SCAN, PITCH, SUB, chunk_cumsum,
-                                  per_block, scan_buffer, scan_row_of, shift_down,
+from .mosaic_intra_kernel import (C, EXACT, NSUB, P, PAD_SCAN, PITCH, SUB, bounded_part,
+                                  chunk_cumsum, per_block, scan_buffer, scan_row_of, shift_down,
                                   zero_scan_pads)
 
 PAD_ABOVE = EXACT   # zero rows next to the row-shifted k and q (shifts up to EXACT - 1)
@@ -79,11 +81,12 @@ def gla_intra_bwd(q_rows, k_rows, g_rows, da, dqg, dkg, dstate):
         ins_da=union((smem_tile(tile, dtype), smem_tile(tile, dtype), smem_tile(tile, F32),
                       smem_tile(tile, F32), smem_tile(tile, F32), plgpu.SMEM((P,), F32)),
                      plgpu.SMEM((C + EXACT, C + EXACT), F32)),
-        # dA in 16 bits: per J < 3 its column block J on the rows below it; on the quadrants
+        # dA in 16 bits: per J < 3 its column block J on the rows below it; on the diagonal
+        # blocks' strict lower triangles
         lhs_s=tuple(_as_parts(sq, dtype) for _ in range(NSUB - 1)), daq16=_as_parts(sq, dtype),
         kpad=plgpu.SMEM((PAD_ABOVE + C, PITCH), dtype),     # k, zero rows above
         qpad=plgpu.SMEM((C + PAD_ABOVE, PITCH), dtype),     # q, zero rows below
-        # the scans; before them its data rows hold exp(g) (its zero rows around them)
+        # the scans; between them its data rows hold exp(g) (its zero rows around them)
         spad=scan_buffer(reverse=True, buffers=1),
         ops=(smem_tile(tile, dtype), smem_tile(tile, dtype)),   # the products' right operands
         bar=plgpu.Barrier(num_arrivals=6), da_bar=plgpu.Barrier(num_arrivals=1),
@@ -116,8 +119,9 @@ def gla_intra_bwd(q_rows, k_rows, g_rows, da, dqg, dkg, dstate):
         plgpu.barrier_wait(da_bar)
         full = load(da_s.at[pl.ds(0, C), pl.ds(0, C)], WGMMA)
         r, c = iota(sq, 0), iota(sq, 1)
-        quad = ((lax.shift_right_logical(r, 4) == lax.shift_right_logical(c, 4))
-                & (lax.bitwise_and(r, SUB - 1) >= EXACT) & (lax.bitwise_and(c, SUB - 1) < EXACT))
+        # the strict lower triangle of each diagonal 16 x 16 block: a bounded part reads all
+        # of it; otherwise the operands' and results' masks keep its lower-left 8 x 8 quadrant
+        quad = (lax.shift_right_logical(r, 4) == lax.shift_right_logical(c, 4)) & (r > c)
         for j in range(NSUB - 1):
             below = (lax.shift_right_logical(r, 4) > j) & (lax.shift_right_logical(c, 4) == j)
             lhs_s[j][...] = jnp.where(below, full, 0.0).astype(dtype)
@@ -152,6 +156,12 @@ def gla_intra_bwd(q_rows, k_rows, g_rows, da, dqg, dkg, dstate):
             x = load(g_s, WGMMA) * LOG2E
             kpad.at[pl.ds(PAD_ABOVE, C), data][...] = load(k_s, WGMMA)
             qpad.at[pl.ds(0, C), data][...] = load(q_s, WGMMA)
+            b = chunk_cumsum(spad, x)
+            ends = [scan_row_of(spad, SUB * j + SUB - 1)[0] for j in range(NSUB)]
+            mids = [scan_row_of(spad, SUB * j + EXACT - 1)[0] for j in range(NSUB)]
+            mid = per_block(blocks, mids, tile)
+            fast = bounded_part(b, mid, dtype)     # no exact 8 x 8 loop (mosaic_intra_kernel)
+            plgpu.commit_smem()                    # every thread has read b's rows
             spad.at[0, pl.ds(PAD_SCAN, C), data][...] = jnp.exp2(x)
             plgpu.commit_smem()
 
@@ -173,15 +183,8 @@ def gla_intra_bwd(q_rows, k_rows, g_rows, da, dqg, dkg, dstate):
                 return dec, dec_t, dq + coef * kd * dec, dk_x + coef_t * qd * dec_t
 
             one = zeros_wgmma(tile) + 1.0
-            _, _, dq, dk_x = lax.fori_loop(1, EXACT, offset,
+            _, _, dq, dk_x = lax.fori_loop(1, jnp.where(fast, 1, EXACT), offset,
                                            (one, one, zeros_wgmma(tile), zeros_wgmma(tile)))
-
-            # the gate cumsum b and its rows at the blocks' ends and middles, formed only now
-            # (fewer values live through the loop above)
-            plgpu.commit_smem()                    # every thread is done reading exp(g)
-            b = chunk_cumsum(spad, x)
-            ends = [scan_row_of(spad, SUB * j + SUB - 1)[0] for j in range(NSUB)]
-            mids = [scan_row_of(spad, SUB * j + EXACT - 1)[0] for j in range(NSUB)]
 
             # the tensor-core products (16-bit operands, every factor <= 1), two operands in
             # SMEM at a time: dq's (blocks below the diagonal ones through e_J, quadrants
@@ -189,11 +192,11 @@ def gla_intra_bwd(q_rows, k_rows, g_rows, da, dqg, dkg, dstate):
             q = load(q_s, WGMMA).astype(F32)
             k = load(k_s, WGMMA).astype(F32)
             end = per_block(blocks, ends, tile)
-            mid = per_block(blocks, mids, tile)
             x_s, x2_s = ops
             x_s[...] = (k * jnp.exp2(jnp.where(blocks < NSUB - 1, end - b, -jnp.inf))
                         ).astype(dtype)
-            x2_s[...] = (k * jnp.exp2(jnp.where(second, -jnp.inf, mid - b))).astype(dtype)
+            x2_s[...] = (k * jnp.exp2(jnp.where(second & ~fast, -jnp.inf, mid - b))
+                         ).astype(dtype)
             plgpu.commit_smem()
             prods = [(lhs_s[j], x_s, tile, None, False, False) for j in range(NSUB - 1)]
             prods.append((daq16, x2_s, tile, None, False, False))
@@ -201,20 +204,20 @@ def gla_intra_bwd(q_rows, k_rows, g_rows, da, dqg, dkg, dstate):
             for j in range(NSUB - 1):
                 dq = dq + res[j] * jnp.exp2(jnp.where(blocks > j, b - cols_of(ends[j], tile),
                                                       -jnp.inf))
-            dq = dq + res[-1] * jnp.exp2(jnp.where(second, b - mid, -jnp.inf))
+            dq = dq + res[-1] * jnp.exp2(jnp.where(second | fast, b - mid, -jnp.inf))
             # dk's left operands: q_I 2^(b_I - e_J) per J < 3, q 2^(b - m) on the quadrants
             rounds = ((0, 1), (2, None))
             for rnd in rounds:
                 for slot, j in enumerate(rnd):
                     expo = (jnp.where(blocks > j, b - cols_of(ends[j], tile), -jnp.inf)
-                            if j is not None else jnp.where(second, b - mid, -jnp.inf))
+                            if j is not None else jnp.where(second | fast, b - mid, -jnp.inf))
                     ops[slot][...] = (q * jnp.exp2(expo)).astype(dtype)
                 plgpu.commit_smem()
                 res = matmuls(*[(lhs_s[j] if j is not None else daq16, ops[slot], tile, None,
                                  True, False) for slot, j in enumerate(rnd)])
                 for slot, j in enumerate(rnd):
                     expo = (jnp.where(blocks == j, end - b, -jnp.inf) if j is not None
-                            else jnp.where(second, -jnp.inf, mid - b))
+                            else jnp.where(second & ~fast, -jnp.inf, mid - b))
                     dk_x = dk_x + res[slot] * jnp.exp2(expo)
 
             # the state terms, the gate rows, the stores (over q, k and g)

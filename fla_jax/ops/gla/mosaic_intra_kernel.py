@@ -52,6 +52,24 @@ PAD_DIAG = 16   # rows above the shifted k / exp(g) buffers (shifts up to EXACT 
                 # their stores 8-row aligned)
 
 
+# A bounded part (key columns whose gate cumsum b stays within FAST_SPAN[dtype] (log2 units)
+# of each diagonal block's middle row m) forms its diagonal blocks on the tensor cores too,
+# through factors 2^(b - m) and 2^(m - b) in [2^-span, 2^span]: no exact 8 x 8 loop. The span
+# keeps the 16-bit operands in range and, in fp16, out of the subnormals' lost digits (6: a
+# factor's operand loses at most 2^-18 absolute there); strong gates take the exact path.
+FAST = True
+FAST_SPAN = {"bfloat16": 16.0, "float16": 6.0}
+
+
+def bounded_part(b, mid, dtype):
+    """Whether every |b - mid| of the [C, P] part is within FAST_SPAN (a scalar bool, the same
+    on every thread; False where FAST is off)."""
+    if not FAST:
+        return jnp.bool_(False)
+    per_col = jnp.max(jnp.abs(b - mid), axis=0)     # (one axis at a time: Mosaic's rule)
+    return jnp.max(per_col) <= FAST_SPAN[jnp.dtype(dtype).name]
+
+
 def per_block(blocks, values, shape):
     """Row i takes values[blocks[i]] (a COLS vector, or None for zero)."""
     out = jnp.zeros(shape, F32)
@@ -196,9 +214,13 @@ def gla_intra(q_rows, k_rows, g_rows):
             ends = [scan_row_of(spad, SUB * j + SUB - 1)[0] for j in range(NSUB)]
             mids = [scan_row_of(spad, SUB * j + EXACT - 1)[0] for j in range(NSUB)]
             k = kk.astype(F32)
+            mid = per_block(blocks, mids, tile)
+            fast = bounded_part(b, mid, dtype)
 
-            # diagonal 8 x 8 blocks, exact: offset d = 0 (no decay), then the partner row i - d
-            diag = diag + jnp.where(c16 == r16, rows_of(jnp.sum(q * k, axis=1), blk16), 0.0)
+            # diagonal 8 x 8 blocks, exact (none in a bounded part): offset d = 0 (no decay),
+            # then the partner row i - d
+            d0 = jnp.where(c16 == r16, rows_of(jnp.sum(q * k, axis=1), blk16), 0.0)
+            diag = diag + jnp.where(fast, 0.0, d0)
 
             def offset(d, c):
                 decay, dg = c
@@ -208,17 +230,19 @@ def gla_intra(q_rows, k_rows, g_rows):
                 keep = (c16 == r16 - d) & (lax.bitwise_and(r16, EXACT - 1) >= d)
                 return decay, dg + jnp.where(keep, val, 0.0)
 
-            _, diag = lax.fori_loop(1, EXACT, offset, (zeros_wgmma(tile) + 1.0, diag))
+            _, diag = lax.fori_loop(1, jnp.where(fast, 1, EXACT), offset,
+                                    (zeros_wgmma(tile) + 1.0, diag))
 
             # on the tensor cores, all products issued together (one wait):
             # - the lower-left 8 x 8 quadrant of each diagonal block through m_J = b at row
-            #   16 J + 7: (q_i exp2(b_i - m_J)) . (k_j exp2(m_J - b_j)), i >= 8 > j
+            #   16 J + 7: (q_i exp2(b_i - m_J)) . (k_j exp2(m_J - b_j)), i >= 8 > j (a bounded
+            #   part: the whole lower triangle of each diagonal block, every row's factor)
             # - the blocks below the diagonal ones through e_J: k_J exp2(e_J - b_J) on the right,
             #   q_I exp2(b_I - e_J) on the left
             second = lax.bitwise_and(iota(tile, 0), SUB - 1) >= EXACT
-            mid = per_block(blocks, mids, tile)
-            x2_s[...] = (k * jnp.exp2(jnp.where(second, -jnp.inf, mid - b))).astype(dtype)
-            lhs = (q * jnp.exp2(jnp.where(second, b - mid, -jnp.inf))).astype(dtype)
+            x2_s[...] = (k * jnp.exp2(jnp.where(second & ~fast, -jnp.inf, mid - b))
+                         ).astype(dtype)
+            lhs = (q * jnp.exp2(jnp.where(second | fast, b - mid, -jnp.inf))).astype(dtype)
             x_s[...] = (k * jnp.exp2(jnp.where(blocks < NSUB - 1,
                                                per_block(blocks, ends, tile) - b, -jnp.inf))
                         ).astype(dtype)
@@ -230,7 +254,7 @@ def gla_intra(q_rows, k_rows, g_rows):
                 prods.append(((q * jnp.exp2(expo)).astype(dtype),
                               x_s.at[pl.ds(SUB * j, SUB)], blk16, offs[j], False, True))
             res = matmuls(*prods)
-            quadrant = (r16 >= EXACT) & (c16 < EXACT)
+            quadrant = jnp.where(fast, c16 <= r16, (r16 >= EXACT) & (c16 < EXACT))
             for j in range(NSUB):
                 diag = diag + jnp.where(quadrant & (rb == j), res[j], 0.0)
             new_offs = res[NSUB:]
