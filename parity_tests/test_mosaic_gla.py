@@ -191,6 +191,17 @@ def test_intra_kernel_chunks_per_cta_bit_identical(monkeypatch):
             assert np.isfinite(a).all() and np.array_equal(a, b)
 
 
+def test_exact_only_kernels_lower(monkeypatch):
+    """With mosaic_intra_kernel.FAST off (the exact diagonal blocks in every part) the forward
+    and backward kernels lower too (a NumPy bool constant in their masks did not: H100 run 18
+    call 5)."""
+    from fla_jax.ops.gla import mosaic_chunk
+    monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
+    monkeypatch.setattr(mosaic_intra_kernel, "FAST", False)
+    text = _lower(128, 64, "fp16", True, backward=True)
+    assert "gla_intra_bwd" in text and "gla_intra" in text
+
+
 def test_backward_kernels_lower(monkeypatch):
     """The Mosaic backward's kernels (the forward kernel in states and reverse modes, the
     intra-chunk gradient kernel) lower for CUDA."""

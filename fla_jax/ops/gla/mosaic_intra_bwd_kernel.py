@@ -36,8 +36,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ..common.mosaic.tiles import (COLS, F32, LOG2E, WGMMA, build, cols_of, iota, load,
                                    matmuls, rows_of, smem_tile, union, zeros_wgmma)
-from .mosaic_intra_kernel import (C, EXACT, NSUB, P, PAD_SCAN, PITCH, SUB, bounded_part,
-                                  chunk_cumsum, per_block, scan_buffer, scan_row_of, shift_down,
+from .mosaic_intra_kernel import (C, EXACT, NSUB, P, PAD_SCAN, PITCH, SUB, and_exact,
+                                  bounded_part, chunk_cumsum, or_bounded, per_block, pick, scan_buffer, scan_row_of, shift_down,
                                   zero_scan_pads)
 
 PAD_ABOVE = EXACT   # zero rows next to the row-shifted k and q (shifts up to EXACT - 1)
@@ -183,7 +183,7 @@ def gla_intra_bwd(q_rows, k_rows, g_rows, da, dqg, dkg, dstate):
                 return dec, dec_t, dq + coef * kd * dec, dk_x + coef_t * qd * dec_t
 
             one = zeros_wgmma(tile) + 1.0
-            _, _, dq, dk_x = lax.fori_loop(1, jnp.where(fast, 1, EXACT), offset,
+            _, _, dq, dk_x = lax.fori_loop(1, pick(fast, 1, EXACT), offset,
                                            (one, one, zeros_wgmma(tile), zeros_wgmma(tile)))
 
             # the tensor-core products (16-bit operands, every factor <= 1), two operands in
@@ -195,7 +195,7 @@ def gla_intra_bwd(q_rows, k_rows, g_rows, da, dqg, dkg, dstate):
             x_s, x2_s = ops
             x_s[...] = (k * jnp.exp2(jnp.where(blocks < NSUB - 1, end - b, -jnp.inf))
                         ).astype(dtype)
-            x2_s[...] = (k * jnp.exp2(jnp.where(second & ~fast, -jnp.inf, mid - b))
+            x2_s[...] = (k * jnp.exp2(jnp.where(and_exact(second, fast), -jnp.inf, mid - b))
                          ).astype(dtype)
             plgpu.commit_smem()
             prods = [(lhs_s[j], x_s, tile, None, False, False) for j in range(NSUB - 1)]
@@ -204,20 +204,22 @@ def gla_intra_bwd(q_rows, k_rows, g_rows, da, dqg, dkg, dstate):
             for j in range(NSUB - 1):
                 dq = dq + res[j] * jnp.exp2(jnp.where(blocks > j, b - cols_of(ends[j], tile),
                                                       -jnp.inf))
-            dq = dq + res[-1] * jnp.exp2(jnp.where(second | fast, b - mid, -jnp.inf))
+            dq = dq + res[-1] * jnp.exp2(jnp.where(or_bounded(second, fast), b - mid,
+                                                   -jnp.inf))
             # dk's left operands: q_I 2^(b_I - e_J) per J < 3, q 2^(b - m) on the quadrants
             rounds = ((0, 1), (2, None))
             for rnd in rounds:
                 for slot, j in enumerate(rnd):
                     expo = (jnp.where(blocks > j, b - cols_of(ends[j], tile), -jnp.inf)
-                            if j is not None else jnp.where(second | fast, b - mid, -jnp.inf))
+                            if j is not None
+                            else jnp.where(or_bounded(second, fast), b - mid, -jnp.inf))
                     ops[slot][...] = (q * jnp.exp2(expo)).astype(dtype)
                 plgpu.commit_smem()
                 res = matmuls(*[(lhs_s[j] if j is not None else daq16, ops[slot], tile, None,
                                  True, False) for slot, j in enumerate(rnd)])
                 for slot, j in enumerate(rnd):
                     expo = (jnp.where(blocks == j, end - b, -jnp.inf) if j is not None
-                            else jnp.where(second & ~fast, -jnp.inf, mid - b))
+                            else jnp.where(and_exact(second, fast), -jnp.inf, mid - b))
                     dk_x = dk_x + res[slot] * jnp.exp2(expo)
 
             # the state terms, the gate rows, the stores (over q, k and g)

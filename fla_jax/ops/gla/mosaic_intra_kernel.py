@@ -62,12 +62,28 @@ FAST_SPAN = {"bfloat16": 16.0, "float16": 6.0}
 
 
 def bounded_part(b, mid, dtype):
-    """Whether every |b - mid| of the [C, P] part is within FAST_SPAN (a scalar bool, the same
-    on every thread; False where FAST is off)."""
+    """Whether every |b - mid| of the [C, P] part is within FAST_SPAN (a traced scalar bool,
+    the same on every thread), or None where FAST is off: the exact path alone is built (the
+    helpers below; Mosaic lowers no NumPy bool constants, so no constant False stands in)."""
     if not FAST:
-        return jnp.bool_(False)
+        return None
     per_col = jnp.max(jnp.abs(b - mid), axis=0)     # (one axis at a time: Mosaic's rule)
     return jnp.max(per_col) <= FAST_SPAN[jnp.dtype(dtype).name]
+
+
+def pick(fast, bounded, exact):
+    """`bounded` in a bounded part, else `exact` (fast from bounded_part)."""
+    return exact if fast is None else jnp.where(fast, bounded, exact)
+
+
+def or_bounded(mask, fast):
+    """mask, or everywhere in a bounded part."""
+    return mask if fast is None else mask | fast
+
+
+def and_exact(mask, fast):
+    """mask, or nowhere in a bounded part."""
+    return mask if fast is None else mask & ~fast
 
 
 def per_block(blocks, values, shape):
@@ -220,7 +236,7 @@ def gla_intra(q_rows, k_rows, g_rows):
             # diagonal 8 x 8 blocks, exact (none in a bounded part): offset d = 0 (no decay),
             # then the partner row i - d
             d0 = jnp.where(c16 == r16, rows_of(jnp.sum(q * k, axis=1), blk16), 0.0)
-            diag = diag + jnp.where(fast, 0.0, d0)
+            diag = diag + pick(fast, 0.0, d0)
 
             def offset(d, c):
                 decay, dg = c
@@ -230,7 +246,7 @@ def gla_intra(q_rows, k_rows, g_rows):
                 keep = (c16 == r16 - d) & (lax.bitwise_and(r16, EXACT - 1) >= d)
                 return decay, dg + jnp.where(keep, val, 0.0)
 
-            _, diag = lax.fori_loop(1, jnp.where(fast, 1, EXACT), offset,
+            _, diag = lax.fori_loop(1, pick(fast, 1, EXACT), offset,
                                     (zeros_wgmma(tile) + 1.0, diag))
 
             # on the tensor cores, all products issued together (one wait):
@@ -240,9 +256,10 @@ def gla_intra(q_rows, k_rows, g_rows):
             # - the blocks below the diagonal ones through e_J: k_J exp2(e_J - b_J) on the right,
             #   q_I exp2(b_I - e_J) on the left
             second = lax.bitwise_and(iota(tile, 0), SUB - 1) >= EXACT
-            x2_s[...] = (k * jnp.exp2(jnp.where(second & ~fast, -jnp.inf, mid - b))
+            x2_s[...] = (k * jnp.exp2(jnp.where(and_exact(second, fast), -jnp.inf, mid - b))
                          ).astype(dtype)
-            lhs = (q * jnp.exp2(jnp.where(second | fast, b - mid, -jnp.inf))).astype(dtype)
+            lhs = (q * jnp.exp2(jnp.where(or_bounded(second, fast), b - mid, -jnp.inf))
+                   ).astype(dtype)
             x_s[...] = (k * jnp.exp2(jnp.where(blocks < NSUB - 1,
                                                per_block(blocks, ends, tile) - b, -jnp.inf))
                         ).astype(dtype)
@@ -254,7 +271,7 @@ def gla_intra(q_rows, k_rows, g_rows):
                 prods.append(((q * jnp.exp2(expo)).astype(dtype),
                               x_s.at[pl.ds(SUB * j, SUB)], blk16, offs[j], False, True))
             res = matmuls(*prods)
-            quadrant = jnp.where(fast, c16 <= r16, (r16 >= EXACT) & (c16 < EXACT))
+            quadrant = pick(fast, c16 <= r16, (r16 >= EXACT) & (c16 < EXACT))
             for j in range(NSUB):
                 diag = diag + jnp.where(quadrant & (rb == j), res[j], 0.0)
             new_offs = res[NSUB:]
