@@ -34,8 +34,8 @@ AUTO_KERNEL = {"chunk_simple_gla": ("bf16", "fp16", "fp32"),
 # fp32 is not taken (the kernels need 16-bit wgmma operands; 'auto' keeps the Pallas kernels).
 # chunk_gla: H100 parity of 4k, GQA, varlen, strong gates (edges, uniform) and T = 16384, bf16
 # and fp16, 210 comparisons each time, 0 failed: the Mosaic forward (RESULTS.md run 17 calls 6
-# and 7; 0.485 vs Pallas 0.823 ms) and its Mosaic backward (run 18 call 1; fwd+bwd 2.70 vs
-# 3.07 ms with the Pallas backward).
+# and 7; 0.485 vs Pallas 0.823 ms) and its Mosaic backward (run 18 calls 1-5; with bounded
+# parts 0.408 / 1.914 ms vs jla 0.437 / 2.089, the Pallas backward's step 3.07).
 AUTO_MOSAIC: dict = {"chunk_simple_gla": ("bf16", "fp16"),
                      "chunk_gla": ("bf16", "fp16"),
                      "chunk_delta_rule": ("bf16", "fp16"),
