@@ -233,6 +233,43 @@ def test_t0_kernel_several_chunks_per_cta(chunks_per_cta, monkeypatch):
             gate_free_inverse_mosaic(kq, bt, group, jnp.bfloat16, **bad)
 
 
+@pytest.mark.parametrize("chunks_per_cta", [1, 2])
+def test_t0_by_substitution(chunks_per_cta, monkeypatch):
+    """mosaic_kkt.INVERSE = "substitution" (opt-in; common/mosaic/substitution.py, lane-level
+    code that only a GPU runs: the interpreter solves with XLA in its place). Interpreted, the
+    kernel's data flow around the solve (-A^T from k k^T and beta as columns, the WY factors)
+    gives T0 within bf16 rounding of float64 and the doubling's -W' and U^T; it lowers for
+    CUDA (one and several chunks per CTA)."""
+    rng = np.random.default_rng(4)
+    R, H, K, V, group = 3 * C, 1, 64, 128, 2
+    k = rng.standard_normal((R, H, K))
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    beta = rng.uniform(0.05, 1.95, (R, H * group))
+    kq = jnp.asarray(k, jnp.bfloat16)
+    bt = jnp.asarray(beta.T, jnp.float32)
+    g = jnp.asarray(np.cumsum(-rng.uniform(0, 2, (H * group, 3, C)), -1).reshape(H * group, R),
+                    jnp.float32)
+    v = jnp.asarray(rng.standard_normal((R, H * group, V)), jnp.bfloat16)
+    monkeypatch.setattr(mosaic_kkt, "CHUNKS_PER_CTA", chunks_per_cta)
+    outs = []
+    for inverse in ("doubling", "substitution"):
+        monkeypatch.setattr(mosaic_kkt, "INVERSE", inverse)
+        with gpu_interpret():
+            outs.append([np.asarray(x.astype(jnp.float32), np.float64) for x in
+                         gate_free_inverse_mosaic(kq, bt, group, jnp.bfloat16, gcum=g,
+                                                  v_rows=v)])
+    ref = _t0_float64(np.asarray(kq.astype(jnp.float32), np.float64), beta, group)
+    for got in outs:
+        assert np.sqrt(np.mean((got[0] - ref) ** 2) / np.mean(ref ** 2)) < 4e-3
+    for a, b in zip(outs[0][1:], outs[1][1:]):           # -W', U^T
+        assert np.isfinite(b).all()
+        assert np.sqrt(np.mean((a - b) ** 2) / np.mean(a ** 2)) < 1e-2
+    assert "gdn_kkt_inverse" in _lower(128, "bf16", varlen=True, backward=False)
+    monkeypatch.setattr(mosaic_kkt, "INVERSE", "inverse")
+    with pytest.raises(ValueError, match="INVERSE='inverse'"):
+        gate_free_inverse_mosaic(kq, bt, group, jnp.bfloat16)
+
+
 def test_t0_kernel_several_chunks_per_cta_lowers(monkeypatch):
     monkeypatch.setattr(mosaic_kkt, "CHUNKS_PER_CTA", 8)
     assert "gdn_kkt_inverse" in _lower(128, "bf16", varlen=True, backward=True)

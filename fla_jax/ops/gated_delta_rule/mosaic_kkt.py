@@ -35,6 +35,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from ..common.mosaic.tiles import (COLS, F32, ROWS, build, causal_decay, cols_of, iota, load,
                                    matmul, matmul_sum, rows_of, smem_tile, union)
 from ..common.mosaic.serial import wait_and_prefetch
+from ..common.mosaic.substitution import unit_lower_inverse
 from .mosaic_fwd_kernel import C   # the chunk length the fused forward reads T0 in
 
 LEVELS = C.bit_length() - 1    # block sizes 1, 2, ..., C / 2 merged
@@ -43,6 +44,10 @@ LEVELS = C.bit_length() - 1    # block sizes 1, 2, ..., C / 2 merged
 # GPU-proven: inputs double-buffered, the next chunk's loads and this chunk's stores in flight
 # while a chunk is computed; jla runs 8 chunks per CTA)
 CHUNKS_PER_CTA = 1
+# How T0 is formed: "doubling" (the ten hi / lo products above; GPU-proven, the default) or
+# "substitution" (column-wise forward substitution in lane-level code, exact in fp32:
+# common/mosaic/substitution.py; opt-in: lowered on CPU, not yet run on a GPU)
+INVERSE = "doubling"
 BF16 = jnp.bfloat16
 
 
@@ -82,30 +87,38 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
     # while this one is computed, its stores left asynchronous
     stack = (lambda shape: (2, *shape)) if multi else (lambda shape: shape)
     sq = (C, C)
-    vec_arrivals = 2 + (3 if wy else 0)
+    if INVERSE not in ("doubling", "substitution"):
+        raise ValueError(f"mosaic_kkt.INVERSE={INVERSE!r}; expected 'doubling' or "
+                         f"'substitution'")
+    subst = INVERSE == "substitution"
+    beta_cols = wy or subst       # beta as columns (A^T for the substitution, the WY factors)
+    vec_arrivals = 2 + (2 if wy else 0) + (1 if beta_cols else 0)
     scratch = dict(
         k_s=smem_tile(stack((C, K)), k_rows.dtype),
         b_s=plgpu.SMEM(stack((C,)), F32),
-        lo_s=smem_tile(sq, BF16),
         t_s=smem_tile(sq, dtype),
         bar=plgpu.Barrier(num_arrivals=vec_arrivals + (0 if multi else nv),
                           num_barriers=2 if multi else 1),
     )
-    # hi_s (the doubling's) and a_s (the gated inverse after it) are never live together; in
-    # the multi-chunk kernel they share memory (two CTAs per SM at K = V = 128)
-    hi = smem_tile(sq, BF16)
+    # the inverse's scratch (the doubling's hi / lo operands, or the substitution's plain -A^T
+    # and X) and a_s (the gated inverse after it) are never live together; in the multi-chunk
+    # kernel they share memory (two CTAs per SM at K = V = 128)
+    inv = ((plgpu.SMEM(sq, F32), plgpu.SMEM(sq, dtype)) if subst
+           else (smem_tile(sq, BF16), smem_tile(sq, BF16)))
     a_tile = smem_tile(sq, dtype) if wy else None
-    scratch["hi_a"] = union(hi, a_tile) if multi and wy else (hi, a_tile)
-    if wy:   # G as rows and as columns, beta as columns (one buffer per layout); -W', v, U^T
+    scratch["inv_a"] = union(inv, a_tile) if multi and wy else (inv, a_tile)
+    if beta_cols:
+        scratch.update(bc_s=plgpu.SMEM(stack((C,)), F32))
+    if wy:   # G as rows and as columns (one buffer per layout); -W', v, U^T
         scratch.update(g_r=plgpu.SMEM(stack((C,)), F32), g_c=plgpu.SMEM(stack((C,)), F32),
-                       bc_s=plgpu.SMEM(stack((C,)), F32), w_s=smem_tile((C, K), dtype),
+                       w_s=smem_tile((C, K), dtype),
                        v_s=smem_tile((nv, C, C), dtype), u_s=smem_tile((nv, C, C), dtype))
         if multi:   # one v buffer: the next chunk's v is loaded once this chunk's U^T is formed
             scratch.update(v_bar=plgpu.Barrier(num_arrivals=nv, num_barriers=1))
 
-    def body(*refs, k_s, b_s, lo_s, t_s, bar, hi_a, g_r=None, g_c=None, bc_s=None,
+    def body(*refs, k_s, b_s, t_s, bar, inv_a, g_r=None, g_c=None, bc_s=None,
              w_s=None, v_s=None, u_s=None, v_bar=None):
-        hi_s, a_s = hi_a
+        (hi_s, lo_s), a_s = inv_a     # (subst: the plain -A^T and X buffers)
         refs = list(refs)
         k_ref, b_ref = refs[:2]
         g_ref, v_ref = refs[2:4] if wy else (None, None)
@@ -129,8 +142,10 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
             plgpu.copy_gmem_to_smem(k_ref.at[rows, lax.div(hv, group)], at(k_s, slot), b)
             plgpu.copy_gmem_to_smem(b_ref.at[hv, rows], at(b_s, slot), b)
             if wy:
-                for src, dst in ((g_ref, g_r), (g_ref, g_c), (b_ref, bc_s)):
-                    plgpu.copy_gmem_to_smem(src.at[hv, rows], at(dst, slot), b)
+                for dst in (g_r, g_c):
+                    plgpu.copy_gmem_to_smem(g_ref.at[hv, rows], at(dst, slot), b)
+            if beta_cols:
+                plgpu.copy_gmem_to_smem(b_ref.at[hv, rows], at(bc_s, slot), b)
             if slot is None:
                 load_v(ci, b)
 
@@ -152,6 +167,15 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
             k_c = at(k_s, slot)
             r, c = iota(sq, 0), iota(sq, 1)
             kk = matmul(k_c, k_c, sq, tb=True)
+            if subst:    # -A^T [j, i] = -beta_i k_i . k_j for i > j (k k^T is symmetric)
+                neg_at = jnp.where(c > r, -(kk * cols_of(load(at(bc_s, slot), COLS), sq)), 0.0)
+                t0 = unit_lower_inverse(neg_at, hi_s, lo_s, dtype)
+            else:
+                t0 = doubling(kk, slot, r, c)
+            finish(ci, slot, rows, k_c, t0, end)
+
+        def doubling(kk, slot, r, c):
+            """T0 by recursive doubling (the module docstring), rounded to dtype."""
             a = jnp.where(r > c, kk * rows_of(load(at(b_s, slot), ROWS), sq), 0.0)
             eye = jnp.where(r == c, 1.0, 0.0)
 
@@ -167,7 +191,10 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
             for level in range(1, LEVELS):
                 p = prod(d, pair_part(level))
                 d = d - prod(p, d)
-            t0 = d.astype(dtype)
+            return d.astype(dtype)
+
+        def finish(ci, slot, rows, k_c, t0, end):
+            """Store T0; form and store -W' and U^T from it (wy)."""
             if multi:   # the previous chunk's stores have read t_s, w_s, u_s
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             if with_t0:
