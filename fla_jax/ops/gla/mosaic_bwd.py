@@ -1,8 +1,8 @@
 """The Mosaic GPU backward of chunked GLA (the default, mosaic_chunk.BACKWARD = "mosaic";
 GPU-proven, RESULTS.md run 18). Per chunk n of C rows with b the chunk-local log2 gate
-cumsum, qg = q 2^b, kg = k 2^(last - b), el = 2^last, from the Mosaic forward's residuals (Residuals: the intra
-kernel's qg, kg, A, last and, from mosaic_fwd_kernel with `states`, S_n^T, the state each
-chunk starts from):
+cumsum, qg = q 2^b, kg = k 2^(last - b), el = 2^last, from the Mosaic forward's residuals
+(Residuals: the intra kernel's qg, kg, A, last and, from mosaic_fwd_kernel with `states`,
+S_n^T, the state each chunk starts from):
 1. the forward kernel in reverse chunk order on (qg' = kg, kg' = qg, A' = A^T, v' = do; the
    kernel transposes A's blocks as it reads them) with
    the carried state dS / scale: its output is dv = kg dS_{n+1} + scale A^T do, its stored
@@ -59,7 +59,7 @@ def backward(res: Residuals, h0, cu_seqlens, do, dht, *, scale: float):
     B, T = do.shape[:2]
     lay, _ = plan(B, T, cu_seqlens)       # the forward's row layout (table: in res)
     table, qr, kr, vr, gr, qg, kg, a, last, hs = res
-    R, H, K = qr.shape
+    R, H, _ = qr.shape
     NC = R // C
     V = vr.shape[-1]
     dor = to_rows(do.astype(qr.dtype), lay)

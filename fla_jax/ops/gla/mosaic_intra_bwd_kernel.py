@@ -1,6 +1,7 @@
 """Mosaic GPU (sm_90) chunk-parallel part of the GLA backward: per chunk of C = 64 rows and
 head, with b the chunk-local log2 cumsum of g (recomputed: mosaic_intra_kernel.chunk_cumsum),
-dA = scale tril(do v^T) (its lower triangle read from scale do v^T) and the state terms dqg = scale do S_n^T, dkg = v dS_{n+1}^T:
+dA = scale tril(do v^T) (the lower triangle of scale do v^T) and the state terms
+dqg = scale do S_n^T, dkg = v dS_{n+1}^T:
     dq_i = dqg_i 2^{b_i} + sum_{j <= i} dA_ij k_j 2^{b_i - b_j}
     dk_j = dkg_j 2^{last - b_j} + sum_{i >= j} dA_ij q_i 2^{b_i - b_j}
     r1 = q dq - k dk_intra,   r2 = k dk_inter       (fp32, per row and channel; the pairs
@@ -37,8 +38,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from ..common.mosaic.tiles import (COLS, F32, LOG2E, WGMMA, build, cols_of, iota, load,
                                    matmuls, rows_of, smem_tile, union, zeros_wgmma)
 from .mosaic_intra_kernel import (C, EXACT, NSUB, P, PAD_SCAN, PITCH, SUB, and_exact,
-                                  bounded_part, chunk_cumsum, or_bounded, per_block, pick, scan_buffer, scan_row_of, shift_down,
-                                  zero_scan_pads)
+                                  bounded_part, chunk_cumsum, or_bounded, per_block, pick,
+                                  scan_buffer, scan_row_of, shift_down, zero_scan_pads)
 
 PAD_ABOVE = EXACT   # zero rows next to the row-shifted k and q (shifts up to EXACT - 1)
 PAD = EXACT         # padding of dA's columns (read row-shifted down to row C + EXACT - 1) and

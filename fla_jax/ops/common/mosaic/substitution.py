@@ -89,7 +89,7 @@ def _lane_solve(C: int, dtype):
     return solve
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cached(C: int, dtype_name: str):
     return _lane_solve(C, jnp.dtype(dtype_name))
 
