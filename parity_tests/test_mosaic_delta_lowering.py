@@ -233,6 +233,28 @@ def test_t0_kernel_several_chunks_per_cta(chunks_per_cta, monkeypatch):
             gate_free_inverse_mosaic(kq, bt, group, jnp.bfloat16, **bad)
 
 
+def test_substitution_stream_on_numpy():
+    """The lane-level solve's instruction stream (substitution.substitute, unrolled as the
+    kernel unrolls it: threads 0..31 solve columns 0..31 from row 0, threads 32..63 columns
+    32..63 from row 32), run on float32 NumPy values: (I + A)^-1 of a strictly lower A with
+    large entries, to float32 accuracy."""
+    from fla_jax.ops.common.mosaic.substitution import WARP, substitute
+    rng = np.random.default_rng(6)
+    a = np.tril(rng.uniform(-1.5, 1.5, (C, C)), -1).astype(np.float32)
+    na = (-a.T).copy()                  # row j: column j of -A
+    x = np.full((C, C), np.nan, np.float32)
+    for c in range(C):
+        first = 0 if c < WARP else WARP
+
+        def put(v, row, c=c):
+            x[row, c] = 0.0 if v is None else v
+        substitute(first, C, lambda i, c=c: np.float32(i == c),
+                   lambda j, i0: na[j, i0:i0 + 4], lambda p, q, r: np.float32(p * q + r), put)
+    want = np.linalg.inv(np.eye(C) + a.astype(np.float64))
+    assert np.isfinite(x).all()
+    assert np.abs(x - want).max() <= 1e-5 * np.abs(want).max()
+
+
 @pytest.mark.parametrize("chunks_per_cta", [1, 2])
 def test_t0_by_substitution(chunks_per_cta, monkeypatch):
     """mosaic_kkt.INVERSE = "substitution" (opt-in; common/mosaic/substitution.py, lane-level

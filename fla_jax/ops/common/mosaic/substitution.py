@@ -25,6 +25,25 @@ from .tiles import F32, interpreting
 WARP = 32
 
 
+def substitute(first: int, C: int, eye, row4, fma, put):
+    """The instruction stream of one thread's column c >= first (unrolled at trace time):
+    r_i = eye(i) (1 where i == c) for i >= first; rows below `first` are put as None (zero);
+    for j = first .. C - 1: x_j = r_j is put at row j, then r_i = fma((-A)_ij, x_j, r_i) for
+    i > j, (-A)_ij read four at a time as row4(j, i0) (row j of -A^T, columns i0 .. i0 + 3).
+    The lane-level kernel builds MLIR with it; the tests run it on NumPy values."""
+    r = {i: eye(i) for i in range(first, C)}
+    for i in range(first):
+        put(None, i)
+    for j in range(first, C):
+        x_j = r.pop(j)
+        put(x_j, j)
+        for i0 in range((j + 1) // 4 * 4, C, 4):
+            four = row4(j, i0)
+            for t in range(4):
+                if i0 + t > j:
+                    r[i0 + t] = fma(four[t], x_j, r[i0 + t])
+
+
 def _lane_solve(C: int, dtype):
     """The inline_mgpu function for [C, C] (C = 64: two warps of columns) returning X in
     `dtype`, WGMMA layout."""
@@ -58,22 +77,18 @@ def _lane_solve(C: int, dtype):
                 value = arith.truncf(out_ty, value)
             memref.store(value, x_ref, [mu.c(row, index), column])
 
+        def eye(i):
+            return arith.select(arith.cmpi(arith.CmpIPredicate.eq, tid, mu.c(i, i32)), one, zero)
+
+        def row4(j, i0):
+            four = vector.load(quad, na_ref, [mu.c(j, index), mu.c(i0, index)])
+            return [vector.extract(four, dynamic_position=[],
+                                   static_position=ir.DenseI64ArrayAttr.get([t]))
+                    for t in range(4)]
+
         def columns_from(first: int):
-            """This thread's column (>= first): rows below `first` are zero."""
-            r = {i: arith.select(arith.cmpi(arith.CmpIPredicate.eq, tid, mu.c(i, i32)), one,
-                                 zero) for i in range(first, C)}
-            for i in range(first):
-                put(zero, i)
-            for j in range(first, C):
-                x_j = r.pop(j)
-                put(x_j, j)
-                for i0 in range((j + 1) // 4 * 4, C, 4):
-                    four = vector.load(quad, na_ref, [mu.c(j, index), mu.c(i0, index)])
-                    for t in range(4):
-                        if i0 + t > j:
-                            a = vector.extract(four, dynamic_position=[],
-                                               static_position=ir.DenseI64ArrayAttr.get([t]))
-                            r[i0 + t] = mmath.fma(a, x_j, r[i0 + t])
+            substitute(first, C, eye, row4, mmath.fma, lambda v, row: put(
+                zero if v is None else v, row))
 
         def lanes(lo: int, hi: int):
             return arith.andi(arith.cmpi(arith.CmpIPredicate.uge, tid, mu.c(lo, i32)),
