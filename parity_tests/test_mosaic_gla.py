@@ -256,3 +256,19 @@ def test_unsupported_reasons_and_dispatch(monkeypatch):
     assert mdispatch.mosaic_or("chunk_gla", "auto", q, lambda: None) == "mosaic"
     assert mdispatch.mosaic_or("chunk_gla", "auto", q, lambda: "K=96") == "auto"
     assert mdispatch.mosaic_or("chunk_gla", "auto", q.astype(jnp.float32), lambda: None) == "auto"
+    # 'auto' takes the Mosaic kernels only at GPU-proven head sizes (K = V = 128)
+    from fla_jax.ops.gla import mosaic_chunk
+    big = jnp.zeros((1, 64, 1, 128), jnp.bfloat16)
+    assert mosaic_chunk.auto_unsupported_reason(big, big) is None
+    assert "K=64, V=64" in mosaic_chunk.auto_unsupported_reason(q, q)
+    assert "K=128, V=256" in mosaic_chunk.auto_unsupported_reason(
+        big, jnp.zeros((1, 64, 1, 256), jnp.bfloat16))
+    seen = []
+    monkeypatch.setattr(mdispatch, "mosaic_or",
+                        lambda op, impl, q_, reason: seen.append(reason()) or "reference")
+    from fla_jax.ops.gla import interface
+    monkeypatch.setattr(interface, "mosaic_or", mdispatch.mosaic_or)
+    g32 = jnp.zeros((1, 64, 1, 64), jnp.float32)
+    chunk_gla(q, q, q, g32)                                 # K = V = 64: not for 'auto'
+    chunk_gla(big, big, big, jnp.zeros((1, 64, 1, 128), jnp.float32))
+    assert "K=64" in seen[0] and seen[1] is None

@@ -29,8 +29,8 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
             scale: float, default K ** -0.5. initial_state: [N, H, K, V] fp32.
             cu_seqlens: [N+1] int, needs B == 1.
         impl: 'auto' | 'reference' | 'chunked' | 'pallas' | 'mosaic' (Pallas Mosaic GPU
-            forward kernels, the Pallas backward: Hopper only, bf16/fp16, K and V multiples of
-            64 up to 256; GPU-proven, so 'auto' takes it on Hopper for calls it fits).
+            forward and backward kernels: Hopper only, bf16/fp16, K and V multiples of 64 up
+            to 256; GPU-proven at K = V = 128, where 'auto' takes them on Hopper).
         cp_mesh_axis: context parallelism (the sequence split along T): the name of a mesh
             axis of the enclosing shard_map;
             see fla_jax/ops/common/context_parallel.py (cu_seqlens, initial_state and
@@ -45,7 +45,7 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
             initial_state=initial_state, output_final_state=output_final_state,
             cu_seqlens=cu_seqlens, impl=impl)
     impl = mosaic_or("chunk_gla", impl, q, lambda: mosaic_unsupported_reason(
-        q, k, v, g, initial_state, cu_seqlens))
+        q, k, v, g, initial_state, cu_seqlens) or _auto_reason(q, v))
     return run_op(OPS["chunk_gla"], CHUNK_IMPLS, impl, q=q, k=k, v=v,
                   g=g, scale=scale, initial_state=initial_state,
                   output_final_state=output_final_state, cu_seqlens=cu_seqlens)
@@ -66,3 +66,8 @@ def mosaic_unsupported_reason(q, k, v, g=None, initial_state=None, cu_seqlens=No
     and head sizes; the backend is checked when it runs)."""
     from .mosaic_chunk import mosaic_unsupported_reason as reason
     return reason(q, k, v, g, initial_state, cu_seqlens)
+
+
+def _auto_reason(q, v):
+    from .mosaic_chunk import auto_unsupported_reason
+    return auto_unsupported_reason(q, v)

@@ -39,6 +39,20 @@ BACKWARD = "mosaic"
 BACKWARDS = ("mosaic", "pallas")
 DTYPES = ("bfloat16", "float16")
 MAX_HEAD = 256
+# (K, V) a GPU parity run covered (RESULTS.md runs 17, 18: K = V = 128): impl="auto" takes the
+# Mosaic kernels only there (fail closed); impl="mosaic" takes every multiple of 64 up to 256
+# (interpreted and lowered on CPU; the parity cases gpu_k64_v256 / gpu_k256_v64 prove the rest)
+AUTO_HEADS = ((128, 128),)
+
+
+def auto_unsupported_reason(q, v) -> str | None:
+    """Why impl='auto' keeps the Pallas kernels for a call the Mosaic kernels could take: head
+    sizes no GPU parity run has covered yet (None: 'auto' may take them)."""
+    heads = (q.shape[-1], v.shape[-1])
+    if heads not in AUTO_HEADS:
+        return (f"head sizes K={heads[0]}, V={heads[1]}: not yet GPU-proven for chunk_gla's "
+                f"Mosaic kernels (proven: {AUTO_HEADS}); impl='mosaic' takes them")
+    return None
 
 
 def mosaic_unsupported_reason(q, k, v, g=None, initial_state=None, cu_seqlens=None,
