@@ -203,21 +203,27 @@ def test_t0_kernel_against_float64(keys, beta_range, dtype):
     assert err < {"bf16": 4e-3, "fp16": 1e-3}[dtype], err
 
 
+def _t0_inputs(seed, chunks, K=64, V=128, group=2):
+    """Inputs of gate_free_inverse_mosaic with the WY factors: unit-norm bf16 keys [R, 1, K],
+    beta in (0.05, 1.95) as [HV, R] (and [R, HV] float64 for _t0_float64), a chunk-local gate
+    cumsum [HV, R], bf16 v [R, HV, V]; R = chunks * C. Returns kq, bt, g, v, beta, group."""
+    rng = np.random.default_rng(seed)
+    R, HV = chunks * C, group
+    k = rng.standard_normal((R, 1, K))
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    beta = rng.uniform(0.05, 1.95, (R, HV))
+    g = np.cumsum(-rng.uniform(0, 2, (HV, chunks, C)), -1).reshape(HV, R)
+    v = rng.standard_normal((R, HV, V))
+    return (jnp.asarray(k, jnp.bfloat16), jnp.asarray(beta.T, jnp.float32),
+            jnp.asarray(g, jnp.float32), jnp.asarray(v, jnp.bfloat16), beta, group)
+
+
 @pytest.mark.parametrize("chunks_per_cta", [2, 3])
 def test_t0_kernel_several_chunks_per_cta(chunks_per_cta, monkeypatch):
     """mosaic_kkt.CHUNKS_PER_CTA > 1 (opt-in): double-buffered inputs, a partial last group
     (5 chunks in groups of 2 or 3); T0, -W' and U^T equal the one-chunk kernel's, bit for bit
     (the same operations per chunk), and T0 matches float64."""
-    rng = np.random.default_rng(2)
-    R, H, K, V, group = 5 * C, 1, 64, 128, 2
-    k = rng.standard_normal((R, H, K))
-    k /= np.linalg.norm(k, axis=-1, keepdims=True)
-    beta = rng.uniform(0.05, 1.95, (R, H * group))
-    kq = jnp.asarray(k, jnp.bfloat16)
-    bt = jnp.asarray(beta.T, jnp.float32)
-    g = jnp.asarray(np.cumsum(-rng.uniform(0, 2, (H * group, 5, C)), -1).reshape(H * group, R),
-                    jnp.float32)
-    v = jnp.asarray(rng.standard_normal((R, H * group, V)), jnp.bfloat16)
+    kq, bt, g, v, beta, group = _t0_inputs(2, 5)
     with gpu_interpret():
         one = gate_free_inverse_mosaic(kq, bt, group, jnp.bfloat16, gcum=g, v_rows=v)
         monkeypatch.setattr(mosaic_kkt, "CHUNKS_PER_CTA", chunks_per_cta)
@@ -262,16 +268,7 @@ def test_t0_by_substitution(chunks_per_cta, monkeypatch):
     kernel's data flow around the solve (-A^T from k k^T and beta as columns, the WY factors)
     gives T0 within bf16 rounding of float64 and the doubling's -W' and U^T; it lowers for
     CUDA (one and several chunks per CTA)."""
-    rng = np.random.default_rng(4)
-    R, H, K, V, group = 3 * C, 1, 64, 128, 2
-    k = rng.standard_normal((R, H, K))
-    k /= np.linalg.norm(k, axis=-1, keepdims=True)
-    beta = rng.uniform(0.05, 1.95, (R, H * group))
-    kq = jnp.asarray(k, jnp.bfloat16)
-    bt = jnp.asarray(beta.T, jnp.float32)
-    g = jnp.asarray(np.cumsum(-rng.uniform(0, 2, (H * group, 3, C)), -1).reshape(H * group, R),
-                    jnp.float32)
-    v = jnp.asarray(rng.standard_normal((R, H * group, V)), jnp.bfloat16)
+    kq, bt, g, v, beta, group = _t0_inputs(4, 3)
     monkeypatch.setattr(mosaic_kkt, "CHUNKS_PER_CTA", chunks_per_cta)
     outs = []
     for inverse in ("doubling", "substitution"):
