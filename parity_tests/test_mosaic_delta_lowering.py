@@ -263,11 +263,11 @@ def test_substitution_stream_on_numpy():
 
 @pytest.mark.parametrize("chunks_per_cta", [1, 2])
 def test_t0_by_substitution(chunks_per_cta, monkeypatch):
-    """mosaic_kkt.INVERSE = "substitution" (opt-in; common/mosaic/substitution.py, lane-level
-    code that only a GPU runs: the interpreter solves with XLA in its place). Interpreted, the
-    kernel's data flow around the solve (-A^T from k k^T and beta as columns, the WY factors)
-    gives T0 within bf16 rounding of float64 and the doubling's -W' and U^T; it lowers for
-    CUDA (one and several chunks per CTA)."""
+    """mosaic_kkt.INVERSE = "substitution" (the default since run 19; common/mosaic/
+    substitution.py, lane-level code that only a GPU runs: the interpreter solves with XLA in its
+    place) and "doubling" (selectable). Interpreted, the kernel's data flow around the solve (-A^T
+    from k k^T and beta as columns, the WY factors) gives T0 within bf16 rounding of float64 and
+    the doubling's -W' and U^T; both lower for CUDA (one and several chunks per CTA)."""
     kq, bt, g, v, beta, group = _t0_inputs(4, 3)
     monkeypatch.setattr(mosaic_kkt, "CHUNKS_PER_CTA", chunks_per_cta)
     outs = []
@@ -283,7 +283,9 @@ def test_t0_by_substitution(chunks_per_cta, monkeypatch):
     for a, b in zip(outs[0][1:], outs[1][1:]):           # -W', U^T
         assert np.isfinite(b).all()
         assert np.sqrt(np.mean((a - b) ** 2) / np.mean(a ** 2)) < 1e-2
-    assert "gdn_kkt_inverse" in _lower(128, "bf16", varlen=True, backward=False)
+    for inverse in ("doubling", "substitution"):
+        monkeypatch.setattr(mosaic_kkt, "INVERSE", inverse)
+        assert "gdn_kkt_inverse" in _lower(128, "bf16", varlen=True, backward=False)
     monkeypatch.setattr(mosaic_kkt, "INVERSE", "inverse")
     with pytest.raises(ValueError, match="INVERSE='inverse'"):
         gate_free_inverse_mosaic(kq, bt, group, jnp.bfloat16)

@@ -256,10 +256,11 @@ def test_unsupported_reasons_and_dispatch(monkeypatch):
     assert mdispatch.mosaic_or("chunk_gla", "auto", q, lambda: None) == "mosaic"
     assert mdispatch.mosaic_or("chunk_gla", "auto", q, lambda: "K=96") == "auto"
     assert mdispatch.mosaic_or("chunk_gla", "auto", q.astype(jnp.float32), lambda: None) == "auto"
-    # 'auto' takes the Mosaic kernels only at GPU-proven head sizes (K = V = 128)
+    # 'auto' takes the Mosaic kernels only at GPU-proven head sizes (AUTO_HEADS)
     from fla_jax.ops.gla import mosaic_chunk
     big = jnp.zeros((1, 64, 1, 128), jnp.bfloat16)
     assert mosaic_chunk.auto_unsupported_reason(big, big) is None
+    assert mosaic_chunk.auto_unsupported_reason(q, jnp.zeros((1, 64, 1, 256), jnp.bfloat16)) is None
     assert "K=64, V=64" in mosaic_chunk.auto_unsupported_reason(q, q)
     assert "K=128, V=256" in mosaic_chunk.auto_unsupported_reason(
         big, jnp.zeros((1, 64, 1, 256), jnp.bfloat16))

@@ -44,10 +44,11 @@ LEVELS = C.bit_length() - 1    # block sizes 1, 2, ..., C / 2 merged
 # GPU-proven: inputs double-buffered, the next chunk's loads and this chunk's stores in flight
 # while a chunk is computed; jla runs 8 chunks per CTA)
 CHUNKS_PER_CTA = 1
-# How T0 is formed: "doubling" (the ten hi / lo products above; GPU-proven, the default) or
-# "substitution" (column-wise forward substitution in lane-level code, exact in fp32:
-# common/mosaic/substitution.py; opt-in: lowered on CPU, not yet run on a GPU)
-INVERSE = "doubling"
+# How T0 is formed: "substitution" (the default: column-wise forward substitution in lane-level
+# code, exact in fp32, common/mosaic/substitution.py; GPU-proven in RESULTS.md run 19, faster:
+# GDN B4 T4096 bf16 fwd 0.354 vs 0.379 ms) or "doubling" (the ten hi / lo products above;
+# GPU-proven in runs 15-18, selectable)
+INVERSE = "substitution"
 BF16 = jnp.bfloat16
 
 

@@ -39,10 +39,10 @@ BACKWARD = "mosaic"
 BACKWARDS = ("mosaic", "pallas")
 DTYPES = ("bfloat16", "float16")
 MAX_HEAD = 256
-# (K, V) a GPU parity run covered (RESULTS.md runs 17, 18: K = V = 128): impl="auto" takes the
-# Mosaic kernels only there (fail closed); impl="mosaic" takes every multiple of 64 up to 256
-# (interpreted and lowered on CPU; the parity cases gpu_k64_v256 / gpu_k256_v64 prove the rest)
-AUTO_HEADS = ((128, 128),)
+# (K, V) a GPU parity run covered (RESULTS.md runs 17, 18: K = V = 128; run 19: gpu_k64_v256
+# and gpu_k256_v64): impl="auto" takes the Mosaic kernels only there (fail closed);
+# impl="mosaic" takes every multiple of 64 up to 256 (interpreted and lowered on CPU)
+AUTO_HEADS = ((128, 128), (64, 256), (256, 64))
 
 
 def auto_unsupported_reason(q, v) -> str | None:
