@@ -5,7 +5,7 @@ A variant overrides, for the length of one trace, either the launch of one engin
 fla_jax.ops.common.engine.launch.KERNELS: every engine module's `launch_for` answers the
 override for that kernel), the delta family's tiles (`tiles:grads=32/4,dh=64/8/2`: fields of
 launch.DeltaTiles, tuples written with '/', for every caller of launch.delta_tiles) or module
-constants (`<module>:NAME=value[,NAME=value]`, module under
+constants (`<module>:NAME=value[,NAME=value]`, NAME.key for a dict constant's entry, module under
 fla_jax.ops.common.engine, e.g. `cumsum_scores:FRAME=rows,DIAG=split`, or a full `fla_jax.`
 module name). `--impl mosaic` times the op's Mosaic GPU kernels instead (Hopper). Several
 parts join with ';'. Each variant is traced and compiled afresh (constants are read at trace time), the tree's
@@ -108,10 +108,12 @@ class Override:
                 mod = importlib.import_module(name if name.startswith("fla_jax.")
                                               else f"{ENGINE}.{name}")
                 for const, v in vals.items():
-                    if not hasattr(mod, const):
-                        raise ValueError(f"{name}.{const}: no such constant")
+                    const, _, key = const.partition(".")    # TUNING.ws=1: a dict's entry
+                    if not hasattr(mod, const) or (key and key not in getattr(mod, const)):
+                        raise ValueError(f"{name}.{const}{'.' + key if key else ''}: no such "
+                                         f"constant")
                     self.saved.append((mod, const, getattr(mod, const)))
-                    setattr(mod, const, v)
+                    setattr(mod, const, {**getattr(mod, const), key: v} if key else v)
 
         def patched(kernel, *a, **k):
             cfg = orig(kernel, *a, **k)

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from ..common.mosaic import check_mosaic
-from . import mosaic_bwd
+from . import mosaic_bwd, mosaic_fwd_ws
 from .mosaic_fwd_kernel import fused_forward
 from .mosaic_layout import from_rows, gate_free_inverse, gate_vectors, l2norm, plan, to_rows
 from .pallas_chunk import chunk_gated_delta_rule_pallas
@@ -37,6 +37,12 @@ BACKWARDS = ("pallas", "mosaic")
 # The backward behind the Mosaic forward (see the module docstring): "mosaic" (K, V <= 128;
 # else "pallas" is used) or "pallas"
 BACKWARD = "mosaic"
+# The inference forward (no residuals): "ws" (T0 only from mosaic_kkt.py, then the
+# warp-specialized mosaic_fwd_ws.py applies the WY form inside its chunk loop; K <= 128) or
+# "wy" (the T0 kernel also forms -W' and U^T; the one-warpgroup mosaic_fwd_kernel.py, which
+# also serves K = 256 and the backward's residuals)
+FORWARD = "ws"
+FORWARDS = ("ws", "wy")
 MAX_HEAD = 256
 
 
@@ -75,10 +81,17 @@ def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool,
     br = to_rows(beta.astype(F32), lay)                                  # [R, HV]
     gr = None if g is None else to_rows(g.astype(F32), lay)
     G, later = gate_vectors(gr, qr.shape[0], HV)
+    h0t = None if h0 is None else jnp.swapaxes(h0.astype(F32), -1, -2)
+    if FORWARD not in FORWARDS:
+        raise ValueError(f"mosaic_chunk.FORWARD: got {FORWARD!r}, expected one of {FORWARDS}")
+    if not residuals and FORWARD == "ws" and mosaic_fwd_ws.supports(K, q.dtype):
+        (t0,) = gate_free_inverse(kr, br, HV // H, q.dtype)
+        outs = mosaic_fwd_ws.fused_forward_ws(qr, kr, vr, t0, G, later, br.T, table, h0t,
+                                              scale=scale)
+        return from_rows(outs[0], lay, B), jnp.swapaxes(outs[1], -1, -2)
     # the WY factors (and, for the backward, T0) from one chunk-parallel kernel
     wy = gate_free_inverse(kr, br, HV // H, q.dtype, gcum=G, v_rows=vr, with_t0=residuals)
     t0, wneg, uT = wy if residuals else (None, *wy)
-    h0t = None if h0 is None else jnp.swapaxes(h0.astype(F32), -1, -2)
     outs = fused_forward(qr, kr, wneg, uT, G, later, table, h0t, scale=scale,
                          residuals=residuals)
     o, ht = from_rows(outs[0], lay, B), jnp.swapaxes(outs[1], -1, -2)

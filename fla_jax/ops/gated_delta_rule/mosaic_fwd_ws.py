@@ -1,0 +1,259 @@
+"""Warp-specialized Mosaic GPU (sm_90) forward of the chunked gated delta rule (inference: output
+and final state), one CTA of three warpgroups per (sequence, value head, 64 value columns).
+
+It reads the gate-free inverse T0 (mosaic_kkt.py, T0 only) instead of the WY factors -W' and
+U^T, which then never exist in HBM (48 KB fewer bytes per chunk and head than
+mosaic_fwd_kernel.py's inputs + the T0 kernel's outputs). With G the chunk-local cumsum of g
+(log2 units), Gamma = exp2(G), D_ij = exp2(G_i - G_j) (i >= j) and Ag = (T0 * D) diag(beta),
+the WY form u - w S with u = Ag v, w = Ag Gamma k is applied as
+    v_new = Ag (v - Gamma (k S)),
+so that per chunk:
+    WG0 (state):  S^T in fp32 registers. Publishes S^T (input dtype) for WG1, then
+                  X^T = v^T - (S^T k^T) Gamma,  v_new^T = X^T Ag^T  (published too;
+                  v^T comes from a product with the identity, issued with S^T k^T),
+                  S^T <- exp2(G_last) S^T + (v_new^T exp2(G_last - G)) k:
+                  three dependent products, every left operand in registers.
+    WG1 (output): Ag from T0 in place (its SMEM stage), P = (q k^T) * D while WG0 works, then
+                  o = scale (Gamma (q S) + P v_new) from the published tiles; TMA-stores o.
+    WG2 (memory): TMA loads of q, k, v, T0 and the gate vectors into two stages.
+Barriers: in_bar (a stage landed), in_free (WG0 and WG1 done with a stage), ag_ready (Ag
+written over T0), s_ready / s_free (published S^T and v_new^T written / read by WG1), seq_bar
+(each warpgroup's row of the sequence table), done (the three finish together).
+
+Every product on wgmma with fp32 accumulation and 16-bit operands (S^T, X^T, v_new^T and Ag in
+the input dtype, as the one-warpgroup kernel keeps S^T and v_new). Takes K <= MAX_K (the
+stages of K = 256 do not fit shared memory: mosaic_fwd_kernel.py takes those) and no
+residuals (the backward's residual states come from mosaic_fwd_kernel.py).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of,
+                                   interpreting, iota, load, matmul, matmuls, rows_of,
+                                   smem_tile, zeros_wgmma)
+from .mosaic_fwd_kernel import BV, C, TABLE_WIDTH
+
+MAX_K = 128
+STAGES = 2
+SMEM_BUDGET = 220 * 1024
+
+
+def smem_bytes(K: int, dtype) -> int:
+    """Shared memory of the kernel (each buffer rounded up to 1 KB, as Mosaic aligns them)."""
+    isz = jnp.dtype(dtype).itemsize
+    kb = lambda n: -(-n // 1024) * 1024          # noqa: E731
+    per_stage = 2 * kb(C * K * isz) + kb(C * BV * isz) + kb(C * C * isz)
+    vectors = 5 * kb(STAGES * C * 4)
+    fixed = (2 * kb(BV * K * isz) + 4 * kb(C * BV * isz) + kb(BV * K * 4) + kb(C * C * isz)
+             + kb(3 * TABLE_WIDTH * 4))
+    return STAGES * per_stage + vectors + fixed
+
+
+def supports(K: int, dtype) -> bool:
+    return K <= MAX_K and smem_bytes(K, dtype) <= SMEM_BUDGET
+
+
+def _registers(n, action):
+    if not interpreting():
+        plgpu.set_max_registers(n, action=action)
+
+
+def _max(a, b):
+    """max of loop bounds that may be static ints or traced scalars."""
+    if isinstance(a, int) and isinstance(b, int):
+        return max(a, b)
+    return jnp.maximum(a, b)
+
+
+def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float):
+    """q, k: [R, H, K] (16-bit, one dtype; R a multiple of 64, every sequence starting at a
+    chunk boundary, padding rows zero); v: [R, HV, V] (q's dtype, V a multiple of 64); t0:
+    [HV, R, C] (q's dtype: mosaic_kkt.gate_free_inverse_mosaic without the WY factors); gcum,
+    gsuf, beta: [HV, R] fp32 (G, G_last - G in log2 units; beta); table: [N, TABLE_WIDTH] int32
+    (column 0: first chunk of sequence n, column 1: its chunk count); h0t: None or
+    [N, HV, V, K] fp32 (transposed initial states). Value head hv reads key head hv // (HV // H).
+    Returns o [R, HV, V] in q's dtype and the transposed final states [N, HV, V, K] fp32."""
+    R, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    group = HV // H
+    N = table.shape[0]
+    dt = q.dtype
+    has_h0 = h0t is not None
+    if not supports(K, dt) or V % BV:
+        raise ValueError(f"fused_forward_ws: K={K}, V={V}, {jnp.dtype(dt).name}; expected "
+                         f"K <= {MAX_K} and V a multiple of {BV}")
+    S = STAGES
+    vec = plgpu.SMEM((S, C), F32)
+    scratch = dict(
+        q_s=smem_tile((S, C, K), dt), k_s=smem_tile((S, C, K), dt),
+        v_s=smem_tile((S, C, BV), dt), t_s=smem_tile((S, C, C), dt),
+        # one buffer per reader and register layout (one buffer read as rows and as columns
+        # fails Mosaic's layout inference on jax 0.11.2)
+        g0_s=vec, s0_s=vec,                  # WG0: G (columns, G_0, G_last), G_last - G
+        g1r_s=vec, g1c_s=vec, b1_s=vec,      # WG1: G as rows and as columns, beta
+        s_pub=smem_tile((2, BV, K), dt), vn_pub=smem_tile((2, BV, C), dt),
+        o_s=smem_tile((2, C, BV), dt), st_s=smem_tile((BV, K), F32),
+        eye_s=smem_tile((C, C), dt),         # WG0: the identity (v^T by a product)
+        seq_s=plgpu.SMEM((3, TABLE_WIDTH), jnp.int32),
+        in_bar=plgpu.Barrier(num_arrivals=9, num_barriers=S),     # 9 TMA copies
+        in_free=plgpu.Barrier(num_arrivals=2, num_barriers=S),
+        ag_ready=plgpu.Barrier(num_arrivals=1, num_barriers=S),
+        s_ready=plgpu.Barrier(num_arrivals=1, num_barriers=2),
+        s_free=plgpu.Barrier(num_arrivals=1, num_barriers=2),
+        one_bar=plgpu.Barrier(num_arrivals=1, num_barriers=1),
+        seq_bar=plgpu.Barrier(num_arrivals=1, num_barriers=3),
+        done=plgpu.Barrier(num_arrivals=3, num_barriers=1),
+    )
+    out_type = [jax.ShapeDtypeStruct((R, HV, V), dt), jax.ShapeDtypeStruct((N, HV, V, K), F32)]
+
+    def body(*refs, q_s, k_s, v_s, t_s, g0_s, s0_s, g1r_s, g1c_s, b1_s, s_pub, vn_pub, o_s,
+             st_s, eye_s, seq_s, in_bar, in_free, ag_ready, s_ready, s_free, one_bar, seq_bar, done):
+        refs = list(refs)
+        q_ref, k_ref, v_ref, t_ref, gc_ref, gs_ref, b_ref, tab_ref = (refs.pop(0)
+                                                                       for _ in range(8))
+        h0_ref = refs.pop(0) if has_h0 else None
+        o_ref, ht_ref = refs
+        n, hv, iv = lax.axis_index("n"), lax.axis_index("hv"), lax.axis_index("v")
+        wg = lax.axis_index("wg")
+        h = lax.div(hv, group)
+        cols = pl.ds(iv * BV, BV)
+
+        def bounds():
+            """(first chunk, chunk count) of sequence n: each warpgroup reads its own row."""
+            plgpu.copy_gmem_to_smem(tab_ref.at[n], seq_s.at[wg], seq_bar.at[wg])
+            plgpu.barrier_wait(seq_bar.at[wg])
+            return seq_s[wg, 0], seq_s[wg, 1]
+
+        @pl.when(wg == 2)
+        def _memory():
+            _registers(40, "decrease")
+            first, count = bounds()
+
+            def issue(c, slot):
+                rows, bar = pl.ds((first + c) * C, C), in_bar.at[slot]
+                plgpu.copy_gmem_to_smem(q_ref.at[rows, h], q_s.at[slot], bar)
+                plgpu.copy_gmem_to_smem(k_ref.at[rows, h], k_s.at[slot], bar)
+                plgpu.copy_gmem_to_smem(v_ref.at[rows, hv, cols], v_s.at[slot], bar)
+                plgpu.copy_gmem_to_smem(t_ref.at[hv, rows], t_s.at[slot], bar)
+                for src, dst in ((gc_ref, g0_s), (gs_ref, s0_s), (gc_ref, g1r_s),
+                                 (gc_ref, g1c_s), (b_ref, b1_s)):
+                    plgpu.copy_gmem_to_smem(src.at[hv, rows], dst.at[slot], bar)
+
+            for c in range(S):
+                @pl.when(c < count)
+                def _fill():
+                    issue(c, c)
+
+            def refill(c, carry):
+                slot = lax.rem(c, S)
+                plgpu.barrier_wait(in_free.at[slot])
+                issue(c, slot)
+                return carry
+
+            lax.fori_loop(S, _max(count, S), refill, None)
+
+            def observe(c, carry):    # the releases of the last stages
+                plgpu.barrier_wait(in_free.at[lax.rem(c, S)])
+                return carry
+
+            lax.fori_loop(_max(count - S, 0), count, observe, None)
+
+        @pl.when(wg == 0)
+        def _state():
+            _registers(232, "increase")
+            first, count = bounds()
+            if has_h0:
+                plgpu.copy_gmem_to_smem(h0_ref.at[n, hv, cols], st_s, one_bar.at[0])
+                plgpu.barrier_wait(one_bar.at[0])
+                s0 = load(st_s, WGMMA)
+            else:
+                s0 = zeros_wgmma((BV, K))
+            tile = (BV, C)
+            eye_s[...] = jnp.where(iota((C, C), 0) == iota((C, C), 1), 1.0, 0.0).astype(dt)
+            plgpu.commit_smem()
+
+            def step(c, s_t):
+                slot, half = lax.rem(c, S), lax.rem(c, 2)
+                plgpu.barrier_wait(in_bar.at[slot])
+
+                @pl.when(c >= 2)
+                def _():      # WG1 has read the tiles published two chunks ago
+                    plgpu.barrier_wait(s_free.at[half])
+
+                s_lo = s_t.astype(dt)
+                s_pub.at[half][...] = s_lo
+                g_col = load(g0_s.at[slot], COLS)
+                g_last = g0_s[slot, C - 1]
+                # S^T k^T and v^T (v^T I: a register load of a transposed swizzled tile
+                # does not lower), one wait
+                sk, v_t = matmuls((s_lo, k_s.at[slot], tile, None, False, True),
+                                  (v_s.at[slot], eye_s, tile, None, True, False))
+                x = (v_t - sk * cols_of(jnp.exp2(g_col), tile)).astype(dt)      # X^T
+                plgpu.barrier_wait(ag_ready.at[slot])
+                vn = matmul(x, t_s.at[slot], tile, tb=True)                     # v_new^T
+                vn_pub.at[half][...] = vn.astype(dt)
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(s_ready.at[half])
+                vd = (vn * cols_of(jnp.exp2(load(s0_s.at[slot], COLS)), tile)).astype(dt)
+                s_new = matmul(vd, k_s.at[slot], (BV, K), init=s_t * jnp.exp2(g_last))
+                plgpu.barrier_arrive(in_free.at[slot])
+                return s_new
+
+            s_t = lax.fori_loop(0, count, step, s0)
+
+            def observe(c, carry):    # WG1's reads of the last two published tiles
+                plgpu.barrier_wait(s_free.at[lax.rem(c, 2)])
+                return carry
+
+            lax.fori_loop(_max(count - 2, 0), count, observe, None)
+            st_s[...] = s_t
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(st_s, ht_ref.at[n, hv, cols])
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg == 1)
+        def _output():
+            _registers(232, "increase")
+            first, count = bounds()
+            sq = (C, C)
+
+            def step(c, carry):
+                slot, half = lax.rem(c, S), lax.rem(c, 2)
+                plgpu.barrier_wait(in_bar.at[slot])
+                g_row = load(g1r_s.at[slot], ROWS)
+                d = causal_decay(g_row, load(g1c_s.at[slot], COLS), sq)
+                ag = load(t_s.at[slot], WGMMA).astype(F32) * d * cols_of(
+                    load(b1_s.at[slot], COLS), sq)
+                t_s.at[slot][...] = ag.astype(dt)                              # Ag over T0
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(ag_ready.at[slot])
+                p = matmul(q_s.at[slot], k_s.at[slot], sq, tb=True)
+                p_lo = (p * d).astype(dt)
+                plgpu.barrier_wait(s_ready.at[half])
+                o = matmul(q_s.at[slot], s_pub.at[half], (C, BV), tb=True)
+                o = matmul(p_lo, vn_pub.at[half], (C, BV), tb=True,
+                           init=o * rows_of(jnp.exp2(g_row), (C, BV)))
+                plgpu.barrier_arrive(s_free.at[half])
+                plgpu.barrier_arrive(in_free.at[slot])
+                plgpu.wait_smem_to_gmem(1, wait_read_only=True)   # o_s[half] of chunk c - 2 sent
+                o_s.at[half][...] = (o * scale).astype(dt)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(o_s.at[half],
+                                        o_ref.at[pl.ds((first + c) * C, C), hv, cols])
+                return carry
+
+            lax.fori_loop(0, count, step, None)
+            plgpu.wait_smem_to_gmem(0)
+
+        plgpu.barrier_arrive(done.at[0])
+        plgpu.barrier_wait(done.at[0])
+
+    args = [q, k, v, t0, gcum, gsuf, beta, table] + ([h0t] if has_h0 else [])
+    kernel = build(body, name="gdn_fwd_ws", out_type=out_type, scratch=scratch,
+                   grid=(N, HV, V // BV), grid_names=("n", "hv", "v"), threads=3)
+    return kernel(*args)
