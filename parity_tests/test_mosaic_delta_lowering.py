@@ -11,6 +11,9 @@ CPU machine.
 - The gate-free inverse T0 as a Mosaic kernel (mosaic_kkt.py): against float64 per chunk
   (keys nearly parallel with beta up to 1.95 included), one and several chunks per CTA, and
   the whole op with it, interpreted; it lowers for CUDA.
+- The inference forward: the warp-specialized kernel (mosaic_fwd_ws.py, FORWARD="ws") in the
+  interpreted cases, the one-warpgroup kernel fed by -W' / U^T (FORWARD="wy") in one case; which
+  one each call takes.
 """
 from __future__ import annotations
 
@@ -298,13 +301,34 @@ def test_t0_kernel_several_chunks_per_cta_lowers(monkeypatch):
 
 
 def test_t0_kernel_in_the_op(monkeypatch):
-    """The op with T0 (and, differentiated, W') from the Mosaic kernel against the float64
-    oracle, interpreted; it lowers for CUDA."""
+    """The op with T0 and the WY factors -W' and U^T from the Mosaic kernel (FORWARD="wy": the
+    forward of training and of K = 256; the other interpreted cases run "ws" for o) against
+    the float64 oracle, interpreted; it lowers for CUDA."""
     monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
+    monkeypatch.setattr(mosaic_chunk, "FORWARD", "wy")
     with gpu_interpret():
         assert_passed(check("chunk_gated_delta_rule", "mos_dr_gqa_h0_t100", "bf16",
                             {"jax": "mosaic"}))
     assert "gdn_kkt_inverse" in _lower(128, "fp16", varlen=True, backward=True)
+
+
+def test_warp_specialized_forward_choice(monkeypatch):
+    """FORWARD="ws" (the default): the inference forward at K <= 128 is the three-warpgroup
+    kernel fed by the T0-only kernel; K = 256 (its stages do not fit shared memory), training
+    (residuals) and FORWARD="wy" keep the one-warpgroup kernel; a bad FORWARD is refused."""
+    from fla_jax.ops.gated_delta_rule import mosaic_fwd_ws
+    assert mosaic_chunk.FORWARD == "ws"
+    for dt in (jnp.bfloat16, jnp.float16):
+        assert mosaic_fwd_ws.supports(128, dt) and not mosaic_fwd_ws.supports(256, dt)
+        assert mosaic_fwd_ws.smem_bytes(128, dt) <= mosaic_fwd_ws.SMEM_BUDGET
+    assert "gdn_fwd_ws" in _lower(64, "fp16", varlen=True, backward=False, V=128)
+    assert "gdn_fwd_ws" not in _lower(256, "bf16", varlen=False, backward=False, V=64)
+    monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
+    text = _lower(128, "bf16", varlen=False, backward=True)
+    assert "gdn_fwd" in text and "gdn_fwd_ws" not in text
+    monkeypatch.setattr(mosaic_chunk, "FORWARD", "fast")
+    with pytest.raises(ValueError, match="FORWARD: got 'fast'"):
+        _lower(128, "bf16", varlen=False, backward=False)
 
 
 @pytest.mark.parametrize("op", ["chunk_gated_delta_rule", "chunk_delta_rule"])
