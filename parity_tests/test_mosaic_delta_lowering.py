@@ -242,24 +242,33 @@ def test_t0_kernel_several_chunks_per_cta(chunks_per_cta, monkeypatch):
             gate_free_inverse_mosaic(kq, bt, group, jnp.bfloat16, **bad)
 
 
-def test_substitution_stream_on_numpy():
-    """The lane-level solve's instruction stream (substitution.substitute, unrolled as the
-    kernel unrolls it: threads 0..31 solve columns 0..31 from row 0, threads 32..63 columns
-    32..63 from row 32), run on float32 NumPy values: (I + A)^-1 of a strictly lower A with
-    large entries, to float32 accuracy."""
-    from fla_jax.ops.common.mosaic.substitution import WARP, substitute
+@pytest.mark.parametrize("block", [64, 32, 16])
+def test_substitution_stream_on_numpy(block):
+    """The lane-level solve's instruction stream (substitution.substitute for each thread's
+    column, threads assigned as substitution.lanes_of assigns them), run on float32 NumPy values
+    over one shared -A^T buffer as the kernel runs it: X written over -A^T (only x_jc, j >= c,
+    stored), threads in an adversarial order (later columns and the warp solving the later rows
+    first: every read of a row after the other threads' writes; storing x_jc = 0 for j < c
+    fails this). Gives the inverse of A's diagonal blocks to
+    float32 accuracy, for A strictly lower with large entries."""
+    from fla_jax.ops.common.mosaic.substitution import lanes_of, substitute
     rng = np.random.default_rng(6)
     a = np.tril(rng.uniform(-1.5, 1.5, (C, C)), -1).astype(np.float32)
-    na = (-a.T).copy()                  # row j: column j of -A
-    x = np.full((C, C), np.nan, np.float32)
-    for c in range(C):
-        first = 0 if c < WARP else WARP
+    buf = (-a.T).copy()                 # row j: column j of -A
+    for lo, hi, first, end, offset in reversed(lanes_of(C, block)):
+        for t in reversed(range(lo, hi)):
+            c = t - lo + offset
 
-        def put(v, row, c=c):
-            x[row, c] = 0.0 if v is None else v
-        substitute(first, C, lambda i, c=c: np.float32(i == c),
-                   lambda j, i0: na[j, i0:i0 + 4], lambda p, q, r: np.float32(p * q + r), put)
-    want = np.linalg.inv(np.eye(C) + a.astype(np.float64))
+            def put(v, row, c=c):
+                if row >= c:
+                    buf[row, c] = v
+            substitute(first, end, lambda i, c=c: np.float32(i == c),
+                       lambda j, i0: buf[j, i0:i0 + 4].copy(),
+                       lambda p, q, r: np.float32(p * q + r), put)
+    r, c = np.indices((C, C))
+    keep = (r >= c) & (r // block == c // block)
+    x = np.where(keep, buf, 0.0)
+    want = np.linalg.inv(np.eye(C) + np.where(keep, a, 0.0).astype(np.float64))
     assert np.isfinite(x).all()
     assert np.abs(x - want).max() <= 1e-5 * np.abs(want).max()
 
@@ -268,14 +277,18 @@ def test_substitution_stream_on_numpy():
 def test_t0_by_substitution(chunks_per_cta, monkeypatch):
     """mosaic_kkt.INVERSE = "substitution" (the default since run 19; common/mosaic/
     substitution.py, lane-level code that only a GPU runs: the interpreter solves with XLA in its
-    place) and "doubling" (selectable). Interpreted, the kernel's data flow around the solve (-A^T
-    from k k^T and beta as columns, the WY factors) gives T0 within bf16 rounding of float64 and
-    the doubling's -W' and U^T; both lower for CUDA (one and several chunks per CTA)."""
+    place) and "doubling" (selectable); the substitution whole (SUBST_BLOCK 64) or on the
+    diagonal 32 / 16 blocks completed by doubling levels. Interpreted, the kernel's data flow
+    around the solve (-A^T from k k^T and beta as columns, the doubling levels, the WY factors)
+    gives T0 within bf16 rounding of float64 and the doubling's -W' and U^T; they lower for CUDA
+    (one and several chunks per CTA)."""
     kq, bt, g, v, beta, group = _t0_inputs(4, 3)
     monkeypatch.setattr(mosaic_kkt, "CHUNKS_PER_CTA", chunks_per_cta)
     outs = []
-    for inverse in ("doubling", "substitution"):
+    for inverse, block in (("doubling", 64), ("substitution", 64), ("substitution", 32),
+                           ("substitution", 16)):
         monkeypatch.setattr(mosaic_kkt, "INVERSE", inverse)
+        monkeypatch.setattr(mosaic_kkt, "SUBST_BLOCK", block)
         with gpu_interpret():
             outs.append([np.asarray(x.astype(jnp.float32), np.float64) for x in
                          gate_free_inverse_mosaic(kq, bt, group, jnp.bfloat16, gcum=g,
@@ -283,12 +296,17 @@ def test_t0_by_substitution(chunks_per_cta, monkeypatch):
     ref = _t0_float64(np.asarray(kq.astype(jnp.float32), np.float64), beta, group)
     for got in outs:
         assert np.sqrt(np.mean((got[0] - ref) ** 2) / np.mean(ref ** 2)) < 4e-3
-    for a, b in zip(outs[0][1:], outs[1][1:]):           # -W', U^T
-        assert np.isfinite(b).all()
-        assert np.sqrt(np.mean((a - b) ** 2) / np.mean(a ** 2)) < 1e-2
-    for inverse in ("doubling", "substitution"):
+    for other in outs[1:]:
+        for a, b in zip(outs[0][1:], other[1:]):          # -W', U^T
+            assert np.isfinite(b).all()
+            assert np.sqrt(np.mean((a - b) ** 2) / np.mean(a ** 2)) < 1e-2
+    for inverse, block in (("doubling", 64), ("substitution", 64), ("substitution", 16)):
         monkeypatch.setattr(mosaic_kkt, "INVERSE", inverse)
+        monkeypatch.setattr(mosaic_kkt, "SUBST_BLOCK", block)
         assert "gdn_kkt_inverse" in _lower(128, "bf16", varlen=True, backward=False)
+    monkeypatch.setattr(mosaic_kkt, "SUBST_BLOCK", 8)
+    with pytest.raises(ValueError, match="SUBST_BLOCK=8"):
+        gate_free_inverse_mosaic(kq, bt, group, jnp.bfloat16)
     monkeypatch.setattr(mosaic_kkt, "INVERSE", "inverse")
     with pytest.raises(ValueError, match="INVERSE='inverse'"):
         gate_free_inverse_mosaic(kq, bt, group, jnp.bfloat16)

@@ -35,7 +35,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from ..common.mosaic.tiles import (COLS, F32, ROWS, build, causal_decay, cols_of, iota, load,
                                    matmul, matmul_sum, rows_of, smem_tile, union)
 from ..common.mosaic.serial import wait_and_prefetch
-from ..common.mosaic.substitution import unit_lower_inverse
+from ..common.mosaic.substitution import BLOCKS, unit_lower_inverse
 from .mosaic_fwd_kernel import C   # the chunk length the fused forward reads T0 in
 
 LEVELS = C.bit_length() - 1    # block sizes 1, 2, ..., C / 2 merged
@@ -49,6 +49,10 @@ CHUNKS_PER_CTA = 1
 # GDN B4 T4096 bf16 fwd 0.354 vs 0.379 ms) or "doubling" (the ten hi / lo products above;
 # GPU-proven in runs 15-18, selectable)
 INVERSE = "substitution"
+# The substitution's block (substitution.BLOCKS): C solves all of T0 in the lane-level code (the
+# slowest warp runs 2016 chain FMAs); 32 / 16 solve the diagonal blocks only (496 / 120 FMAs,
+# every block on its own warp) and complete T0 by the last one / two doubling levels
+SUBST_BLOCK = 32
 BF16 = jnp.bfloat16
 
 
@@ -104,10 +108,16 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
     # the inverse's scratch (the doubling's hi / lo operands, or the substitution's plain -A^T
     # and X) and a_s (the gated inverse after it) are never live together; in the multi-chunk
     # kernel they share memory (two CTAs per SM at K = V = 128)
-    inv = ((plgpu.SMEM(sq, F32), plgpu.SMEM(sq, dtype)) if subst
-           else (smem_tile(sq, BF16), smem_tile(sq, BF16)))
+    if subst and SUBST_BLOCK not in BLOCKS:
+        raise ValueError(f"mosaic_kkt.SUBST_BLOCK={SUBST_BLOCK!r}; expected one of {BLOCKS}")
+    # the inverse's scratch (the substitution's plain -A^T, the doubling's hi / lo operands) and
+    # a_s (the gated inverse after it) are never live together: they share memory
+    sub = plgpu.SMEM(sq, F32) if subst else None
+    hilo = ((smem_tile(sq, BF16), smem_tile(sq, BF16)) if not subst or SUBST_BLOCK < C
+            else None)
     a_tile = smem_tile(sq, dtype) if wy else None
-    scratch["inv_a"] = union(inv, a_tile) if multi and wy else (inv, a_tile)
+    parts = [x for x in (sub, hilo, a_tile) if x is not None]
+    scratch["inv_a"] = union(*parts) if len(parts) > 1 else tuple(parts)
     if beta_cols:
         scratch.update(bc_s=plgpu.SMEM(stack((C,)), F32))
     if wy:   # G as rows and as columns (one buffer per layout); -W', v, U^T
@@ -119,7 +129,10 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
 
     def body(*refs, k_s, b_s, t_s, bar, inv_a, g_r=None, g_c=None, bc_s=None,
              w_s=None, v_s=None, u_s=None, v_bar=None):
-        (hi_s, lo_s), a_s = inv_a     # (subst: the plain -A^T and X buffers)
+        inv_a = list(inv_a)
+        na_s = inv_a.pop(0) if sub is not None else None
+        hi_s, lo_s = inv_a.pop(0) if hilo is not None else (None, None)
+        a_s = inv_a.pop(0) if a_tile is not None else None
         refs = list(refs)
         k_ref, b_ref = refs[:2]
         g_ref, v_ref = refs[2:4] if wy else (None, None)
@@ -170,15 +183,17 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
             kk = matmul(k_c, k_c, sq, tb=True)
             if subst:    # -A^T [j, i] = -beta_i k_i . k_j for i > j (k k^T is symmetric)
                 neg_at = jnp.where(c > r, -(kk * cols_of(load(at(bc_s, slot), COLS), sq)), 0.0)
-                t0 = unit_lower_inverse(neg_at, hi_s, lo_s, dtype)
+                t0 = unit_lower_inverse(neg_at, na_s, SUBST_BLOCK)
+                if SUBST_BLOCK < C:      # the diagonal blocks' inverse, doubled to T0
+                    t0 = doubling(kk, slot, r, c, t0, SUBST_BLOCK.bit_length() - 1)
             else:
                 t0 = doubling(kk, slot, r, c)
-            finish(ci, slot, rows, k_c, t0, end)
+            finish(ci, slot, rows, k_c, t0.astype(dtype), end)
 
-        def doubling(kk, slot, r, c):
-            """T0 by recursive doubling (the module docstring), rounded to dtype."""
+        def doubling(kk, slot, r, c, d=None, level0=1):
+            """T0 by recursive doubling (the module docstring), fp32; from d = D_s, s =
+            2^level0, the inverse of A's diagonal s x s blocks (None: D_2 from A)."""
             a = jnp.where(r > c, kk * rows_of(load(at(b_s, slot), ROWS), sq), 0.0)
-            eye = jnp.where(r == c, 1.0, 0.0)
 
             def pair_part(level):
                 """A in the (odd, even) s x s block pairs of the 2s x 2s diagonal blocks,
@@ -188,11 +203,12 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
                 other = lax.shift_right_logical(r, level) != lax.shift_right_logical(c, level)
                 return jnp.where(pair & other, a, 0.0)
 
-            d = eye - pair_part(0)
-            for level in range(1, LEVELS):
+            if d is None:
+                d = jnp.where(r == c, 1.0, 0.0) - pair_part(0)
+            for level in range(level0, LEVELS):
                 p = prod(d, pair_part(level))
                 d = d - prod(p, d)
-            return d.astype(dtype)
+            return d
 
         def finish(ci, slot, rows, k_c, t0, end):
             """Store T0; form and store -W' and U^T from it (wy)."""
