@@ -40,6 +40,7 @@ from .mosaic_fwd_kernel import BV, C, TABLE_WIDTH
 
 MAX_K = 128
 STAGES = 2
+APPROX_MATH = False     # ex2.approx for the decays (not yet timed / GPU-proven: opt-in)
 SMEM_BUDGET = 220 * 1024
 
 
@@ -255,5 +256,6 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float)
 
     args = [q, k, v, t0, gcum, gsuf, beta, table] + ([h0t] if has_h0 else [])
     kernel = build(body, name="gdn_fwd_ws", out_type=out_type, scratch=scratch,
-                   grid=(N, HV, V // BV), grid_names=("n", "hv", "v"), threads=3)
+                   grid=(N, HV, V // BV), grid_names=("n", "hv", "v"), threads=3,
+                   approx_math=bool(APPROX_MATH))
     return kernel(*args)
