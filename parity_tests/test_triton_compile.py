@@ -6,18 +6,32 @@ op with a Triton implementation is called here in every kernel dtype at two smal
 fixed-length with h0, one varlen), forward and backward, with its launches recorded instead
 of run (parity_tests/triton_compile_check.py), and every distinct launch is compiled in a
 process without TRITON_INTERPRET through the LLVM lowering. A failure names the kernel, its
-constexprs and the compiler's error.
+constexprs, the ops / cases / dtypes that launch it and the compiler's error.
+
+Distinct is over all ops together (`compile_key`: kernel, signature, constexpr values, launch
+options): a launch that several ops make (the GLA engine kernels GSA runs, the cumsum KDA and
+GSA share), or launches that differ only in a runtime int's or float's value, compile once.
+The distinct
+launches are dealt round-robin (in key order, so each kernel's variants spread out) to SHARDS
+compile tests, which `-n 2` balances; every worker records the same launches and takes its
+shards' share, and compiles them in one checker process it keeps for this module
+(triton_compile_check.Checker: the process start and imports once, not per shard).
+test_triton_launches_recorded checks, per op, that every (case, dtype) call launched kernels.
 """
 from __future__ import annotations
+
+import functools
 
 import pytest
 
 from .cases import CASES, OPS
 from .harness import inputs
 from .torch_runner import registry, run
-from .triton_compile_check import compile_launches, distinct, record_launches
+from .triton_compile_check import Checker, distinct, record_launches
 
 CASE_NAMES = ("basic", "varlen")
+DTYPES = ("bf16", "fp16", "fp32")
+SHARDS = 16
 
 
 def _triton_ops():
@@ -30,25 +44,57 @@ def _triton_ops():
             yield op
 
 
-@pytest.mark.parametrize("op", list(_triton_ops()))
-def test_triton_launches_compile_for_sm90(op, tmp_path):
-    records, ops_run = [], []
-    spec = OPS[op]
+TRITON_OPS = list(_triton_ops())
+
+
+@functools.cache
+def _record(op: str):
+    """([(case, dtype, launches)], records): op's launches in each case and dtype, each
+    record labelled with 'where' = op/case/dtype."""
+    spec, runs, records = OPS[op], [], []
     for name in CASE_NAMES:
         case = CASES[name]
         if not case.applies_to(spec):
             continue
-        for dtype in ("bf16", "fp16", "fp32"):
+        for dtype in DTYPES:
             with record_launches() as rec:
                 try:
                     run(spec, case, "triton", dtype, inputs(op, name, dtype))
                 except AssertionError:
                     pass   # outputs of kernels that did not run: only the launches count
+            for r in rec:
+                r["where"] = [f"{op}/{name}/{dtype}"]
             records += rec
-            ops_run.append((op, name, dtype, len(rec)))
-    assert ops_run and all(n > 0 for *_, n in ops_run), ops_run
-    launches = distinct(records)
-    failures = compile_launches(launches, tmp_path)
+            runs.append((name, dtype, len(rec)))
+    return runs, records
+
+
+@functools.cache
+def _distinct_launches() -> list:
+    """The distinct launches of every Triton op, sorted by compile_key (the same list in
+    every xdist worker)."""
+    return distinct([r for op in TRITON_OPS for r in _record(op)[1]])
+
+
+@pytest.mark.parametrize("op", TRITON_OPS)
+def test_triton_launches_recorded(op):
+    runs, _ = _record(op)
+    assert runs and all(n > 0 for *_, n in runs), (op, runs)
+
+
+@pytest.fixture(scope="module")
+def checker():
+    c = Checker()
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_triton_launches_compile_for_sm90(shard, checker):
+    launches = _distinct_launches()[shard::SHARDS]
+    assert launches, f"shard {shard}: no launches (SHARDS = {SHARDS} is too many)"
+    failures = checker.compile(launches)
     assert not failures, "\n\n".join(
-        f"{f['kernel']} num_warps={f['num_warps']} {f['args']}\n{f['error']}"
+        f"{f['kernel']} num_warps={f['num_warps']} {f['args']}\n"
+        f"launched by {', '.join(f['where'])}\n{f['error']}"
         for f in failures)

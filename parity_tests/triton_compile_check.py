@@ -6,13 +6,17 @@ value that changes dtype (both seen on the H100 only). This module closes that g
 steps:
 1. `record_launches()` (in the interpreted test process): every `kernel[grid](...)` is
    recorded and NOT run — the function, each argument's kind (pointer and its dtype, int,
-   float, constexpr value, constexpr tl.dtype) and num_warps / num_stages / maxnreg. An op
-   is called at small shapes in each dtype and differentiated; the launches it makes are the
-   ones to compile.
+   float, constexpr value, constexpr tl.dtype), its parameters and which are constexpr, and
+   num_warps / num_stages / maxnreg. An op is called at small shapes in each dtype and
+   differentiated; the launches it makes are the ones to compile.
 2. `compile_launches(records)` runs a fresh Python process without TRITON_INTERPRET, which
    imports the same kernels as JIT functions and compiles each distinct launch for an H100
    (GPUTarget("cuda", 90, 32)) through the stages up to `STOP` (the frontend, the Triton-GPU
    layout passes and the LLVM lowering; no ptxas). Errors come back with the kernel's name.
+   `Checker` does the same in one such process kept across calls.
+`distinct(records)` keeps one record per `compile_key`: exactly what `_compile_one` hands the
+compiler (kernel, signature, constexpr values, options), so launches that differ only in a
+runtime int's value (same i32 / i64 type) or a runtime float's value compile once.
 """
 from __future__ import annotations
 
@@ -50,6 +54,16 @@ def _describe(value):
     raise TypeError(f"launch argument of type {type(value).__name__} is not described")
 
 
+def _constexpr_names(fn) -> list:
+    """Names of fn's tl.constexpr parameters, as the JIT decides them (KernelParam)."""
+    import inspect
+
+    from triton.runtime.jit import KernelParam
+    params = inspect.signature(fn).parameters.values()
+    return [p.name for p in (KernelParam(i, prm, False, False) for i, prm in enumerate(params))
+            if p.is_constexpr]
+
+
 @contextlib.contextmanager
 def record_launches():
     """Yields a list that fills with one record per kernel launch; the kernels do not run."""
@@ -65,6 +79,8 @@ def record_launches():
         bound.update(kwargs)
         records.append({"module": self.fn.__module__, "name": self.fn.__name__,
                         "args": {k: _describe(v) for k, v in bound.items()},
+                        "params": list(self.arg_names),
+                        "constexprs": _constexpr_names(self.fn),
                         "num_warps": opts.get("num_warps", 4),
                         "num_stages": opts.get("num_stages", 3),
                         "maxnreg": opts.get("maxnreg")})
@@ -76,19 +92,48 @@ def record_launches():
         InterpretedFunction.run = original
 
 
-def distinct(records: list) -> list:
-    """One record per distinct (kernel, argument kinds and constexpr values, options)."""
-    seen, out = set(), []
-    for r in records:
-        key = json.dumps(r, sort_keys=True)
-        if key not in seen:
-            seen.add(key)
-            out.append(r)
-    return out
-
-
 def _int_type(v: int) -> str:
     return "i32" if -2 ** 31 <= v < 2 ** 31 else "i64"
+
+
+def _signature(rec: dict, params, constexprs) -> tuple:
+    """(signature {param: type}, constexprs {param: [kind, value]}): what the compiler gets
+    for this record of a kernel with these parameters (in order) and constexpr ones."""
+    sig, consts = {}, {}
+    for name in params:
+        kind, val = rec["args"][name]
+        if kind == "tldtype" or name in constexprs or kind in ("none", "str"):
+            sig[name] = "constexpr"
+            consts[name] = [kind, val]
+        elif kind == "ptr":
+            sig[name] = "*" + val
+        elif kind == "bool":
+            sig[name] = "i1"
+        elif kind == "int":
+            sig[name] = _int_type(val)
+        else:
+            sig[name] = "fp32"
+    return sig, consts
+
+
+def compile_key(rec: dict) -> str:
+    """Everything a compile of `rec` depends on: the kernel, its signature, the constexpr
+    values and the launch options; runtime ints / floats only through their type."""
+    sig, consts = _signature(rec, rec["params"], rec["constexprs"])
+    return json.dumps([rec["module"], rec["name"], list(sig.items()), sorted(consts.items()),
+                       rec["num_warps"], rec["num_stages"], rec.get("maxnreg")])
+
+
+def distinct(records: list) -> list:
+    """One record per compile_key, sorted by the key; each carries in 'where' the union of
+    the 'where' labels (who launched it) of the records it stands for."""
+    out = {}
+    for r in records:
+        k = compile_key(r)
+        if k not in out:
+            out[k] = dict(r, where=[])
+        out[k]["where"] += [w for w in r.get("where", []) if w not in out[k]["where"]]
+    return [out[k] for k in sorted(out)]
 
 
 def _compile_one(rec: dict) -> str | None:
@@ -101,24 +146,19 @@ def _compile_one(rec: dict) -> str | None:
     from triton.compiler.compiler import make_backend
 
     fn = getattr(importlib.import_module(rec["module"]), rec["name"])
-    sig, consts = {}, {}
-    for p in fn.params:
-        kind, val = rec["args"][p.name]
+    names = [p.name for p in fn.params]
+    constexprs = [p.name for p in fn.params if p.is_constexpr]
+    if (rec.get("params", names), rec.get("constexprs", constexprs)) != (names, constexprs):
+        # compile_key (in the test process) and this compile must see the same parameters
+        return (f"recorded parameters {rec['params']} (constexpr {rec['constexprs']}) are "
+                f"not the JIT function's {names} (constexpr {constexprs})")
+    sig, described = _signature(rec, names, constexprs)
+    consts = {}
+    for name, (kind, val) in described.items():
         if kind == "tldtype":
             import triton.language as tl
-            sig[p.name] = "constexpr"
-            consts[p.name] = tl.dtype(val)
-        elif p.is_constexpr or kind in ("none", "str"):
-            sig[p.name] = "constexpr"
-            consts[p.name] = val
-        elif kind == "ptr":
-            sig[p.name] = "*" + val
-        elif kind == "bool":
-            sig[p.name] = "i1"
-        elif kind == "int":
-            sig[p.name] = _int_type(val)
-        else:
-            sig[p.name] = "fp32"
+            val = tl.dtype(val)
+        consts[name] = val
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
     src = ASTSource(fn, sig, consts)
@@ -148,9 +188,7 @@ def _compile_one(rec: dict) -> str | None:
     return None
 
 
-def _checker_main(path: str) -> None:
-    with open(path) as f:
-        records = json.load(f)
+def _failures(records: list) -> list:
     failures = []
     for rec in records:
         err = _compile_one(rec)
@@ -158,8 +196,33 @@ def _checker_main(path: str) -> None:
             failures.append({"kernel": f"{rec['module']}.{rec['name']}",
                              "args": {k: v[1] for k, v in rec["args"].items()
                                       if v[0] != "ptr"},
-                             "num_warps": rec["num_warps"], "error": err})
-    json.dump(failures, sys.stdout)
+                             "num_warps": rec["num_warps"], "where": rec.get("where", []),
+                             "error": err})
+    return failures
+
+
+def _checker_main(path: str) -> None:
+    with open(path) as f:
+        records = json.load(f)
+    json.dump(_failures(records), sys.stdout)
+
+
+def _serve() -> None:
+    """Checker: one JSON list of records per stdin line -> one JSON list of failures per line
+    on stdout; anything else written to stdout (by Python or C code) goes to stderr."""
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    for line in sys.stdin:
+        out.write(json.dumps(_failures(json.loads(line))) + "\n")
+        out.flush()
+
+
+def _checker_env() -> tuple:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    return env, root
 
 
 def compile_launches(records: list, tmp_path) -> list:
@@ -167,9 +230,7 @@ def compile_launches(records: list, tmp_path) -> list:
     path = os.path.join(str(tmp_path), "launches.json")
     with open(path, "w") as f:
         json.dump(records, f)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env, root = _checker_env()
     res = subprocess.run([sys.executable, "-m", "parity_tests.triton_compile_check", path],
                          capture_output=True, text=True, env=env, cwd=root, timeout=1500)
     if res.returncode != 0:
@@ -177,5 +238,59 @@ def compile_launches(records: list, tmp_path) -> list:
     return json.loads(res.stdout)
 
 
+class Checker:
+    """compile_launches in one checker process kept across calls (e.g. a module-scoped
+    fixture): the interpreter start and the imports of torch, Triton and the kernel modules
+    (~1.5 s a process) are paid once, not per call. Each compile is still a fresh
+    ASTSource / MLIR context, as in the one-shot checker. A checker that died or timed out
+    fails that call with its stderr and is started again by the next."""
+
+    def __init__(self, timeout: float = 1500):
+        self.timeout = timeout
+        self._proc = self._err = None
+
+    def compile(self, records: list) -> list:
+        import select
+        import tempfile
+
+        if self._proc is None or self._proc.poll() is not None:
+            self.close()
+            env, root = _checker_env()
+            self._err = tempfile.TemporaryFile()
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "parity_tests.triton_compile_check", "--serve"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True,
+                env=env, cwd=root)
+        try:
+            self._proc.stdin.write(json.dumps(records) + "\n")
+            self._proc.stdin.flush()
+            ready = select.select([self._proc.stdout], [], [], self.timeout)[0]
+            line = self._proc.stdout.readline() if ready else ""
+        except BrokenPipeError:
+            ready, line = True, ""
+        if not line:
+            self._err.seek(0)
+            err = self._err.read().decode(errors="replace")[-3000:]
+            self.close()
+            raise RuntimeError(f"compile checker {'died' if ready else 'timed out'}: {err}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            for f in (self._proc.stdin, self._proc.stdout):
+                try:
+                    f.close()
+                except OSError:
+                    pass
+        if self._err is not None:
+            self._err.close()
+        self._proc = self._err = None
+
+
 if __name__ == "__main__":
-    _checker_main(sys.argv[1])
+    if sys.argv[1] == "--serve":
+        _serve()
+    else:
+        _checker_main(sys.argv[1])
