@@ -237,9 +237,13 @@ def test_t0_kernel_several_chunks_per_cta(chunks_per_cta, monkeypatch):
     ref = _t0_float64(np.asarray(kq.astype(jnp.float32), np.float64), beta, group)
     got = np.asarray(many[0].astype(jnp.float32), np.float64)
     assert np.sqrt(np.mean((got - ref) ** 2) / np.mean(ref ** 2)) < 4e-3
-    for bad in (dict(gcum=g), dict(v_rows=v)):      # the WY factors need both
-        with pytest.raises(ValueError, match="gcum .* v_rows .* expected both"):
-            gate_free_inverse_mosaic(kq, bt, group, jnp.bfloat16, **bad)
+    with pytest.raises(ValueError, match="v_rows .* without gcum"):    # U^T needs the gates
+        gate_free_inverse_mosaic(kq, bt, group, jnp.bfloat16, v_rows=v)
+    with gpu_interpret():     # -W' alone (the training forward's residual): the same values
+        t0_w = gate_free_inverse_mosaic(kq, bt, group, jnp.bfloat16, gcum=g)
+    assert len(t0_w) == 2
+    for a, b in zip(many[:2], t0_w):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
 
 @pytest.mark.parametrize("block", [64, 32, 16])
@@ -331,9 +335,10 @@ def test_t0_kernel_in_the_op(monkeypatch):
 
 
 def test_warp_specialized_forward_choice(monkeypatch):
-    """FORWARD="ws" (the default): the inference forward at K <= 128 is the three-warpgroup
-    kernel fed by the T0-only kernel; K = 256 (its stages do not fit shared memory), training
-    (residuals) and FORWARD="wy" keep the one-warpgroup kernel; a bad FORWARD is refused."""
+    """FORWARD="ws" (the default): the forward at K <= 128 is the three-warpgroup kernel fed by
+    the T0 kernel (T0 only; in training T0 and -W', and the kernel stores the residuals);
+    K = 256 (its stages do not fit shared memory), training with TRAIN_WS off and FORWARD="wy"
+    keep the one-warpgroup kernel; a bad FORWARD is refused."""
     from fla_jax.ops.gated_delta_rule import mosaic_fwd_ws
     assert mosaic_chunk.FORWARD == "ws"
     for dt in (jnp.bfloat16, jnp.float16):
@@ -342,6 +347,8 @@ def test_warp_specialized_forward_choice(monkeypatch):
     assert "gdn_fwd_ws" in _lower(64, "fp16", varlen=True, backward=False, V=128)
     assert "gdn_fwd_ws" not in _lower(256, "bf16", varlen=False, backward=False, V=64)
     monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
+    assert "gdn_fwd_ws" in _lower(128, "bf16", varlen=False, backward=True)
+    monkeypatch.setattr(mosaic_chunk, "TRAIN_WS", False)
     text = _lower(128, "bf16", varlen=False, backward=True)
     assert "gdn_fwd" in text and "gdn_fwd_ws" not in text
     monkeypatch.setattr(mosaic_chunk, "FORWARD", "fast")

@@ -37,12 +37,15 @@ BACKWARDS = ("pallas", "mosaic")
 # The backward behind the Mosaic forward (see the module docstring): "mosaic" (K, V <= 128;
 # else "pallas" is used) or "pallas"
 BACKWARD = "mosaic"
-# The inference forward (no residuals): "ws" (T0 only from mosaic_kkt.py, then the
-# warp-specialized mosaic_fwd_ws.py applies the WY form inside its chunk loop; K <= 128) or
-# "wy" (the T0 kernel also forms -W' and U^T; the one-warpgroup mosaic_fwd_kernel.py, which
-# also serves K = 256 and the backward's residuals)
+# The forward: "ws" (T0 from mosaic_kkt.py, then the warp-specialized mosaic_fwd_ws.py applies
+# the WY form inside its chunk loop; K <= 128) or "wy" (the T0 kernel also forms -W' and U^T;
+# the one-warpgroup mosaic_fwd_kernel.py, which also serves K = 256)
 FORWARD = "ws"
 FORWARDS = ("ws", "wy")
+# Training under FORWARD="ws" too: the T0 kernel forms T0 and -W' (the backward's WY keys; no
+# U^T) and the warp-specialized kernel also stores the chunk states and v_new (False: training
+# takes the "wy" path)
+TRAIN_WS = True
 MAX_HEAD = 256
 
 
@@ -84,11 +87,16 @@ def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool,
     h0t = None if h0 is None else jnp.swapaxes(h0.astype(F32), -1, -2)
     if FORWARD not in FORWARDS:
         raise ValueError(f"mosaic_chunk.FORWARD: got {FORWARD!r}, expected one of {FORWARDS}")
-    if not residuals and FORWARD == "ws" and mosaic_fwd_ws.supports(K, q.dtype):
-        (t0,) = gate_free_inverse(kr, br, HV // H, q.dtype)
+    if (FORWARD == "ws" and mosaic_fwd_ws.supports(K, q.dtype)
+            and (TRAIN_WS or not residuals)):
+        if residuals:      # T0 and the backward's WY keys -W'
+            t0, wneg = gate_free_inverse(kr, br, HV // H, q.dtype, gcum=G)
+        else:
+            (t0,) = gate_free_inverse(kr, br, HV // H, q.dtype)
         outs = mosaic_fwd_ws.fused_forward_ws(qr, kr, vr, t0, G, later, br.T, table, h0t,
-                                              scale=scale)
-        return from_rows(outs[0], lay, B), jnp.swapaxes(outs[1], -1, -2)
+                                              scale=scale, residuals=residuals)
+        o, ht = from_rows(outs[0], lay, B), jnp.swapaxes(outs[1], -1, -2)
+        return (o, ht, (outs[2], outs[3], t0, wneg)) if residuals else (o, ht)
     # the WY factors (and, for the backward, T0) from one chunk-parallel kernel
     wy = gate_free_inverse(kr, br, HV // H, q.dtype, gcum=G, v_rows=vr, with_t0=residuals)
     t0, wneg, uT = wy if residuals else (None, *wy)

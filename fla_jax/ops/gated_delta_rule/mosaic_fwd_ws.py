@@ -22,8 +22,9 @@ written over T0), s_ready / s_free (published S^T and v_new^T written / read by 
 
 Every product on wgmma with fp32 accumulation and 16-bit operands (S^T, X^T, v_new^T and Ag in
 the input dtype, as the one-warpgroup kernel keeps S^T and v_new). Takes K <= MAX_K (the
-stages of K = 256 do not fit shared memory: mosaic_fwd_kernel.py takes those) and no
-residuals (the backward's residual states come from mosaic_fwd_kernel.py).
+stages of K = 256 do not fit shared memory: mosaic_fwd_kernel.py takes those). With
+`residuals` (training) the state warpgroup also TMA-stores the S^T and v_new^T tiles it
+publishes: the chunk states and v_new the backward reads.
 """
 from __future__ import annotations
 
@@ -71,14 +72,18 @@ def _max(a, b):
     return jnp.maximum(a, b)
 
 
-def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float):
+def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
+                     residuals: bool = False):
     """q, k: [R, H, K] (16-bit, one dtype; R a multiple of 64, every sequence starting at a
     chunk boundary, padding rows zero); v: [R, HV, V] (q's dtype, V a multiple of 64); t0:
     [HV, R, C] (q's dtype: mosaic_kkt.gate_free_inverse_mosaic without the WY factors); gcum,
     gsuf, beta: [HV, R] fp32 (G, G_last - G in log2 units; beta); table: [N, TABLE_WIDTH] int32
     (column 0: first chunk of sequence n, column 1: its chunk count); h0t: None or
     [N, HV, V, K] fp32 (transposed initial states). Value head hv reads key head hv // (HV // H).
-    Returns o [R, HV, V] in q's dtype and the transposed final states [N, HV, V, K] fp32."""
+    Returns o [R, HV, V] in q's dtype and the transposed final states [N, HV, V, K] fp32; with
+    `residuals` also the transposed state entering each chunk hs [R // C, HV, V, K] and v_new^T
+    [HV, V, R], both in q's dtype (the state warpgroup TMA-stores the tiles it publishes), as
+    mosaic_fwd_kernel.fused_forward's residuals."""
     R, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     group = HV // H
@@ -111,6 +116,9 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float)
         done=plgpu.Barrier(num_arrivals=3, num_barriers=1),
     )
     out_type = [jax.ShapeDtypeStruct((R, HV, V), dt), jax.ShapeDtypeStruct((N, HV, V, K), F32)]
+    if residuals:
+        out_type += [jax.ShapeDtypeStruct((R // C, HV, V, K), dt),
+                     jax.ShapeDtypeStruct((HV, V, R), dt)]
 
     def body(*refs, q_s, k_s, v_s, t_s, g0_s, s0_s, g1r_s, g1c_s, b1_s, s_pub, vn_pub, o_s,
              st_s, eye_s, seq_s, in_bar, in_free, ag_ready, s_ready, s_free, one_bar, seq_bar, done):
@@ -118,7 +126,8 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float)
         q_ref, k_ref, v_ref, t_ref, gc_ref, gs_ref, b_ref, tab_ref = (refs.pop(0)
                                                                        for _ in range(8))
         h0_ref = refs.pop(0) if has_h0 else None
-        o_ref, ht_ref = refs
+        o_ref, ht_ref = refs[:2]
+        hs_ref, vn_ref = refs[2:] if residuals else (None, None)
         n, hv, iv = lax.axis_index("n"), lax.axis_index("hv"), lax.axis_index("v")
         wg = lax.axis_index("wg")
         h = lax.div(hv, group)
@@ -186,8 +195,13 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float)
                 def _():      # WG1 has read the tiles published two chunks ago
                     plgpu.barrier_wait(s_free.at[half])
 
+                if residuals:   # ... and so has the store of chunk c - 2's S^T (the groups of
+                    plgpu.wait_smem_to_gmem(3, wait_read_only=True)   # c - 1 and its v_new^T may run)
                 s_lo = s_t.astype(dt)
                 s_pub.at[half][...] = s_lo
+                if residuals:
+                    plgpu.commit_smem()
+                    plgpu.copy_smem_to_gmem(s_pub.at[half], hs_ref.at[first + c, hv, cols])
                 g_col = load(g0_s.at[slot], COLS)
                 g_last = g0_s[slot, C - 1]
                 # S^T k^T and v^T (v^T I: a register load of a transposed swizzled tile
@@ -197,9 +211,14 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float)
                 x = (v_t - sk * cols_of(jnp.exp2(g_col), tile)).astype(dt)      # X^T
                 plgpu.barrier_wait(ag_ready.at[slot])
                 vn = matmul(x, t_s.at[slot], tile, tb=True)                     # v_new^T
+                if residuals:   # the store of chunk c - 2's v_new^T has read vn_pub[half]
+                    plgpu.wait_smem_to_gmem(3, wait_read_only=True)
                 vn_pub.at[half][...] = vn.astype(dt)
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(s_ready.at[half])
+                if residuals:
+                    plgpu.copy_smem_to_gmem(vn_pub.at[half],
+                                            vn_ref.at[hv, cols, pl.ds((first + c) * C, C)])
                 vd = (vn * cols_of(jnp.exp2(load(s0_s.at[slot], COLS)), tile)).astype(dt)
                 s_new = matmul(vd, k_s.at[slot], (BV, K), init=s_t * jnp.exp2(g_last))
                 plgpu.barrier_arrive(in_free.at[slot])

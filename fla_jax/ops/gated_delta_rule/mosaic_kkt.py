@@ -60,12 +60,12 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
                              with_t0: bool = True):
     """k_rows: [R, H, K] (16-bit; R a multiple of C, chunks of C rows); beta_t: [HV, R] fp32,
     HV = H * group (value head hv reads key head hv // group); gcum: None or [HV, R] fp32 (the
-    chunk-local gate cumsum G in log2 units; zeros for the delta rule) and v_rows: [R, HV, V]
-    (16-bit, V a multiple of 64), both or neither: with them the WY factors are formed too.
+    chunk-local gate cumsum G in log2 units; zeros for the delta rule): with it -W' is formed
+    too; v_rows: None or [R, HV, V] (16-bit, V a multiple of 64; needs gcum): with it U^T too.
     Returns a tuple, in this order, of
       T0 [HV, R, C]     (when with_t0): rows n*C .. n*C + C - 1 hold chunk n's
                         (I + tril(beta_i k_i . k_j, -1))^-1,
-      -W' [HV, R, K], U^T [HV, V, R]   (with gcum and v_rows; see the module docstring),
+      -W' [HV, R, K]    (with gcum), U^T [HV, V, R] (with v_rows; see the module docstring),
     all in `dtype`."""
     R, H, K = k_rows.shape
     HV = beta_t.shape[0]
@@ -73,18 +73,19 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
         raise ValueError(f"gate_free_inverse_mosaic: k_rows {k_rows.shape}, beta_t "
                          f"{beta_t.shape}, group {group}; expected R % {C} == 0, "
                          f"beta_t [H * group, R]")
-    if (gcum is None) != (v_rows is None):
-        raise ValueError(f"gate_free_inverse_mosaic: gcum {None if gcum is None else gcum.shape}"
-                         f", v_rows {None if v_rows is None else v_rows.shape}; expected both "
-                         f"(the WY factors) or neither")
-    wy = gcum is not None
-    if wy and (v_rows.shape[:2] != (R, HV) or v_rows.shape[2] % C or gcum.shape != (HV, R)):
-        raise ValueError(f"gate_free_inverse_mosaic: v_rows {v_rows.shape}, gcum {gcum.shape};"
-                         f" expected [{R}, {HV}, V] with V a multiple of {C}, [{HV}, {R}]")
+    if gcum is None and v_rows is not None:
+        raise ValueError(f"gate_free_inverse_mosaic: v_rows {v_rows.shape} without gcum; "
+                         f"expected gcum [{HV}, {R}] with it (U^T needs the gated inverse)")
+    wy, with_u = gcum is not None, v_rows is not None
+    if wy and gcum.shape != (HV, R):
+        raise ValueError(f"gate_free_inverse_mosaic: gcum {gcum.shape}; expected [{HV}, {R}]")
+    if with_u and (v_rows.shape[:2] != (R, HV) or v_rows.shape[2] % C):
+        raise ValueError(f"gate_free_inverse_mosaic: v_rows {v_rows.shape}; expected "
+                         f"[{R}, {HV}, V] with V a multiple of {C}")
     if not (with_t0 or wy):
         raise ValueError("gate_free_inverse_mosaic: no output requested (with_t0=False and "
-                         "no gcum / v_rows)")
-    nv = v_rows.shape[2] // C if wy else 0
+                         "no gcum)")
+    nv = v_rows.shape[2] // C if with_u else 0
     NC = R // C
     cpb = max(1, min(CHUNKS_PER_CTA, NC))
     multi = cpb > 1
@@ -120,10 +121,11 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
     scratch["inv_a"] = union(*parts) if len(parts) > 1 else tuple(parts)
     if beta_cols:
         scratch.update(bc_s=plgpu.SMEM(stack((C,)), F32))
-    if wy:   # G as rows and as columns (one buffer per layout); -W', v, U^T
+    if wy:   # G as rows and as columns (one buffer per layout); -W'
         scratch.update(g_r=plgpu.SMEM(stack((C,)), F32), g_c=plgpu.SMEM(stack((C,)), F32),
-                       w_s=smem_tile((C, K), dtype),
-                       v_s=smem_tile((nv, C, C), dtype), u_s=smem_tile((nv, C, C), dtype))
+                       w_s=smem_tile((C, K), dtype))
+    if with_u:    # v, U^T
+        scratch.update(v_s=smem_tile((nv, C, C), dtype), u_s=smem_tile((nv, C, C), dtype))
         if multi:   # one v buffer: the next chunk's v is loaded once this chunk's U^T is formed
             scratch.update(v_bar=plgpu.Barrier(num_arrivals=nv, num_barriers=1))
 
@@ -135,10 +137,12 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
         a_s = inv_a.pop(0) if a_tile is not None else None
         refs = list(refs)
         k_ref, b_ref = refs[:2]
-        g_ref, v_ref = refs[2:4] if wy else (None, None)
-        outs = refs[4 if wy else 2:]
+        g_ref = refs[2] if wy else None
+        v_ref = refs[3] if with_u else None
+        outs = refs[2 + wy + with_u:]
         t_ref = outs.pop(0) if with_t0 else None
-        w_ref, u_ref = outs if wy else (None, None)
+        w_ref = outs.pop(0) if wy else None
+        u_ref = outs.pop(0) if with_u else None
         n, hv = lax.axis_index("n"), lax.axis_index("hv")
 
         def at(ref, slot):
@@ -211,7 +215,7 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
             return d
 
         def finish(ci, slot, rows, k_c, t0, end):
-            """Store T0; form and store -W' and U^T from it (wy)."""
+            """Store T0; form and store -W' (wy) and U^T (with_u) from it."""
             if multi:   # the previous chunk's stores have read t_s, w_s, u_s
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             if with_t0:
@@ -230,6 +234,8 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
             w_s[...] = (-matmul(a_s, k_c, (C, K))).astype(dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(w_s, w_ref.at[hv, rows])
+            if not with_u:
+                return
             # U^T = v^T Ag^T, Ag = (T0 * D) diag(beta); a_s is free again (waited)
             a_s[...] = (tg * cols_of(beta_c, sq)).astype(dtype)
             plgpu.commit_smem()
@@ -253,7 +259,7 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
             first = n * cpb
             count = jnp.minimum(cpb, NC - first)
             load_chunk(first, 0)
-            if wy:
+            if with_u:
                 load_v(first, v_bar.at[0])
 
             def step(i, carry):
@@ -266,9 +272,10 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
 
     out_type = [jax.ShapeDtypeStruct((HV, R, C), dtype)] if with_t0 else []
     if wy:
-        out_type += [jax.ShapeDtypeStruct((HV, R, K), dtype),
-                     jax.ShapeDtypeStruct((HV, nv * C, R), dtype)]
+        out_type += [jax.ShapeDtypeStruct((HV, R, K), dtype)]
+    if with_u:
+        out_type += [jax.ShapeDtypeStruct((HV, nv * C, R), dtype)]
     kernel = build(body, name="gdn_kkt_inverse", out_type=out_type,
                    scratch=scratch, grid=(-(-NC // cpb), HV), grid_names=("n", "hv"))
-    args = [k_rows, beta_t] + ([gcum, v_rows] if wy else [])
+    args = [k_rows, beta_t] + ([gcum] if wy else []) + ([v_rows] if with_u else [])
     return tuple(kernel(*args))
