@@ -2,14 +2,17 @@
 (Hopper, sm_90): impl="mosaic".
 
 Forward: XLA prepares the chunk-aligned token layout and the gate vectors
-(mosaic_layout.py); a chunk-parallel Mosaic kernel forms the gate-free inverse T0 per chunk and
-from it the WY factors W' and U^T (mosaic_kkt.py); one Mosaic kernel (mosaic_fwd_kernel.py)
-then runs the sequential state pass fused with the output.
+(mosaic_layout.py); a chunk-parallel Mosaic kernel forms the gate-free inverse T0 per chunk
+(mosaic_kkt.py); at K <= 128 (FORWARD="ws") the warp-specialized kernel mosaic_fwd_ws.py then
+runs the sequential state pass fused with the output, applying the WY form in its chunk loop;
+at K = 256 (or FORWARD="wy") the T0 kernel also forms the WY factors W' and U^T and the
+one-warpgroup mosaic_fwd_kernel.py runs the state pass and the output.
 Backward (jax.custom_vjp; every gradient in its input's dtype), chosen by BACKWARD:
 "mosaic" (default; K, V <= 128): under differentiation the forward also keeps its residuals
 (chunk states, v_new, T0 and the WY keys W' from the T0 kernel), and mosaic_bwd.py runs a
 Mosaic reverse state pass and a Mosaic per-chunk gradient kernel. H100 bf16 B4 T4096 H16
-K=V=128, training step 1.128 ms for GDN, 1.023 for the delta rule (RESULTS.md run 16).
+K=V=128: forward 0.262 ms, training step 1.042 ms for GDN, 0.943 for the delta rule
+(RESULTS.md run 19).
 "pallas" (and K or V > 128, whose gradient tiles do not fit shared memory): the Pallas
 Triton-lowering kernels of pallas_chunk.py; their backward needs the Pallas forward's
 residuals, so under differentiation the Pallas forward runs instead of the Mosaic one
