@@ -35,8 +35,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of,
-                                   interpreting, iota, load, matmul, matmuls, rows_of,
-                                   smem_tile, zeros_wgmma)
+                                   iota, load, matmul, matmuls, rows_of, smem_tile,
+                                   zeros_wgmma)
+from ..common.mosaic.warpgroups import (finish_together, max_bound, registers,
+                                        stream_stages)
 from .mosaic_fwd_kernel import BV, C, TABLE_WIDTH
 
 MAX_K = 128
@@ -58,18 +60,6 @@ def smem_bytes(K: int, dtype) -> int:
 
 def supports(K: int, dtype) -> bool:
     return K <= MAX_K and smem_bytes(K, dtype) <= SMEM_BUDGET
-
-
-def _registers(n, action):
-    if not interpreting():
-        plgpu.set_max_registers(n, action=action)
-
-
-def _max(a, b):
-    """max of loop bounds that may be static ints or traced scalars."""
-    if isinstance(a, int) and isinstance(b, int):
-        return max(a, b)
-    return jnp.maximum(a, b)
 
 
 def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
@@ -141,7 +131,7 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
 
         @pl.when(wg == 2)
         def _memory():
-            _registers(40, "decrease")
+            registers(40, "decrease")
             first, count = bounds()
 
             def issue(c, slot):
@@ -154,28 +144,11 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
                                  (gc_ref, g1c_s), (b_ref, b1_s)):
                     plgpu.copy_gmem_to_smem(src.at[hv, rows], dst.at[slot], bar)
 
-            for c in range(S):
-                @pl.when(c < count)
-                def _fill():
-                    issue(c, c)
-
-            def refill(c, carry):
-                slot = lax.rem(c, S)
-                plgpu.barrier_wait(in_free.at[slot])
-                issue(c, slot)
-                return carry
-
-            lax.fori_loop(S, _max(count, S), refill, None)
-
-            def observe(c, carry):    # the releases of the last stages
-                plgpu.barrier_wait(in_free.at[lax.rem(c, S)])
-                return carry
-
-            lax.fori_loop(_max(count - S, 0), count, observe, None)
+            stream_stages(count, S, in_free, issue)
 
         @pl.when(wg == 0)
         def _state():
-            _registers(232, "increase")
+            registers(232, "increase")
             first, count = bounds()
             if has_h0:
                 plgpu.copy_gmem_to_smem(h0_ref.at[n, hv, cols], st_s, one_bar.at[0])
@@ -230,7 +203,7 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
                 plgpu.barrier_wait(s_free.at[lax.rem(c, 2)])
                 return carry
 
-            lax.fori_loop(_max(count - 2, 0), count, observe, None)
+            lax.fori_loop(max_bound(count - 2, 0), count, observe, None)
             st_s[...] = s_t
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(st_s, ht_ref.at[n, hv, cols])
@@ -238,7 +211,7 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
 
         @pl.when(wg == 1)
         def _output():
-            _registers(232, "increase")
+            registers(232, "increase")
             first, count = bounds()
             sq = (C, C)
 
@@ -270,8 +243,7 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
             lax.fori_loop(0, count, step, None)
             plgpu.wait_smem_to_gmem(0)
 
-        plgpu.barrier_arrive(done.at[0])
-        plgpu.barrier_wait(done.at[0])
+        finish_together(done)
 
     args = [q, k, v, t0, gcum, gsuf, beta, table] + ([h0t] if has_h0 else [])
     kernel = build(body, name="gdn_fwd_ws", out_type=out_type, scratch=scratch,

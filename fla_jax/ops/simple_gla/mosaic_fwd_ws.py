@@ -18,9 +18,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from ..common.mosaic.tiles import (COLS, F32, ROWS, build, causal_decay, interpreting,
+from ..common.mosaic.tiles import (COLS, F32, ROWS, build, causal_decay,
                                    load_vec, load_wgmma, matmul, rows_of, smem_tile, union,
                                    zeros_wgmma)
+from ..common.mosaic.warpgroups import (finish_together, max_bound, registers,
+                                        stream_stages)
 from .mosaic_fwd import BV, C, SEQ_COLS
 
 SMEM_BUDGET = 220 * 1024
@@ -38,18 +40,6 @@ def _stages(K, itemsize):
 
 def supports(K: int, dtype) -> bool:
     return K <= MAX_K and _stages(K, jnp.dtype(dtype).itemsize) >= 2
-
-
-def _max(a, b):
-    """max of loop bounds that may be static ints or traced scalars."""
-    if isinstance(a, int) and isinstance(b, int):
-        return max(a, b)
-    return jnp.maximum(a, b)
-
-
-def _registers(n, action):
-    if not interpreting():
-        plgpu.set_max_registers(n, action=action)
 
 
 def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int):
@@ -105,7 +95,7 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int):
 
         @pl.when(wg == 2)
         def _memory():
-            _registers(40, "decrease")
+            registers(40, "decrease")
             b, c0, nc = bounds()
 
             def issue(c, slot):
@@ -118,28 +108,11 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int):
                 plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g1_s.at[slot], bar)
                 plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g2_s.at[slot], bar)
 
-            for c in range(S):
-                @pl.when(c < nc)
-                def _fill():
-                    issue(c, c)
-
-            def refill(c, carry):
-                slot = lax.rem(c, S)
-                plgpu.barrier_wait(in_free.at[slot])
-                issue(c, slot)
-                return carry
-
-            lax.fori_loop(S, _max(nc, S), refill, None)
-
-            def observe(c, carry):   # the releases of the last buffers
-                plgpu.barrier_wait(in_free.at[lax.rem(c, S)])
-                return carry
-
-            lax.fori_loop(_max(nc - S, 0), nc, observe, None)
+            stream_stages(nc, S, in_free, issue)
 
         @pl.when(wg == 0)
         def _state():
-            _registers(232, "increase")
+            registers(232, "increase")
             b, c0, nc = bounds()
             if has_h0:
                 plgpu.copy_gmem_to_smem(h0_ref.at[n, h, pl.ds(v0, BV)], st_s, one_bar.at[0])
@@ -175,7 +148,7 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int):
                 plgpu.barrier_wait(s_free.at[lax.rem(c, 2)])
                 return carry
 
-            lax.fori_loop(_max(nc - 2, 0), nc, observe, None)
+            lax.fori_loop(max_bound(nc - 2, 0), nc, observe, None)
             st_s[...] = s_t
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(st_s, ht_ref.at[n, h, pl.ds(v0, BV)])
@@ -183,7 +156,7 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int):
 
         @pl.when(wg == 1)
         def _output():
-            _registers(232, "increase")
+            registers(232, "increase")
             b, c0, nc = bounds()
 
             def step(c, carry):
@@ -208,8 +181,7 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int):
             lax.fori_loop(0, nc, step, None)
             plgpu.wait_smem_to_gmem(0)
 
-        plgpu.barrier_arrive(done.at[0])
-        plgpu.barrier_wait(done.at[0])
+        finish_together(done)
 
     args = [q, k, v, g2] + ([h0t] if has_h0 else []) + ([seq] if varlen else [])
     o, ht = build(body, name="simple_gla_mosaic_fwd_ws", out_type=out_type, scratch=scratch,
