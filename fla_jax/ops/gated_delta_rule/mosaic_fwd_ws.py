@@ -34,10 +34,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from ..common.mosaic.serial import store_final_state
 from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of,
                                    iota, load, matmul, matmuls, rows_of, smem_tile,
                                    zeros_wgmma)
-from ..common.mosaic.warpgroups import (finish_together, max_bound, registers,
+from ..common.mosaic.warpgroups import (finish_together, observe_last, registers,
                                         stream_stages)
 from .mosaic_fwd_kernel import BV, C, TABLE_WIDTH
 
@@ -199,15 +200,8 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
 
             s_t = lax.fori_loop(0, count, step, s0)
 
-            def observe(c, carry):    # WG1's reads of the last two published tiles
-                plgpu.barrier_wait(s_free.at[lax.rem(c, 2)])
-                return carry
-
-            lax.fori_loop(max_bound(count - 2, 0), count, observe, None)
-            st_s[...] = s_t
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(st_s, ht_ref.at[n, hv, cols])
-            plgpu.wait_smem_to_gmem(0)
+            observe_last(count, 2, s_free)    # WG1's reads of the last two published tiles
+            store_final_state(st_s, s_t, ht_ref.at[n, hv, cols])
 
         @pl.when(wg == 1)
         def _output():

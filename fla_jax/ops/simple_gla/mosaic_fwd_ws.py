@@ -18,10 +18,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from ..common.mosaic.serial import store_final_state
 from ..common.mosaic.tiles import (COLS, F32, ROWS, build, causal_decay,
                                    load_vec, load_wgmma, matmul, rows_of, smem_tile, union,
                                    zeros_wgmma)
-from ..common.mosaic.warpgroups import (finish_together, max_bound, registers,
+from ..common.mosaic.warpgroups import (finish_together, observe_last, registers,
                                         stream_stages)
 from .mosaic_fwd import BV, C, SEQ_COLS
 
@@ -144,15 +145,8 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int):
 
             s_t = lax.fori_loop(0, nc, step, s0)
 
-            def observe(c, carry):   # WG1's reads of the last two published tiles
-                plgpu.barrier_wait(s_free.at[lax.rem(c, 2)])
-                return carry
-
-            lax.fori_loop(max_bound(nc - 2, 0), nc, observe, None)
-            st_s[...] = s_t
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(st_s, ht_ref.at[n, h, pl.ds(v0, BV)])
-            plgpu.wait_smem_to_gmem(0)
+            observe_last(nc, 2, s_free)    # WG1's reads of the last two published tiles
+            store_final_state(st_s, s_t, ht_ref.at[n, h, pl.ds(v0, BV)])
 
         @pl.when(wg == 1)
         def _output():

@@ -41,12 +41,17 @@ def stream_stages(count, stages: int, in_free, issue):
         return carry
 
     lax.fori_loop(stages, max_bound(count, stages), refill, None)
+    observe_last(count, stages, in_free)
 
+
+def observe_last(count, n: int, bars):
+    """Wait for the last phases of a ring of n barriers used once per chunk (chunk c on
+    bars[c % n]): those of chunks count - n .. count - 1, which no later use has waited for."""
     def observe(c, carry):
-        plgpu.barrier_wait(in_free.at[lax.rem(c, stages)])
+        plgpu.barrier_wait(bars.at[lax.rem(c, n)])
         return carry
 
-    lax.fori_loop(max_bound(count - stages, 0), count, observe, None)
+    lax.fori_loop(max_bound(count - n, 0), count, observe, None)
 
 
 def finish_together(done):
