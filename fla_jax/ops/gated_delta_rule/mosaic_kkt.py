@@ -5,8 +5,12 @@ B4 T4096 H16 K=V=128 bf16 (RESULTS.md run 14).
 
 One CTA (one warpgroup) per (chunk, value head), chunk-parallel, nothing sequential:
 - k k^T by one wgmma (16-bit operands, fp32 accumulation: exact products).
-- Recursive doubling over block sizes s = 1, 2, 4, 8, 16, 32: with D_s = (I + A_s)^-1 for A_s
-  the part of A inside the diagonal s x s blocks, and L_s the part of A in the (odd, even)
+- INVERSE = "substitution" (the default): the inverse of A's diagonal SUBST_BLOCK-sized blocks
+  by column-wise forward substitution in lane-level code (common/mosaic/substitution.py, exact
+  in fp32), then the remaining levels of the doubling below (one level from 32 x 32 blocks).
+- INVERSE = "doubling": recursive doubling over block sizes s = 1, 2, 4, 8, 16, 32: with
+  D_s = (I + A_s)^-1 for A_s the part of A inside the diagonal s x s blocks, and L_s the
+  part of A in the (odd, even)
   block pairs of each 2s x 2s diagonal block, I + A_2s = (I + A_s)(I + D_s L_s) and
   (D_s L_s)^2 = 0, so
       D_2s = (I - D_s L_s) D_s = D_s - (D_s L_s) D_s,     D_2 = I - L_1,   T0 = D_64.
@@ -17,8 +21,9 @@ One CTA (one warpgroup) per (chunk, value head), chunk-parallel, nothing sequent
   A^2)(I + A^4)... multiplies binomially growing powers, and with correlated keys and beta
   near 2 it lost every digit (tested against
   float64; this form matches the XLA inverse's error there).
-Then, from T0 as rounded to the activations' dtype, the WY factors the fused forward and the
-backward read (forming them here takes them off the forward's sequential chain):
+Then, optionally, from T0 as rounded to the activations' dtype, the WY factors (-W' for the
+backward; U^T too for the one-warpgroup forward, mosaic_fwd_kernel.py; the warp-specialized
+forward reads T0 alone):
     -W' = -(T0 * D) diag(beta exp2(G - G_0)) k   [C, K]  (W = exp2(G_0) W', relative to the
           chunk's first row: no fp16 underflow under strong gates),
     U^T = v^T ((T0 * D) diag(beta))^T            [V, C]  (transposed: v_new^T's layout),
@@ -106,9 +111,6 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
         bar=plgpu.Barrier(num_arrivals=vec_arrivals + (0 if multi else nv),
                           num_barriers=2 if multi else 1),
     )
-    # the inverse's scratch (the doubling's hi / lo operands, or the substitution's plain -A^T
-    # and X) and a_s (the gated inverse after it) are never live together; in the multi-chunk
-    # kernel they share memory (two CTAs per SM at K = V = 128)
     if subst and SUBST_BLOCK not in BLOCKS:
         raise ValueError(f"mosaic_kkt.SUBST_BLOCK={SUBST_BLOCK!r}; expected one of {BLOCKS}")
     # the inverse's scratch (the substitution's plain -A^T, the doubling's hi / lo operands) and
