@@ -34,17 +34,18 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from ..common.mosaic.serial import store_final_state
+from ..common.mosaic.serial import (carried_state, sequence_range, store_final_state,
+                                    store_output)
 from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of,
-                                   iota, load, matmul, matmuls, rows_of, smem_tile,
-                                   zeros_wgmma)
+                                   iota, load, matmul, matmuls, rows_of, smem_tile)
 from ..common.mosaic.warpgroups import (finish_together, observe_last, registers,
                                         stream_stages)
 from .mosaic_fwd_kernel import BV, C, TABLE_WIDTH
 
 MAX_K = 128
 STAGES = 2
-APPROX_MATH = False     # ex2.approx for the decays (not yet timed / GPU-proven: opt-in)
+APPROX_MATH = False     # ex2.approx for the decays (opt-in: timed within 2%, RESULTS.md run 19
+                        # call 6; no GPU parity run)
 SMEM_BUDGET = 220 * 1024
 
 
@@ -126,9 +127,7 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
 
         def bounds():
             """(first chunk, chunk count) of sequence n: each warpgroup reads its own row."""
-            plgpu.copy_gmem_to_smem(tab_ref.at[n], seq_s.at[wg], seq_bar.at[wg])
-            plgpu.barrier_wait(seq_bar.at[wg])
-            return seq_s[wg, 0], seq_s[wg, 1]
+            return sequence_range(tab_ref, n, seq_s.at[wg], seq_bar.at[wg])
 
         @pl.when(wg == 2)
         def _memory():
@@ -151,12 +150,8 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
         def _state():
             registers(232, "increase")
             first, count = bounds()
-            if has_h0:
-                plgpu.copy_gmem_to_smem(h0_ref.at[n, hv, cols], st_s, one_bar.at[0])
-                plgpu.barrier_wait(one_bar.at[0])
-                s0 = load(st_s, WGMMA)
-            else:
-                s0 = zeros_wgmma((BV, K))
+            s0 = carried_state(h0_ref.at[n, hv, cols] if has_h0 else None, st_s, one_bar.at[0],
+                               (BV, K))
             tile = (BV, C)
             eye_s[...] = jnp.where(iota((C, C), 0) == iota((C, C), 1), 1.0, 0.0).astype(dt)
             plgpu.commit_smem()
@@ -169,8 +164,9 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
                 def _():      # WG1 has read the tiles published two chunks ago
                     plgpu.barrier_wait(s_free.at[half])
 
-                if residuals:   # ... and so has the store of chunk c - 2's S^T (the groups of
-                    plgpu.wait_smem_to_gmem(3, wait_read_only=True)   # c - 1 and its v_new^T may run)
+                if residuals:   # the store of chunk c - 2's S^T has read s_pub[half] (the
+                    # three stores issued after it may still run)
+                    plgpu.wait_smem_to_gmem(3, wait_read_only=True)
                 s_lo = s_t.astype(dt)
                 s_pub.at[half][...] = s_lo
                 if residuals:
@@ -227,11 +223,8 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
                            init=o * rows_of(jnp.exp2(g_row), (C, BV)))
                 plgpu.barrier_arrive(s_free.at[half])
                 plgpu.barrier_arrive(in_free.at[slot])
-                plgpu.wait_smem_to_gmem(1, wait_read_only=True)   # o_s[half] of chunk c - 2 sent
-                o_s.at[half][...] = (o * scale).astype(dt)
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(o_s.at[half],
-                                        o_ref.at[pl.ds((first + c) * C, C), hv, cols])
+                store_output(o_s, c, (o * scale).astype(dt),
+                             o_ref.at[pl.ds((first + c) * C, C), hv, cols])
                 return carry
 
             lax.fori_loop(0, count, step, None)

@@ -18,10 +18,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from ..common.mosaic.serial import store_final_state
-from ..common.mosaic.tiles import (COLS, F32, ROWS, build, causal_decay,
-                                   load_vec, load_wgmma, matmul, rows_of, smem_tile, union,
-                                   zeros_wgmma)
+from ..common.mosaic.serial import (carried_state, sequence_range, store_final_state,
+                                    store_output)
+from ..common.mosaic.tiles import (COLS, F32, ROWS, build, causal_decay, load_vec,
+                                   load_wgmma, matmul, rows_of, smem_tile, union)
 from ..common.mosaic.warpgroups import (finish_together, observe_last, registers,
                                         stream_stages)
 from .mosaic_fwd import BV, C, SEQ_COLS
@@ -90,9 +90,7 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int):
         def bounds():    # each warpgroup reads the table into its own row
             if not varlen:
                 return n, 0, static_chunks
-            plgpu.copy_gmem_to_smem(seq_ref.at[n], seq_s.at[wg], seq_bar.at[wg])
-            plgpu.barrier_wait(seq_bar.at[wg])
-            return 0, seq_s[wg, 0], seq_s[wg, 1]
+            return (0, *sequence_range(seq_ref, n, seq_s.at[wg], seq_bar.at[wg]))
 
         @pl.when(wg == 2)
         def _memory():
@@ -115,12 +113,8 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int):
         def _state():
             registers(232, "increase")
             b, c0, nc = bounds()
-            if has_h0:
-                plgpu.copy_gmem_to_smem(h0_ref.at[n, h, pl.ds(v0, BV)], st_s, one_bar.at[0])
-                plgpu.barrier_wait(one_bar.at[0])
-                s0 = load_wgmma(st_s)
-            else:
-                s0 = zeros_wgmma((BV, K))
+            s0 = carried_state(h0_ref.at[n, h, pl.ds(v0, BV)] if has_h0 else None, st_s,
+                               one_bar.at[0], (BV, K))
 
             def step(c, s_t):
                 slot, half = lax.rem(c, S), lax.rem(c, 2)
@@ -165,11 +159,8 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int):
                 o = matmul(p, v_s.at[slot], (C, BV), init=o * rows_of(jnp.exp2(g_row), (C, BV)))
                 plgpu.barrier_arrive(s_free.at[half])
                 plgpu.barrier_arrive(in_free.at[slot])
-                plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-                o_s.at[half][...] = (o * scale).astype(dt)
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(o_s.at[half], o_ref.at[b, pl.ds((c0 + c) * C, C), h,
-                                                                pl.ds(v0, BV)])
+                store_output(o_s, c, (o * scale).astype(dt),
+                             o_ref.at[b, pl.ds((c0 + c) * C, C), h, pl.ds(v0, BV)])
                 return carry
 
             lax.fori_loop(0, nc, step, None)
