@@ -88,23 +88,20 @@ def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool,
     gr = None if g is None else to_rows(g.astype(F32), lay)
     G, later = gate_vectors(gr, qr.shape[0], HV)
     h0t = None if h0 is None else jnp.swapaxes(h0.astype(F32), -1, -2)
-    if FORWARD not in FORWARDS:
-        raise ValueError(f"mosaic_chunk.FORWARD: got {FORWARD!r}, expected one of {FORWARDS}")
+    group = HV // H
     if (FORWARD == "ws" and mosaic_fwd_ws.supports(K, q.dtype)
             and (TRAIN_WS or not residuals)):
-        if residuals:      # T0 and the backward's WY keys -W'
-            t0, wneg = gate_free_inverse(kr, br, HV // H, q.dtype, gcum=G)
-        else:
-            (t0,) = gate_free_inverse(kr, br, HV // H, q.dtype)
+        # T0 (and, for the backward, its WY keys -W'); the WY form applied in the chunk loop
+        t0, *wneg = gate_free_inverse(kr, br, group, q.dtype, gcum=G if residuals else None)
+        wneg = wneg[0] if residuals else None
         outs = mosaic_fwd_ws.fused_forward_ws(qr, kr, vr, t0, G, later, br.T, table, h0t,
                                               scale=scale, residuals=residuals)
-        o, ht = from_rows(outs[0], lay, B), jnp.swapaxes(outs[1], -1, -2)
-        return (o, ht, (outs[2], outs[3], t0, wneg)) if residuals else (o, ht)
-    # the WY factors (and, for the backward, T0) from one chunk-parallel kernel
-    wy = gate_free_inverse(kr, br, HV // H, q.dtype, gcum=G, v_rows=vr, with_t0=residuals)
-    t0, wneg, uT = wy if residuals else (None, *wy)
-    outs = fused_forward(qr, kr, wneg, uT, G, later, table, h0t, scale=scale,
-                         residuals=residuals)
+    else:
+        # the WY factors (and, for the backward, T0) from one chunk-parallel kernel
+        wy = gate_free_inverse(kr, br, group, q.dtype, gcum=G, v_rows=vr, with_t0=residuals)
+        t0, wneg, uT = wy if residuals else (None, *wy)
+        outs = fused_forward(qr, kr, wneg, uT, G, later, table, h0t, scale=scale,
+                             residuals=residuals)
     o, ht = from_rows(outs[0], lay, B), jnp.swapaxes(outs[1], -1, -2)
     return (o, ht, (outs[2], outs[3], t0, wneg)) if residuals else (o, ht)
 
@@ -165,6 +162,8 @@ def chunk_gated_delta_rule_mosaic(q, k, v, *, g, beta, scale, initial_state,
     check_mosaic(op, mosaic_unsupported_reason(q, k, v))
     if BACKWARD not in BACKWARDS:
         raise ValueError(f"mosaic_chunk.BACKWARD: got {BACKWARD!r}, expected one of {BACKWARDS}")
+    if FORWARD not in FORWARDS:
+        raise ValueError(f"mosaic_chunk.FORWARD: got {FORWARD!r}, expected one of {FORWARDS}")
     o, ht = _gdn(q, k, v, g, beta, initial_state, cu_seqlens, float(scale),
                  bool(use_qk_l2norm_in_kernel), BACKWARD)
     return o, (ht if output_final_state else None)
