@@ -11,9 +11,9 @@ CPU machine.
 - The gate-free inverse T0 as a Mosaic kernel (mosaic_kkt.py): against float64 per chunk
   (keys nearly parallel with beta up to 1.95 included), one and several chunks per CTA, and
   the whole op with it, interpreted; it lowers for CUDA.
-- The inference forward: the warp-specialized kernel (mosaic_fwd_ws.py, FORWARD="ws") in the
-  interpreted cases, the one-warpgroup kernel fed by -W' / U^T (FORWARD="wy") in one case; which
-  one each call takes.
+- The forward: the warp-specialized kernel (mosaic_fwd_ws.py, FORWARD="ws", also storing the
+  backward's residuals) in the interpreted cases, the one-warpgroup kernel fed by -W' / U^T
+  (FORWARD="wy") in one case; which one each call takes.
 """
 from __future__ import annotations
 
@@ -324,8 +324,8 @@ def test_t0_kernel_several_chunks_per_cta_lowers(monkeypatch):
 
 def test_t0_kernel_in_the_op(monkeypatch):
     """The op with T0 and the WY factors -W' and U^T from the Mosaic kernel (FORWARD="wy": the
-    forward of training and of K = 256; the other interpreted cases run "ws" for o) against
-    the float64 oracle, interpreted; it lowers for CUDA."""
+    forward of K = 256 and of TRAIN_WS off; the other interpreted cases run "ws") against the
+    float64 oracle, interpreted; it lowers for CUDA."""
     monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
     monkeypatch.setattr(mosaic_chunk, "FORWARD", "wy")
     with gpu_interpret():
