@@ -130,6 +130,17 @@ def test_interpreted_against_float64(op, case, backward, dtype, monkeypatch):
         assert_passed(check(op, case, dtype, {"jax": "mosaic"}))
 
 
+def test_ws_forward_v_transposed_by_load(monkeypatch):
+    """mosaic_fwd_ws.IDENTITY_V_T = False: v^T by a transposed register load (lowers under
+    jax >= 0.11; the GPU runs it only when selected) instead of a product with the identity,
+    interpreted against float64; under older jax the kernel keeps the identity."""
+    from fla_jax.ops.gated_delta_rule import mosaic_fwd_ws
+    monkeypatch.setattr(mosaic_fwd_ws, "IDENTITY_V_T", False)
+    with gpu_interpret():
+        assert_passed(check("chunk_delta_rule", "mos_dr_gqa_h0_t100", "bf16", {"jax": "mosaic"}))
+    assert "gdn_fwd_ws" in _lower(128, "bf16", varlen=True, backward=False)
+
+
 @pytest.mark.parametrize("case", ["mos_dr_gqa_h0_t100", "mos_dr_strong"])
 def test_one_warpgroup_gradients_interpreted(case, monkeypatch):
     """mosaic_bwd_grads.WARPGROUPS = 1 (the one-warpgroup kernel, no longer the default): the
@@ -249,29 +260,28 @@ def test_t0_kernel_several_chunks_per_cta(chunks_per_cta, monkeypatch):
 @pytest.mark.parametrize("block", [64, 32, 16])
 def test_substitution_stream_on_numpy(block):
     """The lane-level solve's instruction stream (substitution.substitute for each thread's
-    column, threads assigned as substitution.lanes_of assigns them), run on float32 NumPy values
-    over one shared -A^T buffer as the kernel runs it: X written over -A^T (only x_jc, j >= c,
-    stored), threads in an adversarial order (later columns and the warp solving the later rows
-    first: every read of a row after the other threads' writes; storing x_jc = 0 for j < c
-    fails this). Gives the inverse of A's diagonal blocks to
-    float32 accuracy, for A strictly lower with large entries."""
+    column, threads and rows assigned as substitution.lanes_of assigns them), run on float32
+    NumPy values as the kernel runs it: the rows of -A^T read from one buffer, every x_jc of the
+    solved rows then stored unconditionally into a zero-filled second buffer. Gives the inverse
+    of A's diagonal blocks to float32 accuracy, for A strictly lower with large entries, with
+    exact zeros above the diagonal (the stored x_jc, j < c) and outside the blocks."""
     from fla_jax.ops.common.mosaic.substitution import lanes_of, substitute
     rng = np.random.default_rng(6)
     a = np.tril(rng.uniform(-1.5, 1.5, (C, C)), -1).astype(np.float32)
-    buf = (-a.T).copy()                 # row j: column j of -A
-    for lo, hi, first, end, offset in reversed(lanes_of(C, block)):
-        for t in reversed(range(lo, hi)):
-            c = t - lo + offset
-
-            def put(v, row, c=c):
-                if row >= c:
-                    buf[row, c] = v
-            substitute(first, end, lambda i, c=c: np.float32(i == c),
-                       lambda j, i0: buf[j, i0:i0 + 4].copy(),
-                       lambda p, q, r: np.float32(p * q + r), put)
+    na = (-a.T).copy()                  # row j: column j of -A
+    x = np.zeros((C, C), np.float32)
+    for lo, hi, n, first in lanes_of(C, block):
+        for t in range(lo, hi):
+            row0 = t - t % n if first is None else first
+            xs = substitute(n, lambda i, own=t - row0: np.float32(i == own),
+                            lambda j, i0, row0=row0: na[row0 + j, row0 + i0:row0 + i0 + 4].copy(),
+                            lambda p, q, r: np.float32(p * q + r))
+            for j, v in enumerate(xs):
+                x[row0 + j, t] = v
+    np.testing.assert_array_equal(na, -a.T)            # only read
     r, c = np.indices((C, C))
     keep = (r >= c) & (r // block == c // block)
-    x = np.where(keep, buf, 0.0)
+    assert (x[~keep] == 0).all()
     want = np.linalg.inv(np.eye(C) + np.where(keep, a, 0.0).astype(np.float64))
     assert np.isfinite(x).all()
     assert np.abs(x - want).max() <= 1e-5 * np.abs(want).max()

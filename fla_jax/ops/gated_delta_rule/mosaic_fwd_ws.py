@@ -10,7 +10,8 @@ the WY form u - w S with u = Ag v, w = Ag Gamma k is applied as
 so that per chunk:
     WG0 (state):  S^T in fp32 registers. Publishes S^T (input dtype) for WG1, then
                   X^T = v^T - (S^T k^T) Gamma,  v_new^T = X^T Ag^T  (published too;
-                  v^T comes from a product with the identity, issued with S^T k^T),
+                  v^T by a product with the identity issued with S^T k^T, or by a
+                  transposed register load of v's tile, IDENTITY_V_T),
                   S^T <- exp2(G_last) S^T + (v_new^T exp2(G_last - G)) k:
                   three dependent products, every left operand in registers.
     WG1 (output): Ag from T0 in place (its SMEM stage), P = (q k^T) * D while WG0 works, then
@@ -37,7 +38,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from ..common.mosaic.serial import (carried_state, sequence_range, store_final_state,
                                     store_output)
 from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of,
-                                   iota, load, matmul, matmuls, rows_of, smem_tile)
+                                   iota, load, load_transposed, matmul, matmuls, rows_of,
+                                   smem_tile, transposed_load_lowers)
 from ..common.mosaic.warpgroups import (finish_together, observe_last, registers,
                                         stream_stages)
 from .mosaic_fwd_kernel import BV, C, TABLE_WIDTH
@@ -47,6 +49,10 @@ STAGES = 2
 APPROX_MATH = False     # ex2.approx for the decays (opt-in: timed within 2%, RESULTS.md run 19
                         # call 6; no GPU parity run)
 SMEM_BUDGET = 220 * 1024
+# v^T for X^T by a product with the identity (True) or by a transposed register load of v's
+# tile (False; lowers under jax >= 0.11 only: older jax takes the identity regardless). Both
+# GPU-proven (RESULTS.md run 20); the load was no faster (GDN B4 T4096 bf16 fwd 0.235 vs 0.230)
+IDENTITY_V_T = True
 
 
 def smem_bytes(K: int, dtype) -> int:
@@ -96,7 +102,6 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
         g1r_s=vec, g1c_s=vec, b1_s=vec,      # WG1: G as rows and as columns, beta
         s_pub=smem_tile((2, BV, K), dt), vn_pub=smem_tile((2, BV, C), dt),
         o_s=smem_tile((2, C, BV), dt), st_s=smem_tile((BV, K), F32),
-        eye_s=smem_tile((C, C), dt),         # WG0: the identity (v^T by a product)
         seq_s=plgpu.SMEM((3, TABLE_WIDTH), jnp.int32),
         in_bar=plgpu.Barrier(num_arrivals=9, num_barriers=S),     # 9 TMA copies
         in_free=plgpu.Barrier(num_arrivals=2, num_barriers=S),
@@ -107,13 +112,17 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
         seq_bar=plgpu.Barrier(num_arrivals=1, num_barriers=3),
         done=plgpu.Barrier(num_arrivals=3, num_barriers=1),
     )
+    eye = IDENTITY_V_T or not transposed_load_lowers()
+    if eye:     # WG0: the identity (v^T by a product)
+        scratch.update(eye_s=smem_tile((C, C), dt))
     out_type = [jax.ShapeDtypeStruct((R, HV, V), dt), jax.ShapeDtypeStruct((N, HV, V, K), F32)]
     if residuals:
         out_type += [jax.ShapeDtypeStruct((R // C, HV, V, K), dt),
                      jax.ShapeDtypeStruct((HV, V, R), dt)]
 
     def body(*refs, q_s, k_s, v_s, t_s, g0_s, s0_s, g1r_s, g1c_s, b1_s, s_pub, vn_pub, o_s,
-             st_s, eye_s, seq_s, in_bar, in_free, ag_ready, s_ready, s_free, one_bar, seq_bar, done):
+             st_s, seq_s, in_bar, in_free, ag_ready, s_ready, s_free, one_bar, seq_bar, done,
+             eye_s=None):
         refs = list(refs)
         q_ref, k_ref, v_ref, t_ref, gc_ref, gs_ref, b_ref, tab_ref = (refs.pop(0)
                                                                        for _ in range(8))
@@ -153,8 +162,10 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
             s0 = carried_state(h0_ref.at[n, hv, cols] if has_h0 else None, st_s, one_bar.at[0],
                                (BV, K))
             tile = (BV, C)
-            eye_s[...] = jnp.where(iota((C, C), 0) == iota((C, C), 1), 1.0, 0.0).astype(dt)
-            plgpu.commit_smem()
+            if eye_s is not None:
+                eye_s[...] = jnp.where(iota((C, C), 0) == iota((C, C), 1), 1.0,
+                                       0.0).astype(dt)
+                plgpu.commit_smem()
 
             def step(c, s_t):
                 slot, half = lax.rem(c, S), lax.rem(c, 2)
@@ -174,10 +185,12 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
                     plgpu.copy_smem_to_gmem(s_pub.at[half], hs_ref.at[first + c, hv, cols])
                 g_col = load(g0_s.at[slot], COLS)
                 g_last = g0_s[slot, C - 1]
-                # S^T k^T and v^T (v^T I: a register load of a transposed swizzled tile
-                # does not lower), one wait
-                sk, v_t = matmuls((s_lo, k_s.at[slot], tile, None, False, True),
-                                  (v_s.at[slot], eye_s, tile, None, True, False))
+                if eye_s is None:     # v^T by a transposed register load (jax >= 0.11)
+                    sk = matmul(s_lo, k_s.at[slot], tile, tb=True)
+                    v_t = load_transposed(v_s.at[slot]).astype(F32)
+                else:   # S^T k^T and v^T = v^T I (the transposed load does not lower), one wait
+                    sk, v_t = matmuls((s_lo, k_s.at[slot], tile, None, False, True),
+                                      (v_s.at[slot], eye_s, tile, None, True, False))
                 x = (v_t - sk * cols_of(jnp.exp2(g_col), tile)).astype(dt)      # X^T
                 plgpu.barrier_wait(ag_ready.at[slot])
                 vn = matmul(x, t_s.at[slot], tile, tb=True)                     # v_new^T

@@ -7,7 +7,9 @@ One CTA (one warpgroup) per (chunk, value head), chunk-parallel, nothing sequent
 - k k^T by one wgmma (16-bit operands, fp32 accumulation: exact products).
 - INVERSE = "substitution" (the default): the inverse of A's diagonal SUBST_BLOCK-sized blocks
   by column-wise forward substitution in lane-level code (common/mosaic/substitution.py, exact
-  in fp32), then the remaining levels of the doubling below (one level from 32 x 32 blocks).
+  in fp32; padded fp32 buffers, a loop of loads and FMAs only), then the remaining levels of
+  the doubling below (one level from 32 x 32 blocks). H100 B4 T4096 H16: 71.3 us (167
+  registers, RESULTS.md run 20; 99.5 us with the solve storing into its input buffer).
 - INVERSE = "doubling": recursive doubling over block sizes s = 1, 2, 4, 8, 16, 32: with
   D_s = (I + A_s)^-1 for A_s the part of A inside the diagonal s x s blocks, and L_s the
   part of A in the (odd, even)
@@ -40,14 +42,15 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from ..common.mosaic.tiles import (COLS, F32, ROWS, build, causal_decay, cols_of, iota, load,
                                    matmul, matmul_sum, rows_of, smem_tile, union)
 from ..common.mosaic.serial import wait_and_prefetch
+from ..common.mosaic import substitution
 from ..common.mosaic.substitution import BLOCKS, unit_lower_inverse
 from .mosaic_fwd_kernel import C   # the chunk length the fused forward reads T0 in
 
 LEVELS = C.bit_length() - 1    # block sizes 1, 2, ..., C / 2 merged
-# Chunks per CTA: 1 (4096 one-chunk CTAs at B4 T4096 HV16; each loads, computes and stores in
-# turn: 198 us on the H100 vs jla's 50, RESULTS.md run 16) or more (opt-in until timed and
-# GPU-proven: inputs double-buffered, the next chunk's loads and this chunk's stores in flight
-# while a chunk is computed; jla runs 8 chunks per CTA)
+# Chunks per CTA: 1 (4096 one-chunk CTAs at B4 T4096 HV16, up to 3 per SM) or more (inputs and
+# T0 tiles double-buffered, the next chunk's loads and earlier chunks' stores in flight while a
+# chunk is computed; bitwise equal to 1 on the H100, benchmarks/mosaic_t0_check.py; 8 timed in
+# RESULTS.md run 20: GDN fwd 0.240 vs 0.235 ms, training step 1.003 vs 1.023; 2 CTAs per SM)
 CHUNKS_PER_CTA = 1
 # How T0 is formed: "substitution" (the default: column-wise forward substitution in lane-level
 # code, exact in fp32, common/mosaic/substitution.py; GPU-proven in RESULTS.md run 19, faster:
@@ -107,15 +110,15 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
     scratch = dict(
         k_s=smem_tile(stack((C, K)), k_rows.dtype),
         b_s=plgpu.SMEM(stack((C,)), F32),
-        t_s=smem_tile(sq, dtype),
+        t_s=smem_tile(stack(sq), dtype),
         bar=plgpu.Barrier(num_arrivals=vec_arrivals + (0 if multi else nv),
                           num_barriers=2 if multi else 1),
     )
     if subst and SUBST_BLOCK not in BLOCKS:
         raise ValueError(f"mosaic_kkt.SUBST_BLOCK={SUBST_BLOCK!r}; expected one of {BLOCKS}")
-    # the inverse's scratch (the substitution's plain -A^T, the doubling's hi / lo operands) and
-    # a_s (the gated inverse after it) are never live together: they share memory
-    sub = plgpu.SMEM(sq, F32) if subst else None
+    # the inverse's scratch (the substitution's padded -A^T and X, the doubling's hi / lo
+    # operands) and a_s (the gated inverse after it) are never live together: they share memory
+    sub = substitution.scratch(C) if subst else None
     hilo = ((smem_tile(sq, BF16), smem_tile(sq, BF16)) if not subst or SUBST_BLOCK < C
             else None)
     a_tile = smem_tile(sq, dtype) if wy else None
@@ -218,14 +221,20 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
 
         def finish(ci, slot, rows, k_c, t0, end):
             """Store T0; form and store -W' (wy) and U^T (with_u) from it."""
-            if multi:   # the previous chunk's stores have read t_s, w_s, u_s
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            # multi: the stores of earlier chunks still in flight (the bulk groups issued
+            # after the one that read the buffer about to be written), per chunk in the order
+            # T0 (slot = chunk parity), -W', U^T tiles (one buffer each)
+            n_t, n_w = int(with_t0), int(wy)
             if with_t0:
-                t_s[...] = t0
+                if multi:   # chunk ci - 2's T0 store has read this slot
+                    plgpu.wait_smem_to_gmem(n_w + nv + (n_t + n_w + nv), wait_read_only=True)
+                at(t_s, slot)[...] = t0
                 plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(t_s, t_ref.at[hv, rows])
+                plgpu.copy_smem_to_gmem(at(t_s, slot), t_ref.at[hv, rows])
             if not wy:
                 return
+            if multi:       # chunk ci - 1's -W' store has read w_s
+                plgpu.wait_smem_to_gmem(nv + n_t, wait_read_only=True)
             g_col = load(at(g_c, slot), COLS)
             tg = t0.astype(F32) * causal_decay(load(at(g_r, slot), ROWS), g_col, sq)   # T0 * D
             beta_c = load(at(bc_s, slot), COLS)
@@ -243,6 +252,8 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
             plgpu.commit_smem()
             if multi:
                 plgpu.barrier_wait(v_bar.at[0])
+                # chunk ci - 1's U^T stores have read u_s
+                plgpu.wait_smem_to_gmem(n_t + n_w, wait_read_only=True)
             for j in range(nv):
                 u_s.at[j][...] = matmul(v_s.at[j], a_s, sq, ta=True, tb=True).astype(dtype)
             if multi:   # v_s has been read: the next chunk's v

@@ -206,6 +206,23 @@ def load(ref, layout):
     return plgpu.load(ref, (), layout=layout)
 
 
+def transposed_load_lowers() -> bool:
+    """A register load of a swizzled SMEM tile's transpose (`plgpu.load(ref.T, ...)`) lowers
+    under jax >= 0.11 (0.10.2: "Can't transpose the swizzled dimension")."""
+    if interpreting():
+        return True
+    major, minor = (int(x) for x in jax.__version__.split(".")[:2])
+    return (major, minor) >= (0, 11)
+
+
+def load_transposed(ref):
+    """ref's value transposed, [N, M] for a [M, N] 16-bit swizzled tile, in the WGMMA layout
+    (needs transposed_load_lowers())."""
+    if interpreting():
+        return ref[...].T
+    return plgpu.load(ref.T, (), layout=WGMMA)
+
+
 def load_wgmma(ref):
     return load(ref, WGMMA)
 
