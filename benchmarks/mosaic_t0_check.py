@@ -1,5 +1,6 @@
 """The delta family's T0 kernel (mosaic_kkt.py) on a Hopper GPU against float64: every inverse
-(doubling; substitution with SUBST_BLOCK 64 / 32 / 16) in bf16 and fp16, unit keys random or
+(doubling; substitution with SUBST_BLOCK 64 / 32 / 16; MERGE "single" at 32 / 16) in bf16
+and fp16, unit keys random or
 nearly parallel within a chunk, beta in (0.05, 1.95); relative RMS error per row (RESULTS.md
 run 19, call 5). Then several chunks per CTA (double-buffered inputs and T0 tiles, stores in
 flight) against one chunk per CTA, T0 alone and T0 with -W' (the training forward's outputs):
@@ -19,7 +20,8 @@ from fla_jax.ops.gated_delta_rule.mosaic_kkt import C, gate_free_inverse_mosaic
 
 rng = np.random.default_rng(0)
 R, H, K = 64 * 64, 2, 128
-DEFAULTS = mosaic_kkt.INVERSE, mosaic_kkt.SUBST_BLOCK, mosaic_kkt.CHUNKS_PER_CTA
+DEFAULTS = (mosaic_kkt.INVERSE, mosaic_kkt.SUBST_BLOCK, mosaic_kkt.CHUNKS_PER_CTA,
+            mosaic_kkt.MERGE)
 
 
 def ref(k, beta):
@@ -33,8 +35,9 @@ def ref(k, beta):
     return out
 
 
-def run(kb, beta, dt, inverse, block, cpc, gcum=None):
+def run(kb, beta, dt, inverse, block, cpc, gcum=None, merge="hilo"):
     mosaic_kkt.INVERSE, mosaic_kkt.SUBST_BLOCK, mosaic_kkt.CHUNKS_PER_CTA = inverse, block, cpc
+    mosaic_kkt.MERGE = merge
     jax.clear_caches()
     outs = gate_free_inverse_mosaic(kb.astype(dt), jnp.asarray(beta.T, jnp.float32), 1, dt,
                                     gcum=gcum)
@@ -50,14 +53,17 @@ for name in ("random", "near_parallel"):
     beta = rng.uniform(0.05, 1.95, (R, H))
     kb = jnp.asarray(k, jnp.bfloat16)
     want = ref(np.asarray(kb.astype(jnp.float32), np.float64), beta)
-    for inv, blk in (("doubling", 64), ("substitution", 64), ("substitution", 32),
-                     ("substitution", 16)):
+    for inv, blk, merge in (("doubling", 64, "hilo"), ("substitution", 64, "hilo"),
+                            ("substitution", 32, "hilo"), ("substitution", 16, "hilo"),
+                            ("substitution", 32, "single"), ("substitution", 16, "single")):
         for dt in (jnp.bfloat16, jnp.float16):
-            (got,) = run(kb, beta, dt, inv, blk, 1)
+            (got,) = run(kb, beta, dt, inv, blk, 1, merge=merge)
             err = np.sqrt(np.mean((got - want) ** 2) / np.mean(want ** 2))
-            bad += not (np.isfinite(got).all() and err < 4e-3)
-            print(f"{name:14s} {inv:12s} {blk:3d} {jnp.dtype(dt).name:9s} rel rms {err:.2e} "
-                  f"finite {np.isfinite(got).all()}", flush=True)
+            # MERGE="single" (opt-in) is reported, not bounded: near-parallel keys take it to
+            # ~1e-2 in bf16 (RESULTS.md run 20)
+            bad += not np.isfinite(got).all() or (merge == "hilo" and err >= 4e-3)
+            print(f"{name:14s} {inv:12s} {blk:3d} {merge:6s} {jnp.dtype(dt).name:9s} rel rms "
+                  f"{err:.2e} finite {np.isfinite(got).all()}", flush=True)
     gcum = jnp.asarray(np.cumsum(-rng.uniform(0, 0.5, (H, R // C, C)), -1).reshape(H, R),
                        jnp.float32)
     for blk in (32, 16):
@@ -69,6 +75,7 @@ for name in ("random", "near_parallel"):
                 bad += not same
                 print(f"{name:14s} block {blk:3d} outputs {len(one)} chunks per CTA {cpc}: "
                       f"{'bitwise equal' if same else 'DIFFERENT'} to one per CTA", flush=True)
-mosaic_kkt.INVERSE, mosaic_kkt.SUBST_BLOCK, mosaic_kkt.CHUNKS_PER_CTA = DEFAULTS
+(mosaic_kkt.INVERSE, mosaic_kkt.SUBST_BLOCK, mosaic_kkt.CHUNKS_PER_CTA,
+ mosaic_kkt.MERGE) = DEFAULTS
 print(f"{bad} failed")
 sys.exit(1 if bad else 0)

@@ -234,9 +234,13 @@ def _t0_inputs(seed, chunks, K=64, V=128, group=2):
 
 @pytest.mark.parametrize("chunks_per_cta", [2, 3])
 def test_t0_kernel_several_chunks_per_cta(chunks_per_cta, monkeypatch):
-    """mosaic_kkt.CHUNKS_PER_CTA > 1 (opt-in): double-buffered inputs, a partial last group
-    (5 chunks in groups of 2 or 3); T0, -W' and U^T equal the one-chunk kernel's, bit for bit
-    (the same operations per chunk), and T0 matches float64."""
+    """mosaic_kkt.CHUNKS_PER_CTA > 1 (the default for T0 + -W', the training forward's):
+    double-buffered inputs, a partial last group (5 chunks in groups of 2 or 3); T0, -W' and
+    U^T equal the one-chunk kernel's, bit for bit (the same operations per chunk), and T0
+    matches float64. The default count: 1 for T0 alone and with U^T, 4 for T0 + -W'."""
+    assert mosaic_kkt.CHUNKS_PER_CTA is None
+    assert [mosaic_kkt.chunks_per_cta(wy, u) for wy, u in ((False, False), (True, False),
+                                                            (True, True))] == [1, 4, 1]
     kq, bt, g, v, beta, group = _t0_inputs(2, 5)
     with gpu_interpret():
         one = gate_free_inverse_mosaic(kq, bt, group, jnp.bfloat16, gcum=g, v_rows=v)
@@ -299,10 +303,12 @@ def test_t0_by_substitution(chunks_per_cta, monkeypatch):
     kq, bt, g, v, beta, group = _t0_inputs(4, 3)
     monkeypatch.setattr(mosaic_kkt, "CHUNKS_PER_CTA", chunks_per_cta)
     outs = []
-    for inverse, block in (("doubling", 64), ("substitution", 64), ("substitution", 32),
-                           ("substitution", 16)):
+    for inverse, block, merge in (("doubling", 64, "hilo"), ("substitution", 64, "hilo"),
+                                  ("substitution", 32, "hilo"), ("substitution", 16, "hilo"),
+                                  ("substitution", 16, "single")):
         monkeypatch.setattr(mosaic_kkt, "INVERSE", inverse)
         monkeypatch.setattr(mosaic_kkt, "SUBST_BLOCK", block)
+        monkeypatch.setattr(mosaic_kkt, "MERGE", merge)
         with gpu_interpret():
             outs.append([np.asarray(x.astype(jnp.float32), np.float64) for x in
                          gate_free_inverse_mosaic(kq, bt, group, jnp.bfloat16, gcum=g,
@@ -318,6 +324,10 @@ def test_t0_by_substitution(chunks_per_cta, monkeypatch):
         monkeypatch.setattr(mosaic_kkt, "INVERSE", inverse)
         monkeypatch.setattr(mosaic_kkt, "SUBST_BLOCK", block)
         assert "gdn_kkt_inverse" in _lower(128, "bf16", varlen=True, backward=False)
+    monkeypatch.setattr(mosaic_kkt, "MERGE", "fast")
+    with pytest.raises(ValueError, match="MERGE='fast'"):
+        gate_free_inverse_mosaic(kq, bt, group, jnp.bfloat16)
+    monkeypatch.setattr(mosaic_kkt, "MERGE", "hilo")
     monkeypatch.setattr(mosaic_kkt, "SUBST_BLOCK", 8)
     with pytest.raises(ValueError, match="SUBST_BLOCK=8"):
         gate_free_inverse_mosaic(kq, bt, group, jnp.bfloat16)

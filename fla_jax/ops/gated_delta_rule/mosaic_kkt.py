@@ -47,11 +47,14 @@ from ..common.mosaic.substitution import BLOCKS, unit_lower_inverse
 from .mosaic_fwd_kernel import C   # the chunk length the fused forward reads T0 in
 
 LEVELS = C.bit_length() - 1    # block sizes 1, 2, ..., C / 2 merged
-# Chunks per CTA: 1 (4096 one-chunk CTAs at B4 T4096 HV16, up to 3 per SM) or more (inputs and
-# T0 tiles double-buffered, the next chunk's loads and earlier chunks' stores in flight while a
-# chunk is computed; bitwise equal to 1 on the H100, benchmarks/mosaic_t0_check.py; 8 timed in
-# RESULTS.md run 20: GDN fwd 0.240 vs 0.235 ms, training step 1.003 vs 1.023; 2 CTAs per SM)
-CHUNKS_PER_CTA = 1
+# Chunks per CTA: None (the default: CHUNKS_PER_CTA_AUTO, T0 alone or with U^T / T0 and -W') or a
+# count. One chunk per CTA: 4096 CTAs at B4 T4096 HV16, up to 3 per SM; several: inputs and T0
+# tiles double-buffered, the next chunk's loads and earlier chunks' stores in flight while a
+# chunk is computed (bitwise equal to one per CTA on the H100, benchmarks/mosaic_t0_check.py).
+# Timed alone on the H100 (RESULTS.md run 20, 1 / 2 / 4 / 8): T0 84 / 97 / 90 / 91 us, T0 + -W'
+# (the training forward's) 144 / 128 / 122 / 125 us: the -W' stores want chunks in flight
+CHUNKS_PER_CTA = None
+CHUNKS_PER_CTA_AUTO = (1, 4)
 # How T0 is formed: "substitution" (the default: column-wise forward substitution in lane-level
 # code, exact in fp32, common/mosaic/substitution.py; GPU-proven in RESULTS.md run 19, faster:
 # GDN B4 T4096 bf16 fwd 0.354 vs 0.379 ms) or "doubling" (the ten hi / lo products above;
@@ -62,6 +65,22 @@ INVERSE = "substitution"
 # every block on its own warp) and complete T0 by the last one / two doubling levels
 SUBST_BLOCK = 32
 BF16 = jnp.bfloat16
+# The doubling's products: "hilo" (the default: three bf16 products of hi / lo splits, ~2^-16
+# relative, T0 exact to its output rounding) or "single" (opt-in: one product of operands
+# rounded to the activations' dtype). H100 (RESULTS.md run 20): T0 alone 84 -> 71 us (65 with
+# SUBST_BLOCK 16), GDN fwd 0.232 -> 0.216 ms, but T0's relative RMS error vs float64 with
+# nearly parallel keys 1.25e-3 -> 1.1e-2 in bf16 (1.6e-4 -> 1.4e-3 fp16): 9x the output's
+# rounding, so not the default
+MERGE = "hilo"
+MERGES = ("hilo", "single")
+
+
+def chunks_per_cta(wy: bool, with_u: bool) -> int:
+    """Chunks per CTA of the T0 kernel forming T0 (and -W' with wy, U^T with with_u):
+    CHUNKS_PER_CTA, or when None CHUNKS_PER_CTA_AUTO's entry (the second for -W' without U^T)."""
+    if CHUNKS_PER_CTA is not None:
+        return CHUNKS_PER_CTA
+    return CHUNKS_PER_CTA_AUTO[int(wy and not with_u)]
 
 
 def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_rows=None,
@@ -95,7 +114,7 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
                          "no gcum)")
     nv = v_rows.shape[2] // C if with_u else 0
     NC = R // C
-    cpb = max(1, min(CHUNKS_PER_CTA, NC))
+    cpb = max(1, min(chunks_per_cta(wy, with_u), NC))
     multi = cpb > 1
     # multi: inputs double-buffered (slot = chunk parity), the next chunk's loads in flight
     # while this one is computed, its stores left asynchronous
@@ -119,7 +138,11 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
     # the inverse's scratch (the substitution's padded -A^T and X, the doubling's hi / lo
     # operands) and a_s (the gated inverse after it) are never live together: they share memory
     sub = substitution.scratch(C) if subst else None
-    hilo = ((smem_tile(sq, BF16), smem_tile(sq, BF16)) if not subst or SUBST_BLOCK < C
+    if MERGE not in MERGES:
+        raise ValueError(f"mosaic_kkt.MERGE={MERGE!r}; expected one of {MERGES}")
+    single = MERGE == "single"
+    op_dtype = dtype if single else BF16
+    hilo = ((smem_tile(sq, op_dtype), smem_tile(sq, op_dtype)) if not subst or SUBST_BLOCK < C
             else None)
     a_tile = smem_tile(sq, dtype) if wy else None
     parts = [x for x in (sub, hilo, a_tile) if x is not None]
@@ -174,6 +197,10 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
 
         def prod(x, y):
             """x @ y for fp32 register tiles: y's hi / lo parts through SMEM, three wgmmas."""
+            if single:      # operands rounded once (MERGE)
+                hi_s[...] = y.astype(op_dtype)
+                plgpu.commit_smem()
+                return matmul(x.astype(op_dtype), hi_s, sq)
             y_hi = y.astype(BF16)
             hi_s[...] = y_hi
             lo_s[...] = (y - y_hi.astype(F32)).astype(BF16)
