@@ -376,6 +376,31 @@ def test_warp_specialized_forward_choice(monkeypatch):
         _lower(128, "bf16", varlen=False, backward=False)
 
 
+def test_reverse_pass_choice(monkeypatch):
+    """mosaic_bwd.REVERSE = "ws" (the default): the reverse state pass is the three-warpgroup
+    kernel reading T0 (the training forward's T0 kernel forms no -W'); "wy" and the "wy"
+    training forward keep the one-warpgroup pass reading -W'; a bad REVERSE is refused. The
+    interpreted cases above run "ws" (checked to fail with dv_new^T Ag's sign flipped)."""
+    from fla_jax.ops.gated_delta_rule import mosaic_bwd, mosaic_bwd_states_ws
+    assert mosaic_bwd.REVERSE == "ws"
+    for dt in (jnp.bfloat16, jnp.float16):
+        assert mosaic_bwd_states_ws.supports(128, dt)
+        assert mosaic_bwd_states_ws.smem_bytes(128, dt) <= mosaic_bwd_states_ws.SMEM_BUDGET
+    monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
+    text = _lower(128, "bf16", varlen=True, backward=True)
+    assert "gdn_bwd_states_ws" in text
+    monkeypatch.setattr(mosaic_bwd, "REVERSE", "wy")
+    text = _lower(128, "bf16", varlen=True, backward=True)
+    assert "gdn_bwd_states" in text and "gdn_bwd_states_ws" not in text
+    monkeypatch.setattr(mosaic_bwd, "REVERSE", "ws")
+    monkeypatch.setattr(mosaic_chunk, "TRAIN_WS", False)
+    text = _lower(64, "fp16", varlen=False, backward=True)
+    assert "gdn_bwd_states" in text and "gdn_bwd_states_ws" not in text
+    monkeypatch.setattr(mosaic_bwd, "REVERSE", "fast")
+    with pytest.raises(ValueError, match="REVERSE: got 'fast'"):
+        _lower(128, "bf16", varlen=False, backward=True)
+
+
 @pytest.mark.parametrize("op", ["chunk_gated_delta_rule", "chunk_delta_rule"])
 def test_auto_takes_mosaic_on_hopper(op, monkeypatch):
     """impl='auto' on a (pretended) Hopper GPU: 'mosaic' for bf16 / fp16 calls the kernels

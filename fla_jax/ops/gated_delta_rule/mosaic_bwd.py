@@ -6,8 +6,10 @@ of the gate gradient (common/mosaic/gate_rows.py) and the GQA group sums.
 Residuals (mosaic_chunk.forward(..., residuals=True)): hs [NC, HV, V, K] the transposed state
 entering each chunk and vnT [HV, V, R] v_new transposed (both in q's dtype, stored by the fused
 forward), T0 [HV, R, C] the gate-free inverse and -W' [HV, R, K] the WY keys relative to each
-chunk's first row (both from mosaic_kkt.py). The reverse pass turns (W', do, dht) into L^T per
-chunk (the cotangent of the state the chunk hands on), dv_new and dh0; the gradient kernel then
+chunk's first row (both from mosaic_kkt.py; -W' only when the reverse pass reads it: REVERSE
+"wy", else None). The reverse pass (mosaic_bwd_states_ws.py from T0, or mosaic_bwd_kernel.py
+from -W') turns them, do and dht into L^T per chunk (the cotangent of the state the chunk
+hands on), dv_new and dh0; the gradient kernel then
 gives dq, dk, dv, dbeta and the two per-row gate terms r1, r2, with
     dg_t = sum_{s >= t in t's chunk} r1_s + sum_{s < t in t's chunk} r2_s.
 """
@@ -20,12 +22,25 @@ from ..common.mosaic.gate_rows import chunk_gate_grad
 from ..common.pallas_delta_layout import l2norm_fwd
 from .mosaic_bwd_grads import MAX_HEAD, chunk_grads
 from .mosaic_bwd_kernel import reverse_states
+from .mosaic_bwd_states_ws import reverse_states_ws
 from .mosaic_fwd_kernel import C
 from .mosaic_layout import from_rows, gate_vectors, l2norm, plan, to_rows
 
 F32 = jnp.float32
 
-__all__ = ["MAX_HEAD", "backward"]
+__all__ = ["MAX_HEAD", "backward", "reverse_from_t0"]
+# The reverse state pass: "ws" (mosaic_bwd_states_ws.py: three warpgroups, reads T0, so the
+# training forward's T0 kernel forms no -W') or "wy" (mosaic_bwd_kernel.py: one warpgroup,
+# reads -W')
+REVERSE = "ws"
+REVERSES = ("ws", "wy")
+
+
+def reverse_from_t0() -> bool:
+    """The reverse pass reads T0 (REVERSE = "ws"): the forward keeps no -W' residual."""
+    if REVERSE not in REVERSES:
+        raise ValueError(f"mosaic_bwd.REVERSE: got {REVERSE!r}, expected one of {REVERSES}")
+    return REVERSE == "ws"
 
 
 def backward(q, k, v, g, beta, h0, cu_seqlens, do, dht, *, scale: float, l2: bool, resid):
@@ -47,8 +62,12 @@ def backward(q, k, v, g, beta, h0, cu_seqlens, do, dht, *, scale: float, l2: boo
     bt = br.T
     dor = to_rows(do.astype(dtype), lay)                                # [R, HV, V]
     dhtT = None if dht is None else jnp.swapaxes(dht.astype(F32), -1, -2)
-    lamT, dvnT, dh0T = reverse_states(qr, kr, wneg, dor, gcum, gsuf, table, dhtT,
-                                      scale=scale, group=group)
+    if wneg is None:    # the forward formed no -W' (reverse_from_t0)
+        lamT, dvnT, dh0T = reverse_states_ws(qr, kr, t0, dor, gcum, gsuf, bt, table, dhtT,
+                                             scale=scale, group=group)
+    else:
+        lamT, dvnT, dh0T = reverse_states(qr, kr, wneg, dor, gcum, gsuf, table, dhtT,
+                                          scale=scale, group=group)
     dq, dk, dv, db, r1, r2 = chunk_grads(qr, kr, vr, dor, t0, hs, lamT, vnT, dvnT, gcum, gsuf,
                                          bt, scale=scale, group=group, gated=g is not None)
     if group > 1:   # the group's value heads share q / k: sum their gradients in fp32

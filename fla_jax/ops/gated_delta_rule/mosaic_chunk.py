@@ -76,7 +76,8 @@ def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool,
     q, k: [B, T, H, K]; v: [B, T, HV, V]; g: None or [B, T, HV]; beta: [B, T, HV];
     h0: None or [N, HV, K, V] fp32. Returns o [B, T, HV, V] (q's dtype) and the final
     states [N, HV, K, V] fp32; with `residuals` also (hs, vnT, t0, wneg): the forward
-    kernel's chunk states and v_new, the gate-free inverse and the WY keys, the residuals of
+    kernel's chunk states and v_new, the gate-free inverse and the WY keys (None when the
+    reverse pass reads T0: mosaic_bwd.reverse_from_t0), the residuals of
     mosaic_bwd.backward."""
     B, T, H, K = q.shape
     HV = v.shape[2]
@@ -91,9 +92,11 @@ def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool,
     group = HV // H
     if (FORWARD == "ws" and mosaic_fwd_ws.supports(K, q.dtype)
             and (TRAIN_WS or not residuals)):
-        # T0 (and, for the backward, its WY keys -W'); the WY form applied in the chunk loop
-        t0, *wneg = gate_free_inverse(kr, br, group, q.dtype, gcum=G if residuals else None)
-        wneg = wneg[0] if residuals else None
+        # T0 (and, for a backward whose reverse pass reads them, its WY keys -W'); the WY
+        # form applied in the chunk loop
+        with_w = residuals and not mosaic_bwd.reverse_from_t0()
+        t0, *wneg = gate_free_inverse(kr, br, group, q.dtype, gcum=G if with_w else None)
+        wneg = wneg[0] if with_w else None
         outs = mosaic_fwd_ws.fused_forward_ws(qr, kr, vr, t0, G, later, br.T, table, h0t,
                                               scale=scale, residuals=residuals)
     else:
@@ -164,6 +167,7 @@ def chunk_gated_delta_rule_mosaic(q, k, v, *, g, beta, scale, initial_state,
         raise ValueError(f"mosaic_chunk.BACKWARD: got {BACKWARD!r}, expected one of {BACKWARDS}")
     if FORWARD not in FORWARDS:
         raise ValueError(f"mosaic_chunk.FORWARD: got {FORWARD!r}, expected one of {FORWARDS}")
+    mosaic_bwd.reverse_from_t0()      # REVERSE checked
     o, ht = _gdn(q, k, v, g, beta, initial_state, cu_seqlens, float(scale),
                  bool(use_qk_l2norm_in_kernel), BACKWARD)
     return o, (ht if output_final_state else None)
