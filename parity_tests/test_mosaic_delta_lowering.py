@@ -291,35 +291,6 @@ def test_substitution_stream_on_numpy(block):
     assert np.abs(x - want).max() <= 1e-5 * np.abs(want).max()
 
 
-@pytest.mark.parametrize("block", [64, 32, 16])
-@pytest.mark.parametrize("order", ["forward", "reverse"])
-def test_substitution_in_place_on_numpy(block, order):
-    """mosaic_kkt.X_IN_PLACE: the same stream with X written over the staged -A^T (padded rows):
-    x_jc for j >= c into its lower triangle, x_jc for j < c into a padding column, each
-    thread's stores after its loop, threads run one after another in either order (a thread's
-    stores before another's reads: they must never touch an entry another thread reads). The
-    masked buffer is the inverse of A's diagonal blocks; storing x_jc, j < c, in place fails."""
-    from fla_jax.ops.common.mosaic.substitution import PAD, lanes_of, substitute
-    rng = np.random.default_rng(7)
-    a = np.tril(rng.uniform(-1.5, 1.5, (C, C)), -1).astype(np.float32)
-    na = np.zeros((C, C + PAD), np.float32)
-    na[:, :C] = -a.T
-    threads = [(t, n, first) for lo, hi, n, first in lanes_of(C, block) for t in range(lo, hi)]
-    for t, n, first in (threads if order == "forward" else threads[::-1]):
-        row0 = t - t % n if first is None else first
-        xs = substitute(n, lambda i, own=t - row0: np.float32(i == own),
-                        lambda j, i0, row0=row0: na[row0 + j, row0 + i0:row0 + i0 + 4].copy(),
-                        lambda p, q, r: np.float32(p * q + r))
-        for j, v in enumerate(xs):
-            na[row0 + j, t if j >= t - row0 else C + t % PAD] = v
-    r, c = np.indices((C, C))
-    keep = (r >= c) & (r // block == c // block)
-    x = np.where(keep, na[:, :C], 0.0)
-    want = np.linalg.inv(np.eye(C) + np.where(keep, a, 0.0).astype(np.float64))
-    assert np.isfinite(x).all()
-    assert np.abs(x - want).max() <= 1e-5 * np.abs(want).max()
-
-
 @pytest.mark.parametrize("chunks_per_cta", [1, 2])
 def test_t0_by_substitution(chunks_per_cta, monkeypatch):
     """mosaic_kkt.INVERSE = "substitution" (the default since run 19; common/mosaic/
@@ -369,10 +340,6 @@ def test_t0_kernel_several_chunks_per_cta_lowers(monkeypatch):
     monkeypatch.setattr(mosaic_kkt, "CHUNKS_PER_CTA", 8)
     assert "gdn_kkt_inverse" in _lower(128, "bf16", varlen=True, backward=True)
     assert "gdn_kkt_inverse" in _lower(256, "fp16", varlen=False, backward=False)
-    monkeypatch.setattr(mosaic_kkt, "X_IN_PLACE", True)     # one solve buffer
-    for cpc in (1, 4):
-        monkeypatch.setattr(mosaic_kkt, "CHUNKS_PER_CTA", cpc)
-        assert "gdn_kkt_inverse" in _lower(128, "bf16", varlen=True, backward=False)
 
 
 def test_t0_kernel_in_the_op(monkeypatch):

@@ -72,9 +72,6 @@ BF16 = jnp.bfloat16
 # nearly parallel keys 1.25e-3 -> 1.1e-2 in bf16 (1.6e-4 -> 1.4e-3 fp16): 9x the output's
 # rounding, so not the default
 MERGE = "hilo"
-# The substitution's X written over its staged -A^T (True: one 18 KB buffer, 68 KB of SMEM with
-# several chunks per CTA: three CTAs per SM; opt-in until timed) or into a second buffer
-X_IN_PLACE = False
 MERGES = ("hilo", "single")
 
 
@@ -140,7 +137,7 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
         raise ValueError(f"mosaic_kkt.SUBST_BLOCK={SUBST_BLOCK!r}; expected one of {BLOCKS}")
     # the inverse's scratch (the substitution's padded -A^T and X, the doubling's hi / lo
     # operands) and a_s (the gated inverse after it) are never live together: they share memory
-    sub = substitution.scratch(C, X_IN_PLACE) if subst else None
+    sub = substitution.scratch(C) if subst else None
     if MERGE not in MERGES:
         raise ValueError(f"mosaic_kkt.MERGE={MERGE!r}; expected one of {MERGES}")
     single = MERGE == "single"

@@ -10,10 +10,7 @@ thread of the warp at the same address (a broadcast, 16 bytes at a time). The lo
 (-A^T's buffer) and keeps x_jc in registers (each r_j becomes x_jc: no more live values); X is
 written afterwards, every x_jc of the solved rows unconditionally (x_jc = 0 exactly for j < c),
 to a second buffer zero-filled beforehand: no store or branch between the row loads of the
-chain, and the tile comes back with zeros outside the solved blocks (no mask). In place (one
-buffer, mosaic_kkt.X_IN_PLACE): x_jc for j >= c is written over -A^T's lower triangle, which no
-thread reads, and x_jc = 0 for j < c into a padding column (a select, no branch); the tile is
-masked to the blocks after the load.
+chain, and the tile comes back with zeros outside the solved blocks (no mask).
 Threads: thread t < C solves column t. block < C: rows of its block, first = t - t % block
 (block = 16: two blocks per warp, one code path with the block's first row computed per lane);
 block = C: threads 0..31 from row 0, threads 32..63 from row 32 (x_jc = 0 for j < c).
@@ -69,11 +66,9 @@ def lanes_of(C: int, block: int):
     return [(0, C, block, None)]
 
 
-def _lane_solve(C: int, block: int, in_place: bool):
-    """The inline_mgpu function (-A^T in registers, the padded fp32 buffers for -A^T and X:
-    views of their first C columns, and the whole -A^T buffer) for [C, C] (C = 64) returning X
-    fp32 (WGMMA layout): zero outside the solved blocks, or with in_place (X written over -A^T)
-    holding -A^T's other entries there (the caller masks)."""
+def _lane_solve(C: int, block: int):
+    """The inline_mgpu function (-A^T in registers, padded fp32 buffers for -A^T and X) for
+    [C, C] (C = 64) returning X fp32 (WGMMA layout, zero outside the solved blocks)."""
     from jax.experimental.mosaic import gpu as mgpu
     from jax.experimental.mosaic.gpu import utils as mu
     from jaxlib.mlir import ir
@@ -85,9 +80,9 @@ def _lane_solve(C: int, block: int, in_place: bool):
                          f"takes C = {2 * WARP} and a block in {BLOCKS}")
 
     @plgpu.inline_mgpu(
-        arg_types=(plgpu.Layout.WGMMA, plgpu.RefType(), plgpu.RefType(), plgpu.RefType()),
+        arg_types=(plgpu.Layout.WGMMA, plgpu.RefType(), plgpu.RefType()),
         return_type=plgpu.ShapeDtypeStruct((C, C), F32, layout=plgpu.Layout.WGMMA))
-    def solve(ctx, neg_at, na_ref, x_ref, na_full):
+    def solve(ctx, neg_at, na_ref, x_ref):
         del ctx
         f32 = ir.F32Type.get()
         i32 = ir.IntegerType.get_signless(32)
@@ -95,9 +90,8 @@ def _lane_solve(C: int, block: int, in_place: bool):
         quad = ir.VectorType.get([4], f32)
         zero, one = mu.c(0.0, f32), mu.c(1.0, f32)
         neg_at.store_untiled(na_ref, optimized=False)      # row j: column j of -A
-        if not in_place:
-            mgpu.FragmentedArray.splat(zero, (C, C), layout=mgpu.WGMMA_LAYOUT).store_untiled(
-                x_ref, optimized=False)
+        mgpu.FragmentedArray.splat(zero, (C, C), layout=mgpu.WGMMA_LAYOUT).store_untiled(
+            x_ref, optimized=False)
         mu.warpgroup_barrier()
         # odd CTAs (block index sum) solve on threads 64..127: warps 2 and 3
         bsum = arith.addi(arith.addi(gpu.block_id(gpu.Dimension.x),
@@ -132,16 +126,8 @@ def _lane_solve(C: int, block: int, in_place: bool):
                                            static_position=ir.DenseI64ArrayAttr.get([t]))
                             for t in range(4)]
 
-                spare = arith.index_cast(index, arith.addi(
-                    mu.c(C, i32), arith.remui(tid, mu.c(PAD, i32))))
                 for j, x_j in enumerate(substitute(n, eye, row4, mmath.fma)):
-                    if not in_place:
-                        memref.store(x_j, x_ref, [at(j), column])
-                        continue
-                    # over -A^T: x_jc = 0 for j < c goes to a padding column instead (that
-                    # entry of -A^T may still be read by a lane of this warp in its loop)
-                    keep = arith.cmpi(arith.CmpIPredicate.uge, mu.c(j, i32), own)
-                    memref.store(x_j, na_full, [at(j), arith.select(keep, column, spare)])
+                    memref.store(x_j, x_ref, [at(j), column])
         mu.warpgroup_barrier()                              # every column written
         x = mgpu.FragmentedArray.load_untiled(x_ref, layout=mgpu.WGMMA_LAYOUT, optimized=False)
         mu.warpgroup_barrier()          # read by every thread: the caller may reuse the buffers
@@ -150,8 +136,8 @@ def _lane_solve(C: int, block: int, in_place: bool):
 
 
 @functools.cache
-def _cached(C: int, block: int, in_place: bool):
-    return _lane_solve(C, block, in_place)
+def _cached(C: int, block: int):
+    return _lane_solve(C, block)
 
 
 def block_mask(C: int, block: int):
@@ -162,25 +148,21 @@ def block_mask(C: int, block: int):
     return (r >= c) & same if block < C else r >= c
 
 
-def scratch(C: int, in_place: bool = False):
-    """The padded fp32 SMEM buffers unit_lower_inverse takes: (-A^T, X), or (-A^T,) with X
-    written over -A^T (in_place)."""
-    return tuple(plgpu.SMEM((C, C + PAD), F32) for _ in range(1 if in_place else 2))
+def scratch(C: int):
+    """The two padded fp32 SMEM buffers unit_lower_inverse takes (-A^T, X)."""
+    return plgpu.SMEM((C, C + PAD), F32), plgpu.SMEM((C, C + PAD), F32)
 
 
 def unit_lower_inverse(neg_at, bufs, block: int | None = None):
     """X = (I + A_b)^-1 fp32 [C, C] (WGMMA layout), A_b the part of A in the diagonal
     block x block blocks (block None: C, the whole inverse), from neg_at = -A^T fp32 [C, C]
-    (A strictly lower triangular; WGMMA layout). bufs: the SMEM buffers of `scratch(C, ...)`
-    (free again when this returns): two, or one to write X over -A^T (then masked here)."""
+    (A strictly lower triangular; WGMMA layout). bufs: the two SMEM buffers of `scratch(C)`
+    (free again when this returns)."""
     C = neg_at.shape[0]
     block = block or C
     if interpreting():
         a = jnp.where(block_mask(C, block), -neg_at.T, 0.0)
         eye = jnp.eye(C, dtype=F32)
         return jax.scipy.linalg.solve_triangular(eye + a, eye, lower=True, unit_diagonal=True)
-    na = bufs[0]
-    if len(bufs) == 1:
-        x = _cached(C, block, True)(neg_at, na.at[:, :C], na.at[:, :C], na)
-        return jnp.where(block_mask(C, block), x, 0.0)
-    return _cached(C, block, False)(neg_at, na.at[:, :C], bufs[1].at[:, :C], na)
+    na, xs = bufs
+    return _cached(C, block)(neg_at, na.at[:, :C], xs.at[:, :C])
