@@ -9,10 +9,10 @@ at K = 256 (or FORWARD="wy") the T0 kernel also forms the WY factors W' and U^T 
 one-warpgroup mosaic_fwd_kernel.py runs the state pass and the output.
 Backward (jax.custom_vjp; every gradient in its input's dtype), chosen by BACKWARD:
 "mosaic" (default; K, V <= 128): under differentiation the forward also keeps its residuals
-(chunk states, v_new, T0 and the WY keys W' from the T0 kernel), and mosaic_bwd.py runs a
-Mosaic reverse state pass and a Mosaic per-chunk gradient kernel. H100 bf16 B4 T4096 H16
-K=V=128: forward 0.262 ms, training step 1.042 ms for GDN, 0.943 for the delta rule
-(RESULTS.md run 19).
+(chunk states, v_new and T0; the WY keys -W' too only for mosaic_bwd.REVERSE = "wy"), and
+mosaic_bwd.py runs a Mosaic reverse state pass and a Mosaic per-chunk gradient kernel. H100
+bf16 B4 T4096 H16 K=V=128: forward 0.235 ms, training step 0.961 ms for GDN, 0.220 / 0.870
+for the delta rule (RESULTS.md run 20).
 "pallas" (and K or V > 128, whose gradient tiles do not fit shared memory): the Pallas
 Triton-lowering kernels of pallas_chunk.py; their backward needs the Pallas forward's
 residuals, so under differentiation the Pallas forward runs instead of the Mosaic one
@@ -45,9 +45,9 @@ BACKWARD = "mosaic"
 # the one-warpgroup mosaic_fwd_kernel.py, which also serves K = 256)
 FORWARD = "ws"
 FORWARDS = ("ws", "wy")
-# Training under FORWARD="ws" too: the T0 kernel forms T0 and -W' (the backward's WY keys; no
-# U^T) and the warp-specialized kernel also stores the chunk states and v_new (False: training
-# takes the "wy" path)
+# Training under FORWARD="ws" too: the T0 kernel forms T0 (and -W', the WY keys, for a reverse
+# pass that reads them: mosaic_bwd.REVERSE = "wy") and the warp-specialized kernel also stores
+# the chunk states and v_new (False: training takes the "wy" path)
 TRAIN_WS = True
 MAX_HEAD = 256
 

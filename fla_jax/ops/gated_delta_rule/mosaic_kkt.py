@@ -52,7 +52,8 @@ LEVELS = C.bit_length() - 1    # block sizes 1, 2, ..., C / 2 merged
 # tiles double-buffered, the next chunk's loads and earlier chunks' stores in flight while a
 # chunk is computed (bitwise equal to one per CTA on the H100, benchmarks/mosaic_t0_check.py).
 # Timed alone on the H100 (RESULTS.md run 20, 1 / 2 / 4 / 8): T0 84 / 97 / 90 / 91 us, T0 + -W'
-# (the training forward's) 144 / 128 / 122 / 125 us: the -W' stores want chunks in flight
+# (the training forward's under mosaic_bwd.REVERSE = "wy"; the default reverse pass reads T0
+# alone) 144 / 128 / 122 / 125 us: the -W' stores want chunks in flight
 CHUNKS_PER_CTA = None
 CHUNKS_PER_CTA_AUTO = (1, 4)
 # How T0 is formed: "substitution" (the default: column-wise forward substitution in lane-level
