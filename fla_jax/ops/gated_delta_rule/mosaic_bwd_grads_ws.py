@@ -25,6 +25,7 @@ from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, cols_of, load,
                                    rows_of)
 from .mosaic_bwd_grads import (decay_fns, dq_stage, inverse_stage, issue_loads, mm,
                                out_type_of, scratch_of, store_last)
+from . import mosaic_bwd_grads
 from .mosaic_bwd_kernel import chain
 from .mosaic_fwd_kernel import C
 
@@ -144,6 +145,7 @@ def chunk_grads_ws(q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta, *, scal
         meet(done)
 
     outs = build(body, name="gdn_bwd_grads_ws", out_type=out_type_of(R, HV, K, V, dt, gated),
-                 scratch=scratch, grid=(R // C, HV), grid_names=("c", "hv"), threads=2)(
+                 scratch=scratch, grid=(R // C, HV), grid_names=("c", "hv"), threads=2,
+                 approx_math=bool(mosaic_bwd_grads.APPROX_MATH))(
         q, k, v, do, t0, hs, dh, vnT, dvnT, gcum, gsuf, beta)
     return tuple(outs) if gated else (*outs, None, None)

@@ -39,6 +39,7 @@ from .mosaic_fwd_kernel import BV, C, TABLE_WIDTH
 
 MAX_K = 128
 STAGES = 2
+APPROX_MATH = True      # ex2.approx for the decays (as mosaic_bwd_grads.APPROX_MATH)
 SMEM_BUDGET = 220 * 1024
 
 
@@ -208,5 +209,6 @@ def reverse_states_ws(q, k, t0, do, gcum, gsuf, beta, table, dhtT, *, scale: flo
 
     args = [q, k, t0, do, gcum, gsuf, beta, table] + ([dhtT] if has_dht else [])
     kernel = build(body, name="gdn_bwd_states_ws", out_type=out_type, scratch=scratch,
-                   grid=(N, HV, V // BV), grid_names=("n", "hv", "v"), threads=3)
+                   grid=(N, HV, V // BV), grid_names=("n", "hv", "v"), threads=3,
+                   approx_math=bool(APPROX_MATH))
     return kernel(*args)
