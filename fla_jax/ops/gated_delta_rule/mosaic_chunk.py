@@ -11,8 +11,8 @@ Backward (jax.custom_vjp; every gradient in its input's dtype), chosen by BACKWA
 "mosaic" (default; K, V <= 128): under differentiation the forward also keeps its residuals
 (chunk states, v_new and T0; the WY keys -W' too only for mosaic_bwd.REVERSE = "wy"), and
 mosaic_bwd.py runs a Mosaic reverse state pass and a Mosaic per-chunk gradient kernel. H100
-bf16 B4 T4096 H16 K=V=128: forward 0.235 ms, training step 0.961 ms for GDN, 0.220 / 0.870
-for the delta rule (RESULTS.md run 20).
+bf16 B4 T4096 H16 K=V=128: forward 0.232 ms, training step 0.885 ms for GDN (RESULTS.md run
+20 call 10; jla 0.191 / 0.871 in the same call).
 "pallas" (and K or V > 128, whose gradient tiles do not fit shared memory): the Pallas
 Triton-lowering kernels of pallas_chunk.py; their backward needs the Pallas forward's
 residuals, so under differentiation the Pallas forward runs instead of the Mosaic one
