@@ -132,12 +132,26 @@ def test_interpreted_against_float64(op, case, backward, dtype, monkeypatch):
 
 def test_ws_forward_v_transposed_by_load(monkeypatch):
     """mosaic_fwd_ws.IDENTITY_V_T = False: v^T by a transposed register load (lowers under
-    jax >= 0.11; the GPU runs it only when selected) instead of a product with the identity,
-    interpreted against float64; under older jax the kernel keeps the identity."""
+    jax >= 0.11; the GPU runs it only when selected) instead of a product with the identity
+    (the default, checked against float64 by the interpreted cases above): the interpreted
+    forward gives the same o and final state, bit for bit (fails when the transpose is
+    dropped); under older jax the kernel keeps the identity."""
     from fla_jax.ops.gated_delta_rule import mosaic_fwd_ws
-    monkeypatch.setattr(mosaic_fwd_ws, "IDENTITY_V_T", False)
-    with gpu_interpret():
-        assert_passed(check("chunk_delta_rule", "mos_dr_gqa_h0_t100", "bf16", {"jax": "mosaic"}))
+    rng = np.random.default_rng(3)
+    B, T, H, HV, K, V = 1, 2 * C, 1, 2, 64, 64
+    q, k = (jnp.asarray(rng.standard_normal((B, T, H, K)) / 8, jnp.bfloat16) for _ in range(2))
+    v = jnp.asarray(rng.standard_normal((B, T, HV, V)), jnp.bfloat16)
+    g = jnp.asarray(-rng.uniform(0, 0.3, (B, T, HV)), jnp.float32)
+    beta = jnp.asarray(rng.uniform(0.1, 1.0, (B, T, HV)), jnp.float32)
+    h0 = jnp.asarray(rng.standard_normal((B, HV, K, V)), jnp.float32)
+    outs = []
+    for identity in (True, False):
+        monkeypatch.setattr(mosaic_fwd_ws, "IDENTITY_V_T", identity)
+        with gpu_interpret():
+            outs.append(mosaic_chunk.forward(q, k, v, g, beta, h0, None, scale=0.125, l2=False))
+    for a, b in zip(*outs):
+        assert np.isfinite(np.asarray(a, np.float32)).all()
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
     assert "gdn_fwd_ws" in _lower(128, "bf16", varlen=True, backward=False)
 
 
