@@ -33,9 +33,10 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from ..common.mosaic.serial import carried_state, sequence_range
 from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of, load,
                                    matmul, rows_of, smem_tile, union, zeros_wgmma)
-from ..common.mosaic.warpgroups import finish_together, observe_last, registers, stream_stages
+from ..common.mosaic.warpgroups import finish_together, registers, stream_stages
 from .mosaic_bwd_kernel import chain
 from .mosaic_fwd_kernel import BV, C, TABLE_WIDTH
+from .mosaic_fwd_ws import copy_gate_vectors, gate_vector_scratch
 
 MAX_K = 128
 STAGES = 2
@@ -68,7 +69,7 @@ def reverse_states_ws(q, k, t0, do, gcum, gsuf, beta, table, dhtT, *, scale: flo
     table: [N, TABLE_WIDTH] int32 as in the forward; dhtT: None or [N, HV, V, K] fp32.
     Returns dh [R // C, HV, V, K] (L^T per chunk), dvnT [HV, V, R] (both in q's dtype) and
     dh0T [N, HV, V, K] fp32."""
-    R, H, K = q.shape
+    R, _, K = q.shape
     HV, V = do.shape[1], do.shape[2]
     N = table.shape[0]
     dt = q.dtype
@@ -77,14 +78,11 @@ def reverse_states_ws(q, k, t0, do, gcum, gsuf, beta, table, dhtT, *, scale: flo
         raise ValueError(f"reverse_states_ws: K={K}, V={V}, {jnp.dtype(dt).name}; expected "
                          f"K <= {MAX_K} and V a multiple of {BV}")
     S = STAGES
-    vec = plgpu.SMEM((S, C), F32)
     scratch = dict(
         q_s=smem_tile((S, C, K), dt), k_s=smem_tile((S, C, K), dt),
         kg_s=smem_tile((S, C, K), dt), do_s=smem_tile((S, C, BV), dt),
         t_s=smem_tile((S, C, C), dt), p_s=smem_tile((S, C, C), dt),
-        # one buffer per reader and register layout (as mosaic_fwd_ws.py)
-        g0_s=vec, s0_s=vec,                 # WG0: G (G_0, G_last), G_last - G (columns)
-        g1r_s=vec, g1c_s=vec, b1_s=vec,     # WG1: G as rows and as columns, beta (columns)
+        **gate_vector_scratch(S),           # as mosaic_fwd_ws.py's (WG1 also reads G_0)
         # L^T fp32 only before and after the chunk loop; the output tiles only inside it
         outs=union(smem_tile((BV, K), F32),
                    (smem_tile((2, BV, K), dt), smem_tile((2, BV, C), dt))),
@@ -128,16 +126,15 @@ def reverse_states_ws(q, k, t0, do, gcum, gsuf, beta, table, dhtT, *, scale: flo
                 plgpu.copy_gmem_to_smem(k_ref.at[rows, h], k_s.at[slot], bar)
                 plgpu.copy_gmem_to_smem(do_ref.at[rows, hv, cols], do_s.at[slot], bar)
                 plgpu.copy_gmem_to_smem(t_ref.at[hv, rows], t_s.at[slot], bar)
-                for src, dst in ((gc_ref, g0_s), (gs_ref, s0_s), (gc_ref, g1r_s),
-                                 (gc_ref, g1c_s), (b_ref, b1_s)):
-                    plgpu.copy_gmem_to_smem(src.at[hv, rows], dst.at[slot], bar)
+                copy_gate_vectors(gc_ref, gs_ref, b_ref, (g0_s, s0_s, g1r_s, g1c_s, b1_s), hv,
+                                  rows, slot, bar)
 
             stream_stages(count, S, in_free, issue)
 
         @pl.when(wg == 1)
         def _prep():
             registers(232, "increase")
-            first, count = bounds()
+            _, count = bounds()
             sq = (C, C)
 
             def step(i, carry):

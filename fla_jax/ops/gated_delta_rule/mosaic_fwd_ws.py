@@ -66,6 +66,26 @@ def smem_bytes(K: int, dtype) -> int:
     return STAGES * per_stage + vectors + fixed
 
 
+# The per-chunk gate vectors of the warp-specialized delta-family kernels (this forward and
+# mosaic_bwd_states_ws.py), one stage buffer per reader and register layout (one buffer read
+# as rows and as columns fails Mosaic's layout inference on jax 0.11.2): WG0 G (columns, G_0,
+# G_last) and G_last - G; WG1 G as rows and as columns, beta
+GATE_VECTORS = ("g0_s", "s0_s", "g1r_s", "g1c_s", "b1_s")
+
+
+def gate_vector_scratch(stages: int) -> dict:
+    """The GATE_VECTORS stage buffers, fp32 [stages, C] each."""
+    return {name: plgpu.SMEM((stages, C), F32) for name in GATE_VECTORS}
+
+
+def copy_gate_vectors(gc_ref, gs_ref, b_ref, bufs, hv, rows, slot, bar):
+    """TMA copies of one chunk's G, G_last - G and beta rows (gc_ref, gs_ref, b_ref [HV, R]
+    fp32) into stage `slot` of bufs (the GATE_VECTORS buffers, in that order), arriving at
+    bar: 5 arrivals."""
+    for src, dst in zip((gc_ref, gs_ref, gc_ref, gc_ref, b_ref), bufs):
+        plgpu.copy_gmem_to_smem(src.at[hv, rows], dst.at[slot], bar)
+
+
 def supports(K: int, dtype) -> bool:
     return K <= MAX_K and smem_bytes(K, dtype) <= SMEM_BUDGET
 
@@ -92,14 +112,10 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
         raise ValueError(f"fused_forward_ws: K={K}, V={V}, {jnp.dtype(dt).name}; expected "
                          f"K <= {MAX_K} and V a multiple of {BV}")
     S = STAGES
-    vec = plgpu.SMEM((S, C), F32)
     scratch = dict(
         q_s=smem_tile((S, C, K), dt), k_s=smem_tile((S, C, K), dt),
         v_s=smem_tile((S, C, BV), dt), t_s=smem_tile((S, C, C), dt),
-        # one buffer per reader and register layout (one buffer read as rows and as columns
-        # fails Mosaic's layout inference on jax 0.11.2)
-        g0_s=vec, s0_s=vec,                  # WG0: G (columns, G_0, G_last), G_last - G
-        g1r_s=vec, g1c_s=vec, b1_s=vec,      # WG1: G as rows and as columns, beta
+        **gate_vector_scratch(S),
         s_pub=smem_tile((2, BV, K), dt), vn_pub=smem_tile((2, BV, C), dt),
         o_s=smem_tile((2, C, BV), dt), st_s=smem_tile((BV, K), F32),
         seq_s=plgpu.SMEM((3, TABLE_WIDTH), jnp.int32),
@@ -149,9 +165,8 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
                 plgpu.copy_gmem_to_smem(k_ref.at[rows, h], k_s.at[slot], bar)
                 plgpu.copy_gmem_to_smem(v_ref.at[rows, hv, cols], v_s.at[slot], bar)
                 plgpu.copy_gmem_to_smem(t_ref.at[hv, rows], t_s.at[slot], bar)
-                for src, dst in ((gc_ref, g0_s), (gs_ref, s0_s), (gc_ref, g1r_s),
-                                 (gc_ref, g1c_s), (b_ref, b1_s)):
-                    plgpu.copy_gmem_to_smem(src.at[hv, rows], dst.at[slot], bar)
+                copy_gate_vectors(gc_ref, gs_ref, b_ref, (g0_s, s0_s, g1r_s, g1c_s, b1_s), hv,
+                                  rows, slot, bar)
 
             stream_stages(count, S, in_free, issue)
 
