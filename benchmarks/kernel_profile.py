@@ -141,6 +141,7 @@ def _per_framework(args, groups) -> list:
             cmd = [sys.executable, os.path.abspath(__file__), "--ops", *args.ops, "--paths",
                    *paths, "--dtypes", *args.dtypes, "--iters", str(args.iters), "--top",
                    str(args.top), "--json", out] + (["--dry-run"] if args.dry_run else [])
+            cmd += ["--shape", args.shape] if args.shape else []
             proc = subprocess.run(cmd)
             if os.path.exists(out):
                 with open(out) as f:
@@ -163,6 +164,7 @@ def main(argv=None):
                    choices=TORCH_PATHS + JAX_PATHS)
     p.add_argument("--dtypes", nargs="+", default=["bf16"])
     p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--shape", default=None, help="a run.py shape (default: the op's first)")
     p.add_argument("--top", type=int, default=12)
     p.add_argument("--json", default=None)
     p.add_argument("--dry-run", action="store_true",
@@ -180,7 +182,7 @@ def main(argv=None):
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     results = []
     for op in args.ops:
-        sizes = TINY if args.dry_run else run.SHAPES[_shape_of(op)]
+        sizes = TINY if args.dry_run else run.SHAPES[args.shape or _shape_of(op)]
         for dtype in args.dtypes:
             for path in args.paths:
                 try:

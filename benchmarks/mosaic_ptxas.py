@@ -37,13 +37,13 @@ def parse(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def child(op: str, dtype: str, spec_text: str) -> int:
+def child(op: str, dtype: str, spec_text: str, T: int) -> int:
     sys.path.insert(0, HERE)
     import jax
 
     import run as bench
     from pallas_launch_sweep import Override, parse_variant
-    shape = dict(bench.SHAPES["B4T4096"], B=1, T=256)
+    shape = dict(bench.SHAPES["B4T4096"], B=1, T=T)
     x = bench.make_numpy(op, shape)
     with Override(parse_variant(spec_text) if spec_text else []):
         _, fb = bench.jax_case(op, x, dtype, "mosaic")
@@ -55,15 +55,17 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--op", required=True)
     p.add_argument("--dtype", default="bf16")
+    p.add_argument("--T", type=int, default=256,
+                   help="tokens (B=1, H=16); 4096 takes the delta family's sequence split")
     p.add_argument("--variant", action="append", default=[])
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child is not None:
-        return child(args.op, args.dtype, args.child)
+        return child(args.op, args.dtype, args.child, args.T)
     env = dict(os.environ, MOSAIC_GPU_DUMP_PTXAS="1")
     for variant in [""] + args.variant:
         res = subprocess.run([sys.executable, os.path.abspath(__file__), "--op", args.op,
-                              "--dtype", args.dtype, "--child", variant],
+                              "--dtype", args.dtype, "--T", str(args.T), "--child", variant],
                              env=env, capture_output=True, text=True)
         rows = parse(res.stdout + res.stderr)
         print(f"{args.op} {args.dtype} [{variant or 'default'}]"

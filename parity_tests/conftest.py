@@ -8,6 +8,11 @@ DEVICE = os.environ.get("PARITY_DEVICE", "cpu")
 if DEVICE != "cuda":
     os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # JAX's Mosaic GPU interpreter runs each warpgroup as a thread whose operations are host
+    # callbacks on XLA's CPU pool (NPROC threads, else one per core): on a 2-core machine two
+    # warpgroups blocked at barriers starve the third, and a kernel whose carriers both wait
+    # for its memory warpgroup (mosaic_map_ws.py) hangs
+    os.environ.setdefault("NPROC", "8")
     # CPU compile time dominates the suite; XLA's cheaper backend passes cut it by about a third.
     os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 "
                                        "--xla_llvm_disable_expensive_passes=true")

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from ..common.mosaic.gate_rows import chunk_gate_grad
 from ..common.pallas_delta_layout import l2norm_fwd
+from . import mosaic_pieces
 from .mosaic_bwd_grads import MAX_HEAD, chunk_grads
 from .mosaic_bwd_kernel import reverse_states
 from .mosaic_bwd_states_ws import reverse_states_ws
@@ -46,13 +47,14 @@ def reverse_from_t0() -> bool:
 def backward(q, k, v, g, beta, h0, cu_seqlens, do, dht, *, scale: float, l2: bool, resid):
     """Cotangents (dq, dk, dv, dg or None, dbeta, dh0 or None) of the Mosaic forward, each in
     its input's dtype; shapes as in mosaic_chunk.forward. do: [B, T, HV, V];
-    dht: None or [N, HV, K, V] fp32. resid: (hs, vnT, t0, wneg) from mosaic_chunk.forward(...,
-    residuals=True)."""
+    dht: None or [N, HV, K, V] fp32. resid: (hs, vnT, t0, wneg, maps) from
+    mosaic_chunk.forward(..., residuals=True); with maps (the forward's sequence split) the
+    reverse pass runs over the pieces (mosaic_pieces.py)."""
     B, T, H, K = q.shape
     HV = v.shape[2]
     group = HV // H
     dtype = q.dtype
-    hs, vnT, t0, wneg = resid
+    hs, vnT, t0, wneg, maps = resid
     qn, kn = (l2norm(q), l2norm(k)) if l2 else (q, k)
     lay, table = plan(B, T, cu_seqlens)
     qr, kr, vr = to_rows(qn, lay), to_rows(kn, lay), to_rows(v, lay)
@@ -62,7 +64,17 @@ def backward(q, k, v, g, beta, h0, cu_seqlens, do, dht, *, scale: float, l2: boo
     bt = br.T
     dor = to_rows(do.astype(dtype), lay)                                # [R, HV, V]
     dhtT = None if dht is None else jnp.swapaxes(dht.astype(F32), -1, -2)
-    if wneg is None:    # the forward formed no -W' (reverse_from_t0)
+    if maps is not None:    # the forward's sequence split (mosaic_pieces.py)
+        P = maps.shape[0] // B
+        nc = R // C // B
+        args = (qr, kr, t0, dor, gcum, gsuf, bt)
+        f, = reverse_states_ws(*args, mosaic_pieces.piece_table(B, nc, P, skip_first=True),
+                               None, scale=scale, group=group, store=False)
+        ends = mosaic_pieces.backward_ends(f, maps, dhtT, B, P, K)
+        lamT, dvnT, dh0T = reverse_states_ws(*args, mosaic_pieces.piece_table(B, nc, P), ends,
+                                             scale=scale, group=group)
+        dh0T = mosaic_pieces.first_piece(dh0T, B, P)
+    elif wneg is None:    # the forward formed no -W' (reverse_from_t0)
         lamT, dvnT, dh0T = reverse_states_ws(qr, kr, t0, dor, gcum, gsuf, bt, table, dhtT,
                                              scale=scale, group=group)
     else:

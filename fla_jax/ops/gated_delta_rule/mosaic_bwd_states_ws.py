@@ -63,12 +63,13 @@ def supports(K: int, dtype) -> bool:
 
 
 def reverse_states_ws(q, k, t0, do, gcum, gsuf, beta, table, dhtT, *, scale: float,
-                      group: int):
+                      group: int, store: bool = True):
     """q, k: [R, H, K]; t0: [HV, R, C] (the gate-free inverse); do: [R, HV, V], all in one
     16-bit dtype; gcum, gsuf, beta: [HV, R] fp32 (G and G_last - G in log2 units; beta);
     table: [N, TABLE_WIDTH] int32 as in the forward; dhtT: None or [N, HV, V, K] fp32.
     Returns dh [R // C, HV, V, K] (L^T per chunk), dvnT [HV, V, R] (both in q's dtype) and
-    dh0T [N, HV, V, K] fp32."""
+    dh0T [N, HV, V, K] fp32; without `store` only dh0T (the sequence split's pass from a zero
+    end gradient, mosaic_pieces.py: the same chunk loop, no tile stored)."""
     R, _, K = q.shape
     HV, V = do.shape[1], do.shape[2]
     N = table.shape[0]
@@ -95,8 +96,8 @@ def reverse_states_ws(q, k, t0, do, gcum, gsuf, beta, table, dhtT, *, scale: flo
         done=plgpu.Barrier(num_arrivals=3, num_barriers=1),
     )
     out_type = [jax.ShapeDtypeStruct((R // C, HV, V, K), dt),
-                jax.ShapeDtypeStruct((HV, V, R), dt),
-                jax.ShapeDtypeStruct((N, HV, V, K), F32)]
+                jax.ShapeDtypeStruct((HV, V, R), dt)] if store else []
+    out_type += [jax.ShapeDtypeStruct((N, HV, V, K), F32)]
 
     def body(*refs, q_s, k_s, kg_s, do_s, t_s, p_s, g0_s, s0_s, g1r_s, g1c_s, b1_s, outs,
              seq_s, in_bar, in_free, prep, one_bar, seq_bar, done):
@@ -105,7 +106,7 @@ def reverse_states_ws(q, k, t0, do, gcum, gsuf, beta, table, dhtT, *, scale: flo
         q_ref, k_ref, t_ref, do_ref, gc_ref, gs_ref, b_ref, tab_ref = (refs.pop(0)
                                                                        for _ in range(8))
         dht_ref = refs.pop(0) if has_dht else None
-        dh_ref, dv_ref, dh0_ref = refs
+        dh_ref, dv_ref, dh0_ref = refs if store else (None, None, refs[0])
         n, hv, iv = lax.axis_index("n"), lax.axis_index("hv"), lax.axis_index("v")
         wg = lax.axis_index("wg")
         h = lax.div(hv, group)
@@ -173,11 +174,12 @@ def reverse_states_ws(q, k, t0, do, gcum, gsuf, beta, table, dhtT, *, scale: flo
                 plgpu.barrier_wait(in_bar.at[slot])
                 # the stores of chunk i - 2 have read this half (two stores per chunk: the
                 # three issued after the first of them may still run)
-                plgpu.wait_smem_to_gmem(3, wait_read_only=True)
                 l_lo = l_t.astype(dt)
-                lo_s.at[half][...] = l_lo
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(lo_s.at[half], dh_ref.at[c, hv, cols])
+                if store:
+                    plgpu.wait_smem_to_gmem(3, wait_read_only=True)
+                    lo_s.at[half][...] = l_lo
+                    plgpu.commit_smem()
+                    plgpu.copy_smem_to_gmem(lo_s.at[half], dh_ref.at[c, hv, cols])
                 lk = matmul(l_lo, k_s.at[slot], tile, tb=True)                 # L^T k^T
                 kd = jnp.exp2(load(s0_s.at[slot], COLS))
                 g_first, g_last = g0_s[slot, 0], g0_s[slot, C - 1]
@@ -185,10 +187,12 @@ def reverse_states_ws(q, k, t0, do, gcum, gsuf, beta, table, dhtT, *, scale: flo
                 dvn = matmul(do_s.at[slot], p_s.at[slot], tile, init=lk * cols_of(kd, tile),
                              ta=True)                                           # dv_new^T
                 dvn_lo = dvn.astype(dt)
-                plgpu.wait_smem_to_gmem(3, wait_read_only=True)
-                dv_s.at[half][...] = dvn_lo
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(dv_s.at[half], dv_ref.at[hv, cols, pl.ds(c * C, C)])
+                if store:
+                    plgpu.wait_smem_to_gmem(3, wait_read_only=True)
+                    dv_s.at[half][...] = dvn_lo
+                    plgpu.commit_smem()
+                    plgpu.copy_smem_to_gmem(dv_s.at[half],
+                                            dv_ref.at[hv, cols, pl.ds(c * C, C)])
                 y = matmul(dvn_lo, t_s.at[slot], tile)                          # dv_new^T Ag
                 upd = chain(zeros_wgmma((BV, K)), (do_s.at[slot], q_s.at[slot], True),
                             ((-y).astype(dt), kg_s.at[slot]), shape=(BV, K))
@@ -205,7 +209,8 @@ def reverse_states_ws(q, k, t0, do, gcum, gsuf, beta, table, dhtT, *, scale: flo
         finish_together(done)
 
     args = [q, k, t0, do, gcum, gsuf, beta, table] + ([dhtT] if has_dht else [])
-    kernel = build(body, name="gdn_bwd_states_ws", out_type=out_type, scratch=scratch,
+    kernel = build(body, name="gdn_bwd_states_ws" if store else "gdn_bwd_states_ws_nostore",
+                   out_type=out_type, scratch=scratch,
                    grid=(N, HV, V // BV), grid_names=("n", "hv", "v"), threads=3,
                    approx_math=bool(APPROX_MATH))
     return kernel(*args)

@@ -29,8 +29,9 @@ import jax
 import jax.numpy as jnp
 
 from ..common.mosaic import check_mosaic
-from . import mosaic_bwd, mosaic_fwd_ws
-from .mosaic_fwd_kernel import fused_forward
+from . import mosaic_bwd, mosaic_fwd_ws, mosaic_pieces
+from .mosaic_map_ws import piece_maps
+from .mosaic_fwd_kernel import C, fused_forward
 from .mosaic_layout import from_rows, gate_free_inverse, gate_vectors, l2norm, plan, to_rows
 from .pallas_chunk import chunk_gated_delta_rule_pallas
 
@@ -75,10 +76,10 @@ def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool,
     """The Mosaic forward (lowers for CUDA on any machine: common/mosaic/lowering.py).
     q, k: [B, T, H, K]; v: [B, T, HV, V]; g: None or [B, T, HV]; beta: [B, T, HV];
     h0: None or [N, HV, K, V] fp32. Returns o [B, T, HV, V] (q's dtype) and the final
-    states [N, HV, K, V] fp32; with `residuals` also (hs, vnT, t0, wneg): the forward
-    kernel's chunk states and v_new, the gate-free inverse and the WY keys (None when the
-    reverse pass reads T0: mosaic_bwd.reverse_from_t0), the residuals of
-    mosaic_bwd.backward."""
+    states [N, HV, K, V] fp32; with `residuals` also (hs, vnT, t0, wneg, maps): the forward
+    kernel's chunk states and v_new, the gate-free inverse, the WY keys (None when the
+    reverse pass reads T0: mosaic_bwd.reverse_from_t0) and the sequence split's piece maps
+    (None without a split: mosaic_pieces.py), the residuals of mosaic_bwd.backward."""
     B, T, H, K = q.shape
     HV = v.shape[2]
     if l2:
@@ -97,16 +98,33 @@ def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool,
         with_w = residuals and not mosaic_bwd.reverse_from_t0()
         t0, *wneg = gate_free_inverse(kr, br, group, q.dtype, gcum=G if with_w else None)
         wneg = wneg[0] if with_w else None
-        outs = mosaic_fwd_ws.fused_forward_ws(qr, kr, vr, t0, G, later, br.T, table, h0t,
-                                              scale=scale, residuals=residuals)
+        nc = qr.shape[0] // C // B
+        P = 1 if with_w else mosaic_pieces.pieces(B, HV, K, v.shape[-1], nc, q.dtype,
+                                                  cu_seqlens is not None)
+        if P > 1:   # sequence pieces: their maps, their starts, then the pass over pieces
+            mtab = mosaic_pieces.map_table(B, nc, P, first_map=h0 is not None,
+                                           last_map=residuals)
+            maps = piece_maps(kr, vr, t0, G, later, br.T, mtab)
+            starts = mosaic_pieces.forward_starts(maps, h0t, B, P, K)
+            outs = mosaic_fwd_ws.fused_forward_ws(qr, kr, vr, t0, G, later, br.T,
+                                                  mosaic_pieces.piece_table(B, nc, P), starts,
+                                                  scale=scale, residuals=residuals)
+            outs = [outs[0], mosaic_pieces.last_piece(outs[1], B, P), *outs[2:]]
+            # the backward's scan reads M^T of pieces 1 .. P-1
+            split = maps[:, :, :K] if residuals else None
+        else:
+            outs = mosaic_fwd_ws.fused_forward_ws(qr, kr, vr, t0, G, later, br.T, table, h0t,
+                                                  scale=scale, residuals=residuals)
+            split = None
     else:
         # the WY factors (and, for the backward, T0) from one chunk-parallel kernel
         wy = gate_free_inverse(kr, br, group, q.dtype, gcum=G, v_rows=vr, with_t0=residuals)
         t0, wneg, uT = wy if residuals else (None, *wy)
         outs = fused_forward(qr, kr, wneg, uT, G, later, table, h0t, scale=scale,
                              residuals=residuals)
+        split = None
     o, ht = from_rows(outs[0], lay, B), jnp.swapaxes(outs[1], -1, -2)
-    return (o, ht, (outs[2], outs[3], t0, wneg)) if residuals else (o, ht)
+    return (o, ht, (outs[2], outs[3], t0, wneg, split)) if residuals else (o, ht)
 
 
 def _mosaic_backward(backward: str, K: int, V: int) -> bool:

@@ -1,0 +1,133 @@
+"""Sequence split of the delta family's serial Mosaic passes (fixed-length inputs with few CTAs).
+
+The serial passes run one CTA per (sequence, value head, 64 value columns): at B=1 T=32768 H=16
+that is 32 CTAs on 132 SMs, each walking 512 chunks. Every sequence is then cut into P pieces
+of whole chunks that the passes take as separate sequences (rows of their sequence table).
+A piece maps the state affinely, S_end = M S_start + E (mosaic_map_ws.py forms [M^T ; E^T]
+in one pass over the pieces); an XLA scan over the pieces in fp32 gives every piece its true
+start, and the forward (and the training forward, which also stores the chunk states) runs
+from those. Backwards: dS_start = M^T dS_end + F, F the reverse pass from a zero end gradient
+(mosaic_bwd_states_ws.py without stores); the scan gives every piece's end gradient, and the
+real reverse pass runs from those. The result is the unsplit computation's up to rounding:
+the carried state is fp32 in both, the maps are products of the same bf16/fp16 operands.
+
+Only the maps that are read are walked: the forward reads E of pieces 0 .. P-2 and M of
+pieces 1 .. P-2 (and M_0 with an initial state); the backward M of pieces 1 .. P-1 and F of
+pieces 1 .. P-1.
+"""
+from __future__ import annotations
+
+import numpy as np
+import jax.numpy as jnp
+from jax import lax
+
+from .mosaic_fwd_kernel import BV, TABLE_WIDTH
+from . import mosaic_map_ws
+
+F32 = jnp.float32
+HIGHEST = lax.Precision.HIGHEST
+# Split policy, read when an op is traced (H100: 132 SMs): only fixed-length calls whose passes
+# run at most MAX_CTAS CTAs; P a power of two with P * CTAs <= SMS (one wave of the output
+# pass), P <= MAX_PIECES, at least MIN_PIECE_CHUNKS chunks a piece (MIN_CHUNKS_ABOVE_4 for
+# more than four pieces). ENABLED = False turns the split off.
+ENABLED = True
+MAX_CTAS = 32
+SMS = 132
+MAX_PIECES = 8
+MIN_PIECE_CHUNKS = 8
+MIN_CHUNKS_ABOVE_4 = 32
+
+
+def pieces(B: int, HV: int, K: int, V: int, n_chunks: int, dtype, varlen: bool) -> int:
+    """Pieces per sequence (1: no split)."""
+    ctas = B * HV * (V // BV)
+    if not ENABLED or varlen or ctas > MAX_CTAS or not mosaic_map_ws.supports(K, V, dtype):
+        return 1
+    p = 1
+    while (2 * p * ctas <= SMS and 2 * p <= MAX_PIECES
+           and n_chunks // (2 * p) >= MIN_PIECE_CHUNKS
+           and (2 * p <= 4 or n_chunks // (2 * p) >= MIN_CHUNKS_ABOVE_4)):
+        p *= 2
+    return p
+
+
+def _ranges(B: int, n_chunks: int, P: int):
+    """(first chunk, chunk count) int [B, P] of every piece in the flat rows (sequence b's
+    chunks start at b * n_chunks)."""
+    per = -(-n_chunks // P)
+    first = np.minimum(np.arange(P) * per, n_chunks)
+    count = np.minimum(per, n_chunks - first)
+    return np.arange(B)[:, None] * n_chunks + first[None], np.broadcast_to(count, (B, P))
+
+
+def piece_table(B: int, n_chunks: int, P: int, *, skip_first: bool = False):
+    """int32 [B * P, TABLE_WIDTH]: (first chunk, chunk count) of every piece, the sequence
+    table of the passes run over pieces; skip_first: the first piece of each sequence walks no
+    chunk (the reverse pass from a zero end gradient, whose first piece nobody reads)."""
+    first, count = _ranges(B, n_chunks, P)
+    count = count.copy()
+    if skip_first:
+        count[:, 0] = 0
+    rows = np.zeros((B * P, TABLE_WIDTH), np.int32)
+    rows[:, 0], rows[:, 1] = first.reshape(-1), count.reshape(-1)
+    return jnp.asarray(rows)
+
+
+def map_table(B: int, n_chunks: int, P: int, *, first_map: bool, last_map: bool):
+    """int32 [B * P, TABLE_WIDTH] for mosaic_map_ws.piece_maps: (first chunk, chunk count of
+    the value blocks E, of the identity blocks M). E is walked for pieces 0 .. P-2, M for
+    pieces 1 .. P-2, piece 0's with `first_map` (an initial state), piece P-1's with
+    `last_map` (the backward's scan)."""
+    first, count = _ranges(B, n_chunks, P)
+    cval, cid = count.copy(), count.copy()
+    cval[:, -1] = 0
+    cid[:, -1] = count[:, -1] if last_map else 0
+    if not first_map:
+        cid[:, 0] = 0
+    rows = np.zeros((B * P, TABLE_WIDTH), np.int32)
+    rows[:, 0], rows[:, 1], rows[:, 2] = first.reshape(-1), cval.reshape(-1), cid.reshape(-1)
+    return jnp.asarray(rows)
+
+
+def forward_starts(maps, h0t, B: int, P: int, K: int):
+    """maps [B * P, HV, K + V, K] fp32 ([M^T ; E^T] per piece), h0t None or [B, HV, V, K]
+    (transposed initial states) -> the transposed state entering every piece
+    [B * P, HV, V, K] fp32: S^T_{p+1} = S^T_p M_p^T + E_p^T."""
+    maps = maps.reshape((B, P) + maps.shape[1:])
+    s = None if h0t is None else h0t.astype(F32)
+    starts = []
+    for p in range(P):
+        starts.append(jnp.zeros_like(maps[:, 0, :, K:]) if s is None else s)
+        if p + 1 < P:
+            e = maps[:, p, :, K:]
+            s = e if s is None else jnp.einsum("bhvk,bhkj->bhvj", s, maps[:, p, :, :K],
+                                               precision=HIGHEST) + e
+    return jnp.stack(starts, 1).reshape((B * P,) + starts[0].shape[1:])
+
+
+def backward_ends(F, maps, dhtT, B: int, P: int, K: int):
+    """F [B * P, HV, V, K] (transposed state gradient at each piece's start from a zero end
+    gradient), maps as for forward_starts, dhtT None or [B, HV, V, K] -> the transposed
+    gradient of the state leaving every piece [B * P, HV, V, K] fp32:
+    dS^T_start = dS^T_end M + F^T (M = the transpose of maps' rows :K)."""
+    F = F.reshape((B, P) + F.shape[1:])
+    maps = maps.reshape((B, P) + maps.shape[1:])
+    d = None if dhtT is None else dhtT.astype(F32)
+    ends = [None] * P
+    for p in reversed(range(P)):
+        ends[p] = jnp.zeros_like(F[:, 0]) if d is None else d
+        if p > 0:
+            f = F[:, p]
+            d = f if d is None else jnp.einsum("bhvk,bhjk->bhvj", d, maps[:, p, :, :K],
+                                               precision=HIGHEST) + f
+    return jnp.stack(ends, 1).reshape((B * P,) + F.shape[2:])
+
+
+def last_piece(x, B: int, P: int):
+    """[B * P, ...] -> [B, ...]: each sequence's last piece."""
+    return x.reshape((B, P) + x.shape[1:])[:, -1]
+
+
+def first_piece(x, B: int, P: int):
+    """[B * P, ...] -> [B, ...]: each sequence's first piece."""
+    return x.reshape((B, P) + x.shape[1:])[:, 0]
