@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HEADS = ((64, 64), (128, 128), (256, 256), (64, 256), (256, 64))
 
 
-def _case(op: str, K: int, V: int, backward: bool):
+def _case(op: str, K: int, V: int, backward: bool, split: bool = False):
     import jax
     import jax.numpy as jnp
     from jax import ShapeDtypeStruct as S
@@ -31,7 +31,9 @@ def _case(op: str, K: int, V: int, backward: bool):
     from fla_jax.ops.gated_delta_rule import chunk_gated_delta_rule
     from fla_jax.ops.gla import chunk_gla
     from fla_jax.ops.simple_gla import chunk_simple_gla
-    B, T, H, N = 1, 300, 2, 3
+    # split: fixed length with few CTAs, which the delta family cuts into sequence pieces
+    # (mosaic_pieces.py: 4 pieces here); else varlen
+    B, T, H, N = (1, 4096, 2, 1) if split else (1, 300, 2, 3)
     HV = H if op in ("chunk_simple_gla", "chunk_gla") else 2 * H
     dt, f32 = jnp.bfloat16, jnp.float32
     args = [S((B, T, H, K), dt), S((B, T, H, K), dt), S((B, T, HV, V), dt), S((B, T, HV), f32),
@@ -40,7 +42,8 @@ def _case(op: str, K: int, V: int, backward: bool):
         args[3] = S((B, T, H, K), f32)
 
     def f(q, k, v, g, beta, h0, cu):
-        kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, impl="mosaic")
+        kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=None if split else cu,
+                  impl="mosaic")
         if op == "chunk_gated_delta_rule":
             return chunk_gated_delta_rule(q, k, v, g, beta, **kw)
         if op == "chunk_delta_rule":
@@ -88,6 +91,22 @@ def main() -> int:
                     gdn_mosaic.BACKWARD, sgla_mosaic.BACKWARD, gla_mosaic.BACKWARD = saved
                 part = "fwd+bwd (Mosaic)" if backward else "fwd"
                 print(f"{op:24s} K={K:3d} V={V:3d} {part:16s} {status}", flush=True)
+    for op in ops[:2]:          # the delta family's sequence split, K = V = 128 and 64
+        for K in (128, 64):
+            for backward in (False, True):
+                saved = gdn_mosaic.BACKWARD
+                gdn_mosaic.BACKWARD = "mosaic"
+                try:
+                    fn, args = _case(op, K, K, backward, split=True)
+                    text = export_for_cuda(fn, *args)
+                    status = "ok" if "gdn_map_ws" in text else "FAIL no map pass"
+                except Exception as e:
+                    status = f"FAIL {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                finally:
+                    gdn_mosaic.BACKWARD = saved
+                bad += status != "ok"
+                part = "fwd+bwd (Mosaic)" if backward else "fwd"
+                print(f"{op:24s} K={K:3d} V={K:3d} {part:16s} split {status}", flush=True)
     print(f"{bad} failed")
     return 1 if bad else 0
 

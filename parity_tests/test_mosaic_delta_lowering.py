@@ -116,7 +116,7 @@ def test_mosaic_backward_large_heads_take_pallas(mosaic_backward):
 
 @pytest.mark.parametrize("op,case,backward,dtype", [
     ("chunk_gated_delta_rule", "mos_dr_gqa_h0_t100", "pallas", "bf16"),
-    ("chunk_gated_delta_rule", "mos_dr_varlen", "mosaic", "bf16"),
+    # (GDN varlen runs in fp16 below only: its bf16 twin cost 57 s of CI for the same kernels)
     ("chunk_delta_rule", "mos_dr_gqa_h0_t100", "mosaic", "bf16"),
     # fp16's tolerances are 5x tighter: the Mosaic backward kernels' numerics
     ("chunk_gated_delta_rule", "mos_dr_gqa_h0_t100", "mosaic", "fp16"),

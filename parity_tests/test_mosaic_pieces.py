@@ -1,0 +1,200 @@
+"""The delta family's sequence split (fla_jax/ops/gated_delta_rule/mosaic_pieces.py) on a CPU
+machine: the policy and tables, the piece scans against sequential float64 loops, the map pass
+(mosaic_map_ws.py, interpreted) against a float64 token recurrence, the whole op split into
+pieces against the harness's float64 oracle (interpreted: forward and every gradient), and the
+split's kernels lowering for CUDA.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import ShapeDtypeStruct as S
+
+from fla_jax.ops.common.mosaic import export_for_cuda
+from fla_jax.ops.common.mosaic.tiles import gpu_interpret
+from fla_jax.ops.gated_delta_rule import chunk_gated_delta_rule, mosaic_chunk, mosaic_pieces
+from fla_jax.ops.gated_delta_rule.mosaic_layout import gate_free_inverse, gate_vectors
+from fla_jax.ops.gated_delta_rule.mosaic_map_ws import piece_maps
+
+from .harness import assert_passed, check
+
+C = 64
+
+
+def test_policy():
+    """Split only fixed-length calls with few CTAs (B * HV * V / 64 <= 32), into a power of two
+    of pieces filling one wave of 132 SMs, at most 8 (more than 4 only with >= 32 chunks a
+    piece), each >= 8 chunks; (K + V) / 64 must be even (row-block pairs)."""
+    bf = jnp.bfloat16
+    assert mosaic_pieces.pieces(1, 16, 128, 128, 512, bf, False) == 4     # B1 T32768 H16
+    assert mosaic_pieces.pieces(4, 16, 128, 128, 64, bf, False) == 1      # 128 CTAs already
+    assert mosaic_pieces.pieces(1, 16, 128, 128, 512, bf, True) == 1      # varlen
+    assert mosaic_pieces.pieces(1, 2, 128, 128, 256, bf, False) == 8      # gpu_t16k
+    assert mosaic_pieces.pieces(1, 2, 128, 128, 128, bf, False) == 4      # 32 chunks a piece
+    assert mosaic_pieces.pieces(1, 2, 128, 128, 16, bf, False) == 2
+    assert mosaic_pieces.pieces(1, 2, 128, 128, 8, bf, False) == 1
+    assert mosaic_pieces.pieces(1, 2, 64, 128, 256, bf, False) == 1      # 3 row blocks
+    assert mosaic_pieces.pieces(1, 2, 256, 256, 256, bf, False) == 1     # K > 128
+
+
+def test_tables():
+    """Pieces of ceil(n / P) chunks (the last ones shorter or empty); the map pass walks E of
+    pieces 0 .. P-2 and M of pieces 1 .. P-2 (+ 0 with an initial state, + P-1 for the
+    backward); the reverse pass from zero skips each sequence's first piece."""
+    t = np.asarray(mosaic_pieces.piece_table(2, 5, 4))
+    assert t[:, :2].tolist() == [[0, 2], [2, 2], [4, 1], [5, 0], [5, 2], [7, 2], [9, 1],
+                                 [10, 0]]
+    t = np.asarray(mosaic_pieces.piece_table(1, 8, 2, skip_first=True))
+    assert t[:, :2].tolist() == [[0, 0], [4, 4]]
+    m = np.asarray(mosaic_pieces.map_table(1, 8, 4, first_map=False, last_map=False))
+    assert m[:, :3].tolist() == [[0, 2, 0], [2, 2, 2], [4, 2, 2], [6, 0, 0]]
+    m = np.asarray(mosaic_pieces.map_table(1, 8, 4, first_map=True, last_map=True))
+    assert m[:, :3].tolist() == [[0, 2, 2], [2, 2, 2], [4, 2, 2], [6, 0, 2]]
+
+
+@pytest.mark.parametrize("with_state", [False, True])
+def test_scans_against_sequential_loops(with_state):
+    """forward_starts / backward_ends against float64 loops over the pieces (S [K, V]:
+    S_{p+1} = M_p S_p + E_p; dS_start = M_p^T dS_end + F_p); the maps' rows :K hold M^T."""
+    rng = np.random.default_rng(0)
+    B, P, HV, K, V = 2, 4, 3, 8, 5
+    M = rng.standard_normal((B, P, HV, K, K)) / 3
+    E = rng.standard_normal((B, P, HV, K, V))
+    maps = np.concatenate([np.swapaxes(M, -1, -2), np.swapaxes(E, -1, -2)], axis=-2)
+    h0 = rng.standard_normal((B, HV, K, V)) if with_state else np.zeros((B, HV, K, V))
+    starts = mosaic_pieces.forward_starts(
+        jnp.asarray(maps.reshape(B * P, HV, K + V, K), jnp.float32),
+        jnp.asarray(np.swapaxes(h0, -1, -2), jnp.float32) if with_state else None, B, P, K)
+    s, want = h0, []
+    for p in range(P):
+        want.append(np.swapaxes(s, -1, -2))
+        s = np.einsum("bhij,bhjv->bhiv", M[:, p], s) + E[:, p]
+    np.testing.assert_allclose(np.asarray(starts).reshape(B, P, HV, V, K),
+                               np.stack(want, 1), rtol=1e-5, atol=1e-5)
+    F = rng.standard_normal((B, P, HV, K, V))
+    dht = rng.standard_normal((B, HV, K, V)) if with_state else np.zeros((B, HV, K, V))
+    ends = mosaic_pieces.backward_ends(
+        jnp.asarray(np.swapaxes(F, -1, -2).reshape(B * P, HV, V, K), jnp.float32),
+        jnp.asarray(maps[..., :K, :].reshape(B * P, HV, K, K), jnp.float32),
+        jnp.asarray(np.swapaxes(dht, -1, -2), jnp.float32) if with_state else None, B, P, K)
+    d, want = dht, [None] * P
+    for p in reversed(range(P)):
+        want[p] = np.swapaxes(d, -1, -2)
+        d = np.einsum("bhji,bhjv->bhiv", M[:, p], d) + F[:, p]
+    np.testing.assert_allclose(np.asarray(ends).reshape(B, P, HV, V, K), np.stack(want, 1),
+                               rtol=1e-5, atol=1e-5)
+
+
+def _maps_float64(k, v, g, beta, table, group):
+    """[M^T ; E^T] per piece by the token recurrence in float64: from [I | 0] with values
+    [0 | v], S <- exp(g_t) S, S <- S + beta_t k_t (v_t - S^T k_t)^T, over the piece's value-
+    block chunks for E and identity-block chunks for M (both the larger count when K / 64 is
+    odd: one CTA carries an identity and a value block)."""
+    R, H, K = k.shape
+    HV, V = v.shape[1], v.shape[2]
+    out = np.zeros((table.shape[0], HV, K + V, K))
+    for p, (first, cval, cid) in enumerate(table[:, :3]):
+        if K // C % 2:
+            cval = cid = max(cval, cid)
+        for hv in range(HV):
+            for part, count in (("M", cid), ("E", cval)):
+                s = np.eye(K, K + V) if part == "M" else np.zeros((K, K + V))
+                for t in range(first * C, (first + count) * C):
+                    kt = k[t, hv // group]
+                    vt = np.concatenate([np.zeros(K), v[t, hv]])
+                    s = np.exp(g[t, hv]) * s
+                    s = s + beta[t, hv] * np.outer(kt, vt - s.T @ kt)
+                rows = slice(0, K) if part == "M" else slice(K, K + V)
+                out[p, hv, rows] = s.T[rows]
+    return out
+
+
+@pytest.mark.parametrize("K,nc,P", [(64, 5, 4), (128, 3, 2)])
+def test_map_pass_against_float64(K, nc, P):
+    """mosaic_map_ws.piece_maps (interpreted) against the float64 recurrence: GQA (2 value
+    heads on 1 key head); K = V = 64: an identity block paired with a value block (both walk
+    the larger count), pieces of 2, 2, 1, 0 chunks; K = V = 128: pairs of identity blocks
+    and of value blocks, pieces of 2, 1 chunks, M skipped in the first piece and E in the last
+    (rows of I and 0 stay). Relative RMS within bf16 rounding of the 16-bit operands (the
+    state is cast for each product); fails when the identity start or the decays are dropped."""
+    rng = np.random.default_rng(4)
+    H, HV, V = 1, 2, K
+    R = nc * C
+    k = rng.standard_normal((R, H, K))
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    v = rng.standard_normal((R, HV, V))
+    g = -rng.uniform(0.0, 0.1, (R, HV))
+    beta = rng.uniform(0.1, 1.0, (R, HV))
+    kq, vq = jnp.asarray(k, jnp.bfloat16), jnp.asarray(v, jnp.bfloat16)
+    table = mosaic_pieces.map_table(1, nc, P, first_map=False, last_map=False)
+    G, later = gate_vectors(jnp.asarray(g, jnp.float32), R, HV)
+    b32 = jnp.asarray(beta, jnp.float32)
+    with gpu_interpret():
+        t0, = gate_free_inverse(kq, b32, HV // H, jnp.bfloat16)
+        got = np.asarray(piece_maps(kq, vq, t0, G, later, b32.T, table), np.float64)
+    ref = _maps_float64(np.asarray(kq.astype(jnp.float32), np.float64),
+                        np.asarray(vq.astype(jnp.float32), np.float64), g, beta,
+                        np.asarray(table), HV // H)
+    err = np.sqrt(np.mean((got - ref) ** 2) / np.mean(ref ** 2))
+    assert err < 1e-2, err
+    # blocks that walk nothing hold their start exactly: rows of I (M) and 0 (E)
+    eye = np.broadcast_to(np.eye(K), (HV, K, K))
+    np.testing.assert_array_equal(got[-1, :, K:], 0.0)
+    if K == 128:        # pairs of one kind: piece 0 walks no M, the last piece nothing
+        np.testing.assert_array_equal(got[0, :, :K], eye)
+        np.testing.assert_array_equal(got[-1, :, :K], eye)
+    else:               # the mixed pair walks max(2, 0) in piece 0, nothing in piece 3
+        assert np.abs(got[0, :, :K] - eye).max() > 0.5
+        np.testing.assert_array_equal(got[-1, :, :K], eye)
+
+
+@pytest.fixture
+def spy_split(monkeypatch):
+    """Pieces down to one chunk; records the piece count of every split forward."""
+    monkeypatch.setattr(mosaic_pieces, "MIN_PIECE_CHUNKS", 1)
+    monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
+    seen = []
+
+    def maps(*a, **kw):
+        seen.append(a[-1].shape[0])
+        return piece_maps(*a, **kw)
+    monkeypatch.setattr(mosaic_chunk, "piece_maps", maps)
+    return seen
+
+
+@pytest.mark.parametrize("op,case,dtype", [
+    ("chunk_gated_delta_rule", "mos_dr_split", "bf16"),     # B = 1, P = 4: 2, 2, 1, 0 chunks
+    ("chunk_delta_rule", "mos_dr_gqa_h0_t100", "fp16")])    # B = 2, P = 2, GQA
+def test_split_interpreted_against_float64(op, case, dtype, spy_split):
+    """The op split into pieces (forward, final state and every gradient, incl. dh0) against
+    the harness's float64 oracle, interpreted; the split ran (B * P = 4 piece rows)."""
+    with gpu_interpret():
+        assert_passed(check(op, case, dtype, {"jax": "mosaic"}))
+    assert spy_split and set(spy_split) == {4}
+
+
+def test_split_lowers():
+    """B=1 T=4096 HV=4 (8 CTAs): 4 pieces; the forward and the vjp lower with the map pass and
+    the reverse pass without stores."""
+    B, T, H, HV, K = 1, 4096, 2, 4, 128
+    dt, f32 = jnp.bfloat16, jnp.float32
+    args = [S((B, T, H, K), dt), S((B, T, H, K), dt), S((B, T, HV, K), dt), S((B, T, HV), f32),
+            S((B, T, HV), f32), S((B, HV, K, K), f32)]
+    assert mosaic_pieces.pieces(B, HV, K, K, T // C, dt, False) == 4
+
+    def f(q, k, v, g, beta, h0):
+        return chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
+                                      output_final_state=True, impl="mosaic")
+
+    def fb(*a):
+        (o, ht), vjp = jax.vjp(f, *a)
+        return o, ht, vjp((jnp.ones_like(o), jnp.ones_like(ht)))
+    assert "gdn_map_ws" in export_for_cuda(f, *args)
+    text = export_for_cuda(fb, *args)
+    assert "gdn_map_ws" in text and "gdn_bwd_states_ws_nostore" in text
