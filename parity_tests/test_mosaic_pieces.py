@@ -58,10 +58,26 @@ def test_tables():
     assert m[:, :3].tolist() == [[0, 2, 2], [2, 2, 2], [4, 2, 2], [6, 0, 2]]
 
 
+def test_bad_scan_refused(monkeypatch):
+    """A bad mosaic_pieces.SCAN is refused at the op's entry and at use."""
+    monkeypatch.setattr(mosaic_pieces, "SCAN", "loop")
+    x = jnp.zeros((1, 1, 4, 4), jnp.float32)
+    with pytest.raises(ValueError, match="SCAN: got 'loop'"):
+        mosaic_pieces.forward_starts(jnp.zeros((2, 1, 8, 4)), x, 1, 2, 4)
+    q = jnp.zeros((1, 64, 1, 64), jnp.bfloat16)
+    b = jnp.ones((1, 64, 1), jnp.float32)
+    with gpu_interpret(), pytest.raises(ValueError, match="SCAN: got 'loop'"):
+        mosaic_chunk.chunk_gated_delta_rule_mosaic(q, q, q, g=b, beta=b, scale=1.0,
+                                                   initial_state=None,
+                                                   output_final_state=False, cu_seqlens=None)
+
+
+@pytest.mark.parametrize("scan", ["dot", "sum"])
 @pytest.mark.parametrize("with_state", [False, True])
-def test_scans_against_sequential_loops(with_state):
+def test_scans_against_sequential_loops(with_state, scan, monkeypatch):
     """forward_starts / backward_ends against float64 loops over the pieces (S [K, V]:
     S_{p+1} = M_p S_p + E_p; dS_start = M_p^T dS_end + F_p); the maps' rows :K hold M^T."""
+    monkeypatch.setattr(mosaic_pieces, "SCAN", scan)
     rng = np.random.default_rng(0)
     B, P, HV, K, V = 2, 4, 3, 8, 5
     M = rng.standard_normal((B, P, HV, K, K)) / 3

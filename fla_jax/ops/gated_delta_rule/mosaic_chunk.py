@@ -190,6 +190,7 @@ def chunk_gated_delta_rule_mosaic(q, k, v, *, g, beta, scale, initial_state,
     if FORWARD not in FORWARDS:
         raise ValueError(f"mosaic_chunk.FORWARD: got {FORWARD!r}, expected one of {FORWARDS}")
     mosaic_bwd.reverse_from_t0()      # REVERSE checked
+    mosaic_pieces.check_scan()
     o, ht = _gdn(q, k, v, g, beta, initial_state, cu_seqlens, float(scale),
                  bool(use_qk_l2norm_in_kernel), BACKWARD)
     return o, (ht if output_final_state else None)
