@@ -28,33 +28,47 @@ C = 64
 
 
 def test_policy():
-    """Split only fixed-length calls with few CTAs (B * HV * V / 64 <= 32), into a power of two
-    of pieces filling one wave of 132 SMs, at most 8 (more than 4 only with >= 32 chunks a
-    piece), each >= 8 chunks; (K + V) / 64 must be even (row-block pairs)."""
+    """Split only calls with few CTAs (N * HV * V / 64 <= 32 for N sequences), into a power of
+    two of pieces filling one wave of 132 SMs, at most 8 (more than 4 only with >= 32 chunks
+    a piece), each >= 8 chunks (varlen: the mean); (K + V) / 64 even (row-block pairs)."""
     bf = jnp.bfloat16
-    assert mosaic_pieces.pieces(1, 16, 128, 128, 512, bf, False) == 4     # B1 T32768 H16
-    assert mosaic_pieces.pieces(4, 16, 128, 128, 64, bf, False) == 1      # 128 CTAs already
-    assert mosaic_pieces.pieces(1, 16, 128, 128, 512, bf, True) == 1      # varlen
-    assert mosaic_pieces.pieces(1, 2, 128, 128, 256, bf, False) == 8      # gpu_t16k
-    assert mosaic_pieces.pieces(1, 2, 128, 128, 128, bf, False) == 4      # 32 chunks a piece
-    assert mosaic_pieces.pieces(1, 2, 128, 128, 16, bf, False) == 2
-    assert mosaic_pieces.pieces(1, 2, 128, 128, 8, bf, False) == 1
-    assert mosaic_pieces.pieces(1, 2, 64, 128, 256, bf, False) == 1      # 3 row blocks
-    assert mosaic_pieces.pieces(1, 2, 256, 256, 256, bf, False) == 1     # K > 128
+    assert mosaic_pieces.pieces(1, 16, 128, 128, 512, bf) == 4     # B1 T32768 H16
+    assert mosaic_pieces.pieces(4, 16, 128, 128, 64, bf) == 1      # 128 CTAs already
+    assert mosaic_pieces.pieces(1, 2, 128, 128, 256, bf) == 8      # gpu_t16k
+    assert mosaic_pieces.pieces(1, 2, 128, 128, 128, bf) == 4      # 32 chunks a piece
+    assert mosaic_pieces.pieces(1, 2, 128, 128, 16, bf) == 2
+    assert mosaic_pieces.pieces(1, 2, 128, 128, 8, bf) == 1
+    assert mosaic_pieces.pieces(5, 4, 128, 128, 7, bf) == 1        # gpu_varlen: 40 CTAs
+    assert mosaic_pieces.pieces(1, 2, 64, 128, 256, bf) == 1       # 3 row blocks
+    assert mosaic_pieces.pieces(1, 2, 256, 256, 256, bf) == 1      # K > 128
+
+
+def _seq_table(*rows):
+    """The passes' sequence table from (first chunk, chunk count) rows."""
+    t = np.zeros((len(rows), 32), np.int32)
+    t[:, :2] = rows
+    return jnp.asarray(t)
 
 
 def test_tables():
-    """Pieces of ceil(n / P) chunks (the last ones shorter or empty); the map pass walks E of
+    """Each sequence (a row of the passes' table; varlen: any lengths, empty ones too) in
+    pieces of ceil(count / P) chunks (the last ones shorter or empty); the map pass walks E of
     pieces 0 .. P-2 and M of pieces 1 .. P-2 (+ 0 with an initial state, + P-1 for the
-    backward); the reverse pass from zero skips each sequence's first piece."""
-    t = np.asarray(mosaic_pieces.piece_table(2, 5, 4))
+    backward); the reverse pass from zero skips each sequence's first piece. Works on a traced
+    table (jit)."""
+    seq = _seq_table((0, 5), (5, 5))
+    t = np.asarray(jax.jit(lambda x: mosaic_pieces.piece_table(x, 4))(seq))
+    assert t.shape == (8, 32) and not t[:, 2:].any()
     assert t[:, :2].tolist() == [[0, 2], [2, 2], [4, 1], [5, 0], [5, 2], [7, 2], [9, 1],
                                  [10, 0]]
-    t = np.asarray(mosaic_pieces.piece_table(1, 8, 2, skip_first=True))
+    t = np.asarray(mosaic_pieces.piece_table(_seq_table((0, 3), (4, 0), (5, 9)), 2))
+    assert t[:, :2].tolist() == [[0, 2], [2, 1], [4, 0], [4, 0], [5, 5], [10, 4]]
+    t = np.asarray(mosaic_pieces.piece_table(_seq_table((0, 8)), 2, skip_first=True))
     assert t[:, :2].tolist() == [[0, 0], [4, 4]]
-    m = np.asarray(mosaic_pieces.map_table(1, 8, 4, first_map=False, last_map=False))
+    seq = _seq_table((0, 8))
+    m = np.asarray(mosaic_pieces.map_table(seq, 4, first_map=False, last_map=False))
     assert m[:, :3].tolist() == [[0, 2, 0], [2, 2, 2], [4, 2, 2], [6, 0, 0]]
-    m = np.asarray(mosaic_pieces.map_table(1, 8, 4, first_map=True, last_map=True))
+    m = np.asarray(mosaic_pieces.map_table(seq, 4, first_map=True, last_map=True))
     assert m[:, :3].tolist() == [[0, 2, 2], [2, 2, 2], [4, 2, 2], [6, 0, 2]]
 
 
@@ -148,7 +162,7 @@ def test_map_pass_against_float64(K, nc, P):
     g = -rng.uniform(0.0, 0.1, (R, HV))
     beta = rng.uniform(0.1, 1.0, (R, HV))
     kq, vq = jnp.asarray(k, jnp.bfloat16), jnp.asarray(v, jnp.bfloat16)
-    table = mosaic_pieces.map_table(1, nc, P, first_map=False, last_map=False)
+    table = mosaic_pieces.map_table(_seq_table((0, nc)), P, first_map=False, last_map=False)
     G, later = gate_vectors(jnp.asarray(g, jnp.float32), R, HV)
     b32 = jnp.asarray(beta, jnp.float32)
     with gpu_interpret():
@@ -184,28 +198,31 @@ def spy_split(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("op,case,dtype", [
-    ("chunk_gated_delta_rule", "mos_dr_split", "bf16"),     # B = 1, P = 4: 2, 2, 1, 0 chunks
-    ("chunk_delta_rule", "mos_dr_gqa_h0_t100", "fp16")])    # B = 2, P = 2, GQA
-def test_split_interpreted_against_float64(op, case, dtype, spy_split):
+@pytest.mark.parametrize("op,case,dtype,rows", [
+    ("chunk_gated_delta_rule", "mos_dr_split", "bf16", 4),    # B = 1, GQA, P = 4: 2, 2, 1, 0
+    # varlen, sequences of 60 and 90 tokens (1 and 2 chunks): P = 2
+    ("chunk_delta_rule", "mos_dr_strong", "fp16", 4)])
+def test_split_interpreted_against_float64(op, case, dtype, rows, spy_split):
     """The op split into pieces (forward, final state and every gradient, incl. dh0) against
-    the harness's float64 oracle, interpreted; the split ran (B * P = 4 piece rows)."""
+    the harness's float64 oracle, interpreted; the split ran (N * P piece rows)."""
     with gpu_interpret():
         assert_passed(check(op, case, dtype, {"jax": "mosaic"}))
-    assert spy_split and set(spy_split) == {4}
+    assert spy_split and set(spy_split) == {rows}
 
 
-def test_split_lowers():
-    """B=1 T=4096 HV=4 (8 CTAs): 4 pieces; the forward and the vjp lower with the map pass and
-    the reverse pass without stores."""
-    B, T, H, HV, K = 1, 4096, 2, 4, 128
+@pytest.mark.parametrize("varlen", [False, True])
+def test_split_lowers(varlen):
+    """B=1 T=4096 HV=4 (8 CTAs; varlen: 2 sequences, 16 CTAs): 4 pieces; the forward and the
+    vjp lower with the map pass and the reverse pass without stores."""
+    B, T, H, HV, K, N = 1, 4096, 2, 4, 128, 2 if varlen else 1
     dt, f32 = jnp.bfloat16, jnp.float32
     args = [S((B, T, H, K), dt), S((B, T, H, K), dt), S((B, T, HV, K), dt), S((B, T, HV), f32),
-            S((B, T, HV), f32), S((B, HV, K, K), f32)]
-    assert mosaic_pieces.pieces(B, HV, K, K, T // C, dt, False) == 4
+            S((B, T, HV), f32), S((N, HV, K, K), f32)]
+    assert mosaic_pieces.pieces(N, HV, K, K, T // C // N + varlen, dt) == 4
+    cu = jnp.asarray([0, 1000, T], jnp.int32) if varlen else None
 
     def f(q, k, v, g, beta, h0):
-        return chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
+        return chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu,
                                       output_final_state=True, impl="mosaic")
 
     def fb(*a):

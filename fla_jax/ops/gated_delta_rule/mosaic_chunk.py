@@ -6,8 +6,7 @@ Forward: XLA prepares the chunk-aligned token layout and the gate vectors
 (mosaic_kkt.py); at K <= 128 (FORWARD="ws") the warp-specialized kernel mosaic_fwd_ws.py then
 runs the sequential state pass fused with the output, applying the WY form in its chunk loop;
 at K = 256 (or FORWARD="wy") the T0 kernel also forms the WY factors W' and U^T and the
-one-warpgroup mosaic_fwd_kernel.py runs the state pass and the output. Few long fixed-length
-sequences (the serial passes at <= 32 CTAs, e.g. B=1 T=32768 H=16) are cut into sequence pieces
+one-warpgroup mosaic_fwd_kernel.py runs the state pass and the output. Few long sequences (the serial passes at <= 32 CTAs, e.g. B=1 T=32768 H=16) are cut into sequence pieces
 run as separate sequences, from starts that the map pass mosaic_map_ws.py and an XLA scan give
 (mosaic_pieces.py; the backward likewise): B1 T32768 GDN 0.680 / 2.207 ms vs unsplit 1.109 /
 3.094 (RESULTS.md run 21).
@@ -102,18 +101,18 @@ def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool,
         with_w = residuals and not mosaic_bwd.reverse_from_t0()
         t0, *wneg = gate_free_inverse(kr, br, group, q.dtype, gcum=G if with_w else None)
         wneg = wneg[0] if with_w else None
-        nc = qr.shape[0] // C // B
-        P = 1 if with_w else mosaic_pieces.pieces(B, HV, K, v.shape[-1], nc, q.dtype,
-                                                  cu_seqlens is not None)
+        N = table.shape[0]
+        P = 1 if with_w else mosaic_pieces.pieces(N, HV, K, v.shape[-1],
+                                                  qr.shape[0] // C // N, q.dtype)
         if P > 1:   # sequence pieces: their maps, their starts, then the pass over pieces
-            mtab = mosaic_pieces.map_table(B, nc, P, first_map=h0 is not None,
+            mtab = mosaic_pieces.map_table(table, P, first_map=h0 is not None,
                                            last_map=residuals)
             maps = piece_maps(kr, vr, t0, G, later, br.T, mtab)
-            starts = mosaic_pieces.forward_starts(maps, h0t, B, P, K)
+            starts = mosaic_pieces.forward_starts(maps, h0t, N, P, K)
             outs = mosaic_fwd_ws.fused_forward_ws(qr, kr, vr, t0, G, later, br.T,
-                                                  mosaic_pieces.piece_table(B, nc, P), starts,
+                                                  mosaic_pieces.piece_table(table, P), starts,
                                                   scale=scale, residuals=residuals)
-            outs = [outs[0], mosaic_pieces.last_piece(outs[1], B, P), *outs[2:]]
+            outs = [outs[0], mosaic_pieces.last_piece(outs[1], N, P), *outs[2:]]
             # the backward's scan reads M^T of pieces 1 .. P-1
             split = maps[:, :, :K] if residuals else None
         else:

@@ -1,8 +1,9 @@
 """Sequence split of the delta family's serial Mosaic passes (fixed-length inputs with few CTAs).
 
 The serial passes run one CTA per (sequence, value head, 64 value columns): at B=1 T=32768 H=16
-that is 32 CTAs on 132 SMs, each walking 512 chunks. Every sequence is then cut into P pieces
-of whole chunks that the passes take as separate sequences (rows of their sequence table).
+that is 32 CTAs on 132 SMs, each walking 512 chunks. Every sequence (fixed length or varlen: a
+row of the passes' sequence table, which may be traced) is then cut into P pieces of whole
+chunks that the passes take as separate sequences (rows of a piece table).
 A piece maps the state affinely, S_end = M S_start + E (mosaic_map_ws.py forms [M^T ; E^T]
 in one pass over the pieces); an XLA scan over the pieces in fp32 gives every piece its true
 start, and the forward (and the training forward, which also stores the chunk states) runs
@@ -17,7 +18,6 @@ pieces 1 .. P-1.
 """
 from __future__ import annotations
 
-import numpy as np
 import jax.numpy as jnp
 from jax import lax
 
@@ -26,10 +26,11 @@ from . import mosaic_map_ws
 
 F32 = jnp.float32
 HIGHEST = lax.Precision.HIGHEST
-# Split policy, read when an op is traced (H100: 132 SMs): only fixed-length calls whose passes
-# run at most MAX_CTAS CTAs; P a power of two with P * CTAs <= SMS (one wave of the output
-# pass), P <= MAX_PIECES, at least MIN_PIECE_CHUNKS chunks a piece (MIN_CHUNKS_ABOVE_4 for
-# more than four pieces). ENABLED = False turns the split off.
+# Split policy, read when an op is traced (H100: 132 SMs): only calls whose passes run at most
+# MAX_CTAS CTAs; P a power of two with P * CTAs <= SMS (one wave of the output pass),
+# P <= MAX_PIECES, at least MIN_PIECE_CHUNKS chunks a piece (MIN_CHUNKS_ABOVE_4 for more than
+# four pieces; with varlen the mean chunks per sequence, as lengths may be traced). ENABLED =
+# False turns the split off.
 ENABLED = True
 MAX_CTAS = 32
 SMS = 132
@@ -60,10 +61,10 @@ def _product(a, b, *, transposed: bool):
     return jnp.sum(a[..., :, :, None] * b[..., None, :, :], axis=-2)
 
 
-def pieces(B: int, HV: int, K: int, V: int, n_chunks: int, dtype, varlen: bool) -> int:
-    """Pieces per sequence (1: no split)."""
-    ctas = B * HV * (V // BV)
-    if not ENABLED or varlen or ctas > MAX_CTAS or not mosaic_map_ws.supports(K, V, dtype):
+def pieces(N: int, HV: int, K: int, V: int, n_chunks: int, dtype) -> int:
+    """Pieces per sequence (1: no split) for N sequences of n_chunks chunks (the mean)."""
+    ctas = N * HV * (V // BV)
+    if not ENABLED or ctas > MAX_CTAS or not mosaic_map_ws.supports(K, V, dtype):
         return 1
     p = 1
     while (2 * p * ctas <= SMS and 2 * p <= MAX_PIECES
@@ -73,42 +74,45 @@ def pieces(B: int, HV: int, K: int, V: int, n_chunks: int, dtype, varlen: bool) 
     return p
 
 
-def _ranges(B: int, n_chunks: int, P: int):
-    """(first chunk, chunk count) int [B, P] of every piece in the flat rows (sequence b's
-    chunks start at b * n_chunks)."""
-    per = -(-n_chunks // P)
-    first = np.minimum(np.arange(P) * per, n_chunks)
-    count = np.minimum(per, n_chunks - first)
-    return np.arange(B)[:, None] * n_chunks + first[None], np.broadcast_to(count, (B, P))
+def _ranges(table, P: int):
+    """(first chunk, chunk count) int32 [N, P] of every piece: sequence n of the table
+    ([N, TABLE_WIDTH] int32: first chunk, chunk count) in pieces of ceil(count / P) chunks."""
+    first, count = table[:, :1], table[:, 1:2]
+    per = (count + P - 1) // P
+    start = jnp.minimum(jnp.arange(P, dtype=jnp.int32)[None] * per, count)
+    return first + start, jnp.minimum(per, count - start)
 
 
-def piece_table(B: int, n_chunks: int, P: int, *, skip_first: bool = False):
-    """int32 [B * P, TABLE_WIDTH]: (first chunk, chunk count) of every piece, the sequence
-    table of the passes run over pieces; skip_first: the first piece of each sequence walks no
-    chunk (the reverse pass from a zero end gradient, whose first piece nobody reads)."""
-    first, count = _ranges(B, n_chunks, P)
-    count = count.copy()
+def _rows(*cols):
+    """int32 [N, P] columns -> the table [N * P, TABLE_WIDTH] (piece p of sequence n in row
+    n * P + p)."""
+    n = cols[0].size
+    out = jnp.stack([c.reshape(n) for c in cols], axis=1).astype(jnp.int32)
+    return jnp.pad(out, ((0, 0), (0, TABLE_WIDTH - len(cols))))
+
+
+def piece_table(table, P: int, *, skip_first: bool = False):
+    """int32 [N * P, TABLE_WIDTH]: (first chunk, chunk count) of every piece of the sequences
+    of `table`, the sequence table of the passes run over pieces; skip_first: the first piece
+    of each sequence walks no chunk (the reverse pass from a zero end gradient, whose first
+    piece nobody reads)."""
+    first, count = _ranges(table, P)
     if skip_first:
-        count[:, 0] = 0
-    rows = np.zeros((B * P, TABLE_WIDTH), np.int32)
-    rows[:, 0], rows[:, 1] = first.reshape(-1), count.reshape(-1)
-    return jnp.asarray(rows)
+        count = count.at[:, 0].set(0)
+    return _rows(first, count)
 
 
-def map_table(B: int, n_chunks: int, P: int, *, first_map: bool, last_map: bool):
-    """int32 [B * P, TABLE_WIDTH] for mosaic_map_ws.piece_maps: (first chunk, chunk count of
+def map_table(table, P: int, *, first_map: bool, last_map: bool):
+    """int32 [N * P, TABLE_WIDTH] for mosaic_map_ws.piece_maps: (first chunk, chunk count of
     the value blocks E, of the identity blocks M). E is walked for pieces 0 .. P-2, M for
     pieces 1 .. P-2, piece 0's with `first_map` (an initial state), piece P-1's with
     `last_map` (the backward's scan)."""
-    first, count = _ranges(B, n_chunks, P)
-    cval, cid = count.copy(), count.copy()
-    cval[:, -1] = 0
-    cid[:, -1] = count[:, -1] if last_map else 0
+    first, count = _ranges(table, P)
+    cval = count.at[:, -1].set(0)
+    cid = count if last_map else cval
     if not first_map:
-        cid[:, 0] = 0
-    rows = np.zeros((B * P, TABLE_WIDTH), np.int32)
-    rows[:, 0], rows[:, 1], rows[:, 2] = first.reshape(-1), cval.reshape(-1), cid.reshape(-1)
-    return jnp.asarray(rows)
+        cid = cid.at[:, 0].set(0)
+    return _rows(first, cval, cid)
 
 
 def forward_starts(maps, h0t, B: int, P: int, K: int):
