@@ -199,7 +199,7 @@ def spy_split(monkeypatch):
 
 
 @pytest.mark.parametrize("op,case,dtype,rows", [
-    ("chunk_gated_delta_rule", "mos_dr_split", "bf16", 4),    # B = 1, GQA, P = 4: 2, 2, 1, 0
+    ("chunk_gated_delta_rule", "mos_dr_split", "bf16", 4),    # B = 1, P = 4: 2, 2, 1, 0
     # varlen, sequences of 60 and 90 tokens (1 and 2 chunks): P = 2
     ("chunk_delta_rule", "mos_dr_strong", "fp16", 4)])
 def test_split_interpreted_against_float64(op, case, dtype, rows, spy_split):
