@@ -6,10 +6,11 @@ Forward: XLA prepares the chunk-aligned token layout and the gate vectors
 (mosaic_kkt.py); at K <= 128 (FORWARD="ws") the warp-specialized kernel mosaic_fwd_ws.py then
 runs the sequential state pass fused with the output, applying the WY form in its chunk loop;
 at K = 256 (or FORWARD="wy") the T0 kernel also forms the WY factors W' and U^T and the
-one-warpgroup mosaic_fwd_kernel.py runs the state pass and the output. Few long sequences (the serial passes at <= 32 CTAs, e.g. B=1 T=32768 H=16) are cut into sequence pieces
-run as separate sequences, from starts that the map pass mosaic_map_ws.py and an XLA scan give
-(mosaic_pieces.py; the backward likewise): B1 T32768 GDN 0.680 / 2.207 ms vs unsplit 1.109 /
-3.094 (RESULTS.md run 21).
+one-warpgroup mosaic_fwd_kernel.py runs the state pass and the output. Few long sequences
+(the serial passes at <= 32 CTAs, e.g. B=1 T=32768 H=16; fixed length or varlen) are cut into
+sequence pieces run as separate sequences, from starts that the map pass mosaic_map_ws.py and
+an XLA scan give (mosaic_pieces.py; the backward likewise): B1 T32768 GDN 0.680 / 2.207 ms vs
+unsplit 1.109 / 3.094 (RESULTS.md run 21).
 Backward (jax.custom_vjp; every gradient in its input's dtype), chosen by BACKWARD:
 "mosaic" (default; K, V <= 128): under differentiation the forward also keeps its residuals
 (chunk states, v_new and T0; the WY keys -W' too only for mosaic_bwd.REVERSE = "wy"), and
