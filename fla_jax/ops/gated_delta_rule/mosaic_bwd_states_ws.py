@@ -36,7 +36,7 @@ from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, 
 from ..common.mosaic.warpgroups import finish_together, registers, stream_stages
 from .mosaic_bwd_kernel import chain
 from .mosaic_fwd_kernel import BV, C, TABLE_WIDTH
-from .mosaic_fwd_ws import copy_gate_vectors, gate_vector_scratch
+from .mosaic_fwd_ws import ag_over_t0, copy_gate_vectors, gate_vector_scratch
 
 MAX_K = 128
 STAGES = 2
@@ -145,9 +145,7 @@ def reverse_states_ws(q, k, t0, do, gcum, gsuf, beta, table, dhtT, *, scale: flo
                 d = causal_decay(g_row, load(g1c_s.at[slot], COLS), sq)
                 p = matmul(q_s.at[slot], k_s.at[slot], sq, tb=True)
                 p_s.at[slot][...] = (p * d * scale).astype(dt)
-                ag = load(t_s.at[slot], WGMMA).astype(F32) * d * cols_of(
-                    load(b1_s.at[slot], COLS), sq)
-                t_s.at[slot][...] = ag.astype(dt)                              # Ag over T0
+                ag_over_t0(t_s.at[slot], b1_s.at[slot], d)
                 rel = rows_of(jnp.exp2(g_row - g1r_s[slot, 0]), (C, K))       # Gamma'
                 kg_s.at[slot][...] = (load(k_s.at[slot], WGMMA).astype(F32) * rel).astype(dt)
                 # scale Gamma' q over q (q k^T above has been waited for)
@@ -172,10 +170,9 @@ def reverse_states_ws(q, k, t0, do, gcum, gsuf, beta, table, dhtT, *, scale: flo
                 slot, half = lax.rem(i, S), lax.rem(i, 2)
                 c = first + count - 1 - i
                 plgpu.barrier_wait(in_bar.at[slot])
-                # the stores of chunk i - 2 have read this half (two stores per chunk: the
-                # three issued after the first of them may still run)
                 l_lo = l_t.astype(dt)
-                if store:
+                if store:   # the stores of chunk i - 2 have read this half (two stores per
+                    # chunk: the three issued after the first of them may still run)
                     plgpu.wait_smem_to_gmem(3, wait_read_only=True)
                     lo_s.at[half][...] = l_lo
                     plgpu.commit_smem()

@@ -86,6 +86,13 @@ def copy_gate_vectors(gc_ref, gs_ref, b_ref, bufs, hv, rows, slot, bar):
         plgpu.copy_gmem_to_smem(src.at[hv, rows], dst.at[slot], bar)
 
 
+def ag_over_t0(t_tile, beta_vec, d):
+    """Ag = (T0 * D) diag(beta) written over the T0 tile t_tile [C, C] (16-bit SMEM), from
+    the decay tile D (fp32, WGMMA layout) and beta_vec [C] fp32 (SMEM); no commit."""
+    ag = load(t_tile, WGMMA).astype(F32) * d * cols_of(load(beta_vec, COLS), d.shape)
+    t_tile[...] = ag.astype(t_tile.dtype)
+
+
 def supports(K: int, dtype) -> bool:
     return K <= MAX_K and smem_bytes(K, dtype) <= SMEM_BUDGET
 
@@ -238,9 +245,7 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
                 plgpu.barrier_wait(in_bar.at[slot])
                 g_row = load(g1r_s.at[slot], ROWS)
                 d = causal_decay(g_row, load(g1c_s.at[slot], COLS), sq)
-                ag = load(t_s.at[slot], WGMMA).astype(F32) * d * cols_of(
-                    load(b1_s.at[slot], COLS), sq)
-                t_s.at[slot][...] = ag.astype(dt)                              # Ag over T0
+                ag_over_t0(t_s.at[slot], b1_s.at[slot], d)
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(ag_ready.at[slot])
                 p = matmul(q_s.at[slot], k_s.at[slot], sq, tb=True)

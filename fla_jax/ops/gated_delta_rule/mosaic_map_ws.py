@@ -31,11 +31,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ..common.mosaic.serial import sequence_range
-from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of, iota,
+from ..common.mosaic.tiles import (COLS, F32, ROWS, build, causal_decay, cols_of, iota,
                                    load, matmul, matmuls, smem_tile)
-from ..common.mosaic.warpgroups import finish_together, registers
+from ..common.mosaic.warpgroups import finish_together, observe_last, registers
 from .mosaic_fwd_kernel import BV, C, TABLE_WIDTH
-from .mosaic_fwd_ws import copy_gate_vectors, gate_vector_scratch
+from .mosaic_fwd_ws import ag_over_t0, copy_gate_vectors, gate_vector_scratch
 
 MAX_K = 128
 STAGES = 3
@@ -152,20 +152,13 @@ def piece_maps(k, v, t0, gcum, gsuf, beta, table):
 
                 plgpu.barrier_wait(in_bar.at[slot])
                 d = causal_decay(load(g1r_s.at[slot], ROWS), load(g1c_s.at[slot], COLS), sq)
-                ag = load(t_s.at[slot], WGMMA).astype(F32) * d * cols_of(
-                    load(b1_s.at[slot], COLS), sq)
-                t_s.at[slot][...] = ag.astype(dt)                              # Ag over T0
+                ag_over_t0(t_s.at[slot], b1_s.at[slot], d)
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(ag_ready.at[slot])
                 return carry
 
             lax.fori_loop(0, count, step, None)
-
-            def observe(c, carry):      # the carriers' releases no refill waited for
-                plgpu.barrier_wait(in_free.at[lax.rem(c, S)])
-                return carry
-
-            lax.fori_loop(jnp.maximum(count - S, 0), count, observe, None)
+            observe_last(count, S, in_free)     # the releases no refill waited for
 
         def carrier(b, v_s, st_s):
             """Row block b of [M^T ; E^T] through the piece's chunks; stores it."""
