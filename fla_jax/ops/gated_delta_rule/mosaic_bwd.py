@@ -64,19 +64,20 @@ def backward(q, k, v, g, beta, h0, cu_seqlens, do, dht, *, scale: float, l2: boo
     bt = br.T
     dor = to_rows(do.astype(dtype), lay)                                # [R, HV, V]
     dhtT = None if dht is None else jnp.swapaxes(dht.astype(F32), -1, -2)
-    if maps is not None:    # the forward's sequence split (mosaic_pieces.py)
-        N = table.shape[0]
-        P = maps.shape[0] // N
+    if wneg is None:    # the forward formed no -W' (reverse_from_t0)
         args = (qr, kr, t0, dor, gcum, gsuf, bt)
-        f, = reverse_states_ws(*args, mosaic_pieces.piece_table(table, P, skip_first=True),
-                               None, scale=scale, group=group, store=False)
-        ends = mosaic_pieces.backward_ends(f, maps, dhtT, N, P, K)
-        lamT, dvnT, dh0T = reverse_states_ws(*args, mosaic_pieces.piece_table(table, P), ends,
-                                             scale=scale, group=group)
-        dh0T = mosaic_pieces.first_piece(dh0T, N, P)
-    elif wneg is None:    # the forward formed no -W' (reverse_from_t0)
-        lamT, dvnT, dh0T = reverse_states_ws(qr, kr, t0, dor, gcum, gsuf, bt, table, dhtT,
-                                             scale=scale, group=group)
+        seqs, ends = table, dhtT
+        if maps is not None:    # the forward's sequence split (mosaic_pieces.py): the state
+            # gradient leaving each piece from the pass without stores and the scan
+            N = table.shape[0]
+            P = maps.shape[0] // N
+            f, = reverse_states_ws(*args, mosaic_pieces.piece_table(table, P, skip_first=True),
+                                   None, scale=scale, group=group, store=False)
+            seqs = mosaic_pieces.piece_table(table, P)
+            ends = mosaic_pieces.backward_ends(f, maps, dhtT, N, P, K)
+        lamT, dvnT, dh0T = reverse_states_ws(*args, seqs, ends, scale=scale, group=group)
+        if maps is not None:
+            dh0T = mosaic_pieces.first_piece(dh0T, N, P)
     else:
         lamT, dvnT, dh0T = reverse_states(qr, kr, wneg, dor, gcum, gsuf, table, dhtT,
                                           scale=scale, group=group)

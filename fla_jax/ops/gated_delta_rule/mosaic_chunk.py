@@ -105,21 +105,19 @@ def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool,
         N = table.shape[0]
         P = 1 if with_w else mosaic_pieces.pieces(N, HV, K, v.shape[-1],
                                                   qr.shape[0] // C // N, q.dtype)
-        if P > 1:   # sequence pieces: their maps, their starts, then the pass over pieces
+        seqs, starts, split = table, h0t, None
+        if P > 1:   # sequence pieces: their maps and starts; the pass runs over pieces
             mtab = mosaic_pieces.map_table(table, P, first_map=h0 is not None,
                                            last_map=residuals)
             maps = piece_maps(kr, vr, t0, G, later, br.T, mtab)
+            seqs = mosaic_pieces.piece_table(table, P)
             starts = mosaic_pieces.forward_starts(maps, h0t, N, P, K)
-            outs = mosaic_fwd_ws.fused_forward_ws(qr, kr, vr, t0, G, later, br.T,
-                                                  mosaic_pieces.piece_table(table, P), starts,
-                                                  scale=scale, residuals=residuals)
-            outs = [outs[0], mosaic_pieces.last_piece(outs[1], N, P), *outs[2:]]
             # the backward's scan reads M^T of pieces 1 .. P-1
             split = maps[:, :, :K] if residuals else None
-        else:
-            outs = mosaic_fwd_ws.fused_forward_ws(qr, kr, vr, t0, G, later, br.T, table, h0t,
-                                                  scale=scale, residuals=residuals)
-            split = None
+        outs = mosaic_fwd_ws.fused_forward_ws(qr, kr, vr, t0, G, later, br.T, seqs, starts,
+                                              scale=scale, residuals=residuals)
+        if P > 1:
+            outs = [outs[0], mosaic_pieces.last_piece(outs[1], N, P), *outs[2:]]
     else:
         # the WY factors (and, for the backward, T0) from one chunk-parallel kernel
         wy = gate_free_inverse(kr, br, group, q.dtype, gcum=G, v_rows=vr, with_t0=residuals)
