@@ -68,6 +68,28 @@ def main() -> int:
     from fla_jax.ops.simple_gla import mosaic_bwd as sgla_bwd
     from fla_jax.ops.simple_gla import mosaic_chunk as sgla_mosaic
     print(f"jax {jax.__version__}")
+    modules = (gdn_mosaic, sgla_mosaic, gla_mosaic)
+
+    def lower(op, K, V, backward, split=False) -> bool:
+        """Lowers one case under the Mosaic backwards; prints its line; True when it lowered
+        (split: and the delta family's map pass is in the program)."""
+        saved = [m.BACKWARD for m in modules]
+        for m in modules:
+            m.BACKWARD = "mosaic"
+        try:
+            fn, args = _case(op, K, V, backward, split=split)
+            text = export_for_cuda(fn, *args)
+            status = "ok" if not split or "gdn_map_ws" in text else "FAIL no map pass"
+        except Exception as e:     # report every case, then the exit status
+            status = f"FAIL {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        finally:
+            for m, b in zip(modules, saved):
+                m.BACKWARD = b
+        part = "fwd+bwd (Mosaic)" if backward else "fwd"
+        print(f"{op:24s} K={K:3d} V={V:3d} {part:16s} {'split ' if split else ''}{status}",
+              flush=True)
+        return status == "ok"
+
     bad = 0
     ops = ("chunk_gated_delta_rule", "chunk_delta_rule", "chunk_simple_gla", "chunk_gla")
     for K, V in HEADS:
@@ -78,35 +100,11 @@ def main() -> int:
                 if backward and op not in ("chunk_simple_gla", "chunk_gla") \
                         and max(K, V) > gdn_bwd.MAX_HEAD:
                     continue     # likewise the delta family's
-                saved = gdn_mosaic.BACKWARD, sgla_mosaic.BACKWARD, gla_mosaic.BACKWARD
-                gdn_mosaic.BACKWARD = sgla_mosaic.BACKWARD = gla_mosaic.BACKWARD = "mosaic"
-                try:
-                    fn, args = _case(op, K, V, backward)
-                    export_for_cuda(fn, *args)
-                    status = "ok"
-                except Exception as e:     # report every case, then the exit status
-                    bad += 1
-                    status = f"FAIL {type(e).__name__}: {str(e).splitlines()[0][:160]}"
-                finally:
-                    gdn_mosaic.BACKWARD, sgla_mosaic.BACKWARD, gla_mosaic.BACKWARD = saved
-                part = "fwd+bwd (Mosaic)" if backward else "fwd"
-                print(f"{op:24s} K={K:3d} V={V:3d} {part:16s} {status}", flush=True)
+                bad += not lower(op, K, V, backward)
     for op in ops[:2]:          # the delta family's sequence split, K = V = 128 and 64
         for K in (128, 64):
             for backward in (False, True):
-                saved = gdn_mosaic.BACKWARD
-                gdn_mosaic.BACKWARD = "mosaic"
-                try:
-                    fn, args = _case(op, K, K, backward, split=True)
-                    text = export_for_cuda(fn, *args)
-                    status = "ok" if "gdn_map_ws" in text else "FAIL no map pass"
-                except Exception as e:
-                    status = f"FAIL {type(e).__name__}: {str(e).splitlines()[0][:160]}"
-                finally:
-                    gdn_mosaic.BACKWARD = saved
-                bad += status != "ok"
-                part = "fwd+bwd (Mosaic)" if backward else "fwd"
-                print(f"{op:24s} K={K:3d} V={K:3d} {part:16s} split {status}", flush=True)
+                bad += not lower(op, K, K, backward, split=True)
     print(f"{bad} failed")
     return 1 if bad else 0
 
