@@ -78,10 +78,12 @@ def test_varlen_vjp_lowers(K):
         assert ("xla.gpu.triton" in text) == (not mosaic), backward
 
 
-# case -> forward settings: warp-specialized; default; split into pieces of 2, 2, 1 and 0
-# chunks per sequence (the split's scans, an empty piece)
-CASES = {"mos_sgla_g_h0_t150": "ws", "mos_sgla_gamma_varlen": "", "mos_sgla_split": "split",
-         "mos_sgla_strong": ""}
+# case -> forward settings: "ws" the warp-specialized forward (the default; its training
+# forward stores the chunk states the backward reads), "one" the one-warpgroup forward (the
+# backward recomputes the states), "split" the ws forward over pieces of 2, 2, 1 and 0 chunks
+# per sequence (the split's scans, an empty piece, the stored states in the flat layout)
+CASES = {"mos_sgla_g_h0_t150": "ws", "mos_sgla_gamma_varlen": "ws", "mos_sgla_split": "split",
+         "mos_sgla_strong": "one"}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -89,7 +91,7 @@ def test_interpreted_against_float64(case, monkeypatch):
     """Mosaic forward and backward kernels in the GPU interpreter vs float64 (bf16; the strong
     gates also in fp16)."""
     monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
-    monkeypatch.setitem(mosaic_fwd.TUNING, "ws", CASES[case] == "ws")
+    monkeypatch.setitem(mosaic_fwd.TUNING, "ws", CASES[case] != "one")
     if CASES[case] == "split":
         monkeypatch.setitem(mosaic_split.POLICY, "min_piece_chunks", 1)
         assert mosaic_split.pieces(1, 1, 64, 5, False) == 4

@@ -24,9 +24,11 @@ def supports(K: int, V: int) -> bool:
     return K <= MAX_HEAD and V <= MAX_HEAD
 
 
-def backward(cfg, q, k, v, g, gamma, h0, cu, do, dht):
+def backward(cfg, q, k, v, g, gamma, h0, cu, do, dht, hs=None):
     """Gradients (dq, dk, dv, dg or None, dh0 or None) of (o, final state) with cotangents
-    do [B, T, H, V] (q's dtype) and dht [N, H, K, V] fp32."""
+    do [B, T, H, V] (q's dtype) and dht [N, H, K, V] fp32. hs: None (recomputed here) or the
+    states entering each chunk as the training forward stored them (mosaic_fwd_ws states:
+    [B, H, Tp // 64, V, K], or [1, H, B * Tp // 64, V, K] with a sequence split)."""
     lay = layout(cfg.T, cu)
     a = packing.pack(log_decay(q, g, gamma), lay)
     qp, kp, vp, dop = (packing.pack(x, lay) for x in (q, k, v, do.astype(q.dtype)))
@@ -43,14 +45,17 @@ def backward(cfg, q, k, v, g, gamma, h0, cu, do, dht):
         g2 = chunk_cumsum(flat(a))
         seq, n = mosaic_split.table(B, Tp // mosaic_fwd.C, P), B * P
         A = mosaic_split.piece_decay(g2, B, P)
-        _, E = mosaic_fwd.forward(qp, kp, vp, g2, None, seq, scale=cfg.scale, n_seqs=n,
-                                  out_final=True, mode="final")
-        starts, _ = mosaic_split.forward_starts(E, A, h0t, B, P)
-        _, F = kernels.dstate(qp, dop, g2, jnp.zeros_like(E), seq, scale=cfg.scale, n_seqs=n,
+        if hs is None:
+            _, E = mosaic_fwd.forward(qp, kp, vp, g2, None, seq, scale=cfg.scale, n_seqs=n,
+                                      out_final=True, mode="final")
+            starts, _ = mosaic_split.forward_starts(E, A, h0t, B, P)
+        zeros = jnp.zeros((n,) + dhtt.shape[1:], jnp.float32)
+        _, F = kernels.dstate(qp, dop, g2, zeros, seq, scale=cfg.scale, n_seqs=n,
                               want_dh0=True)
         ends, dh0t_split = mosaic_split.backward_ends(F, A, dhtt, B, P)
-    hs, _ = mosaic_fwd.forward(qp, kp, vp, g2, starts, seq, scale=cfg.scale, n_seqs=n,
-                               out_final=False, mode="states")
+    if hs is None:
+        hs, _ = mosaic_fwd.forward(qp, kp, vp, g2, starts, seq, scale=cfg.scale, n_seqs=n,
+                                   out_final=False, mode="states")
     dhs, dh0t = kernels.dstate(qp, dop, g2, ends, seq, scale=cfg.scale, n_seqs=n,
                                want_dh0=h0 is not None and P == 1)
     dq, dk, dv, r1, r2 = kernels.grads(qp, kp, vp, dop, g2, hs, dhs, scale=cfg.scale)

@@ -1,6 +1,9 @@
 """chunk_simple_gla with Pallas Mosaic GPU kernels (Hopper, sm_90): impl='mosaic'.
 
-Forward: mosaic_fwd.py (output and final state in one pass over the chunks). Backward
+Forward: mosaic_fwd_ws.py (output and final state in one pass over the chunks, three
+warpgroups; mosaic_fwd.py's one-warpgroup kernel where it does not take the head size). The
+training forward also stores the state entering every chunk (RESIDUAL_STATES), which the
+backward reads instead of recomputing it. Backward
 (custom_vjp): mosaic_bwd.py when BACKWARD == "mosaic" and K, V <= 128, else the Pallas
 Triton-lowering backward kernels of common/engine/scan.py (same math, same inputs).
 Host side (mosaic_inputs.py): inputs laid out chunk-aligned (packing.py: T padded to a multiple
@@ -28,6 +31,11 @@ BACKWARDS = ("pallas", "mosaic")    # backward kernels available
 # process (RESULTS.md run 16 call 1; jla 0.748 in run 15 call 9), B4 T4096 H16 K=V=128 bf16;
 # GPU parity (bf16 + fp16, every GPU case incl. gates of -10..-20 per token) 0 failed.
 BACKWARD = "mosaic"
+# The training forward stores the state entering every chunk ([B, H, T / 64, V, K] in q's
+# dtype: twice q's bytes at K = V = 128) for the Mosaic backward, which otherwise recomputes
+# it with a pass of its own (mosaic_fwd.forward mode="states"). False trades that pass for
+# the memory. Read when an op is traced.
+RESIDUAL_STATES = True
 
 
 def mosaic_unsupported_reason(q, k, v, g=None, g_gamma=None, initial_state=None,
@@ -57,16 +65,23 @@ class _Cfg:
     pieces: int      # sequence split of the serial passes (mosaic_split.py); 1: none
 
 
-def _output_pass(q, k, v, g2, h0t, seq, scale, n_seqs):
-    """(o, transposed final state) of mosaic_fwd.forward; the warp-specialized kernel where
-    TUNING['ws'] selects it and it takes the head size."""
+def _output_pass(q, k, v, g2, h0t, seq, scale, n_seqs, states):
+    """(o, transposed final state, states entering each chunk or None) of mosaic_fwd.forward;
+    the warp-specialized kernel where TUNING['ws'] selects it and it takes the head size (only
+    it stores the states: None from the other)."""
     if mosaic_fwd.TUNING["ws"] and mosaic_fwd_ws.supports(q.shape[-1], q.dtype):
-        return mosaic_fwd_ws.forward_ws(q, k, v, g2, h0t, seq, scale=scale, n_seqs=n_seqs)
-    return mosaic_fwd.forward(q, k, v, g2, h0t, seq, scale=scale, n_seqs=n_seqs,
-                              out_final=True)
+        outs = mosaic_fwd_ws.forward_ws(q, k, v, g2, h0t, seq, scale=scale, n_seqs=n_seqs,
+                                        states=states)
+        return outs if states else outs + (None,)
+    o, ht = mosaic_fwd.forward(q, k, v, g2, h0t, seq, scale=scale, n_seqs=n_seqs,
+                               out_final=True)
+    return o, ht, None
 
 
-def _forward(cfg, q, k, v, g, gamma, h0, cu):
+def _forward(cfg, q, k, v, g, gamma, h0, cu, states=False):
+    """(o, final state, hs): hs the transposed states entering each chunk in the kernels'
+    layout (mosaic_bwd.backward's), when `states` and the output kernel stores them, else
+    None."""
     lay = mosaic_inputs.layout(cfg.T, cu)
     a = packing.pack(mosaic_inputs.log_decay(q, g, gamma), lay)
     qp, kp, vp = (packing.pack(x, lay) for x in (q, k, v))
@@ -74,7 +89,7 @@ def _forward(cfg, q, k, v, g, gamma, h0, cu):
     P = cfg.pieces
     if P == 1:
         g2 = mosaic_inputs.chunk_cumsum(a)
-        o, ht = _output_pass(qp, kp, vp, g2, h0t, lay.seq, cfg.scale, cfg.N)
+        o, ht, hs = _output_pass(qp, kp, vp, g2, h0t, lay.seq, cfg.scale, cfg.N, states)
     else:
         B, Tp = qp.shape[:2]
         flat = mosaic_inputs.flat
@@ -85,27 +100,33 @@ def _forward(cfg, q, k, v, g, gamma, h0, cu):
                                   out_final=True, mode="final")
         starts, ht = mosaic_split.forward_starts(E, mosaic_split.piece_decay(g2, B, P), h0t,
                                                  B, P)
-        o, _ = _output_pass(qf, kf, vf, g2, starts, seq, cfg.scale, B * P)
+        o, _, hs = _output_pass(qf, kf, vf, g2, starts, seq, cfg.scale, B * P, states)
         o = o.reshape(qp.shape[:3] + (v.shape[-1],))
-    return packing.unpack(o, lay), jnp.swapaxes(ht, -1, -2)
+    return packing.unpack(o, lay), jnp.swapaxes(ht, -1, -2), hs
+
+
+def _mosaic_backward(cfg, K, V) -> bool:
+    return cfg.backward == "mosaic" and mosaic_bwd.supports(K, V)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _simple_gla(cfg, q, k, v, g, gamma, h0, cu):
-    return _forward(cfg, q, k, v, g, gamma, h0, cu)
+    return _forward(cfg, q, k, v, g, gamma, h0, cu)[:2]
 
 
 def _vjp_fwd(cfg, q, k, v, g, gamma, h0, cu):
-    o, ht = _forward(cfg, q, k, v, g, gamma, h0, cu)
-    return (o, ht), (q, k, v, g, gamma, h0, cu, ht)
+    states = RESIDUAL_STATES and _mosaic_backward(cfg, q.shape[-1], v.shape[-1])
+    o, ht, hs = _forward(cfg, q, k, v, g, gamma, h0, cu, states=states)
+    return (o, ht), (q, k, v, g, gamma, h0, cu, ht, hs)
 
 
 def _vjp_bwd(cfg, res, cts):
-    q, k, v, g, gamma, h0, cu, ht = res
+    q, k, v, g, gamma, h0, cu, ht, hs = res
     do, dht = cts
     dht = dht.astype(jnp.float32)
-    if cfg.backward == "mosaic" and mosaic_bwd.supports(q.shape[-1], v.shape[-1]):
-        dq, dk, dv, dg, dh0 = mosaic_bwd.backward(cfg, q, k, v, g, gamma, h0, cu, do, dht)
+    if _mosaic_backward(cfg, q.shape[-1], v.shape[-1]):
+        dq, dk, dv, dg, dh0 = mosaic_bwd.backward(cfg, q, k, v, g, gamma, h0, cu, do, dht,
+                                                  hs=hs)
     else:
         st = scan.make_static(q, v, g, gamma, h0, cu, cfg.scale)
         dq, dk, dv, dg, dh0 = scan.scan_bwd(scan.SCAN_KERNELS, st, q, k, v, g, gamma, h0, cu,

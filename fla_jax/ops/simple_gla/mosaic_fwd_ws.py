@@ -9,6 +9,9 @@ head, 64 value columns) with three warpgroups:
     WG2 (memory): streams q, k, v and the gates of the next chunks with TMA into STAGES buffers.
 Barriers: in_bar (chunk landed), in_free (both compute warpgroups done with a buffer), s_ready /
 s_free (published state tile written / read), done (all warpgroups finish together).
+With `states` (the training forward) WG0 also TMA-stores each published S^T tile: the state
+entering every chunk, as mosaic_fwd.forward(mode="states") writes it, so the backward does not
+run that pass again.
 """
 from __future__ import annotations
 
@@ -28,6 +31,10 @@ from .mosaic_fwd import BV, C, SEQ_COLS
 
 SMEM_BUDGET = 220 * 1024
 MAX_K = 128
+# Which operand of the state update WG0 decays through SMEM, read when a kernel is traced:
+# "k" (k exp2(g_l - g2), [C, K]) or "v" (v exp2(g_l - g2), [C, 64]: half the elementwise work
+# and SMEM bytes on the serial chain). Same product, rounded on the other operand.
+DECAY = "k"
 
 
 def _stages(K, itemsize):
@@ -43,8 +50,11 @@ def supports(K: int, dtype) -> bool:
     return K <= MAX_K and _stages(K, jnp.dtype(dtype).itemsize) >= 2
 
 
-def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int):
-    """Arguments and returns as mosaic_fwd.forward(..., out_final=True, mode='output')."""
+def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, states: bool = False):
+    """Arguments and returns as mosaic_fwd.forward(..., out_final=True, mode='output'); with
+    `states` a third output: the transposed state entering every chunk, [Bq, H, Tp // 64, V, K]
+    in q's dtype (mosaic_fwd.forward's mode='states' output; chunks no sequence covers are not
+    written)."""
     Bq, Tp, H, K = q.shape
     V = v.shape[-1]
     dt = q.dtype
@@ -52,8 +62,13 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int):
     has_h0 = h0t is not None
     static_chunks = Tp // C
     S = _stages(K, jnp.dtype(dt).itemsize)
+    if DECAY not in ("k", "v"):
+        raise ValueError(f"mosaic_fwd_ws.DECAY={DECAY!r}; expected 'k' or 'v'")
+    decay_v = DECAY == "v"
     out_type = [jax.ShapeDtypeStruct((Bq, Tp, H, V), dt),
                 jax.ShapeDtypeStruct((n_seqs, H, V, K), F32)]
+    if states:
+        out_type.append(jax.ShapeDtypeStruct((Bq, H, static_chunks, V, K), dt))
     scratch = dict(
         q_s=smem_tile((S, C, K), dt), k_s=smem_tile((S, C, K), dt),
         v_s=smem_tile((S, C, BV), dt),
@@ -63,7 +78,9 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int):
         g2_s=plgpu.SMEM((S, C), F32),
         # the published states; WG0's fp32 state before the first / after the last chunk
         pub_st=union(smem_tile((2, BV, K), dt), smem_tile((BV, K), F32)),
-        kd_s=smem_tile((C, K), dt), o_s=smem_tile((2, C, BV), dt),
+        # the decayed operand of the state update: k [C, K] or v [C, BV] (DECAY)
+        kd_s=smem_tile((C, BV if decay_v else K), dt),
+        o_s=smem_tile((2, C, BV), dt),
         in_bar=plgpu.Barrier(num_arrivals=6, num_barriers=S),
         in_free=plgpu.Barrier(num_arrivals=2, num_barriers=S),
         s_ready=plgpu.Barrier(num_arrivals=1, num_barriers=2),
@@ -82,7 +99,8 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int):
         q_ref, k_ref, v_ref, g_ref = (refs.pop(0) for _ in range(4))
         h0_ref = refs.pop(0) if has_h0 else None
         seq_ref = refs.pop(0) if varlen else None
-        o_ref, ht_ref = refs
+        o_ref, ht_ref = refs[:2]
+        hs_ref = refs[2] if states else None
         n, h, iv = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("v")
         wg = lax.axis_index("wg")
         v0 = iv * BV
@@ -124,22 +142,35 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int):
                 def _():     # WG1 has read the tile published two chunks ago
                     plgpu.barrier_wait(s_free.at[half])
 
+                if states:   # and the store of that tile (chunk c - 2) has read it
+                    plgpu.wait_smem_to_gmem(1, wait_read_only=True)
                 s_pub.at[half][...] = s_t.astype(dt)
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(s_ready.at[half])
+                if states:
+                    plgpu.copy_smem_to_gmem(s_pub.at[half],
+                                            hs_ref.at[b, h, c0 + c, pl.ds(v0, BV)])
                 g_row = load_vec(g0_s.at[slot], ROWS)
                 g_last = g0_s[slot, C - 1]
-                k_t = load_wgmma(k_s.at[slot]).astype(F32)
-                kd_s[...] = (k_t * rows_of(jnp.exp2(g_last - g_row), (C, K))).astype(dt)
-                plgpu.commit_smem()
-                s_new = matmul(v_s.at[slot], kd_s, (BV, K), init=s_t * jnp.exp2(g_last),
-                               ta=True)
+                if decay_v:        # S^T += (v diag(d))^T k
+                    v_t = load_wgmma(v_s.at[slot]).astype(F32)
+                    kd_s[...] = (v_t * rows_of(jnp.exp2(g_last - g_row), (C, BV))).astype(dt)
+                    plgpu.commit_smem()
+                    s_new = matmul(kd_s, k_s.at[slot], (BV, K), init=s_t * jnp.exp2(g_last),
+                                   ta=True)
+                else:              # S^T += v^T (diag(d) k)
+                    k_t = load_wgmma(k_s.at[slot]).astype(F32)
+                    kd_s[...] = (k_t * rows_of(jnp.exp2(g_last - g_row), (C, K))).astype(dt)
+                    plgpu.commit_smem()
+                    s_new = matmul(v_s.at[slot], kd_s, (BV, K), init=s_t * jnp.exp2(g_last),
+                                   ta=True)
                 plgpu.barrier_arrive(in_free.at[slot])
                 return s_new
 
             s_t = lax.fori_loop(0, nc, step, s0)
 
             observe_last(nc, 2, s_free)    # WG1's reads of the last two published tiles
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # st_s shares s_pub's memory
             store_final_state(st_s, s_t, ht_ref.at[n, h, pl.ds(v0, BV)])
 
         @pl.when(wg == 1)
@@ -169,7 +200,7 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int):
         finish_together(done)
 
     args = [q, k, v, g2] + ([h0t] if has_h0 else []) + ([seq] if varlen else [])
-    o, ht = build(body, name="simple_gla_mosaic_fwd_ws", out_type=out_type, scratch=scratch,
-                  grid=(n_seqs, H, V // BV), grid_names=("n", "h", "v"), threads=3,
-                  approx_math=True)(*args)
-    return o, ht
+    outs = build(body, name="simple_gla_mosaic_fwd_ws", out_type=out_type, scratch=scratch,
+                 grid=(n_seqs, H, V // BV), grid_names=("n", "h", "v"), threads=3,
+                 approx_math=True)(*args)
+    return tuple(outs)
