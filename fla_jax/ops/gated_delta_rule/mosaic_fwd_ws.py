@@ -16,7 +16,8 @@ so that per chunk:
                   three dependent products, every left operand in registers.
     WG1 (output): Ag from T0 in place (its SMEM stage), P = (q k^T) * D while WG0 works, then
                   o = scale (Gamma (q S) + P v_new) from the published tiles; TMA-stores o.
-    WG2 (memory): TMA loads of q, k, v, T0 and the gate vectors into two stages.
+    WG2 (memory): TMA loads of q, k, v, T0 and the gate vectors into two or three stages
+                  (plan(): three at K = 128 with v^T by the transposed load).
 Barriers: in_bar (a stage landed), in_free (WG0 and WG1 done with a stage), ag_ready (Ag
 written over T0), s_ready / s_free (published S^T and v_new^T written / read by WG1), seq_bar
 (each warpgroup's row of the sequence table), done (the three finish together).
@@ -39,31 +40,50 @@ from ..common.mosaic.serial import (carried_state, sequence_range, store_final_s
                                     store_output)
 from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of,
                                    iota, load, load_transposed, matmul, matmuls, rows_of,
-                                   smem_tile, transposed_load_lowers)
+                                   smem_tile, transposed_load_lowers, union)
 from ..common.mosaic.warpgroups import (finish_together, observe_last, registers,
                                         stream_stages)
 from .mosaic_fwd_kernel import BV, C, TABLE_WIDTH
 
 MAX_K = 128
-STAGES = 2
+MAX_STAGES = 3          # input stages, as many as fit SMEM_BUDGET up to this (plan())
 APPROX_MATH = True      # ex2.approx for the decays (~2 ulp; RESULTS.md run 20 call 9: with the
                         # backward kernels' the GDN step 0.978 -> 0.895 ms, parity 0 failed)
 SMEM_BUDGET = 220 * 1024
 # v^T for X^T by a product with the identity (True) or by a transposed register load of v's
-# tile (False; lowers under jax >= 0.11 only: older jax takes the identity regardless). Both
-# GPU-proven (RESULTS.md run 20); the load was no faster (GDN B4 T4096 bf16 fwd 0.235 vs 0.230)
-IDENTITY_V_T = True
+# tile (False, the default; lowers under jax >= 0.11 only: older jax takes the identity
+# regardless). Both GPU-proven (RESULTS.md run 20). The load frees the identity's 8 KB of
+# shared memory, which lets K = 128 take a third input stage.
+IDENTITY_V_T = False
 
 
-def smem_bytes(K: int, dtype) -> int:
-    """Shared memory of the kernel (each buffer rounded up to 1 KB, as Mosaic aligns them)."""
+def plan(K: int, dtype) -> tuple[int, bool]:
+    """(input stages, identity tile for v^T) of the kernel at head size K: the identity where
+    IDENTITY_V_T asks for it or the transposed load does not lower, then the most stages (2 to
+    MAX_STAGES) within SMEM_BUDGET (0 when even 2 do not fit)."""
+    eye = bool(IDENTITY_V_T) or not transposed_load_lowers()
+    for stages in range(MAX_STAGES, 1, -1):
+        if smem_bytes(K, dtype, stages, eye) <= SMEM_BUDGET:
+            return stages, eye
+    return 0, eye
+
+
+def smem_bytes(K: int, dtype, stages: int | None = None, eye: bool | None = None) -> int:
+    """Shared memory of the kernel (each buffer rounded up to 1 KB, as Mosaic aligns them);
+    stages / eye default to plan()'s (2 stages where none fit)."""
+    if stages is None or eye is None:
+        planned, planned_eye = plan(K, dtype)
+        stages = max(planned, 2) if stages is None else stages
+        eye = planned_eye if eye is None else eye
     isz = jnp.dtype(dtype).itemsize
     kb = lambda n: -(-n // 1024) * 1024          # noqa: E731
     per_stage = 2 * kb(C * K * isz) + kb(C * BV * isz) + kb(C * C * isz)
-    vectors = 5 * kb(STAGES * C * 4)
-    fixed = (2 * kb(BV * K * isz) + 4 * kb(C * BV * isz) + kb(BV * K * 4) + kb(C * C * isz)
-             + kb(3 * TABLE_WIDTH * 4))
-    return STAGES * per_stage + vectors + fixed
+    vectors = 5 * kb(stages * C * 4)
+    # the published S^T pair (sharing memory with the fp32 state in / out), v_new^T and o
+    # pairs, the identity, the table rows
+    fixed = (max(2 * kb(BV * K * isz), kb(BV * K * 4)) + 4 * kb(C * BV * isz)
+             + (kb(C * C * isz) if eye else 0) + kb(3 * TABLE_WIDTH * 4))
+    return stages * per_stage + vectors + fixed
 
 
 # The per-chunk gate vectors of the warp-specialized delta-family kernels (this forward and
@@ -94,7 +114,7 @@ def ag_over_t0(t_tile, beta_vec, d):
 
 
 def supports(K: int, dtype) -> bool:
-    return K <= MAX_K and smem_bytes(K, dtype) <= SMEM_BUDGET
+    return K <= MAX_K and plan(K, dtype)[0] >= 2
 
 
 def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
@@ -118,13 +138,14 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
     if not supports(K, dt) or V % BV:
         raise ValueError(f"fused_forward_ws: K={K}, V={V}, {jnp.dtype(dt).name}; expected "
                          f"K <= {MAX_K} and V a multiple of {BV}")
-    S = STAGES
+    S, eye = plan(K, dt)
     scratch = dict(
         q_s=smem_tile((S, C, K), dt), k_s=smem_tile((S, C, K), dt),
         v_s=smem_tile((S, C, BV), dt), t_s=smem_tile((S, C, C), dt),
         **gate_vector_scratch(S),
-        s_pub=smem_tile((2, BV, K), dt), vn_pub=smem_tile((2, BV, C), dt),
-        o_s=smem_tile((2, C, BV), dt), st_s=smem_tile((BV, K), F32),
+        # the published S^T pair; the fp32 state before the first / after the last chunk
+        pub_st=union(smem_tile((2, BV, K), dt), smem_tile((BV, K), F32)),
+        vn_pub=smem_tile((2, BV, C), dt), o_s=smem_tile((2, C, BV), dt),
         seq_s=plgpu.SMEM((3, TABLE_WIDTH), jnp.int32),
         in_bar=plgpu.Barrier(num_arrivals=9, num_barriers=S),     # 9 TMA copies
         in_free=plgpu.Barrier(num_arrivals=2, num_barriers=S),
@@ -135,7 +156,6 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
         seq_bar=plgpu.Barrier(num_arrivals=1, num_barriers=3),
         done=plgpu.Barrier(num_arrivals=3, num_barriers=1),
     )
-    eye = IDENTITY_V_T or not transposed_load_lowers()
     if eye:     # WG0: the identity (v^T by a product)
         scratch.update(eye_s=smem_tile((C, C), dt))
     out_type = [jax.ShapeDtypeStruct((R, HV, V), dt), jax.ShapeDtypeStruct((N, HV, V, K), F32)]
@@ -143,9 +163,10 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
         out_type += [jax.ShapeDtypeStruct((R // C, HV, V, K), dt),
                      jax.ShapeDtypeStruct((HV, V, R), dt)]
 
-    def body(*refs, q_s, k_s, v_s, t_s, g0_s, s0_s, g1r_s, g1c_s, b1_s, s_pub, vn_pub, o_s,
-             st_s, seq_s, in_bar, in_free, ag_ready, s_ready, s_free, one_bar, seq_bar, done,
+    def body(*refs, q_s, k_s, v_s, t_s, g0_s, s0_s, g1r_s, g1c_s, b1_s, pub_st, vn_pub, o_s,
+             seq_s, in_bar, in_free, ag_ready, s_ready, s_free, one_bar, seq_bar, done,
              eye_s=None):
+        s_pub, st_s = pub_st
         refs = list(refs)
         q_ref, k_ref, v_ref, t_ref, gc_ref, gs_ref, b_ref, tab_ref = (refs.pop(0)
                                                                        for _ in range(8))
@@ -232,6 +253,8 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
             s_t = lax.fori_loop(0, count, step, s0)
 
             observe_last(count, 2, s_free)    # WG1's reads of the last two published tiles
+            if residuals:     # the residual stores have read s_pub (st_s shares its memory)
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             store_final_state(st_s, s_t, ht_ref.at[n, hv, cols])
 
         @pl.when(wg == 1)
