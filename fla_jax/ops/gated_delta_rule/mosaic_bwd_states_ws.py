@@ -171,6 +171,10 @@ def reverse_states_ws(q, k, t0, do, gcum, gsuf, beta, table, dhtT, *, scale: flo
                 c = first + count - 1 - i
                 plgpu.barrier_wait(in_bar.at[slot])
                 l_lo = l_t.astype(dt)
+                # the decays before the first product (loaded after it, they waited behind its
+                # wgmma wait: mosaic_fwd_ws's k_decay)
+                kd = jnp.exp2(load(s0_s.at[slot], COLS))
+                g_first, g_last = g0_s[slot, 0], g0_s[slot, C - 1]
                 if store:   # the stores of chunk i - 2 have read this half (two stores per
                     # chunk: the three issued after the first of them may still run)
                     plgpu.wait_smem_to_gmem(3, wait_read_only=True)
@@ -178,8 +182,6 @@ def reverse_states_ws(q, k, t0, do, gcum, gsuf, beta, table, dhtT, *, scale: flo
                     plgpu.commit_smem()
                     plgpu.copy_smem_to_gmem(lo_s.at[half], dh_ref.at[c, hv, cols])
                 lk = matmul(l_lo, k_s.at[slot], tile, tb=True)                 # L^T k^T
-                kd = jnp.exp2(load(s0_s.at[slot], COLS))
-                g_first, g_last = g0_s[slot, 0], g0_s[slot, C - 1]
                 plgpu.barrier_wait(prep.at[slot])
                 dvn = matmul(do_s.at[slot], p_s.at[slot], tile, init=lk * cols_of(kd, tile),
                              ta=True)                                           # dv_new^T

@@ -228,6 +228,10 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
                     plgpu.copy_smem_to_gmem(s_pub.at[half], hs_ref.at[first + c, hv, cols])
                 g_col = load(g0_s.at[slot], COLS)
                 g_last = g0_s[slot, C - 1]
+                # the update's decay exp2(G_last - G) formed now, off the chain: loaded after
+                # the v_new product it waited behind that product's wgmma wait (kernel-only
+                # H100 B4 T4096: 125.6 -> 119.0 us, RESULTS.md run 22 call 4)
+                k_decay = jnp.exp2(load(s0_s.at[slot], COLS))
                 if eye_s is None:     # v^T by a transposed register load (jax >= 0.11)
                     sk = matmul(s_lo, k_s.at[slot], tile, tb=True)
                     v_t = load_transposed(v_s.at[slot]).astype(F32)
@@ -245,7 +249,7 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
                 if residuals:
                     plgpu.copy_smem_to_gmem(vn_pub.at[half],
                                             vn_ref.at[hv, cols, pl.ds((first + c) * C, C)])
-                vd = (vn * cols_of(jnp.exp2(load(s0_s.at[slot], COLS)), tile)).astype(dt)
+                vd = (vn * cols_of(k_decay, tile)).astype(dt)
                 s_new = matmul(vd, k_s.at[slot], (BV, K), init=s_t * jnp.exp2(g_last))
                 plgpu.barrier_arrive(in_free.at[slot])
                 return s_new

@@ -176,6 +176,7 @@ def piece_maps(k, v, t0, gcum, gsuf, beta, table):
                 s_lo = s_t.astype(dt)
                 g_col = load(g0_s.at[slot], COLS)
                 g_last = g0_s[slot, C - 1]
+                k_decay = jnp.exp2(load(s0_s.at[slot], COLS))   # off the chain (fwd_ws)
                 # S^T k^T and v^T = v^T I (a transposed register load of a swizzled tile does
                 # not lower under jax 0.10), one wait
                 sk, v_t = matmuls((s_lo, k_s.at[slot], tile, None, False, True),
@@ -183,7 +184,7 @@ def piece_maps(k, v, t0, gcum, gsuf, beta, table):
                 x = (v_t * keep - sk * cols_of(jnp.exp2(g_col), tile)).astype(dt)   # X^T
                 plgpu.barrier_wait(ag_ready.at[slot])
                 vn = matmul(x, t_s.at[slot], tile, tb=True)                         # v_new^T
-                vd = (vn * cols_of(jnp.exp2(load(s0_s.at[slot], COLS)), tile)).astype(dt)
+                vd = (vn * cols_of(k_decay, tile)).astype(dt)
                 s_new = matmul(vd, k_s.at[slot], shape, init=s_t * jnp.exp2(g_last))
                 plgpu.barrier_arrive(in_free.at[slot])
                 return s_new
