@@ -368,6 +368,26 @@ def test_t0_kernel_in_the_op(monkeypatch):
     assert "gdn_kkt_inverse" in _lower(128, "fp16", varlen=True, backward=True)
 
 
+def test_ws_forward_stages(monkeypatch):
+    """mosaic_fwd_ws.plan: three input stages at K = 128 when v^T comes from the transposed
+    register load (jax >= 0.11, IDENTITY_V_T off: 219 KB), two with the identity tile (jax
+    0.10.2, or IDENTITY_V_T on), every plan within SMEM_BUDGET; MAX_STAGES caps it."""
+    from fla_jax.ops.gated_delta_rule import mosaic_fwd_ws as ws
+    for lowers, identity, K, expect in ((True, False, 128, (3, False)),
+                                        (False, False, 128, (2, True)),
+                                        (True, True, 128, (2, True)),
+                                        (True, False, 64, (3, False)),
+                                        (False, False, 64, (3, True))):
+        monkeypatch.setattr(ws, "transposed_load_lowers", lambda lowers=lowers: lowers)
+        monkeypatch.setattr(ws, "IDENTITY_V_T", identity)
+        assert ws.plan(K, jnp.bfloat16) == expect, (lowers, identity, K)
+        assert ws.smem_bytes(K, jnp.bfloat16) <= ws.SMEM_BUDGET
+    assert ws.smem_bytes(128, jnp.bfloat16, 3, True) > ws.SMEM_BUDGET
+    monkeypatch.setattr(ws, "MAX_STAGES", 2)
+    assert ws.plan(128, jnp.float16) == (2, True)
+    assert ws.plan(256, jnp.bfloat16)[0] == 0 or not ws.supports(256, jnp.bfloat16)
+
+
 def test_warp_specialized_forward_choice(monkeypatch):
     """FORWARD="ws" (the default): the forward at K <= 128 is the three-warpgroup kernel fed by
     the T0 kernel (T0 only; in training T0 and -W', and the kernel stores the residuals);

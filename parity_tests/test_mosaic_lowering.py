@@ -58,9 +58,43 @@ def test_forward_lowers(K, dtype):
 
 @pytest.mark.parametrize("K", [64, 128])
 def test_warp_specialized_forward_lowers(K, monkeypatch):
-    monkeypatch.setitem(mosaic_fwd.TUNING, "ws", True)
+    """TUNING["ws"] (the default) takes K <= 128; off, the one-warpgroup kernel."""
+    assert mosaic_fwd.TUNING["ws"]
     text = _lower(K, "fp16", varlen=True, backward=False)
     assert "simple_gla_mosaic_fwd_ws" in text
+    monkeypatch.setitem(mosaic_fwd.TUNING, "ws", False)
+    text = _lower(K, "fp16", varlen=True, backward=False)
+    assert "simple_gla_mosaic_fwd_ws" not in text and "simple_gla_mosaic_fwd" in text
+
+
+def test_training_forward_stores_the_states(monkeypatch):
+    """RESIDUAL_STATES (the default): the training forward's ws kernel stores the chunk states
+    and the backward runs no states pass; off, the backward recomputes them with the
+    one-warpgroup kernel (one more of those in the vjp; the split's 'final' passes are that
+    kernel too). Fixed length and the sequence split (B2 H2 T4096)."""
+    monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
+    assert mosaic_chunk.RESIDUAL_STATES and mosaic_split.pieces(2, 2, 128, 64, False) > 1
+    one_wg = "simple_gla_mosaic_fwd_mosaic_gpu"
+    for T, finals in ((300, 0), (64 * 64, 1)):
+        counts = {}
+        for residual in (True, False):
+            monkeypatch.setattr(mosaic_chunk, "RESIDUAL_STATES", residual)
+            text = _lower(128, "bf16", varlen=False, backward=True, T=T)
+            counts[residual] = text.count(one_wg)
+            # the ws forward's states are read by the backward (else XLA drops the forward)
+            assert ("simple_gla_mosaic_fwd_ws_mosaic_gpu" in text) == residual, T
+        assert counts == {True: finals, False: finals + 1}, (T, counts)
+
+
+def test_ws_forward_decay_operand(monkeypatch):
+    """mosaic_fwd_ws.DECAY: "v" (opt-in, GPU-proven, slower: RESULTS.md run 22) lowers; a bad
+    value is refused with a named error."""
+    from fla_jax.ops.simple_gla import mosaic_fwd_ws
+    monkeypatch.setattr(mosaic_fwd_ws, "DECAY", "v")
+    assert "simple_gla_mosaic_fwd_ws" in _lower(128, "bf16", varlen=True, backward=False)
+    monkeypatch.setattr(mosaic_fwd_ws, "DECAY", "q")
+    with pytest.raises(ValueError, match="DECAY='q'"):
+        _lower(64, "bf16", varlen=False, backward=False)
 
 
 @pytest.mark.parametrize("K", [64, 128, 256])
