@@ -131,11 +131,11 @@ def test_interpreted_against_float64(op, case, backward, dtype, monkeypatch):
 
 
 def test_ws_forward_v_transposed_by_load(monkeypatch):
-    """mosaic_fwd_ws.IDENTITY_V_T = False: v^T by a transposed register load (lowers under
-    jax >= 0.11; the GPU runs it only when selected) instead of a product with the identity
-    (the default, checked against float64 by the interpreted cases above): the interpreted
-    forward gives the same o and final state, bit for bit (fails when the transpose is
-    dropped); under older jax the kernel keeps the identity."""
+    """mosaic_fwd_ws.IDENTITY_V_T: v^T by a transposed register load (False, the default;
+    lowers under jax >= 0.11, which the GPU runs, and in the interpreter; checked against
+    float64 by the interpreted cases above) or by a product with the identity (True, and
+    under older jax): the interpreted forward gives the same o and final state either way,
+    bit for bit (fails when the transpose is dropped)."""
     from fla_jax.ops.gated_delta_rule import mosaic_fwd_ws
     rng = np.random.default_rng(3)
     B, T, H, HV, K, V = 1, 2 * C, 1, 2, 64, 64
