@@ -246,3 +246,17 @@ def test_mosaic_ptxas_parses_ptxas_report():
     assert mod.parse(text) == [
         ("gdn_bwd_grads_kernel", "255 registers, stack 632 B, spill stores 784 B, loads 780 B"),
         ("gdn_fwd_kernel", "128 registers")]
+
+
+def test_mosaic_kernel_time_dry_run(tmp_path):
+    """benchmarks/mosaic_kernel_time.py: our T0 and ws forward kernels, interpreted at a tiny
+    shape, for the defaults and a variant (a bad variant fails)."""
+    args = ["benchmarks/mosaic_kernel_time.py", "--dry-run", "--variant",
+            "fla_jax.ops.gated_delta_rule.mosaic_fwd_ws:MAX_STAGES=2"]
+    p = _run(args, tmp_path, interpret=False)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("[")]
+    assert len(lines) == 2 and all("T0 " in ln and "ws forward " in ln for ln in lines), p.stdout
+    p = _run(args[:3] + ["fla_jax.ops.gated_delta_rule.mosaic_fwd_ws:NO_SUCH=1"], tmp_path,
+             interpret=False)
+    assert p.returncode != 0
