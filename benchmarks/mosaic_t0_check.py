@@ -1,5 +1,5 @@
 """The delta family's T0 kernel (mosaic_kkt.py) on a Hopper GPU against float64: every inverse
-(doubling; substitution with SUBST_BLOCK 64 / 32 / 16; MERGE "single" at 32 / 16) in bf16
+(doubling; substitution with SUBST_BLOCK 64 / 32 / 16; MERGE "single" / "fp16" at 32 / 16) in bf16
 and fp16, unit keys random or
 nearly parallel within a chunk, beta in (0.05, 1.95); relative RMS error per row (RESULTS.md
 run 19, call 5). Then several chunks per CTA (double-buffered inputs and T0 tiles, stores in
@@ -55,13 +55,16 @@ for name in ("random", "near_parallel"):
     want = ref(np.asarray(kb.astype(jnp.float32), np.float64), beta)
     for inv, blk, merge in (("doubling", 64, "hilo"), ("substitution", 64, "hilo"),
                             ("substitution", 32, "hilo"), ("substitution", 16, "hilo"),
-                            ("substitution", 32, "single"), ("substitution", 16, "single")):
+                            ("substitution", 32, "single"), ("substitution", 16, "single"),
+                            ("substitution", 32, "fp16"), ("substitution", 16, "fp16")):
         for dt in (jnp.bfloat16, jnp.float16):
             (got,) = run(kb, beta, dt, inv, blk, 1, merge=merge)
             err = np.sqrt(np.mean((got - want) ** 2) / np.mean(want ** 2))
             # MERGE="single" (opt-in) is reported, not bounded: near-parallel keys take it to
-            # ~1e-2 in bf16 (RESULTS.md run 20)
-            bad += not np.isfinite(got).all() or (merge == "hilo" and err >= 4e-3)
+            # ~1e-2 in bf16 (RESULTS.md run 20); "fp16" is bounded for bf16 activations (its
+            # use: interpreted 1.9e-3 near-parallel, the bf16 rounding floor 1.25e-3)
+            bounded = merge == "hilo" or (merge == "fp16" and dt == jnp.bfloat16)
+            bad += not np.isfinite(got).all() or (bounded and err >= 4e-3)
             print(f"{name:14s} {inv:12s} {blk:3d} {merge:6s} {jnp.dtype(dt).name:9s} rel rms "
                   f"{err:.2e} finite {np.isfinite(got).all()}", flush=True)
     gcum = jnp.asarray(np.cumsum(-rng.uniform(0, 0.5, (H, R // C, C)), -1).reshape(H, R),

@@ -319,7 +319,8 @@ def test_t0_by_substitution(chunks_per_cta, monkeypatch):
     outs = []
     for inverse, block, merge in (("doubling", 64, "hilo"), ("substitution", 64, "hilo"),
                                   ("substitution", 32, "hilo"), ("substitution", 16, "hilo"),
-                                  ("substitution", 16, "single")):
+                                  ("substitution", 16, "single"), ("substitution", 32, "fp16"),
+                                  ("substitution", 32, "auto")):
         monkeypatch.setattr(mosaic_kkt, "INVERSE", inverse)
         monkeypatch.setattr(mosaic_kkt, "SUBST_BLOCK", block)
         monkeypatch.setattr(mosaic_kkt, "MERGE", merge)

@@ -73,7 +73,12 @@ BF16 = jnp.bfloat16
 # nearly parallel keys 1.25e-3 -> 1.1e-2 in bf16 (1.6e-4 -> 1.4e-3 fp16): 9x the output's
 # rounding, so not the default
 MERGE = "hilo"
-MERGES = ("hilo", "single")
+# "fp16" (opt-in, not yet GPU-run): one product of operands rounded to float16 whatever the
+# activations' dtype (2^-11 relative, 8x finer than bf16's: T0's error with nearly parallel
+# keys about its own bf16 rounding, interpreted: benchmarks/mosaic_t0_check.py); for bf16
+# activations only (fp16 ones want hilo: their T0 is rounded 8x finer). "auto": "fp16" for
+# bf16 activations, "hilo" for fp16 ones (the candidate default once GPU-timed).
+MERGES = ("hilo", "single", "fp16", "auto")
 
 
 def chunks_per_cta(wy: bool, with_u: bool) -> int:
@@ -141,8 +146,9 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
     sub = substitution.scratch(C) if subst else None
     if MERGE not in MERGES:
         raise ValueError(f"mosaic_kkt.MERGE={MERGE!r}; expected one of {MERGES}")
-    single = MERGE == "single"
-    op_dtype = dtype if single else BF16
+    merge = ("fp16" if jnp.dtype(dtype) == BF16 else "hilo") if MERGE == "auto" else MERGE
+    single = merge in ("single", "fp16")
+    op_dtype = jnp.float16 if merge == "fp16" else dtype if single else BF16
     hilo = ((smem_tile(sq, op_dtype), smem_tile(sq, op_dtype)) if not subst or SUBST_BLOCK < C
             else None)
     a_tile = smem_tile(sq, dtype) if wy else None
@@ -198,7 +204,7 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
 
         def prod(x, y):
             """x @ y for fp32 register tiles: y's hi / lo parts through SMEM, three wgmmas."""
-            if single:      # operands rounded once (MERGE)
+            if single:      # operands rounded once (MERGE: to dtype, or to fp16)
                 hi_s[...] = y.astype(op_dtype)
                 plgpu.commit_smem()
                 return matmul(x.astype(op_dtype), hi_s, sq)
