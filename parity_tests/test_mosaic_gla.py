@@ -273,3 +273,55 @@ def test_unsupported_reasons_and_dispatch(monkeypatch):
     chunk_gla(q, q, q, g32)                                 # K = V = 64: not for 'auto'
     chunk_gla(big, big, big, jnp.zeros((1, 64, 1, 128), jnp.float32))
     assert "K=64" in seen[0] and seen[1] is None
+
+
+@pytest.mark.parametrize("case,dtype", [("mos_gla_varlen", "bf16"), ("mos_gla_strong", "fp16")])
+def test_split_forward_interpreted_against_float64(case, dtype, monkeypatch):
+    """mosaic_chunk.SPLIT (opt-in): the forward over sequence pieces (a state pass from zero,
+    the per-key piece decays, the scan, the output pass from the starts; 4 pieces a sequence of
+    0-2 chunks here: empty pieces, an empty sequence, h0) and the Mosaic backward from its
+    stored states, against the float64 oracle."""
+    from fla_jax.ops.gated_delta_rule import mosaic_pieces
+    from fla_jax.ops.gla import mosaic_chunk
+    monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
+    monkeypatch.setattr(mosaic_chunk, "SPLIT", True)
+    monkeypatch.setattr(mosaic_pieces, "MIN_PIECE_CHUNKS", 0)
+    monkeypatch.setattr(mosaic_pieces, "MAX_PIECES", 4)
+    assert mosaic_chunk.split_pieces(4, 1, 128, 0) == 4
+    with gpu_interpret():
+        assert_passed(check("chunk_gla", case, dtype, {"jax": "mosaic"}))
+
+
+def test_split_policy_and_lowering(monkeypatch):
+    """The split's policy (off unless SPLIT; B1 T32768 H16 V128: 4 pieces; 128 CTAs: none), the
+    piece decays against a float64 loop, and the split forward + Mosaic backward lower."""
+    import numpy as np
+    from fla_jax.ops.gated_delta_rule import mosaic_pieces
+    from fla_jax.ops.gla import mosaic_chunk
+    assert mosaic_chunk.split_pieces(1, 16, 128, 512) == 1          # SPLIT off
+    monkeypatch.setattr(mosaic_chunk, "SPLIT", True)
+    assert mosaic_chunk.split_pieces(1, 16, 128, 512) == 4
+    assert mosaic_chunk.split_pieces(4, 16, 128, 64) == 1
+    table = jnp.zeros((2, 32), jnp.int32).at[:, 0].set(jnp.array([0, 5])).at[:, 1].set(
+        jnp.array([5, 2]))
+    ptab = mosaic_pieces.piece_table(table, 4)
+    last = np.random.default_rng(0).uniform(-3, 0, (2, 8, 4))
+    got = np.asarray(mosaic_chunk.piece_decay(jnp.asarray(last, jnp.float32), ptab))
+    want = np.zeros((8, 2, 4))
+    for r, (f, n) in enumerate(np.asarray(ptab[:, :2])):
+        want[r] = last[:, f:f + n].sum(1)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
+    S = jax.ShapeDtypeStruct
+    bf = jnp.bfloat16
+    args = [S((1, 4096, 2, 128), bf)] * 3 + [S((1, 4096, 2, 128), jnp.float32),
+                                             S((1, 2, 128, 128), jnp.float32)]
+
+    def fb(q, k, v, g, h0):
+        def f(*a):
+            return chunk_gla(*a[:3], g=a[3], initial_state=a[4], output_final_state=True,
+                             impl="mosaic")
+        (o, ht), vjp = jax.vjp(f, q, k, v, g, h0)
+        return vjp((jnp.ones_like(o), jnp.ones_like(ht)))
+    text = export_for_cuda(fb, *args)
+    assert text.count("gla_fwd") >= 2 and "mosaic_gpu" in text

@@ -34,7 +34,7 @@ def _stages(K: int, dtype) -> int:
 
 
 def gla_forward(qg, kg, v, a, last, table, h0t, *, scale: float, reverse: bool = False,
-                states: bool = False):
+                states: bool = False, outputs: bool = True):
     """qg, kg: [R, H, K]; v: [R, H, V] (one 16-bit dtype; R a multiple of C, every sequence
     starting at a chunk boundary, padding rows zero); a: [H, R, C] (q's dtype, the intra-chunk
     scores, rows of chunk n at n*C .. n*C + C - 1); last: [H, R // C, K] fp32; table:
@@ -43,7 +43,9 @@ def gla_forward(qg, kg, v, a, last, table, h0t, *, scale: float, reverse: bool =
     transposed final states [N, H, V, K] fp32; with `states` also the transposed state each
     chunk starts from, [R // C, H, V, K] in q's dtype. reverse: each sequence's chunks from the
     last to the first, each chunk's block of `a` transposed (A^T v: the backward's
-    state-gradient pass, mosaic_bwd.py)."""
+    state-gradient pass, mosaic_bwd.py). outputs=False: the state pass alone (no qg, A or o
+    product; o is not returned): (final states,) or (final states, states) — the sequence
+    split's pass from zero (mosaic_chunk.py)."""
     R, H, K = qg.shape
     V = v.shape[2]
     N = table.shape[0]
@@ -64,8 +66,8 @@ def gla_forward(qg, kg, v, a, last, table, h0t, *, scale: float, reverse: bool =
         in_bar=plgpu.Barrier(num_arrivals=5, num_barriers=stages),
         one_bar=plgpu.Barrier(num_arrivals=1, num_barriers=2),
     )
-    out_type = [jax.ShapeDtypeStruct((R, H, V), dtype),
-                jax.ShapeDtypeStruct((N, H, V, K), F32)]
+    out_type = ([jax.ShapeDtypeStruct((R, H, V), dtype)] if outputs else []) + [
+        jax.ShapeDtypeStruct((N, H, V, K), F32)]
     if states:
         out_type.append(jax.ShapeDtypeStruct((R // C, H, V, K), dtype))
 
@@ -73,7 +75,8 @@ def gla_forward(qg, kg, v, a, last, table, h0t, *, scale: float, reverse: bool =
         (q_s, k_s), st_s = ins_st
         q_ref, k_ref, v_ref, a_ref, el_ref, tab_ref = refs[:6]
         h0_ref = refs[6] if has_h0 else None
-        o_ref, ht_ref = refs[6 + has_h0:8 + has_h0]
+        o_ref, ht_ref = ((refs[6 + has_h0:8 + has_h0]) if outputs
+                         else (None, refs[6 + has_h0]))
         hs_ref = refs[-1] if states else None
         n, h, iv = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("v")
         cols = pl.ds(iv * BV, BV)
@@ -106,15 +109,22 @@ def gla_forward(qg, kg, v, a, last, table, h0t, *, scale: float, reverse: bool =
             slot = lax.rem(i, stages)     # traced (jax 0.11.2: no constant slot in a loop)
             wait_and_prefetch(i, count, slot, stages, in_bar, issue)
             if states:   # the previous chunk's state store has read s_s (its o store may not)
-                plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-            s_s[...] = s_t.astype(dtype)
-            plgpu.commit_smem()
+                plgpu.wait_smem_to_gmem(1 if outputs else 0, wait_read_only=True)
+            if outputs or states:
+                s_s[...] = s_t.astype(dtype)
+                plgpu.commit_smem()
             if states:
                 plgpu.copy_smem_to_gmem(s_s, hs_ref.at[chunk(i), h, cols])
             s_decayed = s_t * cols_of(jnp.exp2(load(el_s.at[slot], COLS)), (BV, K))
+            update = (v_s.at[slot], k_s.at[slot], (BV, K), s_decayed, True, False)
+            if not outputs:      # the state pass alone
+                (s_new,) = matmuls(update)
+                if stages == 1:
+                    issue_next_single_stage(i, count, issue)
+                return s_new
             prods = ((q_s.at[slot], s_s, (C, BV), None, False, True),        # qg S
                      (a_s.at[slot], v_s.at[slot], (C, BV), None, reverse, False),  # A v
-                     (v_s.at[slot], k_s.at[slot], (BV, K), s_decayed, True, False))
+                     update)
             if overlap:
                 oq, av, s_new = matmuls(*prods)
             else:
