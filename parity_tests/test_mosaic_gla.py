@@ -277,36 +277,37 @@ def test_unsupported_reasons_and_dispatch(monkeypatch):
 
 @pytest.mark.parametrize("case,dtype", [("mos_gla_varlen", "bf16"), ("mos_gla_strong", "fp16")])
 def test_split_forward_interpreted_against_float64(case, dtype, monkeypatch):
-    """mosaic_chunk.SPLIT (opt-in): the forward over sequence pieces (a state pass from zero,
-    the per-key piece decays, the scan, the output pass from the starts; 4 pieces a sequence of
-    0-2 chunks here: empty pieces, an empty sequence, h0) and the Mosaic backward from its
-    stored states, against the float64 oracle."""
+    """mosaic_split.SPLIT (opt-in): the forward over sequence pieces (a state pass from zero,
+    the per-key piece decays, the scan, the output pass from the starts) and the Mosaic
+    backward's reverse pass over pieces (from a zero end gradient, the backward scan, the pass
+    from the ends); 4 pieces a sequence of 0-2 chunks here: empty pieces, an empty sequence,
+    h0; against the float64 oracle."""
     from fla_jax.ops.gated_delta_rule import mosaic_pieces
-    from fla_jax.ops.gla import mosaic_chunk
+    from fla_jax.ops.gla import mosaic_chunk, mosaic_split
     monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
-    monkeypatch.setattr(mosaic_chunk, "SPLIT", True)
+    monkeypatch.setattr(mosaic_split, "SPLIT", True)
     monkeypatch.setattr(mosaic_pieces, "MIN_PIECE_CHUNKS", 0)
     monkeypatch.setattr(mosaic_pieces, "MAX_PIECES", 4)
-    assert mosaic_chunk.split_pieces(4, 1, 128, 0) == 4
+    assert mosaic_split.pieces(4, 1, 128, 0) == 4
     with gpu_interpret():
         assert_passed(check("chunk_gla", case, dtype, {"jax": "mosaic"}))
 
 
 def test_split_policy_and_lowering(monkeypatch):
     """The split's policy (off unless SPLIT; B1 T32768 H16 V128: 4 pieces; 128 CTAs: none), the
-    piece decays against a float64 loop, and the split forward + Mosaic backward lower."""
-    import numpy as np
+    piece decays against a float64 loop, and the split forward + Mosaic backward lower (two
+    forward kernels in each direction)."""
     from fla_jax.ops.gated_delta_rule import mosaic_pieces
-    from fla_jax.ops.gla import mosaic_chunk
-    assert mosaic_chunk.split_pieces(1, 16, 128, 512) == 1          # SPLIT off
-    monkeypatch.setattr(mosaic_chunk, "SPLIT", True)
-    assert mosaic_chunk.split_pieces(1, 16, 128, 512) == 4
-    assert mosaic_chunk.split_pieces(4, 16, 128, 64) == 1
+    from fla_jax.ops.gla import mosaic_chunk, mosaic_split
+    assert mosaic_split.pieces(1, 16, 128, 512) == 1          # SPLIT off
+    monkeypatch.setattr(mosaic_split, "SPLIT", True)
+    assert mosaic_split.pieces(1, 16, 128, 512) == 4
+    assert mosaic_split.pieces(4, 16, 128, 64) == 1
     table = jnp.zeros((2, 32), jnp.int32).at[:, 0].set(jnp.array([0, 5])).at[:, 1].set(
         jnp.array([5, 2]))
     ptab = mosaic_pieces.piece_table(table, 4)
     last = np.random.default_rng(0).uniform(-3, 0, (2, 8, 4))
-    got = np.asarray(mosaic_chunk.piece_decay(jnp.asarray(last, jnp.float32), ptab))
+    got = np.asarray(mosaic_split.piece_decay(jnp.asarray(last, jnp.float32), ptab))
     want = np.zeros((8, 2, 4))
     for r, (f, n) in enumerate(np.asarray(ptab[:, :2])):
         want[r] = last[:, f:f + n].sum(1)
@@ -324,4 +325,5 @@ def test_split_policy_and_lowering(monkeypatch):
         (o, ht), vjp = jax.vjp(f, q, k, v, g, h0)
         return vjp((jnp.ones_like(o), jnp.ones_like(ht)))
     text = export_for_cuda(fb, *args)
-    assert text.count("gla_fwd") >= 2 and "mosaic_gpu" in text
+    # the forward's two passes and the backward's two reverse passes (4 pieces each)
+    assert text.count("gla_fwd_mosaic_gpu") == 4, text.count("gla_fwd_mosaic_gpu")

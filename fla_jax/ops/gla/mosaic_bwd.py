@@ -12,6 +12,7 @@ S_n^T, the state each chunk starts from):
    and the state decay's gate term el (S_n . dS_{n+1}) per chunk and channel;
 3. mosaic_intra_bwd_kernel: dq, dk and dg (dg_t = sum_{s >= t} r1_s + sum_{s < t} r2_s + that
    term, two scans within the chunk).
+With mosaic_split.SPLIT the reverse pass runs over sequence pieces (mosaic_split.py).
 """
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ..gated_delta_rule import mosaic_pieces
 from ..gated_delta_rule.mosaic_layout import from_rows, plan, to_rows
+from . import mosaic_split
 from .mosaic_fwd_kernel import C, gla_forward
 from .mosaic_intra_bwd_kernel import PAD, gla_intra_bwd
 
@@ -64,8 +67,19 @@ def backward(res: Residuals, h0, cu_seqlens, do, dht, *, scale: float):
     V = vr.shape[-1]
     dor = to_rows(do.astype(qr.dtype), lay)
     dht_t = jnp.swapaxes(dht.astype(F32), -1, -2) / scale
-    dv, dh0_t, dhs = gla_forward(kg, qg, dor, a, last, table, dht_t,
-                                 scale=scale, reverse=True, states=True)
+    N = table.shape[0]
+    P = mosaic_split.pieces_for(lay, N, H, V, cu_seqlens is not None)
+    if P == 1:
+        dv, dh0_t, dhs = gla_forward(kg, qg, dor, a, last, table, dht_t,
+                                     scale=scale, reverse=True, states=True)
+    else:   # the sequence split (mosaic_split.py): pieces from their end gradients
+        ptab = mosaic_pieces.piece_table(table, P)
+        (F,) = gla_forward(kg, qg, dor, a, last, mosaic_pieces.piece_table(
+            table, P, skip_first=True), None, scale=scale, reverse=True, outputs=False)
+        ends = mosaic_split.piece_ends(F, mosaic_split.piece_decay(last, ptab), dht_t, N, P)
+        dv, dh0_t, dhs = gla_forward(kg, qg, dor, a, last, ptab, ends, scale=scale,
+                                     reverse=True, states=True)
+        dh0_t = mosaic_pieces.first_piece(dh0_t, N, P)
     # the per-chunk products (fp32 accumulation) on chunk-and-head-major operands (one
     # transposed copy of do and of v; v's chunks padded by PAD zero rows, which gives dA the
     # padded rows the kernel reads and dkg rows it ignores): dA (the kernel reads its lower

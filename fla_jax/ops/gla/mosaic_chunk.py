@@ -24,8 +24,9 @@ import jax.numpy as jnp
 
 from ..common.mosaic import check_mosaic
 from ..gated_delta_rule import mosaic_pieces
-from ..gated_delta_rule.mosaic_fwd_kernel import BV, C
+from ..gated_delta_rule.mosaic_fwd_kernel import C
 from ..gated_delta_rule.mosaic_layout import from_rows, plan, to_rows
+from . import mosaic_split
 from .mosaic_bwd import Residuals
 from .mosaic_bwd import backward as mosaic_backward
 from .mosaic_fwd_kernel import gla_forward
@@ -45,56 +46,6 @@ MAX_HEAD = 256
 # and gpu_k256_v64): impl="auto" takes the Mosaic kernels only there (fail closed);
 # impl="mosaic" takes every multiple of 64 up to 256 (interpreted and lowered on CPU)
 AUTO_HEADS = ((128, 128), (64, 256), (256, 64))
-# The forward's sequence split (opt-in, not yet GPU-run; read when an op is traced): calls whose
-# state pass runs few CTAs (B1 T32768 H16: 32 CTAs of 512 chunks) cut every sequence into P
-# pieces (mosaic_pieces' policy and piece tables): a state pass from zero over pieces 0 .. P-2
-# gives each piece's end state E_p, the per-key decay of a piece is diagonal (S^T_end =
-# S^T_start diag(exp2(L_p)) + E^T_p, L_p the summed chunk decays), an elementwise fp32 scan
-# gives the starts, and the output pass runs over pieces. The backward stays unsplit.
-SPLIT = False
-
-
-def split_pieces(N: int, H: int, V: int, n_chunks: int) -> int:
-    """Pieces per sequence of the forward's split (1: none): mosaic_pieces' policy (at most
-    MAX_CTAS CTAs unsplit, one wave of P * CTAs, pieces of at least MIN_PIECE_CHUNKS chunks)."""
-    ctas = N * H * (V // BV)
-    if not (SPLIT and mosaic_pieces.ENABLED) or ctas > mosaic_pieces.MAX_CTAS:
-        return 1
-    p = 1
-    while (2 * p * ctas <= mosaic_pieces.SMS and 2 * p <= mosaic_pieces.MAX_PIECES
-           and n_chunks // (2 * p) >= mosaic_pieces.MIN_PIECE_CHUNKS
-           and (2 * p <= 4 or n_chunks // (2 * p) >= mosaic_pieces.MIN_CHUNKS_ABOVE_4)):
-        p *= 2
-    return p
-
-
-def piece_decay(last, ptab):
-    """last [H, NC, K] fp32 (each chunk's summed log2-decay per key) and the piece table
-    [NP, TABLE_WIDTH] (first chunk, chunk count; pieces in chunk order) -> [NP, H, K]: each
-    piece's summed decay (a segment sum, no cumsum differences)."""
-    NP, NC = ptab.shape[0], last.shape[1]
-    first, count = ptab[:, 0], ptab[:, 1]
-    c = jnp.arange(NC, dtype=jnp.int32)
-    piece = jnp.clip(jnp.searchsorted(first + count, c, side="right"), 0, NP - 1)
-    inside = (c >= first[piece]) & (c < first[piece] + count[piece])
-    x = jnp.where(inside[:, None, None], jnp.swapaxes(last, 0, 1), 0.0)     # [NC, H, K]
-    return jax.ops.segment_sum(x, piece, num_segments=NP)
-
-
-def piece_starts(E, L, h0t, N: int, P: int):
-    """E [N * P, H, V, K] (transposed end states from zero), L [N * P, H, K] (summed log2
-    decays), h0t None or [N, H, V, K] -> the transposed start of every piece [N * P, H, V, K]
-    fp32: S^T_{p+1} = S^T_p diag(exp2(L_p)) + E^T_p."""
-    E = E.reshape((N, P) + E.shape[1:])
-    L = L.reshape((N, P) + L.shape[1:])
-    s = jnp.zeros_like(E[:, 0]) if h0t is None else h0t.astype(F32)
-    starts = []
-    for p in range(P):
-        starts.append(s)
-        s = s * jnp.exp2(L[:, p])[:, :, None, :] + E[:, p]
-    return jnp.stack(starts, 1).reshape((N * P,) + E.shape[2:])
-
-
 def auto_unsupported_reason(q, v) -> str | None:
     """Why impl='auto' keeps the Pallas kernels for a call the Mosaic kernels could take: head
     sizes no GPU parity run has covered yet (None: 'auto' may take them)."""
@@ -132,16 +83,15 @@ def forward(q, k, v, g, h0, cu_seqlens, *, scale: float, residuals: bool = False
     qg, kg, a, last = gla_intra(qr, kr, gr)
     h0t = None if h0 is None else jnp.swapaxes(h0.astype(F32), -1, -2)
     N = table.shape[0]
-    # chunks per sequence (varlen: the mean; the packed length holds one spare chunk each)
-    n_chunks = (lay.Tp // C - (0 if cu_seqlens is None else N)) // N
-    P = split_pieces(N, q.shape[2], v.shape[-1], n_chunks)
+    P = mosaic_split.pieces_for(lay, N, q.shape[2], v.shape[-1], cu_seqlens is not None)
     if P == 1:
         outs = gla_forward(qg, kg, vr, a, last, table, h0t, scale=scale, states=residuals)
     else:
         ptab = mosaic_pieces.piece_table(table, P)
         zero_tab = ptab.at[P - 1::P, 1].set(0)       # no piece reads the last one's end
         (E,) = gla_forward(qg, kg, vr, a, last, zero_tab, None, scale=scale, outputs=False)
-        starts = piece_starts(E, piece_decay(last, ptab), h0t, N, P)
+        starts = mosaic_split.piece_starts(E, mosaic_split.piece_decay(last, ptab), h0t, N,
+                                           P)
         outs = list(gla_forward(qg, kg, vr, a, last, ptab, starts, scale=scale,
                                 states=residuals))
         outs[1] = mosaic_pieces.last_piece(outs[1], N, P)

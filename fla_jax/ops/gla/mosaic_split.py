@@ -1,0 +1,89 @@
+"""Sequence split of chunked GLA's serial Mosaic passes (opt-in: SPLIT; not yet GPU-run).
+
+The forward's state pass and the backward's reverse pass run one CTA per (sequence, head, 64
+value columns): at B1 T32768 H16 that is 32 CTAs of 512 chunks each. With SPLIT every sequence
+(a row of the passes' table, fixed length or varlen) is cut into P pieces of whole chunks
+(gated_delta_rule/mosaic_pieces.py's policy and piece tables). GLA's decay is diagonal per key,
+so a piece maps the transposed state as S^T_end = S^T_start diag(exp2(L_p)) + E^T_p, L_p the
+summed chunk decays of the piece (log2 units) and E_p its end state from zero:
+- forward (mosaic_chunk.forward): a state pass from zero over pieces 0 .. P-2 gives E, an
+  elementwise fp32 scan the starts, the output pass (with the training forward's stored
+  states) runs over pieces from them;
+- backward (mosaic_bwd.backward): the reverse pass from a zero end gradient over pieces 1 .. P-1
+  gives F_p (the gradient at the piece's start), dS^T_start = dS^T_end diag(exp2(L_p)) + F^T_p
+  scanned backwards gives every piece's end gradient, the reverse pass runs over pieces from
+  them; dh0 is the first piece's start gradient.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ..gated_delta_rule import mosaic_pieces
+from ..gated_delta_rule.mosaic_fwd_kernel import BV, C
+
+F32 = jnp.float32
+# Read when an op is traced.
+SPLIT = False
+
+
+def pieces(N: int, H: int, V: int, n_chunks: int) -> int:
+    """Pieces per sequence (1: none): mosaic_pieces' policy (at most MAX_CTAS CTAs unsplit,
+    one wave of P * CTAs, pieces of at least MIN_PIECE_CHUNKS chunks)."""
+    ctas = N * H * (V // BV)
+    if not (SPLIT and mosaic_pieces.ENABLED) or ctas > mosaic_pieces.MAX_CTAS:
+        return 1
+    p = 1
+    while (2 * p * ctas <= mosaic_pieces.SMS and 2 * p <= mosaic_pieces.MAX_PIECES
+           and n_chunks // (2 * p) >= mosaic_pieces.MIN_PIECE_CHUNKS
+           and (2 * p <= 4 or n_chunks // (2 * p) >= mosaic_pieces.MIN_CHUNKS_ABOVE_4)):
+        p *= 2
+    return p
+
+
+def pieces_for(lay, N: int, H: int, V: int, varlen: bool) -> int:
+    """pieces() for the row layout `lay` (packing.plan) of N sequences: chunks per sequence,
+    the mean with varlen (its packed length holds one spare chunk a sequence)."""
+    return pieces(N, H, V, (lay.Tp // C - (N if varlen else 0)) // N)
+
+
+def piece_decay(last, ptab):
+    """last [H, NC, K] fp32 (each chunk's summed log2-decay per key) and the piece table
+    [NP, TABLE_WIDTH] (first chunk, chunk count; pieces in chunk order) -> [NP, H, K]: each
+    piece's summed decay (a segment sum, no cumsum differences)."""
+    NP, NC = ptab.shape[0], last.shape[1]
+    first, count = ptab[:, 0], ptab[:, 1]
+    c = jnp.arange(NC, dtype=jnp.int32)
+    piece = jnp.clip(jnp.searchsorted(first + count, c, side="right"), 0, NP - 1)
+    inside = (c >= first[piece]) & (c < first[piece] + count[piece])
+    x = jnp.where(inside[:, None, None], jnp.swapaxes(last, 0, 1), 0.0)     # [NC, H, K]
+    return jax.ops.segment_sum(x, piece, num_segments=NP)
+
+
+def piece_starts(E, L, h0t, N: int, P: int):
+    """E [N * P, H, V, K] (transposed end states from zero), L [N * P, H, K] (summed log2
+    decays), h0t None or [N, H, V, K] -> the transposed start of every piece [N * P, H, V, K]
+    fp32: S^T_{p+1} = S^T_p diag(exp2(L_p)) + E^T_p."""
+    E = E.reshape((N, P) + E.shape[1:])
+    L = L.reshape((N, P) + L.shape[1:])
+    s = jnp.zeros_like(E[:, 0]) if h0t is None else h0t.astype(F32)
+    starts = []
+    for p in range(P):
+        starts.append(s)
+        s = s * jnp.exp2(L[:, p])[:, :, None, :] + E[:, p]
+    return jnp.stack(starts, 1).reshape((N * P,) + E.shape[2:])
+
+
+def piece_ends(F, L, dht_t, N: int, P: int):
+    """F [N * P, H, V, K] (transposed state gradient at each piece's start from a zero end
+    gradient), L as for piece_starts, dht_t [N, H, V, K] -> the transposed gradient of the
+    state leaving every piece [N * P, H, V, K] fp32: dS^T_start = dS^T_end diag(exp2(L_p)) +
+    F^T_p."""
+    F = F.reshape((N, P) + F.shape[1:])
+    L = L.reshape((N, P) + L.shape[1:])
+    d = dht_t.astype(F32)
+    ends = [None] * P
+    for p in reversed(range(P)):
+        ends[p] = d
+        d = d * jnp.exp2(L[:, p])[:, :, None, :] + F[:, p]
+    return jnp.stack(ends, 1).reshape((N * P,) + F.shape[2:])
