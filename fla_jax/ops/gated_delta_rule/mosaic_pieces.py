@@ -66,6 +66,13 @@ def pieces(N: int, HV: int, K: int, V: int, n_chunks: int, dtype) -> int:
     ctas = N * HV * (V // BV)
     if not ENABLED or ctas > MAX_CTAS or not mosaic_map_ws.supports(K, V, dtype):
         return 1
+    return pieces_for_ctas(ctas, n_chunks)
+
+
+def pieces_for_ctas(ctas: int, n_chunks: int) -> int:
+    """The policy's P for passes of `ctas` CTAs over sequences of n_chunks chunks (the caller
+    has checked ENABLED and MAX_CTAS): a power of two, P * ctas <= SMS, P <= MAX_PIECES,
+    pieces of at least MIN_PIECE_CHUNKS chunks (MIN_CHUNKS_ABOVE_4 beyond four pieces)."""
     p = 1
     while (2 * p * ctas <= SMS and 2 * p <= MAX_PIECES
            and n_chunks // (2 * p) >= MIN_PIECE_CHUNKS

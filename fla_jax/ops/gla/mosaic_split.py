@@ -33,12 +33,7 @@ def pieces(N: int, H: int, V: int, n_chunks: int) -> int:
     ctas = N * H * (V // BV)
     if not (SPLIT and mosaic_pieces.ENABLED) or ctas > mosaic_pieces.MAX_CTAS:
         return 1
-    p = 1
-    while (2 * p * ctas <= mosaic_pieces.SMS and 2 * p <= mosaic_pieces.MAX_PIECES
-           and n_chunks // (2 * p) >= mosaic_pieces.MIN_PIECE_CHUNKS
-           and (2 * p <= 4 or n_chunks // (2 * p) >= mosaic_pieces.MIN_CHUNKS_ABOVE_4)):
-        p *= 2
-    return p
+    return mosaic_pieces.pieces_for_ctas(ctas, n_chunks)
 
 
 def pieces_for(lay, N: int, H: int, V: int, varlen: bool) -> int:
