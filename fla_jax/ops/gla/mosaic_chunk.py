@@ -4,7 +4,7 @@ impl="mosaic".
 Forward: XLA lays the rows out in chunks (gated_delta_rule/mosaic_layout.py); one chunk-parallel
 Mosaic kernel (mosaic_intra_kernel.py) forms the chunk-local gate cumsum, the factors qg / kg
 and the intra-chunk scores; one Mosaic kernel (mosaic_fwd_kernel.py) runs the state pass
-fused with the output.
+fused with the output (with mosaic_split.SPLIT, opt-in, over sequence pieces).
 Backward (jax.custom_vjp): by default (BACKWARD = "mosaic") the Mosaic backward of
 mosaic_bwd.py, from the Mosaic forward's residuals; BACKWARD = "pallas": the Pallas
 Triton-lowering kernels of pallas_chunk.py, which need the Pallas forward's residuals, so under
@@ -24,7 +24,6 @@ import jax.numpy as jnp
 
 from ..common.mosaic import check_mosaic
 from ..gated_delta_rule import mosaic_pieces
-from ..gated_delta_rule.mosaic_fwd_kernel import C
 from ..gated_delta_rule.mosaic_layout import from_rows, plan, to_rows
 from . import mosaic_split
 from .mosaic_bwd import Residuals
@@ -46,6 +45,8 @@ MAX_HEAD = 256
 # and gpu_k256_v64): impl="auto" takes the Mosaic kernels only there (fail closed);
 # impl="mosaic" takes every multiple of 64 up to 256 (interpreted and lowered on CPU)
 AUTO_HEADS = ((128, 128), (64, 256), (256, 64))
+
+
 def auto_unsupported_reason(q, v) -> str | None:
     """Why impl='auto' keeps the Pallas kernels for a call the Mosaic kernels could take: head
     sizes no GPU parity run has covered yet (None: 'auto' may take them)."""
