@@ -45,10 +45,11 @@ def inputs(B, T, H, K, V, seed=0):
 
 
 def timeit(fn, *args, loops=15, inner=20):
-    """Median microseconds per call of jit(fn)(*args) (after 4 calls; one with loops = 1)."""
+    """Median microseconds per call of jit(fn)(*args) (after 4 calls; none with loops = 1,
+    the dry run's single call)."""
     import jax
     f = jax.jit(fn)
-    for _ in range(4 if loops > 1 else 1):
+    for _ in range(4 if loops > 1 else 0):
         jax.block_until_ready(f(*args))
     samples = []
     for _ in range(loops):

@@ -275,7 +275,7 @@ def test_unsupported_reasons_and_dispatch(monkeypatch):
     assert "K=64" in seen[0] and seen[1] is None
 
 
-@pytest.mark.parametrize("case,dtype", [("mos_gla_varlen", "bf16"), ("mos_gla_strong", "fp16")])
+@pytest.mark.parametrize("case,dtype", [("mos_gla_varlen", "bf16")])
 def test_split_forward_interpreted_against_float64(case, dtype, monkeypatch):
     """mosaic_split.SPLIT (opt-in): the forward over sequence pieces (a state pass from zero,
     the per-key piece decays, the scan, the output pass from the starts) and the Mosaic
