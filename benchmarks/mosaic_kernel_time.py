@@ -2,8 +2,8 @@
 on inputs of one shape (GPU): our T0 kernel (mosaic_kkt.gate_free_inverse_mosaic, T0 only) vs
 jla's `kkt_fwd`, our warp-specialized forward (mosaic_fwd_ws.fused_forward_ws) vs jla's
 `fused_fwd_wy` (output_final_state off, as run.py calls it; on, too). Each kernel is jitted
-alone and timed by wall clock around block_until_ready (median of 15 loops of 20 calls:
-launches overlap, so this is close to device time). Variants override module constants
+alone and timed by run.py's time_jax (wall clock around block_until_ready, median of 15 loops
+of 20 calls: launches overlap, so this is close to device time). Variants override module constants
 (pallas_launch_sweep.py's `<module>:NAME=value` syntax) for our kernels, one line each;
 RESULTS.md run 22 call 4 is this measurement (then a scratch script).
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -45,20 +44,16 @@ def inputs(B, T, H, K, V, seed=0):
 
 
 def timeit(fn, *args, loops=15, inner=20):
-    """Median microseconds per call of jit(fn)(*args) (after 4 calls; none with loops = 1,
-    the dry run's single call)."""
+    """Median microseconds per call of jit(fn)(*args): run.py's time_jax (a first call and 3
+    more, then `loops` of `inner` calls); loops=0 (the CPU dry run): one call, its time."""
     import jax
+    from run import time_jax
     f = jax.jit(fn)
-    for _ in range(4 if loops > 1 else 0):
-        jax.block_until_ready(f(*args))
-    samples = []
-    for _ in range(loops):
+    if loops == 0:      # the dry run checks the calls: one each
         t0 = time.perf_counter()
-        for _ in range(inner):
-            out = f(*args)
-        jax.block_until_ready(out)
-        samples.append((time.perf_counter() - t0) * 1e6 / inner)
-    return statistics.median(samples)
+        jax.block_until_ready(f(*args))
+        return (time.perf_counter() - t0) * 1e6
+    return time_jax(lambda: f(*args), loops=loops, inner=inner)[0] * 1e3
 
 
 def ours(x, scale, loops, inner):
@@ -112,7 +107,7 @@ def main(argv=None):
     sys.path[:0] = [HERE, os.path.dirname(HERE)]
     from pallas_launch_sweep import Override, parse_variant
     B, T, H, K, V = (1, 2 * C, 1, 64, 64) if args.dry_run else (4, 4096, 16, 128, 128)
-    loops, inner = (1, 1) if args.dry_run else (15, 20)
+    loops, inner = (0, 1) if args.dry_run else (15, 20)
     x = inputs(B, T, H, K, V)
     scale = K ** -0.5
     print(f"B{B} T{T} H{H} K{K} V{V} bf16, us per call", flush=True)

@@ -86,17 +86,6 @@ def test_training_forward_stores_the_states(monkeypatch):
         assert counts == {True: finals, False: finals + 1}, (T, counts)
 
 
-def test_ws_forward_decay_operand(monkeypatch):
-    """mosaic_fwd_ws.DECAY: "v" (opt-in, GPU-proven, slower: RESULTS.md run 22) lowers; a bad
-    value is refused with a named error."""
-    from fla_jax.ops.simple_gla import mosaic_fwd_ws
-    monkeypatch.setattr(mosaic_fwd_ws, "DECAY", "v")
-    assert "simple_gla_mosaic_fwd_ws" in _lower(128, "bf16", varlen=True, backward=False)
-    monkeypatch.setattr(mosaic_fwd_ws, "DECAY", "q")
-    with pytest.raises(ValueError, match="DECAY='q'"):
-        _lower(64, "bf16", varlen=False, backward=False)
-
-
 @pytest.mark.parametrize("K", [64, 128, 256])
 def test_varlen_vjp_lowers(K):
     """The vjp with each backward (Mosaic kernels for K <= 128, else the Pallas ones)."""

@@ -21,6 +21,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ..common.mosaic import piece_scan
 from ..gated_delta_rule import mosaic_pieces
 from ..gated_delta_rule.mosaic_layout import from_rows, plan, to_rows
 from . import mosaic_split
@@ -76,7 +77,8 @@ def backward(res: Residuals, h0, cu_seqlens, do, dht, *, scale: float):
         ptab = mosaic_pieces.piece_table(table, P)
         (F,) = gla_forward(kg, qg, dor, a, last, mosaic_pieces.piece_table(
             table, P, skip_first=True), None, scale=scale, reverse=True, outputs=False)
-        ends = mosaic_split.piece_ends(F, mosaic_split.piece_decay(last, ptab), dht_t, N, P)
+        D = mosaic_split.piece_factor(mosaic_split.piece_decay(last, ptab), N, P)
+        ends, _ = piece_scan.diagonal_ends(F, D, dht_t, N, P)
         dv, dh0_t, dhs = gla_forward(kg, qg, dor, a, last, ptab, ends, scale=scale,
                                      reverse=True, states=True)
         dh0_t = mosaic_pieces.first_piece(dh0_t, N, P)

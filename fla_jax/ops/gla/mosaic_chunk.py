@@ -22,7 +22,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ..common.mosaic import check_mosaic
+from ..common.mosaic import check_mosaic, piece_scan
 from ..gated_delta_rule import mosaic_pieces
 from ..gated_delta_rule.mosaic_layout import from_rows, plan, to_rows
 from . import mosaic_split
@@ -91,8 +91,8 @@ def forward(q, k, v, g, h0, cu_seqlens, *, scale: float, residuals: bool = False
         ptab = mosaic_pieces.piece_table(table, P)
         zero_tab = ptab.at[P - 1::P, 1].set(0)       # no piece reads the last one's end
         (E,) = gla_forward(qg, kg, vr, a, last, zero_tab, None, scale=scale, outputs=False)
-        starts = mosaic_split.piece_starts(E, mosaic_split.piece_decay(last, ptab), h0t, N,
-                                           P)
+        D = mosaic_split.piece_factor(mosaic_split.piece_decay(last, ptab), N, P)
+        starts, _ = piece_scan.diagonal_starts(E, D, h0t, N, P)
         outs = list(gla_forward(qg, kg, vr, a, last, ptab, starts, scale=scale,
                                 states=residuals))
         outs[1] = mosaic_pieces.last_piece(outs[1], N, P)

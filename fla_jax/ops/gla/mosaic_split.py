@@ -5,7 +5,8 @@ value columns): at B1 T32768 H16 that is 32 CTAs of 512 chunks each. With SPLIT 
 (a row of the passes' table, fixed length or varlen) is cut into P pieces of whole chunks
 (gated_delta_rule/mosaic_pieces.py's policy and piece tables). GLA's decay is diagonal per key,
 so a piece maps the transposed state as S^T_end = S^T_start diag(exp2(L_p)) + E^T_p, L_p the
-summed chunk decays of the piece (log2 units) and E_p its end state from zero:
+summed chunk decays of the piece (log2 units) and E_p its end state from zero (the scans:
+common/mosaic/piece_scan.py):
 - forward (mosaic_chunk.forward): a state pass from zero over pieces 0 .. P-2 gives E, an
   elementwise fp32 scan the starts, the output pass (with the training forward's stored
   states) runs over pieces from them;
@@ -22,7 +23,6 @@ import jax.numpy as jnp
 from ..gated_delta_rule import mosaic_pieces
 from ..gated_delta_rule.mosaic_fwd_kernel import BV, C
 
-F32 = jnp.float32
 # Read when an op is traced.
 SPLIT = False
 
@@ -55,30 +55,7 @@ def piece_decay(last, ptab):
     return jax.ops.segment_sum(x, piece, num_segments=NP)
 
 
-def piece_starts(E, L, h0t, N: int, P: int):
-    """E [N * P, H, V, K] (transposed end states from zero), L [N * P, H, K] (summed log2
-    decays), h0t None or [N, H, V, K] -> the transposed start of every piece [N * P, H, V, K]
-    fp32: S^T_{p+1} = S^T_p diag(exp2(L_p)) + E^T_p."""
-    E = E.reshape((N, P) + E.shape[1:])
-    L = L.reshape((N, P) + L.shape[1:])
-    s = jnp.zeros_like(E[:, 0]) if h0t is None else h0t.astype(F32)
-    starts = []
-    for p in range(P):
-        starts.append(s)
-        s = s * jnp.exp2(L[:, p])[:, :, None, :] + E[:, p]
-    return jnp.stack(starts, 1).reshape((N * P,) + E.shape[2:])
-
-
-def piece_ends(F, L, dht_t, N: int, P: int):
-    """F [N * P, H, V, K] (transposed state gradient at each piece's start from a zero end
-    gradient), L as for piece_starts, dht_t [N, H, V, K] -> the transposed gradient of the
-    state leaving every piece [N * P, H, V, K] fp32: dS^T_start = dS^T_end diag(exp2(L_p)) +
-    F^T_p."""
-    F = F.reshape((N, P) + F.shape[1:])
-    L = L.reshape((N, P) + L.shape[1:])
-    d = dht_t.astype(F32)
-    ends = [None] * P
-    for p in reversed(range(P)):
-        ends[p] = d
-        d = d * jnp.exp2(L[:, p])[:, :, None, :] + F[:, p]
-    return jnp.stack(ends, 1).reshape((N * P,) + F.shape[2:])
+def piece_factor(L, N: int, P: int):
+    """L [N * P, H, K] (summed log2-decays) -> exp2(L) [N, P, H, 1, K], broadcasting over a
+    piece's transposed [H, V, K] states (common/mosaic/piece_scan.py)."""
+    return jnp.exp2(L).reshape((N, P, L.shape[1], 1, L.shape[2]))

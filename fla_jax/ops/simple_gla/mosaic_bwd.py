@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ..common.mosaic import packing
+from ..common.mosaic import packing, piece_scan
 from . import mosaic_bwd_kernels as kernels
 from . import mosaic_fwd, mosaic_split
 from .mosaic_inputs import chunk_cumsum, chunk_gate_grad, flat, layout, log_decay
@@ -44,15 +44,15 @@ def backward(cfg, q, k, v, g, gamma, h0, cu, do, dht, hs=None):
         qp, kp, vp, dop = (flat(x) for x in (qp, kp, vp, dop))
         g2 = chunk_cumsum(flat(a))
         seq, n = mosaic_split.table(B, Tp // mosaic_fwd.C, P), B * P
-        A = mosaic_split.piece_decay(g2, B, P)
+        D = mosaic_split.piece_factor(mosaic_split.piece_decay(g2, B, P))
         if hs is None:
             _, E = mosaic_fwd.forward(qp, kp, vp, g2, None, seq, scale=cfg.scale, n_seqs=n,
                                       out_final=True, mode="final")
-            starts, _ = mosaic_split.forward_starts(E, A, h0t, B, P)
+            starts, _ = piece_scan.diagonal_starts(E, D, h0t, B, P)
         zeros = jnp.zeros((n,) + dhtt.shape[1:], jnp.float32)
         _, F = kernels.dstate(qp, dop, g2, zeros, seq, scale=cfg.scale, n_seqs=n,
                               want_dh0=True)
-        ends, dh0t_split = mosaic_split.backward_ends(F, A, dhtt, B, P)
+        ends, dh0t_split = piece_scan.diagonal_ends(F, D, dhtt, B, P)
     if hs is None:
         hs, _ = mosaic_fwd.forward(qp, kp, vp, g2, starts, seq, scale=cfg.scale, n_seqs=n,
                                    out_final=False, mode="states")

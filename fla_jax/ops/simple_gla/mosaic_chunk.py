@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from ..common.mosaic import check_mosaic, packing
+from ..common.mosaic import check_mosaic, packing, piece_scan
 from ..common.engine import scan
 from . import mosaic_bwd, mosaic_fwd, mosaic_fwd_ws, mosaic_inputs, mosaic_split
 
@@ -98,8 +98,8 @@ def _forward(cfg, q, k, v, g, gamma, h0, cu, states=False):
         seq = mosaic_split.table(B, Tp // mosaic_fwd.C, P)
         _, E = mosaic_fwd.forward(qf, kf, vf, g2, None, seq, scale=cfg.scale, n_seqs=B * P,
                                   out_final=True, mode="final")
-        starts, ht = mosaic_split.forward_starts(E, mosaic_split.piece_decay(g2, B, P), h0t,
-                                                 B, P)
+        starts, ht = piece_scan.diagonal_starts(
+            E, mosaic_split.piece_factor(mosaic_split.piece_decay(g2, B, P)), h0t, B, P)
         o, _, hs = _output_pass(qf, kf, vf, g2, starts, seq, cfg.scale, B * P, states)
         o = o.reshape(qp.shape[:3] + (v.shape[-1],))
     return packing.unpack(o, lay), jnp.swapaxes(ht, -1, -2), hs

@@ -31,10 +31,6 @@ from .mosaic_fwd import BV, C, SEQ_COLS
 
 SMEM_BUDGET = 220 * 1024
 MAX_K = 128
-# Which operand of the state update WG0 decays through SMEM, read when a kernel is traced:
-# "k" (k exp2(g_l - g2), [C, K]) or "v" (v exp2(g_l - g2), [C, 64]: half the elementwise work
-# and SMEM bytes on the serial chain). Same product, rounded on the other operand.
-DECAY = "k"
 
 
 def _stages(K, itemsize):
@@ -62,9 +58,6 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, states: bool
     has_h0 = h0t is not None
     static_chunks = Tp // C
     S = _stages(K, jnp.dtype(dt).itemsize)
-    if DECAY not in ("k", "v"):
-        raise ValueError(f"mosaic_fwd_ws.DECAY={DECAY!r}; expected 'k' or 'v'")
-    decay_v = DECAY == "v"
     out_type = [jax.ShapeDtypeStruct((Bq, Tp, H, V), dt),
                 jax.ShapeDtypeStruct((n_seqs, H, V, K), F32)]
     if states:
@@ -78,9 +71,7 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, states: bool
         g2_s=plgpu.SMEM((S, C), F32),
         # the published states; WG0's fp32 state before the first / after the last chunk
         pub_st=union(smem_tile((2, BV, K), dt), smem_tile((BV, K), F32)),
-        # the decayed operand of the state update: k [C, K] or v [C, BV] (DECAY)
-        kd_s=smem_tile((C, BV if decay_v else K), dt),
-        o_s=smem_tile((2, C, BV), dt),
+        kd_s=smem_tile((C, K), dt), o_s=smem_tile((2, C, BV), dt),
         in_bar=plgpu.Barrier(num_arrivals=6, num_barriers=S),
         in_free=plgpu.Barrier(num_arrivals=2, num_barriers=S),
         s_ready=plgpu.Barrier(num_arrivals=1, num_barriers=2),
@@ -152,18 +143,11 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, states: bool
                                             hs_ref.at[b, h, c0 + c, pl.ds(v0, BV)])
                 g_row = load_vec(g0_s.at[slot], ROWS)
                 g_last = g0_s[slot, C - 1]
-                if decay_v:        # S^T += (v diag(d))^T k
-                    v_t = load_wgmma(v_s.at[slot]).astype(F32)
-                    kd_s[...] = (v_t * rows_of(jnp.exp2(g_last - g_row), (C, BV))).astype(dt)
-                    plgpu.commit_smem()
-                    s_new = matmul(kd_s, k_s.at[slot], (BV, K), init=s_t * jnp.exp2(g_last),
-                                   ta=True)
-                else:              # S^T += v^T (diag(d) k)
-                    k_t = load_wgmma(k_s.at[slot]).astype(F32)
-                    kd_s[...] = (k_t * rows_of(jnp.exp2(g_last - g_row), (C, K))).astype(dt)
-                    plgpu.commit_smem()
-                    s_new = matmul(v_s.at[slot], kd_s, (BV, K), init=s_t * jnp.exp2(g_last),
-                                   ta=True)
+                k_t = load_wgmma(k_s.at[slot]).astype(F32)
+                kd_s[...] = (k_t * rows_of(jnp.exp2(g_last - g_row), (C, K))).astype(dt)
+                plgpu.commit_smem()
+                s_new = matmul(v_s.at[slot], kd_s, (BV, K), init=s_t * jnp.exp2(g_last),
+                               ta=True)
                 plgpu.barrier_arrive(in_free.at[slot])
                 return s_new
 

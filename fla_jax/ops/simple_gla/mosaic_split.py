@@ -7,7 +7,7 @@ B * Tp). A piece maps the state at its start affinely: S_end = 2^A S_start + E, 
 piece's summed log2-decay and E its final state from zero (the 'final' forward pass). A scan
 over the pieces (XLA, fp32) gives each piece's true initial state; the real pass then runs
 from those. Backwards the same with dS_start = 2^A dS_end + F (F: the dstate pass from a zero
-end gradient).
+end gradient). Both scans: common/mosaic/piece_scan.py (2^A by piece_factor).
 """
 from __future__ import annotations
 
@@ -55,25 +55,7 @@ def piece_decay(g2, B: int, P: int):
     return jnp.transpose(last.reshape(H, B, P, per).sum(-1), (1, 2, 0))
 
 
-def forward_starts(E, A, h0t, B: int, P: int):
-    """E [B * P, H, V, K] (final states from zero), A [B, P, H] -> (starts [B * P, H, V, K],
-    final [B, H, V, K]); h0t: None or [B, H, V, K]."""
-    E = E.reshape((B, P) + E.shape[1:])
-    s = jnp.zeros_like(E[:, 0]) if h0t is None else h0t.astype(jnp.float32)
-    starts = []
-    for p in range(P):
-        starts.append(s)
-        s = jnp.exp2(A[:, p])[:, :, None, None] * s + E[:, p]
-    return jnp.stack(starts, 1).reshape((B * P,) + E.shape[2:]), s
-
-
-def backward_ends(F, A, dhtt, B: int, P: int):
-    """F [B * P, H, V, K] (state gradient at each piece's start from a zero end gradient),
-    A [B, P, H], dhtt [B, H, V, K] -> (end gradients [B * P, H, V, K], dh0 [B, H, V, K])."""
-    F = F.reshape((B, P) + F.shape[1:])
-    d = dhtt.astype(jnp.float32)
-    ends = [None] * P
-    for p in reversed(range(P)):
-        ends[p] = d
-        d = jnp.exp2(A[:, p])[:, :, None, None] * d + F[:, p]
-    return jnp.stack(ends, 1).reshape((B * P,) + F.shape[2:]), d
+def piece_factor(A):
+    """A [B, P, H] (summed log2-decays) -> exp2(A) broadcasting over a piece's [H, V, K]
+    states (common/mosaic/piece_scan.py)."""
+    return jnp.exp2(A)[..., None, None]
