@@ -186,9 +186,14 @@ for step in ${STEPS:-1 2 3 4 5 6 10}; do
           | grep -v Warning | tee -a "$OUT/bench.txt"
         timeout ${BENCH_S:-300} python3 benchmarks/mosaic_t0_check.py 2>&1 | grep -v Warning \
           | tee -a "$OUT/bench.txt"
-        timeout ${BENCH_S:-300} python3 benchmarks/pallas_launch_sweep.py --op gated_delta_rule \
-          --impl mosaic --dtype bf16 --variant "$KKT:MERGE=auto" 2>&1 | grep -v Warning \
-          | tee -a "$OUT/bench.txt"
+        # the ws forward's stage cap on the whole step, interleaved (run 22: 3 stages spread)
+        WS=fla_jax.ops.gated_delta_rule.mosaic_fwd_ws
+        for shp in B4T4096 GQA_H8HV16; do
+          timeout ${BENCH_S:-300} python3 benchmarks/pallas_launch_sweep.py --op gated_delta_rule \
+            --impl mosaic --dtype bf16 --shape $shp --variant "$KKT:MERGE=auto" \
+            --variant "$WS:MAX_STAGES=2" --variant "$WS:MAX_STAGES=3" --variant "$WS:MAX_STAGES=2" \
+            2>&1 | grep -v Warning | tee -a "$OUT/bench.txt"
+        done
         b 22 --ops gla --dtypes bf16 --shapes B1T32768 --paths jla mosaic
         timeout ${BENCH_S:-300} python3 benchmarks/pallas_launch_sweep.py --op gla --impl mosaic \
           --dtype bf16 --shape B1T32768 --variant "fla_jax.ops.gla.mosaic_split:SPLIT=1" 2>&1 \

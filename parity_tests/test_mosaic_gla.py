@@ -277,7 +277,7 @@ def test_unsupported_reasons_and_dispatch(monkeypatch):
 
 @pytest.mark.parametrize("case,dtype", [("mos_gla_varlen", "bf16")])
 def test_split_forward_interpreted_against_float64(case, dtype, monkeypatch):
-    """mosaic_split.SPLIT (opt-in): the forward over sequence pieces (a state pass from zero,
+    """mosaic_split.SPLIT (the default): the forward over sequence pieces (a state pass from zero,
     the per-key piece decays, the scan, the output pass from the starts) and the Mosaic
     backward's reverse pass over pieces (from a zero end gradient, the backward scan, the pass
     from the ends); 4 pieces a sequence of 0-2 chunks here: empty pieces, an empty sequence,
@@ -294,14 +294,16 @@ def test_split_forward_interpreted_against_float64(case, dtype, monkeypatch):
 
 
 def test_split_policy_and_lowering(monkeypatch):
-    """The split's policy (off unless SPLIT; B1 T32768 H16 V128: 4 pieces; 128 CTAs: none), the
+    """The split's policy (on by default, off with SPLIT False; B1 T32768 H16 V128: 4 pieces; 128
+    CTAs: none), the
     piece decays against a float64 loop, and the split forward + Mosaic backward lower (two
     forward kernels in each direction)."""
     from fla_jax.ops.gated_delta_rule import mosaic_pieces
     from fla_jax.ops.gla import mosaic_chunk, mosaic_split
-    assert mosaic_split.pieces(1, 16, 128, 512) == 1          # SPLIT off
+    assert mosaic_split.SPLIT and mosaic_split.pieces(1, 16, 128, 512) == 4
+    monkeypatch.setattr(mosaic_split, "SPLIT", False)
+    assert mosaic_split.pieces(1, 16, 128, 512) == 1
     monkeypatch.setattr(mosaic_split, "SPLIT", True)
-    assert mosaic_split.pieces(1, 16, 128, 512) == 4
     assert mosaic_split.pieces(4, 16, 128, 64) == 1
     table = jnp.zeros((2, 32), jnp.int32).at[:, 0].set(jnp.array([0, 5])).at[:, 1].set(
         jnp.array([5, 2]))

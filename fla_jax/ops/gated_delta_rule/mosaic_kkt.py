@@ -63,21 +63,26 @@ CHUNKS_PER_CTA_AUTO = (1, 4)
 INVERSE = "substitution"
 # The substitution's block (substitution.BLOCKS): C solves all of T0 in the lane-level code (the
 # slowest warp runs 2016 chain FMAs); 32 / 16 solve the diagonal blocks only (496 / 120 FMAs,
-# every block on its own warp) and complete T0 by the last one / two doubling levels
-SUBST_BLOCK = 32
+# every block on its own warp) and complete T0 by the last one / two doubling levels. None (the
+# default): 16 under a one-product merge (fp16 / single), 32 under hilo (three products a step)
+SUBST_BLOCK = None
 BF16 = jnp.bfloat16
-# The doubling's products: "hilo" (the default: three bf16 products of hi / lo splits, ~2^-16
-# relative, T0 exact to its output rounding) or "single" (opt-in: one product of operands
-# rounded to the activations' dtype). H100 (RESULTS.md run 20): T0 alone 84 -> 71 us (65 with
+# The doubling's products: "hilo" (three bf16 products of hi / lo splits, ~2^-16 relative, T0
+# exact to its output rounding; auto's choice for fp16 activations) or "single" (opt-in: one
+# product of operands rounded to the activations' dtype). H100 (RESULTS.md run 20): T0 alone 84 -> 71 us (65 with
 # SUBST_BLOCK 16), GDN fwd 0.232 -> 0.216 ms, but T0's relative RMS error vs float64 with
 # nearly parallel keys 1.25e-3 -> 1.1e-2 in bf16 (1.6e-4 -> 1.4e-3 fp16): 9x the output's
 # rounding, so not the default
-MERGE = "hilo"
-# "fp16" (opt-in, not yet GPU-run): one product of operands rounded to float16 whatever the
-# activations' dtype (2^-11 relative, 8x finer than bf16's: T0's error with nearly parallel
-# keys about its own bf16 rounding, interpreted: benchmarks/mosaic_t0_check.py); for bf16
-# activations only (fp16 ones want hilo: their T0 is rounded 8x finer). "auto": "fp16" for
-# bf16 activations, "hilo" for fp16 ones (the candidate default once GPU-timed).
+# "fp16": one product of operands rounded to float16 whatever the activations' dtype (2^-11
+# relative, 8x finer than bf16's); for bf16 activations only (fp16 ones want hilo: their T0 is
+# rounded 8x finer). "auto" (the default): "fp16" for bf16 activations, "hilo" for fp16 ones.
+# H100 (RESULTS.md run 23 call 1): T0 alone 80.5 us (hilo, block 32) -> 71.1 (fp16, 32) ->
+# 60.4 (fp16, 16; jla's kkt_fwd 59.9); on-GPU T0 vs float64, bf16, nearly parallel keys: 1.86e-3
+# (32) / 2.11e-3 (16) vs 1.25e-3 exact and 1.1e-2 single; random keys 7.9e-4 vs 7.8e-4. The
+# fp16 operands are D_s (inverses of diagonal blocks, |x| <= max beta for unit-norm keys) and
+# blocks of A (beta_i k_i . k_j): they overflow float16 only when beta |k|^2 > 65504, where the
+# recurrence itself diverges; T0 then is inf, never a silently wrong finite value
+MERGE = "auto"
 MERGES = ("hilo", "single", "fp16", "auto")
 
 
@@ -139,17 +144,19 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
         bar=plgpu.Barrier(num_arrivals=vec_arrivals + (0 if multi else nv),
                           num_barriers=2 if multi else 1),
     )
-    if subst and SUBST_BLOCK not in BLOCKS:
-        raise ValueError(f"mosaic_kkt.SUBST_BLOCK={SUBST_BLOCK!r}; expected one of {BLOCKS}")
-    # the inverse's scratch (the substitution's padded -A^T and X, the doubling's hi / lo
-    # operands) and a_s (the gated inverse after it) are never live together: they share memory
-    sub = substitution.scratch(C) if subst else None
     if MERGE not in MERGES:
         raise ValueError(f"mosaic_kkt.MERGE={MERGE!r}; expected one of {MERGES}")
     merge = ("fp16" if jnp.dtype(dtype) == BF16 else "hilo") if MERGE == "auto" else MERGE
     single = merge in ("single", "fp16")
+    block = SUBST_BLOCK if SUBST_BLOCK is not None else 16 if single else 32
+    if subst and block not in BLOCKS:
+        raise ValueError(f"mosaic_kkt.SUBST_BLOCK={SUBST_BLOCK!r}; expected one of {BLOCKS} "
+                         "or None")
+    # the inverse's scratch (the substitution's padded -A^T and X, the doubling's hi / lo
+    # operands) and a_s (the gated inverse after it) are never live together: they share memory
+    sub = substitution.scratch(C) if subst else None
     op_dtype = jnp.float16 if merge == "fp16" else dtype if single else BF16
-    hilo = ((smem_tile(sq, op_dtype), smem_tile(sq, op_dtype)) if not subst or SUBST_BLOCK < C
+    hilo = ((smem_tile(sq, op_dtype), smem_tile(sq, op_dtype)) if not subst or block < C
             else None)
     a_tile = smem_tile(sq, dtype) if wy else None
     parts = [x for x in (sub, hilo, a_tile) if x is not None]
@@ -226,9 +233,9 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
             kk = matmul(k_c, k_c, sq, tb=True)
             if subst:    # -A^T [j, i] = -beta_i k_i . k_j for i > j (k k^T is symmetric)
                 neg_at = jnp.where(c > r, -(kk * cols_of(load(at(bc_s, slot), COLS), sq)), 0.0)
-                t0 = unit_lower_inverse(neg_at, na_s, SUBST_BLOCK)
-                if SUBST_BLOCK < C:      # the diagonal blocks' inverse, doubled to T0
-                    t0 = doubling(kk, slot, r, c, t0, SUBST_BLOCK.bit_length() - 1)
+                t0 = unit_lower_inverse(neg_at, na_s, block)
+                if block < C:      # the diagonal blocks' inverse, doubled to T0
+                    t0 = doubling(kk, slot, r, c, t0, block.bit_length() - 1)
             else:
                 t0 = doubling(kk, slot, r, c)
             finish(ci, slot, rows, k_c, t0.astype(dtype), end)

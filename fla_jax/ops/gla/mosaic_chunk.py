@@ -4,7 +4,7 @@ impl="mosaic".
 Forward: XLA lays the rows out in chunks (gated_delta_rule/mosaic_layout.py); one chunk-parallel
 Mosaic kernel (mosaic_intra_kernel.py) forms the chunk-local gate cumsum, the factors qg / kg
 and the intra-chunk scores; one Mosaic kernel (mosaic_fwd_kernel.py) runs the state pass
-fused with the output (with mosaic_split.SPLIT, opt-in, over sequence pieces).
+fused with the output (with mosaic_split.SPLIT, the default, over sequence pieces when few CTAs).
 Backward (jax.custom_vjp): by default (BACKWARD = "mosaic") the Mosaic backward of
 mosaic_bwd.py, from the Mosaic forward's residuals; BACKWARD = "pallas": the Pallas
 Triton-lowering kernels of pallas_chunk.py, which need the Pallas forward's residuals, so under
