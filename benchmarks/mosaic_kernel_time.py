@@ -22,13 +22,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 C = 64
 
 
-def inputs(B, T, H, K, V, seed=0):
-    """q, k (unit rows), v: [B * T, H, .] bf16; beta, G (chunk-local log2 cumsum), G_last - G:
+def inputs(B, T, H, K, V, seed=0, dtype="bf16"):
+    """q, k (unit rows), v: [B * T, H, .] in dtype (bf16 / fp16); beta, G (chunk-local log2 cumsum), G_last - G:
     [H, B * T] fp32; the sequence table [B, 32] int32 (batch rows as sequences)."""
     import numpy as np
     import jax.numpy as jnp
     rng = np.random.default_rng(seed)
-    R, bf = B * T, jnp.bfloat16
+    R, bf = B * T, {"bf16": jnp.bfloat16, "fp16": jnp.float16}[dtype]
     q = jnp.asarray(rng.standard_normal((R, H, K)) * K ** -0.5, bf)
     k = rng.standard_normal((R, H, K))
     k = jnp.asarray(k / np.linalg.norm(k, axis=-1, keepdims=True), bf)
@@ -64,7 +64,7 @@ def ours(x, scale, loops, inner):
     q, k, v, beta, G, Gs, table = x
 
     def t0_fn(k, b):
-        return mosaic_kkt.gate_free_inverse_mosaic(k, b, 1, jnp.bfloat16)[0]
+        return mosaic_kkt.gate_free_inverse_mosaic(k, b, 1, k.dtype)[0]
 
     def ws_fn(q, k, v, t, g, gs, b, tab):
         return mosaic_fwd_ws.fused_forward_ws(q, k, v, t, g, gs, b, tab, None, scale=scale)[0]
@@ -88,7 +88,7 @@ def jla(x, B, T, H, scale, loops, inner):
     for final in (False, True):
         def fn(q, k, v, t, g, b, final=final):
             return sf.fused_fwd_wy(q, k, v, t, g, b, None, scale=scale, out_final=final,
-                                   out_dtype=jnp.bfloat16)[0]
+                                   out_dtype=q.dtype)[0]
         out[f"fused_fwd_wy out_final={final}"] = timeit(fn, qj, kj, vj, tj, g2, bt,
                                                         loops=loops, inner=inner)
     return out
@@ -99,6 +99,7 @@ def main(argv=None):
     p.add_argument("--variant", action="append", default=[],
                    help="'<module>:NAME=value[,...]' for our kernels (pallas_launch_sweep.py)")
     p.add_argument("--no-jla", action="store_true")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     p.add_argument("--dry-run", action="store_true",
                    help="CPU: a tiny shape, our kernels interpreted, one timing loop")
     args = p.parse_args(argv)
@@ -108,9 +109,9 @@ def main(argv=None):
     from pallas_launch_sweep import Override, parse_variant
     B, T, H, K, V = (1, 2 * C, 1, 64, 64) if args.dry_run else (4, 4096, 16, 128, 128)
     loops, inner = (0, 1) if args.dry_run else (15, 20)
-    x = inputs(B, T, H, K, V)
+    x = inputs(B, T, H, K, V, dtype=args.dtype)
     scale = K ** -0.5
-    print(f"B{B} T{T} H{H} K{K} V{V} bf16, us per call", flush=True)
+    print(f"B{B} T{T} H{H} K{K} V{V} {args.dtype}, us per call", flush=True)
     for spec in [None] + args.variant:
         if args.dry_run:
             from fla_jax.ops.common.mosaic.tiles import gpu_interpret
@@ -126,8 +127,8 @@ def main(argv=None):
         try:
             times = jla(x, B, T, H, scale, loops, inner)
             print("[jla] " + ", ".join(f"{n} {t:.1f}" for n, t in times.items()), flush=True)
-        except ImportError as e:
-            print(f"[jla] not importable: {e}", flush=True)
+        except (ImportError, ValueError, TypeError) as e:   # not importable, or the dtype
+            print(f"[jla] {type(e).__name__}: {e}", flush=True)
 
 
 if __name__ == "__main__":
