@@ -69,8 +69,8 @@ SUBST_BLOCK = None
 BF16 = jnp.bfloat16
 # The doubling's products: "hilo" (three bf16 products of hi / lo splits, ~2^-16 relative, T0
 # exact to its output rounding; auto's choice for fp16 activations) or "single" (opt-in: one
-# product of operands rounded to the activations' dtype). H100 (RESULTS.md run 20): T0 alone 84 -> 71 us (65 with
-# SUBST_BLOCK 16), GDN fwd 0.232 -> 0.216 ms, but T0's relative RMS error vs float64 with
+# product of operands rounded to the activations' dtype). H100 (RESULTS.md run 20): T0 alone
+# 84 -> 71 us (65 with SUBST_BLOCK 16), GDN fwd 0.232 -> 0.216 ms, but T0's relative RMS error vs float64 with
 # nearly parallel keys 1.25e-3 -> 1.1e-2 in bf16 (1.6e-4 -> 1.4e-3 fp16): 9x the output's
 # rounding, so not the default
 # "fp16": one product of operands rounded to float16 whatever the activations' dtype (2^-11
@@ -79,9 +79,10 @@ BF16 = jnp.bfloat16
 # H100 (RESULTS.md run 23 call 1): T0 alone 80.5 us (hilo, block 32) -> 71.1 (fp16, 32) ->
 # 60.4 (fp16, 16; jla's kkt_fwd 59.9); on-GPU T0 vs float64, bf16, nearly parallel keys: 1.86e-3
 # (32) / 2.11e-3 (16) vs 1.25e-3 exact and 1.1e-2 single; random keys 7.9e-4 vs 7.8e-4. The
-# fp16 operands are D_s (inverses of diagonal blocks, |x| <= max beta for unit-norm keys) and
-# blocks of A (beta_i k_i . k_j): they overflow float16 (to inf) only when beta |k|^2 > 65504,
-# far outside the delta rule's stable range (beta |k|^2 <= 2, where |T0| <= max beta)
+# fp16 operands are D_s (inverses of diagonal blocks: entries within max(1, max beta) for
+# unit-norm keys in a float64 sweep of random and nearly parallel keys, beta in (0, 2]) and
+# blocks of A (beta_i k_i . k_j): the latter overflow float16 (to inf) only where
+# beta |k|^2 > 65504, far outside the delta rule's stable range (beta |k|^2 <= 2)
 MERGE = "auto"
 MERGES = ("hilo", "single", "fp16", "auto")
 
