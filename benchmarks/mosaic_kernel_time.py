@@ -23,8 +23,9 @@ C = 64
 
 
 def inputs(B, T, H, K, V, seed=0, dtype="bf16"):
-    """q, k (unit rows), v: [B * T, H, .] in dtype (bf16 / fp16); beta, G (chunk-local log2 cumsum), G_last - G:
-    [H, B * T] fp32; the sequence table [B, 32] int32 (batch rows as sequences)."""
+    """q, k (unit rows), v: [B * T, H, .] in dtype (bf16 / fp16); beta, G (chunk-local log2
+    cumsum), G_last - G: [H, B * T] fp32; the sequence table [B, 32] int32 (batch rows as
+    sequences)."""
     import numpy as np
     import jax.numpy as jnp
     rng = np.random.default_rng(seed)

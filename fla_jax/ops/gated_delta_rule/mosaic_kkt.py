@@ -70,9 +70,9 @@ BF16 = jnp.bfloat16
 # The doubling's products: "hilo" (three bf16 products of hi / lo splits, ~2^-16 relative, T0
 # exact to its output rounding; auto's choice for fp16 activations) or "single" (opt-in: one
 # product of operands rounded to the activations' dtype). H100 (RESULTS.md run 20): T0 alone
-# 84 -> 71 us (65 with SUBST_BLOCK 16), GDN fwd 0.232 -> 0.216 ms, but T0's relative RMS error vs float64 with
-# nearly parallel keys 1.25e-3 -> 1.1e-2 in bf16 (1.6e-4 -> 1.4e-3 fp16): 9x the output's
-# rounding, so not the default
+# 84 -> 71 us (65 with SUBST_BLOCK 16), GDN fwd 0.232 -> 0.216 ms, but T0's relative RMS error
+# vs float64 with nearly parallel keys 1.25e-3 -> 1.1e-2 in bf16 (1.6e-4 -> 1.4e-3 fp16): 9x
+# the output's rounding, so not the default
 # "fp16": one product of operands rounded to float16 whatever the activations' dtype (2^-11
 # relative, 8x finer than bf16's); for bf16 activations only (fp16 ones want hilo: their T0 is
 # rounded 8x finer). "auto" (the default): "fp16" for bf16 activations, "hilo" for fp16 ones.
