@@ -128,8 +128,8 @@ def main(argv=None):
         try:
             times = jla(x, B, T, H, scale, loops, inner)
             print("[jla] " + ", ".join(f"{n} {t:.1f}" for n, t in times.items()), flush=True)
-        except (ImportError, ValueError, TypeError) as e:   # not importable, or the dtype
-            print(f"[jla] {type(e).__name__}: {e}", flush=True)
+        except ImportError as e:
+            print(f"[jla] not importable: {e}", flush=True)
 
 
 if __name__ == "__main__":

@@ -387,14 +387,6 @@ def test_ws_forward_stages(monkeypatch):
         assert ws.plan(K, jnp.bfloat16) == expect, (lowers, identity, K)
         assert ws.smem_bytes(K, jnp.bfloat16) <= ws.SMEM_BUDGET
     assert ws.smem_bytes(128, jnp.bfloat16, 3, True) > ws.SMEM_BUDGET
-    monkeypatch.setattr(ws, "transposed_load_lowers", lambda: True)
-    monkeypatch.setattr(ws, "IDENTITY_V_T", False)
-    monkeypatch.setattr(ws, "TRAIN_MAX_STAGES", 2)      # the training forward's own cap
-    assert ws.plan(128, jnp.bfloat16) == (3, False)
-    assert ws.plan(128, jnp.bfloat16, residuals=True) == (2, False)
-    monkeypatch.setattr(ws, "TRAIN_MAX_STAGES", None)
-    assert ws.plan(128, jnp.bfloat16, residuals=True) == (3, False)
-    monkeypatch.setattr(ws, "transposed_load_lowers", lambda: False)
     monkeypatch.setattr(ws, "MAX_STAGES", 2)
     assert ws.plan(128, jnp.float16) == (2, True)
     assert ws.plan(256, jnp.bfloat16)[0] == 0 or not ws.supports(256, jnp.bfloat16)

@@ -21,10 +21,8 @@ CASE_SET = GPU_CASES if DEVICE == "cuda" else CPU_CASES
 # Interpreted kernels are slow on CPU (a Python/XLA loop per program and token), so in CI the
 # kernels run this subset here, while test_pallas_*.py / test_triton_*.py check every kernel
 # feature against float64 in detail. On a GPU every case runs for the kernels too.
-# short_strong in fp16 only (CI time, ~70 s): fp16 is where strong decays underflow; bf16 runs
-# every kernel in basic and gqa_l2_beta2 here, and strong gates in the kernel files / on the GPU
 KERNEL_CPU_CASES = {"basic": ("bf16", "fp16", "fp32"), "varlen": ("fp32",),
-                    "short_strong": ("fp16",), "gamma": ("fp32",), "gqa_l2_beta2": ("bf16",),
+                    "short_strong": ("bf16", "fp16"), "gamma": ("fp32",), "gqa_l2_beta2": ("bf16",),
                     "beta_edges": ("fp32",), "uniform_strong": ("fp32",)}
 
 

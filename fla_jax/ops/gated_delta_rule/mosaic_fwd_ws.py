@@ -47,11 +47,6 @@ from .mosaic_fwd_kernel import BV, C, TABLE_WIDTH
 
 MAX_K = 128
 MAX_STAGES = 3          # input stages, as many as fit SMEM_BUDGET up to this (plan())
-# The training forward's cap (residuals=True: it also TMA-stores each chunk's state and v_new^T;
-# None: MAX_STAGES). H100, GDN step B4 T4096 bf16, interleaved in one process (RESULTS.md run 23
-# calls 1 and 3), 2 / 3 stages: 0.902, 0.885, 0.895, 0.896 / 0.933, 0.892, 0.897, 0.882 ms: the
-# same within the step's +-3% spread, so no cap
-TRAIN_MAX_STAGES = None
 APPROX_MATH = True      # ex2.approx for the decays (~2 ulp; RESULTS.md run 20 call 9: with the
                         # backward kernels' the GDN step 0.978 -> 0.895 ms, parity 0 failed)
 SMEM_BUDGET = 220 * 1024
@@ -62,16 +57,13 @@ SMEM_BUDGET = 220 * 1024
 IDENTITY_V_T = False
 
 
-def plan(K: int, dtype, residuals: bool = False) -> tuple[int, bool]:
+def plan(K: int, dtype) -> tuple[int, bool]:
     """(input stages, identity tile for v^T) of the kernel at head size K: the identity where
     IDENTITY_V_T asks for it or the transposed load does not lower, then the most stages (2 to
-    MAX_STAGES, TRAIN_MAX_STAGES with `residuals` where set) within SMEM_BUDGET (0 when even 2
-    do not fit)."""
+    MAX_STAGES) within SMEM_BUDGET (0 when even 2 do not fit). The training forward too: two
+    stages there timed the same as three (RESULTS.md run 23 calls 1 and 3)."""
     eye = bool(IDENTITY_V_T) or not transposed_load_lowers()
-    cap = MAX_STAGES
-    if residuals and TRAIN_MAX_STAGES is not None:
-        cap = min(cap, TRAIN_MAX_STAGES)
-    for stages in range(cap, 1, -1):
+    for stages in range(MAX_STAGES, 1, -1):
         if smem_bytes(K, dtype, stages, eye) <= SMEM_BUDGET:
             return stages, eye
     return 0, eye
@@ -147,7 +139,7 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
     if not supports(K, dt) or V % BV:
         raise ValueError(f"fused_forward_ws: K={K}, V={V}, {jnp.dtype(dt).name}; expected "
                          f"K <= {MAX_K} and V a multiple of {BV}")
-    S, eye = plan(K, dt, residuals)
+    S, eye = plan(K, dt)
     scratch = dict(
         q_s=smem_tile((S, C, K), dt), k_s=smem_tile((S, C, K), dt),
         v_s=smem_tile((S, C, BV), dt), t_s=smem_tile((S, C, C), dt),
