@@ -173,31 +173,22 @@ for step in ${STEPS:-1 2 3 4 5 6 10}; do
         timeout ${BENCH_S:-300} python3 benchmarks/pallas_launch_sweep.py --op gla --impl mosaic \
           --dtype bf16 --variant "fla_jax.ops.gla.mosaic_chunk:BACKWARD=mosaic" 2>&1 \
           | grep -v Warning | tee -a "$OUT/bench.txt" ;;
-    # issue 11 (session 24's opt-ins, written on CPU: interpreted and lowered, not GPU-run):
-    # the T0 kernel with float16-operand merges (mosaic_kkt.MERGE=auto) kernel-only against
-    # jla, its accuracy on the GPU, and GLA's sequence split (gla.mosaic_split.SPLIT) at B1
-    # T32768 against jla. Their parity: MODE=parity IMPLS=mosaic OVERRIDE="<module>:NAME=value"
-    # JOBS="chunk_gated_delta_rule:gpu_4k,gpu_strong_uniform chunk_delta_rule:gpu_4k" (MERGE),
-    # JOBS="chunk_gla:gpu_4k,gpu_varlen chunk_gla:gpu_t16k,gpu_strong_uniform" (SPLIT, with
-    # "...:SPLIT=1;fla_jax.ops.gated_delta_rule.mosaic_pieces:MIN_PIECE_CHUNKS=1" to split them)
+    # issue 11: the T0 kernel's merges (mosaic_kkt.MERGE: "fp16" the default since run 24 in
+    # both dtypes, "hilo" exact) kernel-only in bf16 and fp16 (against jla in bf16), its
+    # accuracy on the GPU, the fp16 bar (fp16 within 1.05x of bf16) on the whole op, and GLA's
+    # sequence split (gla.mosaic_split.SPLIT, the default since run 23) at B1 T32768 against
+    # jla. Parity of a merge: MODE=parity IMPLS=mosaic OVERRIDE="<kkt>:MERGE=hilo"
+    # JOBS="chunk_gated_delta_rule:gpu_4k,gpu_strong_uniform chunk_delta_rule:gpu_4k"
     22) KKT=fla_jax.ops.gated_delta_rule.mosaic_kkt
-        timeout ${BENCH_S:-300} python3 benchmarks/mosaic_kernel_time.py --variant "$KKT:MERGE=auto" \
-          --variant "$KKT:MERGE=auto,SUBST_BLOCK=16" --variant "$KKT:CHUNKS_PER_CTA=4" 2>&1 \
-          | grep -v Warning | tee -a "$OUT/bench.txt"
+        for dt in bf16 fp16; do
+          timeout ${BENCH_S:-300} python3 benchmarks/mosaic_kernel_time.py --dtype $dt \
+            $([ $dt = fp16 ] && echo --no-jla) --variant "$KKT:MERGE=hilo" 2>&1 \
+            | grep -v Warning | tee -a "$OUT/bench.txt"
+        done
         timeout ${BENCH_S:-300} python3 benchmarks/mosaic_t0_check.py 2>&1 | grep -v Warning \
           | tee -a "$OUT/bench.txt"
-        # the ws forward's stage cap on the whole step, interleaved (run 22: 3 stages spread)
-        WS=fla_jax.ops.gated_delta_rule.mosaic_fwd_ws
-        for shp in B4T4096 GQA_H8HV16; do
-          timeout ${BENCH_S:-300} python3 benchmarks/pallas_launch_sweep.py --op gated_delta_rule \
-            --impl mosaic --dtype bf16 --shape $shp --variant "$KKT:MERGE=auto" \
-            --variant "$WS:MAX_STAGES=2" --variant "$WS:MAX_STAGES=3" --variant "$WS:MAX_STAGES=2" \
-            2>&1 | grep -v Warning | tee -a "$OUT/bench.txt"
-        done
-        b 22 --ops gla --dtypes bf16 --shapes B1T32768 --paths jla mosaic
-        timeout ${BENCH_S:-300} python3 benchmarks/pallas_launch_sweep.py --op gla --impl mosaic \
-          --dtype bf16 --shape B1T32768 --variant "fla_jax.ops.gla.mosaic_split:SPLIT=1" 2>&1 \
-          | grep -v Warning | tee -a "$OUT/bench.txt" ;;
+        b 22a --ops gated_delta_rule delta_rule --dtypes bf16 fp16 --shapes B4T4096 --paths mosaic
+        b 22 --ops gla --dtypes bf16 --shapes B1T32768 --paths jla mosaic ;;
     # issue 10: the GLA forward (1.08x FLA on the H200, run 13): cumsum_scores spills at the
     # shipped 4 warps / BK 32 (offline sm_90 compile: 255 registers, 408 B stack; 8 warps /
     # BK 16: 192, none), so time its launch variants on the whole op, defaults first.

@@ -211,13 +211,20 @@ def _t0_float64(k, beta, group):
     return out
 
 
+@pytest.mark.parametrize("merge", ["hilo", "fp16"])
 @pytest.mark.parametrize("keys,beta_range,dtype", [
     ("random", (0.05, 1.95), "bf16"), ("random", (0.05, 1.95), "fp16"),
     ("parallel", (0.05, 1.0), "bf16"), ("parallel", (1.0, 1.95), "fp16")])
-def test_t0_kernel_against_float64(keys, beta_range, dtype):
-    """mosaic_kkt's T0 within the output dtype's rounding of float64 (rel. RMS; fp16 1e-3,
-    bf16 4e-3: the XLA inverse's errors are 1.2e-4 / 9e-4 here). Nearly parallel keys with
-    beta near 2 make (I + A)^-1 large: a power-product inverse lost every digit there (0.14)."""
+def test_t0_kernel_against_float64(keys, beta_range, dtype, merge, monkeypatch):
+    """mosaic_kkt's T0 against float64 (rel. RMS). MERGE="hilo" (opt-in) within the output
+    dtype's rounding (fp16 1e-3, bf16 4e-3: the XLA inverse's errors are 1.2e-4 / 9e-4 here);
+    the default float16-operand merges within 4e-3 in both dtypes (bf16 operands, "single",
+    reach ~1e-2 with nearly parallel keys; fp16 activations: T0 ~10x its rounding, the op's
+    outputs within 1.03x of hilo's error on the GPU cases, RESULTS.md run 24). Nearly parallel
+    keys with beta near 2 make (I + A)^-1 large: a power-product inverse lost every digit there
+    (0.14)."""
+    assert mosaic_kkt.MERGE == "fp16"
+    monkeypatch.setattr(mosaic_kkt, "MERGE", merge)
     rng = np.random.default_rng(1)
     R, H, K, group = 2 * C, 2, 64, 2
     k = rng.standard_normal((R, H, K))
@@ -231,7 +238,7 @@ def test_t0_kernel_against_float64(keys, beta_range, dtype):
         got, = gate_free_inverse_mosaic(kq, jnp.asarray(beta.T, jnp.float32), group, DT[dtype])
     got = np.asarray(got.astype(jnp.float32), np.float64)
     err = np.sqrt(np.mean((got - ref) ** 2) / np.mean(ref ** 2))
-    assert err < {"bf16": 4e-3, "fp16": 1e-3}[dtype], err
+    assert err < ({"bf16": 4e-3, "fp16": 1e-3}[dtype] if merge == "hilo" else 4e-3), err
 
 
 def _t0_inputs(seed, chunks, K=64, V=128, group=2):
@@ -323,7 +330,7 @@ def test_t0_by_substitution(chunks_per_cta, monkeypatch):
     for inverse, block, merge in (("doubling", 64, "hilo"), ("substitution", 64, "hilo"),
                                   ("substitution", 32, "hilo"), ("substitution", 16, "hilo"),
                                   ("substitution", 16, "single"), ("substitution", 32, "fp16"),
-                                  ("substitution", 32, "auto")):
+                                  ("substitution", 16, "fp16")):
         monkeypatch.setattr(mosaic_kkt, "INVERSE", inverse)
         monkeypatch.setattr(mosaic_kkt, "SUBST_BLOCK", block)
         monkeypatch.setattr(mosaic_kkt, "MERGE", merge)

@@ -67,24 +67,26 @@ INVERSE = "substitution"
 # default): 16 under a one-product merge (fp16 / single), 32 under hilo (three products a step)
 SUBST_BLOCK = None
 BF16 = jnp.bfloat16
-# The doubling's products: "hilo" (three bf16 products of hi / lo splits, ~2^-16 relative, T0
-# exact to its output rounding; auto's choice for fp16 activations) or "single" (opt-in: one
-# product of operands rounded to the activations' dtype). H100 (RESULTS.md run 20): T0 alone
-# 84 -> 71 us (65 with SUBST_BLOCK 16), GDN fwd 0.232 -> 0.216 ms, but T0's relative RMS error
-# vs float64 with nearly parallel keys 1.25e-3 -> 1.1e-2 in bf16 (1.6e-4 -> 1.4e-3 fp16): 9x
-# the output's rounding, so not the default
-# "fp16": one product of operands rounded to float16 whatever the activations' dtype (2^-11
-# relative, 8x finer than bf16's); for bf16 activations only (fp16 ones want hilo: their T0 is
-# rounded 8x finer). "auto" (the default): "fp16" for bf16 activations, "hilo" for fp16 ones.
-# H100 (RESULTS.md run 23 call 1): T0 alone 80.5 us (hilo, block 32) -> 71.1 (fp16, 32) ->
-# 60.4 (fp16, 16; jla's kkt_fwd 59.9); on-GPU T0 vs float64, bf16, nearly parallel keys: 1.86e-3
-# (32) / 2.11e-3 (16) vs 1.25e-3 exact and 1.1e-2 single; random keys 7.9e-4 vs 7.8e-4. The
-# fp16 operands are D_s (inverses of diagonal blocks: entries within max(1, max beta) for
-# unit-norm keys in a float64 sweep of random and nearly parallel keys, beta in (0, 2]) and
-# blocks of A (beta_i k_i . k_j): the latter overflow float16 (to inf) only where
-# beta |k|^2 > 65504, far outside the delta rule's stable range (beta |k|^2 <= 2)
-MERGE = "auto"
-MERGES = ("hilo", "single", "fp16", "auto")
+# The doubling's products: "fp16" (the default: one product of operands rounded to float16
+# whatever the activations' dtype, 2^-11 relative), "hilo" (opt-in: three bf16 products of hi /
+# lo splits, ~2^-16 relative, T0 exact to its output rounding) or "single" (opt-in: one product
+# of operands rounded to the activations' dtype; bf16's lose too much: below).
+# H100, T0 alone at B4 T4096 H16 (RESULTS.md run 23 call 1, run 24 call 1): bf16 80.5 us (hilo,
+# block 32) -> 71.1 (fp16, 32) -> 60.4 (fp16, 16; jla's kkt_fwd 59.9); fp16 activations 86.3
+# (hilo, 32) -> 71.3 (fp16, 32) -> 61.3 (fp16, 16); hilo for the 16 -> 32 level, fp16 for the
+# last: 85.7 (not kept). The whole fp16 forward 0.225 -> 0.210 ms (bf16 0.202 / 0.206).
+# Accuracy (on-GPU T0 vs float64, nearly parallel keys; mosaic_t0_check.py): bf16 activations
+# 2.11e-3 (fp16, 16) vs 1.25e-3 exact (hilo) and 1.4e-2 single; fp16 activations 1.71e-3 vs
+# 1.56e-4 exact, i.e. ~11x T0's fp16 rounding, but the op's outputs barely move: GPU parity
+# in fp16 (GDN 4k / strong_uniform / varlen / strong_edges / t16k / gqa, delta 4k /
+# strong_uniform: o, ht and every gradient vs float64) 1.00-1.03x hilo's error, and nearly
+# parallel keys (interpreted, scratch of run 24) o 1.11-1.14x, ht 1.01-1.42x hilo's (bf16: o
+# 1.00x, ht 1.09x). The fp16 operands are D_s (inverses of diagonal blocks: entries within
+# max(1, max beta) for unit-norm keys in a float64 sweep of random and nearly parallel keys,
+# beta in (0, 2]) and blocks of A (beta_i k_i . k_j): the latter overflow float16 (to inf) only
+# where beta |k|^2 > 65504, far outside the delta rule's stable range (beta |k|^2 <= 2)
+MERGE = "fp16"
+MERGES = ("hilo", "single", "fp16")
 
 
 def chunks_per_cta(wy: bool, with_u: bool) -> int:
@@ -147,7 +149,7 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
     )
     if MERGE not in MERGES:
         raise ValueError(f"mosaic_kkt.MERGE={MERGE!r}; expected one of {MERGES}")
-    merge = ("fp16" if jnp.dtype(dtype) == BF16 else "hilo") if MERGE == "auto" else MERGE
+    merge = MERGE
     single = merge in ("single", "fp16")
     block = SUBST_BLOCK if SUBST_BLOCK is not None else 16 if single else 32
     if subst and block not in BLOCKS:

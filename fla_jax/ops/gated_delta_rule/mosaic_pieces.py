@@ -19,6 +19,7 @@ pieces 1 .. P-1.
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from .mosaic_fwd_kernel import BV, TABLE_WIDTH
@@ -81,32 +82,54 @@ def pieces_for_ctas(ctas: int, n_chunks: int) -> int:
     return p
 
 
+def _xp(table):
+    """numpy for a concrete (numpy) table, whose piece tables then are constants of the program
+    (no XLA kernels per call to form them); jax.numpy for a traced one (varlen)."""
+    return np if isinstance(table, np.ndarray) else jnp
+
+
 def _ranges(table, P: int):
     """(first chunk, chunk count) int32 [N, P] of every piece: sequence n of the table
     ([N, TABLE_WIDTH] int32: first chunk, chunk count) in pieces of ceil(count / P) chunks."""
+    xp = _xp(table)
     first, count = table[:, :1], table[:, 1:2]
     per = (count + P - 1) // P
-    start = jnp.minimum(jnp.arange(P, dtype=jnp.int32)[None] * per, count)
-    return first + start, jnp.minimum(per, count - start)
+    start = xp.minimum(xp.arange(P, dtype=np.int32)[None] * per, count)
+    return first + start, xp.minimum(per, count - start)
 
 
 def _rows(*cols):
     """int32 [N, P] columns -> the table [N * P, TABLE_WIDTH] (piece p of sequence n in row
     n * P + p)."""
+    xp = _xp(cols[0])
     n = cols[0].size
-    out = jnp.stack([c.reshape(n) for c in cols], axis=1).astype(jnp.int32)
-    return jnp.pad(out, ((0, 0), (0, TABLE_WIDTH - len(cols))))
+    out = xp.stack([c.reshape(n) for c in cols], axis=1).astype(np.int32)
+    return xp.pad(out, ((0, 0), (0, TABLE_WIDTH - len(cols))))
+
+
+def _zero_piece(count, p: int):
+    """count [N, P] with piece p's entries 0."""
+    xp = _xp(count)
+    return xp.where(xp.arange(count.shape[1])[None] == p, 0, count).astype(np.int32)
 
 
 def piece_table(table, P: int, *, skip_first: bool = False):
     """int32 [N * P, TABLE_WIDTH]: (first chunk, chunk count) of every piece of the sequences
     of `table`, the sequence table of the passes run over pieces; skip_first: the first piece
     of each sequence walks no chunk (the reverse pass from a zero end gradient, whose first
-    piece nobody reads)."""
+    piece nobody reads). numpy in, numpy out (constants of the program); else jax arrays."""
     first, count = _ranges(table, P)
     if skip_first:
-        count = count.at[:, 0].set(0)
+        count = _zero_piece(count, 0)
     return _rows(first, count)
+
+
+def without_last_ends(ptab, P: int):
+    """The piece table ptab [N * P, TABLE_WIDTH] with the last piece of each sequence walking no
+    chunk (nobody reads its end state)."""
+    xp = _xp(ptab)
+    last = (xp.arange(ptab.shape[0]) % P == P - 1)[:, None]
+    return xp.where(last & (xp.arange(ptab.shape[1]) == 1)[None], 0, ptab).astype(np.int32)
 
 
 def map_table(table, P: int, *, first_map: bool, last_map: bool):
@@ -115,10 +138,10 @@ def map_table(table, P: int, *, first_map: bool, last_map: bool):
     pieces 1 .. P-2, piece 0's with `first_map` (an initial state), piece P-1's with
     `last_map` (the backward's scan)."""
     first, count = _ranges(table, P)
-    cval = count.at[:, -1].set(0)
+    cval = _zero_piece(count, P - 1)
     cid = count if last_map else cval
     if not first_map:
-        cid = cid.at[:, 0].set(0)
+        cid = _zero_piece(cid, 0)
     return _rows(first, cval, cid)
 
 

@@ -49,6 +49,7 @@ def piece_decay(last, ptab):
     [NP, TABLE_WIDTH] (first chunk, chunk count; pieces in chunk order) -> [NP, H, K]: each
     piece's summed decay (a segment sum, no cumsum differences)."""
     NP, NC = ptab.shape[0], last.shape[1]
+    ptab = jnp.asarray(ptab)      # a numpy constant (fixed length) or traced (varlen)
     first, count = ptab[:, 0], ptab[:, 1]
     c = jnp.arange(NC, dtype=jnp.int32)
     piece = jnp.clip(jnp.searchsorted(first + count, c, side="right"), 0, NP - 1)
