@@ -181,8 +181,10 @@ for step in ${STEPS:-1 2 3 4 5 6 10}; do
     # JOBS="chunk_gated_delta_rule:gpu_4k,gpu_strong_uniform chunk_delta_rule:gpu_4k"
     22) KKT=fla_jax.ops.gated_delta_rule.mosaic_kkt
         for dt in bf16 fp16; do
+          # several chunks per CTA under the 16-block solve (1 was best under hilo-32, run 20)
           timeout ${BENCH_S:-300} python3 benchmarks/mosaic_kernel_time.py --dtype $dt \
-            $([ $dt = fp16 ] && echo --no-jla) --variant "$KKT:MERGE=hilo" 2>&1 \
+            $([ $dt = fp16 ] && echo --no-jla) --variant "$KKT:MERGE=hilo" \
+            --variant "$KKT:CHUNKS_PER_CTA=2" --variant "$KKT:CHUNKS_PER_CTA=4" 2>&1 \
             | grep -v Warning | tee -a "$OUT/bench.txt"
         done
         timeout ${BENCH_S:-300} python3 benchmarks/mosaic_t0_check.py 2>&1 | grep -v Warning \
