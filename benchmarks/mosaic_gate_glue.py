@@ -57,16 +57,19 @@ for R in (16384, 32768):
     ref = [np.asarray(x) for x in jax.jit(v0)(g, b)]
     for name, f in (("v0", v0), ("v1", v1), ("v2", v2), ("v3", v3), ("v4", v4)):
         fj = jax.jit(f)
-        out = fj(g, b); jax.block_until_ready(out)
+        out = fj(g, b)
+        jax.block_until_ready(out)
         err = max(float(np.max(np.abs(np.asarray(o) - r))) for o, r in zip(out, ref))
         ts = []
         for _ in range(7):
             t = time.perf_counter()
             for _ in range(200):
                 out = fj(g, b)
-            jax.block_until_ready(out); ts.append((time.perf_counter() - t) / 200 * 1e6)
+            jax.block_until_ready(out)
+            ts.append((time.perf_counter() - t) / 200 * 1e6)
         from kernel_profile import jax_profile
         table, _ = jax_profile(lambda: fj(g, b), 20)
         busy = sum(us for _, us in table.values()) / 20
         n = sum(c for c, _ in table.values()) / 20
-        print(f"R {R} {name}: {sorted(ts)[3]:.1f} us/call wall, device {busy:.1f} us in {n:.0f} kernels, max |diff| {err:.2e}", flush=True)
+        print(f"R {R} {name}: {sorted(ts)[3]:.1f} us/call wall, device {busy:.1f} us in "
+              f"{n:.0f} kernels, max |diff| {err:.2e}", flush=True)

@@ -80,8 +80,8 @@ BF16 = jnp.bfloat16
 # 1.56e-4 exact, i.e. ~11x T0's fp16 rounding, but the op's outputs barely move: GPU parity
 # in fp16 (GDN 4k / strong_uniform / varlen / strong_edges / t16k / gqa, delta 4k /
 # strong_uniform: o, ht and every gradient vs float64) 1.00-1.03x hilo's error, and nearly
-# parallel keys (interpreted, scratch of run 24) o 1.11-1.14x, ht 1.01-1.42x hilo's (bf16: o
-# 1.00x, ht 1.09x). The fp16 operands are D_s (inverses of diagonal blocks: entries within
+# parallel keys (interpreted, benchmarks/mosaic_t0_e2e.py) o 1.11-1.14x, ht 1.09-1.42x hilo's
+# (bf16: o 1.00x, ht 1.09x). The fp16 operands are D_s (inverses of diagonal blocks: entries within
 # max(1, max beta) for unit-norm keys in a float64 sweep of random and nearly parallel keys,
 # beta in (0, 2]) and blocks of A (beta_i k_i . k_j): the latter overflow float16 (to inf) only
 # where beta |k|^2 > 65504, far outside the delta rule's stable range (beta |k|^2 <= 2)
