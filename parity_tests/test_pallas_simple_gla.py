@@ -43,7 +43,7 @@ def _rows(*entries):
             for c, dts, t in entries for d in dts]
 
 
-# test_ops.py's kernel subset already runs basic (all dtypes), varlen / gamma (fp32) and
+# test_ops.py's kernel subset already runs basic (bf16, fp16), varlen / gamma (fp32) and
 # short_strong (bf16, fp16) with the default tiling.
 CHUNK = _rows(
     ("sgla_b2_kv", ALL, {}), ("sgla_b2_kv", ALL, {"bt": 16}),

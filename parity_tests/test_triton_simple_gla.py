@@ -37,7 +37,7 @@ def _rows(*entries):
     return [(c, d) for c, dts in entries for d in dts]
 
 
-# test_ops.py's kernel subset already runs basic (all dtypes), varlen / gamma (fp32) and
+# test_ops.py's kernel subset already runs basic (bf16, fp16), varlen / gamma (fp32) and
 # short_strong (bf16, fp16) for both ops; these are the other dtypes and cases.
 CHUNK = _rows(
     ("t63_kv_weak", ALL), ("varlen", ("bf16", "fp16")), ("sgla_varlen_short", ALL),
