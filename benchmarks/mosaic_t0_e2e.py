@@ -1,8 +1,9 @@
 """What the T0 kernel's merge (mosaic_kkt.MERGE / SUBST_BLOCK) does to the delta family's
 outputs: chunk_gated_delta_rule impl="mosaic" interpreted on the CPU (JAX's GPU interpret mode;
-the lane-level solve by XLA, exact like the GPU's), o and the final state against a float64
-token-by-token recurrence, relative RMS error, for keys nearly parallel within each chunk (where
-T0's errors are largest: mosaic_t0_check.py) and random keys. RESULTS.md run 24 is this run.
+the lane-level solve by XLA, exact like the GPU's), o and the final state against the float64
+oracle (fla_torch's token-by-token reference; needs torch), relative RMS error, for keys nearly
+parallel within each chunk (where T0's errors are largest: mosaic_t0_check.py) and random keys.
+RESULTS.md run 24 is this run.
 
     PYTHONPATH=. python benchmarks/mosaic_t0_e2e.py --dtype fp16 --seeds 0 1 2 \\
         --variant hilo:32 --variant fp16:16
@@ -20,18 +21,13 @@ import numpy as np
 
 
 def recurrence(q, k, v, g, beta, scale):
-    """float64 delta rule with decay, [B, T, H, .] arrays: o [B, T, H, V], states [B, H, K, V]."""
-    B, T, H, K = k.shape
-    o, hs = np.zeros(v.shape), np.zeros((B, H, K, v.shape[-1]))
-    for b in range(B):
-        for h in range(H):
-            S = np.zeros((K, v.shape[-1]))
-            for t in range(T):
-                S *= np.exp(g[b, t, h])
-                S += beta[b, t, h] * np.outer(k[b, t, h], v[b, t, h] - k[b, t, h] @ S)
-                o[b, t, h] = scale * q[b, t, h] @ S
-            hs[b, h] = S
-    return o, hs
+    """The project's float64 oracle (fla_torch's token-by-token reference): o [B, T, H, V],
+    final states [B, H, K, V]."""
+    import torch
+    from fla_torch.ops.gated_delta_rule.reference import gated_delta_rule_reference
+    t = [torch.from_numpy(np.ascontiguousarray(x)) for x in (q, k, v, g, beta)]
+    o, ht = gated_delta_rule_reference(*t, scale=scale, output_final_state=True)
+    return o.numpy(), ht.numpy()
 
 
 def inputs(rng, kind, T, H, K):

@@ -51,7 +51,7 @@ def test_fixed_length_tables_are_numpy_constants():
         cases = [
             (lambda t: mosaic_pieces.piece_table(t, P)),
             (lambda t: mosaic_pieces.piece_table(t, P, skip_first=True)),
-            (lambda t: mosaic_pieces.without_last_ends(mosaic_pieces.piece_table(t, P), P)),
+            (lambda t: mosaic_pieces.piece_table(t, P, skip_last=True)),
         ] + [(lambda t, f=f, la=la: mosaic_pieces.map_table(t, P, first_map=f, last_map=la))
              for f in (False, True) for la in (False, True)]
         for fn in cases:
@@ -62,6 +62,7 @@ def test_fixed_length_tables_are_numpy_constants():
     # what the tables say: pieces of ceil(11 / 4) = 3 chunks; the last piece's end unread
     ptab = mosaic_pieces.piece_table(table, 4)
     np.testing.assert_array_equal(ptab[:4, :2], [[0, 3], [3, 3], [6, 3], [9, 2]])
-    np.testing.assert_array_equal(mosaic_pieces.without_last_ends(ptab, 4)[:4, 1], [3, 3, 3, 0])
+    np.testing.assert_array_equal(mosaic_pieces.piece_table(table, 4, skip_last=True)[:4, 1],
+                                  [3, 3, 3, 0])
     mt = mosaic_pieces.map_table(table, 4, first_map=False, last_map=False)
     np.testing.assert_array_equal(mt[:4, :3], [[0, 3, 0], [3, 3, 3], [6, 3, 3], [9, 0, 0]])

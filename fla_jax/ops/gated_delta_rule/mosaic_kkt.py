@@ -81,10 +81,10 @@ BF16 = jnp.bfloat16
 # in fp16 (GDN 4k / strong_uniform / varlen / strong_edges / t16k / gqa, delta 4k /
 # strong_uniform: o, ht and every gradient vs float64) 1.00-1.03x hilo's error, and nearly
 # parallel keys (interpreted, benchmarks/mosaic_t0_e2e.py) o 1.11-1.14x, ht 1.09-1.42x hilo's
-# (bf16: o 1.00x, ht 1.09x). The fp16 operands are D_s (inverses of diagonal blocks: entries within
-# max(1, max beta) for unit-norm keys in a float64 sweep of random and nearly parallel keys,
-# beta in (0, 2]) and blocks of A (beta_i k_i . k_j): the latter overflow float16 (to inf) only
-# where beta |k|^2 > 65504, far outside the delta rule's stable range (beta |k|^2 <= 2)
+# (bf16: o 1.00x, ht 1.09x). The fp16 operands are D_s (inverses of diagonal blocks: entries
+# within max(1, max beta) for unit-norm keys in a float64 sweep of random and nearly parallel
+# keys, beta in (0, 2]) and blocks of A (beta_i k_i . k_j): the latter overflow float16 (to inf)
+# only where beta |k|^2 > 65504, far outside the delta rule's stable range (beta |k|^2 <= 2)
 MERGE = "fp16"
 MERGES = ("hilo", "single", "fp16")
 
@@ -149,8 +149,7 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
     )
     if MERGE not in MERGES:
         raise ValueError(f"mosaic_kkt.MERGE={MERGE!r}; expected one of {MERGES}")
-    merge = MERGE
-    single = merge in ("single", "fp16")
+    single = MERGE in ("single", "fp16")
     block = SUBST_BLOCK if SUBST_BLOCK is not None else 16 if single else 32
     if subst and block not in BLOCKS:
         raise ValueError(f"mosaic_kkt.SUBST_BLOCK={SUBST_BLOCK!r}; expected one of {BLOCKS} "
@@ -158,7 +157,7 @@ def gate_free_inverse_mosaic(k_rows, beta_t, group: int, dtype, *, gcum=None, v_
     # the inverse's scratch (the substitution's padded -A^T and X, the doubling's hi / lo
     # operands) and a_s (the gated inverse after it) are never live together: they share memory
     sub = substitution.scratch(C) if subst else None
-    op_dtype = jnp.float16 if merge == "fp16" else dtype if single else BF16
+    op_dtype = jnp.float16 if MERGE == "fp16" else dtype if single else BF16
     hilo = ((smem_tile(sq, op_dtype), smem_tile(sq, op_dtype)) if not subst or block < C
             else None)
     a_tile = smem_tile(sq, dtype) if wy else None

@@ -113,23 +113,18 @@ def _zero_piece(count, p: int):
     return xp.where(xp.arange(count.shape[1])[None] == p, 0, count).astype(np.int32)
 
 
-def piece_table(table, P: int, *, skip_first: bool = False):
+def piece_table(table, P: int, *, skip_first: bool = False, skip_last: bool = False):
     """int32 [N * P, TABLE_WIDTH]: (first chunk, chunk count) of every piece of the sequences
     of `table`, the sequence table of the passes run over pieces; skip_first: the first piece
     of each sequence walks no chunk (the reverse pass from a zero end gradient, whose first
-    piece nobody reads). numpy in, numpy out (constants of the program); else jax arrays."""
+    piece nobody reads); skip_last: the last one walks none (a state pass whose last piece's
+    end nobody reads). numpy in, numpy out (constants of the program); else jax arrays."""
     first, count = _ranges(table, P)
     if skip_first:
         count = _zero_piece(count, 0)
+    if skip_last:
+        count = _zero_piece(count, P - 1)
     return _rows(first, count)
-
-
-def without_last_ends(ptab, P: int):
-    """The piece table ptab [N * P, TABLE_WIDTH] with the last piece of each sequence walking no
-    chunk (nobody reads its end state)."""
-    xp = _xp(ptab)
-    last = (xp.arange(ptab.shape[0]) % P == P - 1)[:, None]
-    return xp.where(last & (xp.arange(ptab.shape[1]) == 1)[None], 0, ptab).astype(np.int32)
 
 
 def map_table(table, P: int, *, first_map: bool, last_map: bool):

@@ -89,7 +89,7 @@ def forward(q, k, v, g, h0, cu_seqlens, *, scale: float, residuals: bool = False
         outs = gla_forward(qg, kg, vr, a, last, table, h0t, scale=scale, states=residuals)
     else:
         ptab = mosaic_pieces.piece_table(table, P)
-        zero_tab = mosaic_pieces.without_last_ends(ptab, P)
+        zero_tab = mosaic_pieces.piece_table(table, P, skip_last=True)
         (E,) = gla_forward(qg, kg, vr, a, last, zero_tab, None, scale=scale, outputs=False)
         D = mosaic_split.piece_factor(mosaic_split.piece_decay(last, ptab), N, P)
         starts, _ = piece_scan.diagonal_starts(E, D, h0t, N, P)
