@@ -151,7 +151,8 @@ def training_step(f, do):
     return lambda *p: jitted(do, *p)
 
 
-def jax_case(op, x, dtype, impl):
+def jax_programs(op, x, dtype, impl):
+    """(jitted forward, jitted training step, their arguments) of chunk_<op>(impl=impl)."""
     import jax
     import jax.numpy as jnp
 
@@ -165,13 +166,18 @@ def jax_case(op, x, dtype, impl):
         named = dict(zip(acts + names, args))
         return fn(**named, impl=impl)[0]
     args = [a[n].astype(dt) for n in acts] + [a[n] for n in names]
-    fwd, fwdbwd = jax.jit(f), training_step(f, a["do"].astype(dt))
+    return jax.jit(f), training_step(f, a["do"].astype(dt)), args
+
+
+def jax_case(op, x, dtype, impl):
+    fwd, fwdbwd, args = jax_programs(op, x, dtype, impl)
     return (lambda: fwd(*args)), (lambda: fwdbwd(*args))
 
 
-def jla_case(op, x, dtype):
+def jla_programs(op, x, dtype):
     """jax-linear-attention's Mosaic GPU kernel of the family: jla.ops.linear_attention(kind,
-    q, k, v, <gates by name>, impl="mosaic_gpu"); RWKV-7's r goes in as q."""
+    q, k, v, <gates by name>, impl="mosaic_gpu"); RWKV-7's r goes in as q. (jitted forward,
+    jitted training step, their arguments)."""
     import jax
     import jax.numpy as jnp
     from jla.ops import linear_attention
@@ -186,7 +192,11 @@ def jla_case(op, x, dtype):
         return linear_attention(kind, q, k, v, impl="mosaic_gpu",
                                 **{n: named[n] for n in names})[0]
     args = [a[n].astype(dt) for n in acts] + [a[n] for n in names]
-    fwd, fwdbwd = jax.jit(f), training_step(f, a["do"].astype(dt))
+    return jax.jit(f), training_step(f, a["do"].astype(dt)), args
+
+
+def jla_case(op, x, dtype):
+    fwd, fwdbwd, args = jla_programs(op, x, dtype)
     return (lambda: fwd(*args)), (lambda: fwdbwd(*args))
 
 
