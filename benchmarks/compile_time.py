@@ -29,6 +29,9 @@ def main(argv=None):
     p.add_argument("--shape", default="B1T32768")
     p.add_argument("--path", default="mosaic", choices=["mosaic", "jla", "pallas"])
     p.add_argument("--dtype", default="bf16")
+    p.add_argument("--again", action="store_true",
+                   help="then compile a new program around the forward (its output times 2): "
+                        "whether the kernels' compiled code is reused within the process")
     a = p.parse_args(argv)
 
     import jax
@@ -66,6 +69,15 @@ def main(argv=None):
               f"{t2 - t1:.2f} s, first run {t3 - t2:.2f} s (second {1e3 * (t4 - t3):.1f} ms); "
               f"custom calls {dict(calls)}, dots {txt.count('dot_general')}; events {ev}",
               flush=True)
+    if a.again:
+        again = jax.jit(lambda *x: fwd(*x) * 2)
+        t0 = time.perf_counter()
+        lowered = again.lower(*args)
+        t1 = time.perf_counter()
+        lowered.compile()
+        t2 = time.perf_counter()
+        print(f"{a.path} {a.op} {a.shape} {a.dtype} forward again (a new program): lower "
+              f"{t1 - t0:.2f} s, compile {t2 - t1:.2f} s", flush=True)
     print(f"{a.path} {a.op} {a.shape} {a.dtype}: first calls together {total:.1f} s "
           f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})", flush=True)
 

@@ -86,7 +86,7 @@ def test_bad_scan_refused(monkeypatch):
                                                    output_final_state=False, cu_seqlens=None)
 
 
-@pytest.mark.parametrize("scan", ["dot", "sum"])
+@pytest.mark.parametrize("scan", ["dot", "shared", "sum"])
 @pytest.mark.parametrize("with_state", [False, True])
 def test_scans_against_sequential_loops(with_state, scan, monkeypatch):
     """forward_starts / backward_ends against float64 loops over the pieces (S [K, V]:

@@ -39,11 +39,14 @@ MAX_PIECES = 8
 MIN_PIECE_CHUNKS = 8
 MIN_CHUNKS_ABOVE_4 = 32
 # The scans' fp32 products: "dot" (einsum at HIGHEST precision; XLA autotunes its GEMMs when it
-# compiles) or "sum" (broadcast products summed over K: a reduction XLA does not autotune).
+# compiles, each step's GEMM fusion apart: they differ in the slices of the maps they fuse),
+# "shared" (the same GEMMs, their operands passed through an optimization barrier so that every
+# step's fusion is the same computation and XLA's in-process autotuning cache tunes it once) or
+# "sum" (broadcast products summed over K: a reduction XLA does not autotune).
 # H100 B1 T32768 GDN (RESULTS.md run 21 call 4): "sum" compiles the forward + step 12 s faster
-# (first calls 32.4 vs 44.3 s) but runs 0.716 / 2.282 vs 0.682 / 2.214 ms: "dot" stays the default
+# (first calls 32.4 vs 44.3 s) but runs 0.716 / 2.282 vs 0.682 / 2.214 ms.
 SCAN = "dot"
-SCANS = ("dot", "sum")
+SCANS = ("dot", "shared", "sum")
 
 
 def check_scan():
@@ -52,14 +55,17 @@ def check_scan():
         raise ValueError(f"mosaic_pieces.SCAN: got {SCAN!r}, expected one of {SCANS}")
 
 
-def _product(a, b, *, transposed: bool):
-    """[B, HV, V, K] fp32 times [B, HV, K, J] (or its transpose [B, HV, J, K]) in fp32."""
+def _affine(a, b, c, *, transposed: bool):
+    """a b + c (or a b^T + c) in fp32: a [B, HV, V, K] fp32, b [B, HV, K, J] (or [B, HV, J, K]),
+    c [B, HV, V, J]."""
     check_scan()
-    if SCAN == "dot":
+    if SCAN == "shared":
+        a, b, c = lax.optimization_barrier((a, b, c))
+    if SCAN in ("dot", "shared"):
         return jnp.einsum("bhvk,bhjk->bhvj" if transposed else "bhvk,bhkj->bhvj", a, b,
-                          precision=HIGHEST)
+                          precision=HIGHEST) + c
     b = jnp.swapaxes(b, -1, -2) if transposed else b
-    return jnp.sum(a[..., :, :, None] * b[..., None, :, :], axis=-2)
+    return jnp.sum(a[..., :, :, None] * b[..., None, :, :], axis=-2) + c
 
 
 def pieces(N: int, HV: int, K: int, V: int, n_chunks: int, dtype) -> int:
@@ -151,7 +157,7 @@ def forward_starts(maps, h0t, B: int, P: int, K: int):
         starts.append(jnp.zeros_like(maps[:, 0, :, K:]) if s is None else s)
         if p + 1 < P:
             e = maps[:, p, :, K:]
-            s = e if s is None else _product(s, maps[:, p, :, :K], transposed=False) + e
+            s = e if s is None else _affine(s, maps[:, p, :, :K], e, transposed=False)
     return jnp.stack(starts, 1).reshape((B * P,) + starts[0].shape[1:])
 
 
@@ -168,7 +174,7 @@ def backward_ends(F, maps, dhtT, B: int, P: int, K: int):
         ends[p] = jnp.zeros_like(F[:, 0]) if d is None else d
         if p > 0:
             f = F[:, p]
-            d = f if d is None else _product(d, maps[:, p, :, :K], transposed=True) + f
+            d = f if d is None else _affine(d, maps[:, p, :, :K], f, transposed=True)
     return jnp.stack(ends, 1).reshape((B * P,) + F.shape[2:])
 
 
