@@ -23,7 +23,7 @@ import numpy as np
 from jax import lax
 
 from .mosaic_fwd_kernel import BV, TABLE_WIDTH
-from . import mosaic_map_ws
+from . import mosaic_map_ws, mosaic_piece_scan
 
 F32 = jnp.float32
 HIGHEST = lax.Precision.HIGHEST
@@ -38,15 +38,17 @@ SMS = 132
 MAX_PIECES = 8
 MIN_PIECE_CHUNKS = 8
 MIN_CHUNKS_ABOVE_4 = 32
-# The scans' fp32 products: "dot" (einsum at HIGHEST precision; XLA autotunes its GEMMs when it
-# compiles, each step's GEMM fusion apart: they differ in the slices of the maps they fuse),
-# "shared" (the same GEMMs, their operands passed through an optimization barrier so that every
-# step's fusion is the same computation and XLA's in-process autotuning cache tunes it once) or
-# "sum" (broadcast products summed over K: a reduction XLA does not autotune).
-# H100 B1 T32768 GDN (RESULTS.md run 21 call 4): "sum" compiles the forward + step 12 s faster
-# (first calls 32.4 vs 44.3 s) but runs 0.716 / 2.282 vs 0.682 / 2.214 ms.
-SCAN = "dot"
-SCANS = ("dot", "shared", "sum")
+# The scans' fp32 products: "kernel" (mosaic_piece_scan.py: one small Mosaic kernel with
+# fp32-accurate split-bf16 tensor-core products; nothing for XLA to autotune), "dot" (einsum at
+# HIGHEST precision: XLA autotunes each step's GEMM fusion when it compiles) or "sum" (broadcast
+# products summed over K: a reduction XLA does not autotune, but slow). Head sizes the kernel
+# does not take (K = 256) use "dot". H200 B1 T32768 GDN (RESULTS.md run 25 call 1): XLA's
+# autotuning of the "dot" scans is ~13.6 s of the forward + step's 38-41 s first calls
+# (XLA_FLAGS=--xla_gpu_autotune_level=0, diagnosis only); an optimization barrier making every
+# step's fusion the same computation did not shorten it (call 2). H100 (run 21 call 4): "sum"
+# compiles 12 s faster but runs 0.716 / 2.282 vs 0.682 / 2.214 ms.
+SCAN = "kernel"
+SCANS = ("kernel", "dot", "sum")
 
 
 def check_scan():
@@ -55,17 +57,20 @@ def check_scan():
         raise ValueError(f"mosaic_pieces.SCAN: got {SCAN!r}, expected one of {SCANS}")
 
 
+def _kernel_scan(K: int, V: int) -> bool:
+    check_scan()
+    return SCAN == "kernel" and mosaic_piece_scan.supports(K, V)
+
+
 def _affine(a, b, c, *, transposed: bool):
     """a b + c (or a b^T + c) in fp32: a [B, HV, V, K] fp32, b [B, HV, K, J] (or [B, HV, J, K]),
     c [B, HV, V, J]."""
     check_scan()
-    if SCAN == "shared":
-        a, b, c = lax.optimization_barrier((a, b, c))
-    if SCAN in ("dot", "shared"):
-        return jnp.einsum("bhvk,bhjk->bhvj" if transposed else "bhvk,bhkj->bhvj", a, b,
-                          precision=HIGHEST) + c
-    b = jnp.swapaxes(b, -1, -2) if transposed else b
-    return jnp.sum(a[..., :, :, None] * b[..., None, :, :], axis=-2) + c
+    if SCAN == "sum":
+        b = jnp.swapaxes(b, -1, -2) if transposed else b
+        return jnp.sum(a[..., :, :, None] * b[..., None, :, :], axis=-2) + c
+    return jnp.einsum("bhvk,bhjk->bhvj" if transposed else "bhvk,bhkj->bhvj", a, b,
+                      precision=HIGHEST) + c
 
 
 def pieces(N: int, HV: int, K: int, V: int, n_chunks: int, dtype) -> int:
@@ -150,6 +155,9 @@ def forward_starts(maps, h0t, B: int, P: int, K: int):
     """maps [B * P, HV, K + V, K] fp32 ([M^T ; E^T] per piece), h0t None or [B, HV, V, K]
     (transposed initial states) -> the transposed state entering every piece
     [B * P, HV, V, K] fp32: S^T_{p+1} = S^T_p M_p^T + E_p^T."""
+    if _kernel_scan(K, maps.shape[2] - K):
+        return mosaic_piece_scan.piece_scan(maps, maps, None if h0t is None else h0t.astype(F32),
+                                            N=B, P=P, K=K, x_row=K, backward=False)
     maps = maps.reshape((B, P) + maps.shape[1:])
     s = None if h0t is None else h0t.astype(F32)
     starts = []
@@ -166,6 +174,9 @@ def backward_ends(F, maps, dhtT, B: int, P: int, K: int):
     gradient), maps as for forward_starts, dhtT None or [B, HV, V, K] -> the transposed
     gradient of the state leaving every piece [B * P, HV, V, K] fp32:
     dS^T_start = dS^T_end M + F^T (M = the transpose of maps' rows :K)."""
+    if _kernel_scan(K, F.shape[2]):
+        return mosaic_piece_scan.piece_scan(maps, F, None if dhtT is None else dhtT.astype(F32),
+                                            N=B, P=P, K=K, x_row=0, backward=True)
     F = F.reshape((B, P) + F.shape[1:])
     maps = maps.reshape((B, P) + maps.shape[1:])
     d = None if dhtT is None else dhtT.astype(F32)
