@@ -191,6 +191,16 @@ for step in ${STEPS:-1 2 3 4 5 6 10}; do
           | tee -a "$OUT/bench.txt"
         b 22a --ops gated_delta_rule delta_rule --dtypes bf16 fp16 --shapes B4T4096 --paths mosaic
         b 22 --ops gla --dtypes bf16 --shapes B1T32768 --paths jla mosaic ;;
+    # issue 11 on the H200 (RESULTS.md run 25): simple GLA's forward at B4 T4096 is 1.11x jla
+    # (1.00x on the H100): the split into sequence pieces at 128 CTAs too (P = 2 / 4: its
+    # policy splits only at <= 64 CTAs), then where the time goes against jla
+    23) SP=fla_jax.ops.simple_gla.mosaic_split:POLICY
+        timeout ${BENCH_S:-300} python3 benchmarks/pallas_launch_sweep.py --op simple_gla \
+          --impl mosaic --dtype bf16 --variant "$SP.max_ctas=128" \
+          --variant "$SP.max_ctas=128,POLICY.target_ctas=528" 2>&1 | grep -v Warning \
+          | tee -a "$OUT/bench.txt"
+        timeout ${BENCH_S:-300} python3 benchmarks/kernel_profile.py --ops simple_gla \
+          --paths mosaic jla 2>&1 | grep -v -E "Warning|USDT" | tee -a "$OUT/bench.txt" ;;
     # issue 10: the GLA forward (1.08x FLA on the H200, run 13): cumsum_scores spills at the
     # shipped 4 warps / BK 32 (offline sm_90 compile: 255 registers, 408 B stack; 8 warps /
     # BK 16: 192, none), so time its launch variants on the whole op, defaults first.
