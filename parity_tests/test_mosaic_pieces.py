@@ -258,3 +258,14 @@ def test_split_lowers(varlen):
     assert "gdn_map_ws" in export_for_cuda(f, *args)
     text = export_for_cuda(fb, *args)
     assert "gdn_map_ws" in text and "gdn_bwd_states_ws_nostore" in text
+
+
+def test_piece_scan_refuses_bad_inputs():
+    """The scan kernel names a non-fp32 operand and a head size it cannot take."""
+    from fla_jax.ops.gated_delta_rule.mosaic_piece_scan import piece_scan
+    m = jnp.zeros((4, 1, 128, 64), jnp.float32)
+    with pytest.raises(TypeError, match="must be float32; got bfloat16"):
+        piece_scan(m.astype(jnp.bfloat16), m, None, N=1, P=4, K=64, x_row=64, backward=False)
+    m32 = jnp.zeros((4, 1, 64, 32), jnp.float32)
+    with pytest.raises(ValueError, match="K=32"):
+        piece_scan(m32, m32, None, N=1, P=4, K=32, x_row=32, backward=False)
