@@ -141,3 +141,21 @@ def test_interpreter_device_call_shortcut_is_exact(monkeypatch):
     assert fast.keys() == slow.keys()
     for k in fast:
         np.testing.assert_array_equal(fast[k], slow[k], err_msg=k)
+
+
+def test_interpreter_dtype_table_matches():
+    """triton_interpret_patch's dtype table answers what the interpreter's own lookup does."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("interpreter only")
+    import triton.language as tl
+    from triton.runtime import interpreter
+    fast = interpreter._get_np_dtype
+    slow = fast.__wrapped__
+    types = [tl.int1, tl.float16, tl.bfloat16, tl.float32, tl.float64, tl.int8, tl.uint8,
+             tl.int16, tl.uint16, tl.int32, tl.uint32, tl.int64, tl.uint64, tl.float8e5,
+             tl.float8e4nv, tl.pointer_type(tl.bfloat16)]
+    types += [tl.block_type(t, [4, 8]) for t in types]
+    for t in types:
+        assert fast(t) == slow(t), t
+    with pytest.raises(KeyError):
+        fast(tl.void)
