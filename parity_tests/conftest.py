@@ -18,3 +18,7 @@ if DEVICE != "cuda":
                                        "--xla_llvm_disable_expensive_passes=true")
     from parity_tests import triton_interpret_patch
     triton_interpret_patch.apply()   # bf16 tl.dot in the interpreter (triton#11584); CPU only
+    # Mosaic GPU interpret mode: each warpgroup jaxpr compiled once, not per CTA (CI time;
+    # parity_tests/mosaic_interpret_patch.py); CPU only
+    from parity_tests import mosaic_interpret_patch
+    mosaic_interpret_patch.apply()

@@ -171,3 +171,44 @@ def test_mosaic_named_errors_on_hopper(monkeypatch):
     q = jnp.zeros((1, 64, 1, 96), jnp.bfloat16)
     with pytest.raises(ValueError, match="K=96"):
         chunk_simple_gla(q, q, q, impl="mosaic")
+
+
+def test_interpreter_compile_once_is_exact(monkeypatch):
+    """parity_tests/mosaic_interpret_patch.py (CPU runs: each warpgroup jaxpr compiled once,
+    not per CTA): the warp-specialized forward (three warpgroups, 2 x 2 CTAs) gives the same
+    o and final state, bit for bit, as with the interpreter's own per-CTA compile, and
+    compiled fewer times."""
+    import numpy as np
+    from jax._src.pallas.mosaic.interpret import thread_map
+
+    from parity_tests import mosaic_interpret_patch
+    if os.environ.get("PARITY_DEVICE", "cpu") == "cuda":
+        pytest.skip("applied on CPU runs only")
+    assert mosaic_interpret_patch.apply() and mosaic_interpret_patch.apply()
+    patched = thread_map._run_jaxpr
+    assert patched.__wrapped__ is not None
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal((2, 128, 2, 64)) / 8, jnp.bfloat16)
+               for _ in range(3))
+    g = jnp.asarray(-rng.uniform(0.0, 0.5, (2, 128, 2)), jnp.float32)
+    h0 = jnp.asarray(rng.standard_normal((2, 2, 64, 64)), jnp.float32)
+    assert mosaic_fwd.TUNING["ws"]
+    outs, compiles = [], []
+    real = jax.stages.Lowered.compile
+    for run in (patched, patched.__wrapped__):
+        monkeypatch.setattr(thread_map, "_run_jaxpr", run)
+        count = []
+        monkeypatch.setattr(jax.stages.Lowered, "compile",
+                            lambda self, *a, real=real, count=count, **kw:
+                            count.append(1) or real(self, *a, **kw))
+        with gpu_interpret():
+            # a fresh function each time: jit's trace cache would reuse the first trace
+            o, ht = jax.jit(lambda *a: chunk_simple_gla(*a[:3], g=a[3], initial_state=a[4],
+                                                        output_final_state=True,
+                                                        impl="mosaic"))(q, k, v, g, h0)
+        outs.append((np.asarray(o, np.float32), np.asarray(ht)))
+        compiles.append(len(count))
+    assert compiles[0] < compiles[1], compiles
+    for a, b in zip(*outs):
+        assert np.isfinite(a).all()
+        np.testing.assert_array_equal(a, b)

@@ -17,6 +17,7 @@ import os
 if os.environ.get("PARITY_DEVICE", "cpu") != "cuda":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -24,7 +25,7 @@ import triton  # noqa: E402,F401  (the suite needs every framework: no silent sk
 
 from parity_tests import torch_runner, triton_interpret_patch  # noqa: E402
 from parity_tests.cases import CASES, OPS, make_inputs, rel_rms, seed_of, tolerance  # noqa: E402
-from parity_tests.harness import assert_passed, check  # noqa: E402
+from parity_tests.harness import assert_passed, check, inputs  # noqa: E402
 
 triton_interpret_patch.apply()
 
@@ -113,3 +114,48 @@ def test_interpreter_patch_is_idempotent():
     from triton.runtime import interpreter
     assert getattr(interpreter.InterpreterBuilder.create_dot, "__wrapped__", None) is not None
     assert not hasattr(interpreter.InterpreterBuilder.create_dot.__wrapped__, "__wrapped__")
+
+
+def test_interpreter_device_call_shortcut_is_exact(monkeypatch):
+    """triton_interpret_patch skips the interpreter's re-patching of triton.language on device
+    calls (tl.sum, tl.cumsum, helpers) inside a launch: the chunk kernels' outputs and
+    gradients are bit-identical with the original device call, and the shortcut was taken."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("interpreter only")
+    from triton.runtime import interpreter
+    call = interpreter.InterpretedFunction.__call__
+    assert getattr(call, "__wrapped__", None) is not None
+    passes = []
+    original = interpreter._patch_lang
+    monkeypatch.setattr(interpreter, "_patch_lang", lambda fn: passes.append(fn) or original(fn))
+    spec, case = OPS["chunk_simple_gla"], CASES["basic"]
+    x = inputs("chunk_simple_gla", "basic", "fp32")
+    runs = []
+    for shortcut in (True, False):
+        if not shortcut:
+            monkeypatch.setattr(interpreter.InterpretedFunction, "__call__", call.__wrapped__)
+        passes.clear()
+        runs.append((torch_runner.run(spec, case, "triton", "fp32", x), len(passes)))
+    (fast, n_fast), (slow, n_slow) = runs
+    assert n_fast < n_slow, (n_fast, n_slow)      # device calls took the shortcut
+    assert fast.keys() == slow.keys()
+    for k in fast:
+        np.testing.assert_array_equal(fast[k], slow[k], err_msg=k)
+
+
+def test_interpreter_dtype_table_matches():
+    """triton_interpret_patch's dtype table answers what the interpreter's own lookup does."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("interpreter only")
+    import triton.language as tl
+    from triton.runtime import interpreter
+    fast = interpreter._get_np_dtype
+    slow = fast.__wrapped__
+    types = [tl.int1, tl.float16, tl.bfloat16, tl.float32, tl.float64, tl.int8, tl.uint8,
+             tl.int16, tl.uint16, tl.int32, tl.uint32, tl.int64, tl.uint64, tl.float8e5,
+             tl.float8e4nv, tl.pointer_type(tl.bfloat16)]
+    types += [tl.block_type(t, [4, 8]) for t in types]
+    for t in types:
+        assert fast(t) == slow(t), t
+    with pytest.raises(KeyError):
+        fast(tl.void)
