@@ -7,7 +7,7 @@ XLA CPU compiler does anew each time (about 40% of an interpreted delta-rule tes
 `apply()` replaces `_run_jaxpr` with one that compiles each (jaxpr, argument shapes and dtypes)
 once, exactly as the original does, and calls that executable: the same program on the same
 arguments, so the kernels compute what they did, bit for bit
-(parity_tests/test_mosaic_host_side.py checks it against the original).
+(parity_tests/test_mosaic_lowering.py checks it against the original).
 
 conftest.py applies it when the suite runs on CPU (PARITY_DEVICE != cuda); `apply()` is
 idempotent and returns whether the interpreter is (now) patched.
