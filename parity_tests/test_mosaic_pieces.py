@@ -87,7 +87,7 @@ def test_bad_scan_refused(monkeypatch):
                                                    output_final_state=False, cu_seqlens=None)
 
 
-SCAN_CASES = [("dot", 2, 4, 3, 8, 5), ("sum", 2, 4, 3, 8, 5),
+SCAN_CASES = [("dot", 2, 4, 3, 8, 5),
               # the Mosaic kernel (interpreted) at head sizes it takes: two value blocks, P = 4
               # (the peeled zero start + the loop) and P = 2 (the peeled step alone)
               ("kernel", 1, 4, 1, 64, 128), ("kernel", 2, 2, 1, 128, 64)]

@@ -16,7 +16,7 @@ dot algorithm): fp32-level accuracy, where one bf16 product would round to 2^-9.
 
 One warpgroup per (sequence, value head, 64 state rows); per piece it loads the map's rows
 [K, K] and the 64 rows of E / F (TMA), splits the map into three bf16 SMEM tiles in two
-64-row halves, and stores the state of the next piece through the fp32 staging tile.
+64-row blocks, and stores the state of the next piece through the fp32 staging tile.
 """
 from __future__ import annotations
 
@@ -75,7 +75,6 @@ def piece_scan(m, x, s0, *, N: int, P: int, K: int, x_row: int, backward: bool):
         raise ValueError(f"piece_scan: K={K} (expected one of {KS}), V={V} (a multiple of "
                          f"{BV}), {N * P} pieces; m {m.shape}, x {x.shape}")
     has_s0 = s0 is not None
-    half = K // 2 if K > 64 else K
     scratch = dict(
         m_s=smem_tile((K, K), F32), x_s=smem_tile((BV, K), F32),
         parts=tuple(smem_tile((K, K), BF16) for _ in range(3)),
@@ -109,9 +108,9 @@ def piece_scan(m, x, s0, *, N: int, P: int, K: int, x_row: int, backward: bool):
                 return load(x_s, WGMMA)
             a_parts = _parts(s)
             plgpu.barrier_wait(bars.at[0])
-            for r0 in range(0, K, half):    # the map's bf16 parts, half the rows at a time
-                for ref, part in zip(parts, _parts(load(m_s.at[pl.ds(r0, half)], WGMMA))):
-                    ref.at[pl.ds(r0, half)][...] = part
+            for r0 in range(0, K, 64):    # the map's bf16 parts, 64 rows at a time
+                for ref, part in zip(parts, _parts(load(m_s.at[pl.ds(r0, 64)], WGMMA))):
+                    ref.at[pl.ds(r0, 64)][...] = part
             plgpu.commit_smem()
             out = _product(a_parts, parts, (BV, K), transposed=backward)
             plgpu.barrier_wait(bars.at[1])

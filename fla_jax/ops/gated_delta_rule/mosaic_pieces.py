@@ -5,8 +5,8 @@ that is 32 CTAs on 132 SMs, each walking 512 chunks. Every sequence (fixed lengt
 row of the passes' sequence table, which may be traced) is then cut into P pieces of whole
 chunks that the passes take as separate sequences (rows of a piece table).
 A piece maps the state affinely, S_end = M S_start + E (mosaic_map_ws.py forms [M^T ; E^T]
-in one pass over the pieces); an XLA scan over the pieces in fp32 gives every piece its true
-start, and the forward (and the training forward, which also stores the chunk states) runs
+in one pass over the pieces); a scan over the pieces in fp32 (mosaic_piece_scan.py) gives
+every piece its true start, and the forward (and the training forward, which also stores the chunk states) runs
 from those. Backwards: dS_start = M^T dS_end + F, F the reverse pass from a zero end gradient
 (mosaic_bwd_states_ws.py without stores); the scan gives every piece's end gradient, and the
 real reverse pass runs from those. The result is the unsplit computation's up to rounding:
@@ -39,16 +39,15 @@ MAX_PIECES = 8
 MIN_PIECE_CHUNKS = 8
 MIN_CHUNKS_ABOVE_4 = 32
 # The scans' fp32 products: "kernel" (mosaic_piece_scan.py: one small Mosaic kernel with
-# fp32-accurate split-bf16 tensor-core products; nothing for XLA to autotune), "dot" (einsum at
-# HIGHEST precision: XLA autotunes each step's GEMM fusion when it compiles) or "sum" (broadcast
-# products summed over K: a reduction XLA does not autotune, but slow). Head sizes the kernel
-# does not take (K = 256) use "dot". H200 B1 T32768 GDN (RESULTS.md run 25 call 1): XLA's
-# autotuning of the "dot" scans is ~13.6 s of the forward + step's 38-41 s first calls
-# (XLA_FLAGS=--xla_gpu_autotune_level=0, diagnosis only); an optimization barrier making every
-# step's fusion the same computation did not shorten it (call 2). H100 (run 21 call 4): "sum"
-# compiles 12 s faster but runs 0.716 / 2.282 vs 0.682 / 2.214 ms.
+# fp32-accurate split-bf16 tensor-core products; nothing for XLA to autotune) or "dot" (XLA
+# einsums at HIGHEST precision, opt-in: XLA autotunes each step's GEMM fusion when it compiles;
+# also what a head size the kernel does not take would use). H200 B1 T32768 GDN (RESULTS.md run
+# 25): XLA's autotuning of the "dot" scans was ~15 s of the forward + step's 37-41 s first calls
+# (30-32 s with the kernel); an optimization barrier making every step's fusion the same
+# computation did not shorten it. ("sum", broadcast products summed over K, compiled 12 s
+# faster than "dot" but ran 34 / 68 us slower per call (run 21): removed, the kernel does both.)
 SCAN = "kernel"
-SCANS = ("kernel", "dot", "sum")
+SCANS = ("kernel", "dot")
 
 
 def check_scan():
@@ -63,12 +62,8 @@ def _kernel_scan(K: int, V: int) -> bool:
 
 
 def _affine(a, b, c, *, transposed: bool):
-    """a b + c (or a b^T + c) in fp32: a [B, HV, V, K] fp32, b [B, HV, K, J] (or [B, HV, J, K]),
-    c [B, HV, V, J]."""
-    check_scan()
-    if SCAN == "sum":
-        b = jnp.swapaxes(b, -1, -2) if transposed else b
-        return jnp.sum(a[..., :, :, None] * b[..., None, :, :], axis=-2) + c
+    """a b + c (or a b^T + c) in fp32 (XLA): a [B, HV, V, K] fp32, b [B, HV, K, J] (or
+    [B, HV, J, K]), c [B, HV, V, J]."""
     return jnp.einsum("bhvk,bhjk->bhvj" if transposed else "bhvk,bhkj->bhvj", a, b,
                       precision=HIGHEST) + c
 
