@@ -15,7 +15,8 @@ One CTA of three warpgroups per (piece, value head, pair of row blocks):
     WG0, WG1 (state): each carries one row block in fp32 registers (three dependent products
                   per chunk, as mosaic_fwd_ws.py's state warpgroup without publishing).
     WG2 (memory): TMA loads of k, both blocks' v, T0 and the gate vectors into STAGES stages,
-                  and Ag = (T0 * D) diag(beta) over T0 one chunk ahead of the carriers.
+                  and Ag = (T0 * D) diag(beta) over T0 one chunk ahead of the carriers (chunk
+                  c + 1's while they walk chunk c).
 Barriers: in_bar (a stage landed), ag_ready (Ag written), in_free (both carriers done with a
 stage), seq_bar (each warpgroup's table row), done.
 A piece row of the table gives (first chunk, chunk count of the value blocks, chunk count of
@@ -135,26 +136,35 @@ def piece_maps(k, v, t0, gcum, gsuf, beta, table):
                 copy_gate_vectors(gc_ref, gs_ref, b_ref, (g0_s, s0_s, g1r_s, g1c_s, b1_s), hv,
                                   rows, slot, bar)
 
-            for c in range(S - 1):          # the first stages at once
+            for c in range(S):              # the first stages at once
                 @pl.when(c < count)
                 def _fill(c=c):
                     issue(c)
 
-            def step(c, carry):
+            def form_ag(c):
                 slot = lax.rem(c, S)
-
-                @pl.when(c + S - 1 < count)
-                def _next():        # chunk c + S - 1 into the stage chunk c - 1 used
-                    @pl.when(c >= 1)
-                    def _():
-                        plgpu.barrier_wait(in_free.at[lax.rem(c + S - 1, S)])
-                    issue(c + S - 1)
-
                 plgpu.barrier_wait(in_bar.at[slot])
                 d = causal_decay(load(g1r_s.at[slot], ROWS), load(g1c_s.at[slot], COLS), sq)
                 ag_over_t0(t_s.at[slot], b1_s.at[slot], d)
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(ag_ready.at[slot])
+
+            @pl.when(count > 0)
+            def _first():
+                form_ag(0)
+
+            def step(c, carry):
+                # chunk c + 1's Ag while the carriers walk chunk c (formed only after they
+                # released chunk c - 1, it sat on their chain behind their first product),
+                # then chunk c + S into chunk c's stage
+                @pl.when(c + 1 < count)
+                def _ahead():
+                    form_ag(c + 1)
+
+                @pl.when(c + S < count)
+                def _next():
+                    plgpu.barrier_wait(in_free.at[lax.rem(c, S)])
+                    issue(c + S)
                 return carry
 
             lax.fori_loop(0, count, step, None)
