@@ -260,3 +260,13 @@ def test_mosaic_kernel_time_dry_run(tmp_path):
     p = _run(args[:3] + ["fla_jax.ops.gated_delta_rule.mosaic_fwd_ws:NO_SUCH=1"], tmp_path,
              interpret=False)
     assert p.returncode != 0
+
+
+def test_dispatch_time_measures_enqueue_and_wall():
+    """dispatch_time.measure on a CPU jitted function: positive times, enqueue <= wall."""
+    import jax
+    import jax.numpy as jnp
+    mod = _load("dispatch_time")
+    f = jax.jit(lambda x: jnp.tanh(x) @ x)
+    enq, wall = mod.measure(f, [jnp.ones((64, 64))], inner=3, loops=3)
+    assert 0 < enq <= wall
