@@ -18,7 +18,7 @@ import pytest
 from jax import ShapeDtypeStruct as S
 
 from fla_jax.ops.common.mosaic import export_for_cuda
-from fla_jax.ops.common.mosaic.tiles import gpu_interpret
+from fla_jax.ops.common.mosaic.tiles import gpu_interpret, transposed_load_lowers
 from fla_jax.ops.gated_delta_rule import chunk_gated_delta_rule, mosaic_chunk, mosaic_pieces
 from fla_jax.ops.gated_delta_rule.mosaic_layout import gate_free_inverse, gate_vectors
 from fla_jax.ops.gated_delta_rule.mosaic_map_ws import piece_maps
@@ -269,3 +269,20 @@ def test_piece_scan_refuses_bad_inputs():
     m32 = jnp.zeros((4, 1, 64, 32), jnp.float32)
     with pytest.raises(ValueError, match="K=32"):
         piece_scan(m32, m32, None, N=1, P=4, K=32, x_row=32, backward=False)
+
+
+@pytest.mark.parametrize("dvl_in_prep", [False, True])
+def test_reverse_pass_register_scales_interpreted(dvl_in_prep, spy_split, monkeypatch):
+    """The opt-in reverse-pass variants (mosaic_bwd_states_ws.OPERAND_SCALES = "registers",
+    DVL_IN_PREP), interpreted in the split op (the reverse pass with stores over the pieces and
+    the no-store run, three stages) against the float64 oracle, fp16's tight tolerances."""
+    from fla_jax.ops.gated_delta_rule import mosaic_bwd_states_ws as rs
+    monkeypatch.setattr(rs, "OPERAND_SCALES", "registers")
+    monkeypatch.setattr(rs, "DVL_IN_PREP", dvl_in_prep)
+    with gpu_interpret():
+        assert rs.plan(128, jnp.float16, store=False) == (3, "registers")
+        assert rs.plan(128, jnp.float16, store=True) == (2, "registers")
+        assert_passed(check("chunk_gated_delta_rule", "mos_dr_split", "fp16", {"jax": "mosaic"}))
+    assert set(spy_split) == {4}
+    if not transposed_load_lowers():    # jax < 0.11 lowers "smem" regardless (2 stages)
+        assert rs.plan(128, jnp.float16, store=False) == (rs.STAGES, "smem")

@@ -19,6 +19,14 @@ dv_new^T Ag is rounded to the activations' dtype where that kernel read w' round
     WG2 (memory): TMA loads of q, k, do, T0 and the gate vectors into two stages.
 Barriers: in_bar (a stage landed), in_free (WG0 and WG1 done with a stage), prep (WG1's tiles
 of a stage written), seq_bar (each warpgroup's row of the sequence table), done.
+Opt-in variants (module constants, read when traced; not GPU-proven as defaults):
+    OPERAND_SCALES = "registers": the update's row scales go on WG0's register operands instead
+        of SMEM tiles: (do^T diag(scale Gamma')) q - (dv_new^T Ag diag(Gamma')) k, do^T by a
+        transposed register load (jax >= 0.11; older jax keeps "smem"). WG1 then forms only P
+        and Ag; no Gamma' k tile, so the no-store run fits three stages (MAX_STAGES).
+    DVL_IN_PREP = True: WG1 also forms do^T P (rounded to q's dtype, over P), so WG0's chain
+        has three dependent products instead of four (with "smem" scales and two stages slower
+        on an H200: 287.9 -> 300.7 us at B1 T32768, RESULTS.md run 26).
 Outputs as mosaic_bwd_kernel.reverse_states: dh [R // C, HV, V, K] (L^T per chunk before its
 update), dvnT [HV, V, R] (both in q's dtype) and dh0T [N, HV, V, K] fp32.
 """
@@ -32,30 +40,55 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ..common.mosaic.serial import carried_state, sequence_range
 from ..common.mosaic.tiles import (COLS, F32, ROWS, WGMMA, build, causal_decay, cols_of, load,
-                                   matmul, rows_of, smem_tile, union, zeros_wgmma)
+                                   load_transposed, matmul, rows_of, smem_tile,
+                                   transposed_load_lowers, union, zeros_wgmma)
 from ..common.mosaic.warpgroups import finish_together, registers, stream_stages
 from .mosaic_bwd_kernel import chain
 from .mosaic_fwd_kernel import BV, C, TABLE_WIDTH
 from .mosaic_fwd_ws import ag_over_t0, copy_gate_vectors, gate_vector_scratch
 
 MAX_K = 128
-STAGES = 2
+STAGES = 2              # the default ("smem" scales); plan() takes up to MAX_STAGES
+MAX_STAGES = 3
 APPROX_MATH = True      # ex2.approx for the decays (as mosaic_bwd_grads.APPROX_MATH)
 SMEM_BUDGET = 220 * 1024
+OPERAND_SCALES = "smem"     # or "registers" (opt-in, see the module docstring)
+DVL_IN_PREP = False         # opt-in, see the module docstring
 
 
-def smem_bytes(K: int, dtype) -> int:
+def scales_mode() -> str:
+    """OPERAND_SCALES where it lowers ("registers" needs the transposed register load)."""
+    if OPERAND_SCALES not in ("smem", "registers"):
+        raise ValueError(f"OPERAND_SCALES={OPERAND_SCALES!r}; expected 'smem' or 'registers'")
+    return OPERAND_SCALES if transposed_load_lowers() else "smem"
+
+
+def smem_bytes(K: int, dtype, stages: int = STAGES, mode: str = "smem",
+               store: bool = True) -> int:
     """Shared memory of the kernel (each buffer rounded up to 1 KB, as Mosaic aligns them)."""
     isz = jnp.dtype(dtype).itemsize
     kb = lambda n: -(-n // 1024) * 1024          # noqa: E731
-    # q (then scale Gamma' q), k, Gamma' k, do, T0 (then Ag), P
-    per_stage = 3 * kb(C * K * isz) + kb(C * BV * isz) + 2 * kb(C * C * isz)
-    vectors = 5 * kb(STAGES * C * 4)
+    # q (then scale Gamma' q), k, Gamma' k ("smem" scales only), do, T0 (then Ag), P
+    tiles = 3 if mode == "smem" else 2
+    per_stage = tiles * kb(C * K * isz) + kb(C * BV * isz) + 2 * kb(C * C * isz)
+    vectors = 5 * kb(stages * C * 4)
     # L^T fp32 (dht in, dh0 out) sharing memory with the two-slot output tiles L^T and dv_new^T
-    # (never live together), the table rows
-    fixed = (max(kb(BV * K * 4), 2 * kb(BV * K * isz) + 2 * kb(BV * C * isz))
-             + kb(3 * TABLE_WIDTH * 4))
-    return STAGES * per_stage + vectors + fixed
+    # (never live together; no output tiles without `store` in "registers" mode), the table rows
+    outs = 2 * kb(BV * K * isz) + 2 * kb(BV * C * isz) if store or mode == "smem" else 0
+    fixed = max(kb(BV * K * 4), outs) + kb(3 * TABLE_WIDTH * 4)
+    return stages * per_stage + vectors + fixed
+
+
+def plan(K: int, dtype, store: bool) -> tuple[int, str]:
+    """(input stages, scales mode): STAGES with "smem" scales; with "registers" the most stages
+    up to MAX_STAGES within SMEM_BUDGET."""
+    mode = scales_mode()
+    if mode == "smem":
+        return STAGES, mode
+    for stages in range(MAX_STAGES, 1, -1):
+        if smem_bytes(K, dtype, stages, mode, store) <= SMEM_BUDGET:
+            return stages, mode
+    return 0, mode
 
 
 def supports(K: int, dtype) -> bool:
@@ -78,15 +111,17 @@ def reverse_states_ws(q, k, t0, do, gcum, gsuf, beta, table, dhtT, *, scale: flo
     if not supports(K, dt) or V % BV:
         raise ValueError(f"reverse_states_ws: K={K}, V={V}, {jnp.dtype(dt).name}; expected "
                          f"K <= {MAX_K} and V a multiple of {BV}")
-    S = STAGES
+    S, mode = plan(K, dt, store)
+    regs, dvl_prep = mode == "registers", bool(DVL_IN_PREP)
     scratch = dict(
         q_s=smem_tile((S, C, K), dt), k_s=smem_tile((S, C, K), dt),
-        kg_s=smem_tile((S, C, K), dt), do_s=smem_tile((S, C, BV), dt),
+        do_s=smem_tile((S, C, BV), dt),
         t_s=smem_tile((S, C, C), dt), p_s=smem_tile((S, C, C), dt),
         **gate_vector_scratch(S),           # as mosaic_fwd_ws.py's (WG1 also reads G_0)
         # L^T fp32 only before and after the chunk loop; the output tiles only inside it
-        outs=union(smem_tile((BV, K), F32),
-                   (smem_tile((2, BV, K), dt), smem_tile((2, BV, C), dt))),
+        outs=(union(smem_tile((BV, K), F32),
+                    (smem_tile((2, BV, K), dt), smem_tile((2, BV, C), dt)))
+              if store or not regs else smem_tile((BV, K), F32)),
         seq_s=plgpu.SMEM((3, TABLE_WIDTH), jnp.int32),
         in_bar=plgpu.Barrier(num_arrivals=9, num_barriers=S),     # 9 TMA copies
         in_free=plgpu.Barrier(num_arrivals=2, num_barriers=S),
@@ -99,9 +134,12 @@ def reverse_states_ws(q, k, t0, do, gcum, gsuf, beta, table, dhtT, *, scale: flo
                 jax.ShapeDtypeStruct((HV, V, R), dt)] if store else []
     out_type += [jax.ShapeDtypeStruct((N, HV, V, K), F32)]
 
-    def body(*refs, q_s, k_s, kg_s, do_s, t_s, p_s, g0_s, s0_s, g1r_s, g1c_s, b1_s, outs,
-             seq_s, in_bar, in_free, prep, one_bar, seq_bar, done):
-        l_s, (lo_s, dv_s) = outs
+    if not regs:
+        scratch["kg_s"] = smem_tile((S, C, K), dt)
+
+    def body(*refs, q_s, k_s, do_s, t_s, p_s, g0_s, s0_s, g1r_s, g1c_s, b1_s, outs,
+             seq_s, in_bar, in_free, prep, one_bar, seq_bar, done, kg_s=None):
+        l_s, (lo_s, dv_s) = outs if store or not regs else (outs, (None, None))
         refs = list(refs)
         q_ref, k_ref, t_ref, do_ref, gc_ref, gs_ref, b_ref, tab_ref = (refs.pop(0)
                                                                        for _ in range(8))
@@ -145,12 +183,18 @@ def reverse_states_ws(q, k, t0, do, gcum, gsuf, beta, table, dhtT, *, scale: flo
                 d = causal_decay(g_row, load(g1c_s.at[slot], COLS), sq)
                 p = matmul(q_s.at[slot], k_s.at[slot], sq, tb=True)
                 p_s.at[slot][...] = (p * d * scale).astype(dt)
+                if dvl_prep:    # do^T P [BV, C] over P (the product waited for: P was read)
+                    plgpu.commit_smem()
+                    p_s.at[slot][...] = matmul(do_s.at[slot], p_s.at[slot], (BV, C),
+                                               ta=True).astype(dt)
                 ag_over_t0(t_s.at[slot], b1_s.at[slot], d)
-                rel = rows_of(jnp.exp2(g_row - g1r_s[slot, 0]), (C, K))       # Gamma'
-                kg_s.at[slot][...] = (load(k_s.at[slot], WGMMA).astype(F32) * rel).astype(dt)
-                # scale Gamma' q over q (q k^T above has been waited for)
-                q_s.at[slot][...] = (load(q_s.at[slot], WGMMA).astype(F32)
-                                     * (rel * scale)).astype(dt)
+                if not regs:
+                    rel = rows_of(jnp.exp2(g_row - g1r_s[slot, 0]), (C, K))       # Gamma'
+                    kg_s.at[slot][...] = (load(k_s.at[slot], WGMMA).astype(F32)
+                                          * rel).astype(dt)
+                    # scale Gamma' q over q (q k^T above has been waited for)
+                    q_s.at[slot][...] = (load(q_s.at[slot], WGMMA).astype(F32)
+                                         * (rel * scale)).astype(dt)
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(prep.at[slot])
                 plgpu.barrier_arrive(in_free.at[slot])
@@ -181,10 +225,17 @@ def reverse_states_ws(q, k, t0, do, gcum, gsuf, beta, table, dhtT, *, scale: flo
                     lo_s.at[half][...] = l_lo
                     plgpu.commit_smem()
                     plgpu.copy_smem_to_gmem(lo_s.at[half], dh_ref.at[c, hv, cols])
+                if regs:    # do^T diag(scale Gamma') (Gamma' = exp2(G - G_0)), off the chain
+                    gam = jnp.exp2(load(g0_s.at[slot], COLS) - g_first)
+                    do_sc = (load_transposed(do_s.at[slot]).astype(F32)
+                             * cols_of(gam * scale, tile)).astype(dt)
                 lk = matmul(l_lo, k_s.at[slot], tile, tb=True)                 # L^T k^T
                 plgpu.barrier_wait(prep.at[slot])
-                dvn = matmul(do_s.at[slot], p_s.at[slot], tile, init=lk * cols_of(kd, tile),
-                             ta=True)                                           # dv_new^T
+                if dvl_prep:
+                    dvn = lk * cols_of(kd, tile) + load(p_s.at[slot], WGMMA).astype(F32)
+                else:
+                    dvn = matmul(do_s.at[slot], p_s.at[slot], tile,
+                                 init=lk * cols_of(kd, tile), ta=True)          # dv_new^T
                 dvn_lo = dvn.astype(dt)
                 if store:
                     plgpu.wait_smem_to_gmem(3, wait_read_only=True)
@@ -193,8 +244,13 @@ def reverse_states_ws(q, k, t0, do, gcum, gsuf, beta, table, dhtT, *, scale: flo
                     plgpu.copy_smem_to_gmem(dv_s.at[half],
                                             dv_ref.at[hv, cols, pl.ds(c * C, C)])
                 y = matmul(dvn_lo, t_s.at[slot], tile)                          # dv_new^T Ag
-                upd = chain(zeros_wgmma((BV, K)), (do_s.at[slot], q_s.at[slot], True),
-                            ((-y).astype(dt), kg_s.at[slot]), shape=(BV, K))
+                if regs:
+                    upd = chain(zeros_wgmma((BV, K)), (do_sc, q_s.at[slot]),
+                                ((-(y * cols_of(gam, tile))).astype(dt), k_s.at[slot]),
+                                shape=(BV, K))
+                else:
+                    upd = chain(zeros_wgmma((BV, K)), (do_s.at[slot], q_s.at[slot], True),
+                                ((-y).astype(dt), kg_s.at[slot]), shape=(BV, K))
                 plgpu.barrier_arrive(in_free.at[slot])
                 return l_t * jnp.exp2(g_last) + upd * jnp.exp2(g_first)
 
