@@ -270,3 +270,52 @@ def test_dispatch_time_measures_enqueue_and_wall():
     f = jax.jit(lambda x: jnp.tanh(x) @ x)
     enq, wall = mod.measure(f, [jnp.ones((64, 64))], inner=3, loops=3)
     assert 0 < enq <= wall
+
+
+def test_mosaic_trace_summarize_synthetic():
+    """mosaic_trace.summarize: per warpgroup means over CTAs of the recorded window, the time in
+    top-level ranges by name (nested ranges counted once) and the rest."""
+    mod = _load("mosaic_trace")
+    ev = []
+
+    def rng(tid, name, t0, t1, inner=None):
+        ev.append({"name": name, "ph": "B", "ts": t0, "tid": tid, "pid": 1})
+        if inner:
+            ev.append({"name": inner, "ph": "B", "ts": t0 + 0.1, "tid": tid, "pid": 1})
+            ev.append({"name": inner, "ph": "E", "ts": t1 - 0.1, "tid": tid, "pid": 1})
+        ev.append({"name": name, "ph": "E", "ts": t1, "tid": tid, "pid": 1})
+    for cta in range(2):
+        base = 1 + 3 * cta
+        rng(base, "wait", 0.0, 1.0)             # WG0: wait 1, mma 2 (nested mma inside), gap 1
+        rng(base, "mma", 2.0, 4.0, inner="mma")
+        rng(base + 1, "mma", 0.0, 3.0 + cta)    # WG1: mma 3 and 4 over the two CTAs
+        rng(base + 2, "wait", 0.0, 0.5)
+    s = mod.summarize({"traceEvents": ev})
+    assert s[0]["window"] == 4.0 and s[0]["wait"] == 1.0 and s[0]["mma"] == 2.0
+    assert s[0]["other"] == 1.0 and s[0]["ranges"] == 2
+    assert s[1]["mma"] == 3.5 and s[1]["other"] == 0.0
+    assert s[2]["wait"] == 0.5
+    assert "WG1: window 3.50" in mod.table("x", s)
+
+
+def test_mosaic_trace_profiled_patches():
+    """mosaic_trace.profiled: kernels named like the pattern get the profiler's compiler
+    parameters (others keep theirs), the region wrappers are installed, all restored after."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    mod = _load("mosaic_trace")
+    seen = []
+    real = plgpu.kernel, plgpu.barrier_wait, pl.run_state
+    plgpu.kernel = lambda body, compiler_params=None, kernel_name=None, **kw: seen.append(
+        (kernel_name, compiler_params))
+    try:
+        with mod.profiled("fwd_ws", 7, "/tmp/mosaic_trace_test"):
+            assert plgpu.barrier_wait is not real[1] and pl.run_state is not real[2]
+            plgpu.kernel(None, compiler_params=plgpu.CompilerParams(), kernel_name="a_fwd_ws")
+            plgpu.kernel(None, compiler_params=plgpu.CompilerParams(), kernel_name="a_bwd")
+        assert plgpu.barrier_wait is real[1] and pl.run_state is real[2]
+    finally:
+        plgpu.kernel = real[0]
+    (n1, p1), (n2, p2) = seen
+    assert p1.profile_space == 7 and p1.profile_dir == "/tmp/mosaic_trace_test/a_fwd_ws"
+    assert p2.profile_space == 0 and p2.profile_dir == ""
