@@ -66,3 +66,17 @@ def test_fixed_length_tables_are_numpy_constants():
                                   [3, 3, 3, 0])
     mt = mosaic_pieces.map_table(table, 4, first_map=False, last_map=False)
     np.testing.assert_array_equal(mt[:4, :3], [[0, 3, 0], [3, 3, 3], [6, 3, 3], [9, 0, 0]])
+
+
+def test_lane_all_sets_lane_semantics_for_every_kernel(monkeypatch):
+    """tiles.LANE_ALL (opt-in): compiler_params gives Lane semantics whatever a kernel asks."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    from fla_jax.ops.common.mosaic import tiles
+    lane = plgpu.LoweringSemantics.Lane
+    assert tiles.compiler_params(True, lane=True).lowering_semantics == lane
+    default = tiles.compiler_params(True).lowering_semantics
+    monkeypatch.setattr(tiles, "LANE_ALL", True)
+    p = tiles.compiler_params(True)
+    assert p.lowering_semantics == lane and p.approx_math
+    monkeypatch.setattr(tiles, "LANE_ALL", False)
+    assert tiles.compiler_params(True).lowering_semantics == default

@@ -149,12 +149,20 @@ def causal_decay(g_row, g_col, shape, transposed=False):
     return jnp.exp2(jnp.where(keep, expo, -jnp.inf))
 
 
+# Opt-in, not GPU-proven: every kernel under Lane semantics. Lowering (Python, part of a first
+# call) under jax 0.11.2 skips Mosaic's layout inference and dialect lowering: the GDN B1 T32768
+# forward 3.3 -> 2.2 s, its training step 8.3 -> 4.8 s (export_for_cuda on a CPU, RESULTS.md run
+# 26). Under jax 0.10 every kernel lowers this way already (its default).
+LANE_ALL = False
+
+
 def compiler_params(approx_math=False, lane=False):
     """approx_math: ex2.approx and friends (~2 ulp of fp32). lane: Lane lowering semantics (SMEM
     buffers keep exactly the transforms given; jax 0.10's default). jax 0.11 defaults to
     Warpgroup semantics, which infers tilings / swizzles for untransformed buffers: row-shifted
-    views of them then read permuted columns (GPU run, RESULTS.md run 17)."""
-    if lane:
+    views of them then read permuted columns (GPU run, RESULTS.md run 17). LANE_ALL: Lane for
+    every kernel."""
+    if lane or LANE_ALL:
         return plgpu.CompilerParams(approx_math=approx_math,
                                     lowering_semantics=plgpu.LoweringSemantics.Lane)
     return plgpu.CompilerParams(approx_math=approx_math)
