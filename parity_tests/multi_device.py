@@ -4,6 +4,12 @@ XLA reads --xla_force_host_platform_device_count when jax initialises, and conft
 other test modules) import jax first in this process, so a multi-device test module defines
 one test here that re-runs the module in a fresh interpreter with the flag set; in that child
 (`in_child()`) the module defines its real tests.
+
+The JAX sharding modules (test_sharding_jax_{ops,kernels,layers}.py) share one child:
+test_sharding_jax_ops.py's parent test runs all three (SHARDING_MODULES) in one child pytest
+(one interpreter start and jax/torch import instead of three, CI time); run alone, the kernels
+and layers modules run themselves (`run_module_in_child`, which then skips them in the shared
+child's list).
 """
 from __future__ import annotations
 
@@ -19,9 +25,15 @@ def in_child() -> bool:
     return os.environ.get(CHILD_ENV) == "1"
 
 
-def run_module_in_child(path: str, devices: int = 4, timeout: int = 300) -> str:
-    """pytest `path` in a child process with `devices` CPU devices; fails with the child's
-    output unless every test passes. Returns the child's summary line."""
+SHARDING_MODULES = ("test_sharding_jax_ops.py", "test_sharding_jax_kernels.py",
+                    "test_sharding_jax_layers.py")
+
+
+def run_module_in_child(path, devices: int = 4, timeout: int = 300) -> str:
+    """pytest `path` (a path, or a list of paths run in the same child) in a child process
+    with `devices` CPU devices; fails with the child's output unless every test passes.
+    Returns the child's summary line."""
+    paths = [path] if isinstance(path, str) else list(path)
     flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
                      if not f.startswith("--xla_force_host_platform_device_count"))
     env = dict(os.environ, JAX_PLATFORMS="cpu", **{CHILD_ENV: "1"},
@@ -30,7 +42,7 @@ def run_module_in_child(path: str, devices: int = 4, timeout: int = 300) -> str:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                        "-p", "no:xdist", path], cwd=root, env=env,
+                        "-p", "no:xdist", *paths], cwd=root, env=env,
                        capture_output=True, text=True, timeout=timeout)
     out = r.stdout + r.stderr
     assert r.returncode == 0, f"child pytest ({devices} devices) failed:\n{out[-12000:]}"

@@ -8,11 +8,19 @@ from __future__ import annotations
 
 import pytest
 
-from .multi_device import in_child, run_module_in_child
+import os
+
+from .multi_device import SHARDING_MODULES, in_child, run_module_in_child
 
 if not in_child():
     def test_on_four_devices():
-        print(run_module_in_child(__file__))
+        """This module's tests and those of test_sharding_jax_kernels.py and
+        test_sharding_jax_layers.py, in one child (multi_device.SHARDING_MODULES; conftest.py
+        deselects those modules' own parent tests when this one is collected)."""
+        here = os.path.dirname(os.path.abspath(__file__))
+        # the three modules each had 300 s
+        print(run_module_in_child([os.path.join(here, m) for m in SHARDING_MODULES],
+                                  timeout=900))
 else:
     from .cases import Case
     from .sharding_jax import assert_same, collectives, mesh, run
