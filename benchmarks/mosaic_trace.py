@@ -91,8 +91,7 @@ def summarize(trace: dict, warpgroups: int = WARPGROUPS) -> dict:
     acc = collections.defaultdict(lambda: collections.defaultdict(list))
     for tid, events in per_tid.items():
         wg = (tid - 1) % warpgroups
-        depth, start, total = 0, {}, collections.Counter()
-        count = 0
+        depth, start, total, count = 0, None, collections.Counter(), 0
         for ev in events:
             if ev["ph"] == "B":
                 if depth == 0:
@@ -109,7 +108,7 @@ def summarize(trace: dict, warpgroups: int = WARPGROUPS) -> dict:
         row = acc[wg]
         row["window"].append(window)
         row["ranges"].append(count)
-        for name in set(total) | {"wait", "mma", "store_wait", "Init"}:
+        for name in set(total) | {"wait", "mma", "store_wait"}:
             row[name].append(total.get(name, 0.0))
         row["other"].append(window - sum(total.values()))
     return {wg: {k: sum(v) / len(v) for k, v in row.items()} for wg, row in acc.items()}

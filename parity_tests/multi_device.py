@@ -7,9 +7,9 @@ one test here that re-runs the module in a fresh interpreter with the flag set; 
 
 The JAX sharding modules (test_sharding_jax_{ops,kernels,layers}.py) share one child:
 test_sharding_jax_ops.py's parent test runs all three (SHARDING_MODULES) in one child pytest
-(one interpreter start and jax/torch import instead of three, CI time); run alone, the kernels
-and layers modules run themselves (`run_module_in_child`, which then skips them in the shared
-child's list).
+(one interpreter start and jax/torch import instead of three, CI time; conftest.py then
+deselects the other two modules' parent tests). Collected without the ops module, the kernels
+and layers modules each run their own child as before.
 """
 from __future__ import annotations
 

@@ -6,9 +6,9 @@ holds no all-gather / all-to-all / collective-permute, only the loss's all-reduc
 kernels: test_sharding_jax_kernels.py."""
 from __future__ import annotations
 
-import pytest
-
 import os
+
+import pytest
 
 from .multi_device import SHARDING_MODULES, in_child, run_module_in_child
 

@@ -81,14 +81,14 @@ def smem_bytes(K: int, dtype, stages: int = STAGES, mode: str = "smem",
 
 def plan(K: int, dtype, store: bool) -> tuple[int, str]:
     """(input stages, scales mode): STAGES with "smem" scales; with "registers" the most stages
-    up to MAX_STAGES within SMEM_BUDGET."""
+    up to MAX_STAGES within SMEM_BUDGET (at least STAGES: it needs less SMEM than "smem", whose
+    STAGES supports() has checked)."""
     mode = scales_mode()
-    if mode == "smem":
-        return STAGES, mode
-    for stages in range(MAX_STAGES, 1, -1):
-        if smem_bytes(K, dtype, stages, mode, store) <= SMEM_BUDGET:
-            return stages, mode
-    return 0, mode
+    if mode == "registers":
+        for stages in range(MAX_STAGES, STAGES, -1):
+            if smem_bytes(K, dtype, stages, mode, store) <= SMEM_BUDGET:
+                return stages, mode
+    return STAGES, mode
 
 
 def supports(K: int, dtype) -> bool:
