@@ -124,6 +124,21 @@ def test_interpreted_against_float64(case, monkeypatch):
             assert_passed(check("chunk_simple_gla", case, dtype, {"jax": "mosaic"}))
 
 
+@pytest.mark.parametrize("overlap,kd_ahead", [(True, False), (False, True), (True, True)])
+def test_ws_overlap_interpreted_and_lowers(overlap, kd_ahead, monkeypatch):
+    """mosaic_fwd_ws's opt-ins: OVERLAP (the output warpgroup's masks formed during q k^T;
+    q S and P v issued together), KD_AHEAD (the state warpgroup forms the next chunk's decayed
+    keys during its product); interpreted vs float64 (h0, a partial last chunk) and lowered."""
+    from fla_jax.ops.simple_gla import mosaic_fwd_ws
+    monkeypatch.setattr(mosaic_fwd_ws, "OVERLAP", overlap)
+    monkeypatch.setattr(mosaic_fwd_ws, "KD_AHEAD", kd_ahead)
+    monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
+    assert mosaic_fwd.TUNING["ws"]
+    with gpu_interpret():
+        assert_passed(check("chunk_simple_gla", "mos_sgla_g_h0_t150", "bf16", {"jax": "mosaic"}))
+    assert "simple_gla_mosaic_fwd_ws" in _lower(128, "fp16", varlen=True, backward=False)
+
+
 def test_mosaic_needs_hopper():
     q = jnp.zeros((1, 64, 1, 64), jnp.bfloat16)
     with pytest.raises(ValueError, match="needs a Hopper GPU"):

@@ -24,18 +24,27 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from ..common.mosaic.serial import (carried_state, sequence_range, store_final_state,
                                     store_output)
 from ..common.mosaic.tiles import (COLS, F32, ROWS, build, causal_decay, load_vec,
-                                   load_wgmma, matmul, rows_of, smem_tile, union)
+                                   load_wgmma, matmul, products_during, rows_of, smem_tile,
+                                   union)
 from ..common.mosaic.warpgroups import (finish_together, observe_last, registers,
                                         stream_stages)
 from .mosaic_fwd import BV, C, SEQ_COLS
 
 SMEM_BUDGET = 220 * 1024
 MAX_K = 128
+# Opt-in, read when traced: the output warpgroup forms the decay masks while q k^T runs and
+# issues q S and P v together (two accumulators, one wait) instead of one product at a time.
+# The trace of run 27 (benchmarks/mosaic_trace.py) shows that warpgroup setting the pace.
+OVERLAP = False
+# Opt-in, read when traced: the state warpgroup forms chunk c + 1's decayed keys (two SMEM
+# tiles) while chunk c's state product runs, so they are off its serial chain.
+KD_AHEAD = False
 
 
 def _stages(K, itemsize):
     per = (2 * C * K + C * BV) * itemsize + 3 * C * 4
-    fixed = 2 * BV * K * itemsize + C * K * itemsize + 2 * C * BV * itemsize + 4096
+    fixed = 2 * BV * K * itemsize + (1 + KD_AHEAD) * C * K * itemsize + 2 * C * BV * itemsize
+    fixed += 4096
     for s in (4, 3, 2):
         if s * per + fixed <= SMEM_BUDGET:
             return s
@@ -71,7 +80,7 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, states: bool
         g2_s=plgpu.SMEM((S, C), F32),
         # the published states; WG0's fp32 state before the first / after the last chunk
         pub_st=union(smem_tile((2, BV, K), dt), smem_tile((BV, K), F32)),
-        kd_s=smem_tile((C, K), dt), o_s=smem_tile((2, C, BV), dt),
+        kd_s=smem_tile((2, C, K) if KD_AHEAD else (C, K), dt), o_s=smem_tile((2, C, BV), dt),
         in_bar=plgpu.Barrier(num_arrivals=6, num_barriers=S),
         in_free=plgpu.Barrier(num_arrivals=2, num_barriers=S),
         s_ready=plgpu.Barrier(num_arrivals=1, num_barriers=2),
@@ -125,9 +134,24 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, states: bool
             s0 = carried_state(h0_ref.at[n, h, pl.ds(v0, BV)] if has_h0 else None, st_s,
                                one_bar.at[0], (BV, K))
 
+            def form_kd(c, dst):    # chunk c landed: k exp2(g_l - g2) into dst
+                slot = lax.rem(c, S)
+                plgpu.barrier_wait(in_bar.at[slot])
+                g_row = load_vec(g0_s.at[slot], ROWS)
+                g_last = g0_s[slot, C - 1]
+                k_t = load_wgmma(k_s.at[slot]).astype(F32)
+                dst[...] = (k_t * rows_of(jnp.exp2(g_last - g_row), (C, K))).astype(dt)
+                plgpu.commit_smem()
+
+            if KD_AHEAD:
+                @pl.when(nc > 0)
+                def _():
+                    form_kd(0, kd_s.at[0])
+
             def step(c, s_t):
                 slot, half = lax.rem(c, S), lax.rem(c, 2)
-                plgpu.barrier_wait(in_bar.at[slot])
+                if not KD_AHEAD:
+                    plgpu.barrier_wait(in_bar.at[slot])
 
                 @pl.when(c >= 2)
                 def _():     # WG1 has read the tile published two chunks ago
@@ -141,13 +165,21 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, states: bool
                 if states:
                     plgpu.copy_smem_to_gmem(s_pub.at[half],
                                             hs_ref.at[b, h, c0 + c, pl.ds(v0, BV)])
-                g_row = load_vec(g0_s.at[slot], ROWS)
                 g_last = g0_s[slot, C - 1]
-                k_t = load_wgmma(k_s.at[slot]).astype(F32)
-                kd_s[...] = (k_t * rows_of(jnp.exp2(g_last - g_row), (C, K))).astype(dt)
-                plgpu.commit_smem()
-                s_new = matmul(v_s.at[slot], kd_s, (BV, K), init=s_t * jnp.exp2(g_last),
-                               ta=True)
+                if KD_AHEAD:    # chunk c + 1's decayed keys formed while this product runs
+                    def ahead():
+                        @pl.when(c + 1 < nc)
+                        def _():
+                            form_kd(c + 1, kd_s.at[1 - half])
+                    s_new = matmul(v_s.at[slot], kd_s.at[half], (BV, K),
+                                   init=s_t * jnp.exp2(g_last), ta=True, during=ahead)
+                else:
+                    g_row = load_vec(g0_s.at[slot], ROWS)
+                    k_t = load_wgmma(k_s.at[slot]).astype(F32)
+                    kd_s[...] = (k_t * rows_of(jnp.exp2(g_last - g_row), (C, K))).astype(dt)
+                    plgpu.commit_smem()
+                    s_new = matmul(v_s.at[slot], kd_s, (BV, K), init=s_t * jnp.exp2(g_last),
+                                   ta=True)
                 plgpu.barrier_arrive(in_free.at[slot])
                 return s_new
 
@@ -167,11 +199,23 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, states: bool
                 plgpu.barrier_wait(in_bar.at[slot])
                 g_row = load_vec(g1_s.at[slot], ROWS)
                 g_col = load_vec(g2_s.at[slot], COLS)
-                p = matmul(q_s.at[slot], k_s.at[slot], (C, C), tb=True)
-                p = (p * causal_decay(g_row, g_col, (C, C))).astype(dt)
-                plgpu.barrier_wait(s_ready.at[half])
-                o = matmul(q_s.at[slot], s_pub.at[half], (C, BV), tb=True)
-                o = matmul(p, v_s.at[slot], (C, BV), init=o * rows_of(jnp.exp2(g_row), (C, BV)))
+                if OVERLAP:     # the masks formed while q k^T runs; q S and P v in flight at once
+                    (p,), (d, q_decay) = products_during(
+                        [(q_s.at[slot], k_s.at[slot], (C, C), False, True)],
+                        lambda: (causal_decay(g_row, g_col, (C, C)), jnp.exp2(g_row)))
+                    p = (p * d).astype(dt)
+                    plgpu.barrier_wait(s_ready.at[half])
+                    (oq, pv), _ = products_during(
+                        [(q_s.at[slot], s_pub.at[half], (C, BV), False, True),
+                         (p, v_s.at[slot], (C, BV), False, False)], lambda: None)
+                    o = oq * rows_of(q_decay, (C, BV)) + pv
+                else:
+                    p = matmul(q_s.at[slot], k_s.at[slot], (C, C), tb=True)
+                    p = (p * causal_decay(g_row, g_col, (C, C))).astype(dt)
+                    plgpu.barrier_wait(s_ready.at[half])
+                    o = matmul(q_s.at[slot], s_pub.at[half], (C, BV), tb=True)
+                    o = matmul(p, v_s.at[slot], (C, BV),
+                               init=o * rows_of(jnp.exp2(g_row), (C, BV)))
                 plgpu.barrier_arrive(s_free.at[half])
                 plgpu.barrier_arrive(in_free.at[slot])
                 store_output(o_s, c, (o * scale).astype(dt),

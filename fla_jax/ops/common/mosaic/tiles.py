@@ -38,27 +38,34 @@ def union(*groups):
     return plgpu.RefUnion(*groups)
 
 
-def matmul(a, b, shape, init=None, ta=False, tb=False):
+def matmul(a, b, shape, init=None, ta=False, tb=False, during=None):
     """init + op(a) @ op(b), fp32 accumulation on the tensor cores (op: transpose where ta /
     tb). a: SMEM ref or 16-bit register tile (WGMMA layout; ta needs a ref); b: SMEM ref
-    (transposes of 16-bit refs only). The result passes an optimization barrier so that no
-    arithmetic on it is scheduled before the wgmma wait."""
+    (transposes of 16-bit refs only). during: a callable (side effects only) the warpgroup
+    runs while the product is in flight; it must not touch the operands. The result passes an
+    optimization barrier so that no arithmetic on it is scheduled before the wgmma wait."""
     if interpreting():    # transposed refs, run_state and register operands do not interpret
         av = a[...] if hasattr(a, "at") else a
         av = av.T if ta else av
         bv = b[...].T if tb else b[...]
         out = jnp.dot(av.astype(F32), bv.astype(F32), precision=lax.Precision.HIGHEST)
+        if during is not None:
+            during()
         return out if init is None else init + out
     a = a.T if ta else a
     b = b.T if tb else b
     if init is None:
         def scoped(acc):
             plgpu.wgmma(acc, a, b)
+            if during is not None:
+                during()
             return acc[...]
         out = pl.run_scoped(scoped, plgpu.ACC(tuple(shape), F32))
     else:
         def body(acc):
             plgpu.wgmma(acc, a, b)
+            if during is not None:
+                during()
         out = pl.run_state(body)(plgpu.ACC.init(init))
     return lax.optimization_barrier(out)
 
@@ -95,6 +102,24 @@ def matmul_pair(first, second, between=None):
         return acc1[...], acc2[...], extra
 
     out = pl.run_scoped(scoped, plgpu.ACC(tuple(first[2]), F32), plgpu.ACC(tuple(second[2]), F32))
+    return lax.optimization_barrier(out)
+
+
+def products_during(ops, between):
+    """Independent products issued back to back (SMEM or 16-bit register left operands, zero
+    accumulators), then `between()` runs on the warpgroup while the tensor cores work, then one
+    wait. ops: (a, b, shape, ta, tb) each. Returns (their fp32 results, between's result)."""
+    if interpreting():
+        return (tuple(matmul(a, b, shape, ta=ta, tb=tb) for a, b, shape, ta, tb in ops),
+                between())
+
+    def scoped(*accs):
+        for acc, (a, b, _, ta, tb) in zip(accs, ops):
+            plgpu.wgmma(acc, a.T if ta else a, b.T if tb else b)
+        extra = between()
+        return tuple(acc[...] for acc in accs), extra
+
+    out = pl.run_scoped(scoped, *(plgpu.ACC(tuple(shape), F32) for _, _, shape, _, _ in ops))
     return lax.optimization_barrier(out)
 
 
