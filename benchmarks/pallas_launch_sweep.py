@@ -33,12 +33,17 @@ ENGINE = "fla_jax.ops.common.engine"
 
 
 def _value(text: str):
-    if text == "None":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        return text
+    """'None', 'True' / 'False', an int, a float, else the text ('False' must not stay a
+    truthy string)."""
+    named = {"None": None, "True": True, "False": False}
+    if text in named:
+        return named[text]
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def parse_variant(text: str) -> list:

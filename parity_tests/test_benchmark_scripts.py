@@ -156,6 +156,9 @@ def test_pallas_launch_sweep_overrides():
     parsed = sweep.parse_variant("launch.cumsum_scores:bk=16,num_warps=8;cumsum_scores:DIAG=split")
     assert parsed == [("launch", "cumsum_scores", {"bk": 16, "num_warps": 8}),
                       ("const", "cumsum_scores", {"DIAG": "split"})]
+    # booleans and floats are values, not strings ('False' was once a truthy string)
+    assert sweep.parse_variant("m:A=False,B=True,C=None,D=0.5") == [
+        ("const", "m", {"A": False, "B": True, "C": None, "D": 0.5})]
     before = launch.launch_for("cumsum_scores", 128, 128, jnp.bfloat16)
     other = launch.launch_for("output_fwd", 128, 128, jnp.bfloat16)
     diag = cumsum_scores.DIAG

@@ -271,17 +271,21 @@ def test_piece_scan_refuses_bad_inputs():
         piece_scan(m32, m32, None, N=1, P=4, K=32, x_row=32, backward=False)
 
 
-@pytest.mark.parametrize("dvl_in_prep", [False, True])
-def test_reverse_pass_register_scales_interpreted(dvl_in_prep, spy_split, monkeypatch):
-    """The opt-in reverse-pass variants (mosaic_bwd_states_ws.OPERAND_SCALES = "registers",
-    DVL_IN_PREP), interpreted in the split op (the reverse pass with stores over the pieces and
-    the no-store run, three stages) against the float64 oracle, fp16's tight tolerances."""
+@pytest.mark.parametrize("scales,dvl_in_prep", [("registers", True), ("registers", False),
+                                                 ("smem", True)])
+def test_reverse_pass_variants_interpreted(scales, dvl_in_prep, spy_split, monkeypatch):
+    """The reverse-pass variants (mosaic_bwd_states_ws.OPERAND_SCALES, DVL_IN_PREP; the first
+    pair the default, "smem" what jax < 0.11 lowers, which ignores DVL_IN_PREP), interpreted in
+    the split op (the reverse pass with stores over the pieces and the no-store run) against the
+    float64 oracle, fp16's tight tolerances."""
     from fla_jax.ops.gated_delta_rule import mosaic_bwd_states_ws as rs
-    monkeypatch.setattr(rs, "OPERAND_SCALES", "registers")
+    assert (rs.OPERAND_SCALES, rs.DVL_IN_PREP) == ("registers", True)
+    monkeypatch.setattr(rs, "OPERAND_SCALES", scales)
     monkeypatch.setattr(rs, "DVL_IN_PREP", dvl_in_prep)
     with gpu_interpret():
-        assert rs.plan(128, jnp.float16, store=False) == (3, "registers")
-        assert rs.plan(128, jnp.float16, store=True) == (2, "registers")
+        regs = scales == "registers"
+        assert rs.plan(128, jnp.float16, store=False) == (3 if regs else 2, scales)
+        assert rs.plan(128, jnp.float16, store=True) == (2, scales)
         assert_passed(check("chunk_gated_delta_rule", "mos_dr_split", "fp16", {"jax": "mosaic"}))
     assert set(spy_split) == {4}
     if not transposed_load_lowers():    # jax < 0.11 lowers "smem" regardless (2 stages)

@@ -19,14 +19,17 @@ dv_new^T Ag is rounded to the activations' dtype where that kernel read w' round
     WG2 (memory): TMA loads of q, k, do, T0 and the gate vectors into two stages.
 Barriers: in_bar (a stage landed), in_free (WG0 and WG1 done with a stage), prep (WG1's tiles
 of a stage written), seq_bar (each warpgroup's row of the sequence table), done.
-Opt-in variants (module constants, read when traced; not GPU-proven as defaults):
+Variants (module constants, read when traced). The defaults, GPU-proven (RESULTS.md run 27:
+parity 0 failed; H200 B1 T32768 GDN step 1.977 -> 1.923 ms, delta rule 1.883 -> 1.771):
     OPERAND_SCALES = "registers": the update's row scales go on WG0's register operands instead
         of SMEM tiles: (do^T diag(scale Gamma')) q - (dv_new^T Ag diag(Gamma')) k, do^T by a
-        transposed register load (jax >= 0.11; older jax keeps "smem"). WG1 then forms only P
-        and Ag; no Gamma' k tile, so the no-store run fits three stages (MAX_STAGES).
+        transposed register load (jax >= 0.11; older jax takes "smem", the earlier default:
+        Gamma' k as a tile WG1 writes, two stages). WG1 then forms only P and Ag; no Gamma' k
+        tile, so the no-store run fits three stages (MAX_STAGES).
     DVL_IN_PREP = True: WG1 also forms do^T P (rounded to q's dtype, over P), so WG0's chain
-        has three dependent products instead of four (with "smem" scales and two stages slower
-        on an H200: 287.9 -> 300.7 us at B1 T32768, RESULTS.md run 26).
+        has three dependent products instead of four. Only with "registers" scales: with
+        "smem" ones and two stages it was slower on an H200 (287.9 -> 300.7 us at B1 T32768,
+        RESULTS.md run 26).
 Outputs as mosaic_bwd_kernel.reverse_states: dh [R // C, HV, V, K] (L^T per chunk before its
 update), dvnT [HV, V, R] (both in q's dtype) and dh0T [N, HV, V, K] fp32.
 """
@@ -48,12 +51,12 @@ from .mosaic_fwd_kernel import BV, C, TABLE_WIDTH
 from .mosaic_fwd_ws import ag_over_t0, copy_gate_vectors, gate_vector_scratch
 
 MAX_K = 128
-STAGES = 2              # the default ("smem" scales); plan() takes up to MAX_STAGES
+STAGES = 2              # with "smem" scales; plan() takes up to MAX_STAGES with "registers"
 MAX_STAGES = 3
 APPROX_MATH = True      # ex2.approx for the decays (as mosaic_bwd_grads.APPROX_MATH)
 SMEM_BUDGET = 220 * 1024
-OPERAND_SCALES = "smem"     # or "registers" (opt-in, see the module docstring)
-DVL_IN_PREP = False         # opt-in, see the module docstring
+OPERAND_SCALES = "registers"    # or "smem" (see the module docstring)
+DVL_IN_PREP = True              # with "registers" scales only (see the module docstring)
 
 
 def scales_mode() -> str:
@@ -112,7 +115,8 @@ def reverse_states_ws(q, k, t0, do, gcum, gsuf, beta, table, dhtT, *, scale: flo
         raise ValueError(f"reverse_states_ws: K={K}, V={V}, {jnp.dtype(dt).name}; expected "
                          f"K <= {MAX_K} and V a multiple of {BV}")
     S, mode = plan(K, dt, store)
-    regs, dvl_prep = mode == "registers", bool(DVL_IN_PREP)
+    regs = mode == "registers"
+    dvl_prep = regs and bool(DVL_IN_PREP)
     scratch = dict(
         q_s=smem_tile((S, C, K), dt), k_s=smem_tile((S, C, K), dt),
         do_s=smem_tile((S, C, BV), dt),

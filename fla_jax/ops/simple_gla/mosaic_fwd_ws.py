@@ -43,7 +43,7 @@ KD_AHEAD = False
 
 def _stages(K, itemsize):
     per = (2 * C * K + C * BV) * itemsize + 3 * C * 4
-    fixed = 2 * BV * K * itemsize + (1 + KD_AHEAD) * C * K * itemsize + 2 * C * BV * itemsize
+    fixed = 2 * BV * K * itemsize + (2 if KD_AHEAD else 1) * C * K * itemsize + 2 * C * BV * itemsize
     fixed += 4096
     for s in (4, 3, 2):
         if s * per + fixed <= SMEM_BUDGET:
