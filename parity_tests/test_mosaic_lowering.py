@@ -124,14 +124,18 @@ def test_interpreted_against_float64(case, monkeypatch):
             assert_passed(check("chunk_simple_gla", case, dtype, {"jax": "mosaic"}))
 
 
-@pytest.mark.parametrize("overlap,kd_ahead", [(True, False), (False, True), (True, True)])
-def test_ws_overlap_interpreted_and_lowers(overlap, kd_ahead, monkeypatch):
+@pytest.mark.parametrize("overlap,kd_ahead,step", [(True, False, "kd"), (False, True, "kd"),
+                                                   (True, True, "kd"), (False, False, "vt")])
+def test_ws_variants_interpreted_and_lower(overlap, kd_ahead, step, monkeypatch):
     """mosaic_fwd_ws's opt-ins: OVERLAP (the output warpgroup's masks formed during q k^T;
     q S and P v issued together), KD_AHEAD (the state warpgroup forms the next chunk's decayed
-    keys during its product); interpreted vs float64 (h0, a partial last chunk) and lowered."""
+    keys during its product), STATE_STEP="vt" (decayed v^T in registers as the update's left
+    operand; jax < 0.11 lowers "kd"); interpreted vs float64 (h0, a partial last chunk) and
+    lowered."""
     from fla_jax.ops.simple_gla import mosaic_fwd_ws
     monkeypatch.setattr(mosaic_fwd_ws, "OVERLAP", overlap)
     monkeypatch.setattr(mosaic_fwd_ws, "KD_AHEAD", kd_ahead)
+    monkeypatch.setattr(mosaic_fwd_ws, "STATE_STEP", step)
     monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
     assert mosaic_fwd.TUNING["ws"]
     with gpu_interpret():

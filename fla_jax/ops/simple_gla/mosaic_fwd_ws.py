@@ -23,8 +23,9 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ..common.mosaic.serial import (carried_state, sequence_range, store_final_state,
                                     store_output)
-from ..common.mosaic.tiles import (COLS, F32, ROWS, build, causal_decay, load_vec,
-                                   load_wgmma, matmul, products_during, rows_of, smem_tile,
+from ..common.mosaic.tiles import (COLS, F32, ROWS, build, causal_decay, cols_of,
+                                   load_transposed, load_vec, load_wgmma, matmul,
+                                   products_during, rows_of, smem_tile, transposed_load_lowers,
                                    union)
 from ..common.mosaic.warpgroups import (finish_together, observe_last, registers,
                                         stream_stages)
@@ -39,11 +40,23 @@ OVERLAP = False
 # Opt-in, read when traced: the state warpgroup forms chunk c + 1's decayed keys (two SMEM
 # tiles) while chunk c's state product runs, so they are off its serial chain.
 KD_AHEAD = False
+# Opt-in, read when traced: "vt" forms the state update's left operand in registers, v^T
+# exp2(g_l - g2) by a transposed register load (jax >= 0.11), instead of the decayed keys
+# k exp2(g_l - g2) through an SMEM tile ("kd"); half the elements, no SMEM round trip, and
+# the freed tile lets 4 stages fit.
+STATE_STEP = "kd"
+
+
+def _vt() -> bool:
+    if STATE_STEP not in ("kd", "vt"):
+        raise ValueError(f"STATE_STEP={STATE_STEP!r}; expected 'kd' or 'vt'")
+    return STATE_STEP == "vt" and transposed_load_lowers()
 
 
 def _stages(K, itemsize):
     per = (2 * C * K + C * BV) * itemsize + 3 * C * 4
-    fixed = 2 * BV * K * itemsize + (2 if KD_AHEAD else 1) * C * K * itemsize + 2 * C * BV * itemsize
+    kd_tiles = 0 if _vt() else (2 if KD_AHEAD else 1)
+    fixed = 2 * BV * K * itemsize + kd_tiles * C * K * itemsize + 2 * C * BV * itemsize
     fixed += 4096
     for s in (4, 3, 2):
         if s * per + fixed <= SMEM_BUDGET:
@@ -67,6 +80,7 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, states: bool
     has_h0 = h0t is not None
     static_chunks = Tp // C
     S = _stages(K, jnp.dtype(dt).itemsize)
+    vt = _vt()
     out_type = [jax.ShapeDtypeStruct((Bq, Tp, H, V), dt),
                 jax.ShapeDtypeStruct((n_seqs, H, V, K), F32)]
     if states:
@@ -80,7 +94,9 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, states: bool
         g2_s=plgpu.SMEM((S, C), F32),
         # the published states; WG0's fp32 state before the first / after the last chunk
         pub_st=union(smem_tile((2, BV, K), dt), smem_tile((BV, K), F32)),
-        kd_s=smem_tile((2, C, K) if KD_AHEAD else (C, K), dt), o_s=smem_tile((2, C, BV), dt),
+        # the decayed keys (two tiles when formed a chunk ahead; none with "vt")
+        **({} if vt else {"kd_s": smem_tile((2, C, K) if KD_AHEAD else (C, K), dt)}),
+        o_s=smem_tile((2, C, BV), dt),
         in_bar=plgpu.Barrier(num_arrivals=6, num_barriers=S),
         in_free=plgpu.Barrier(num_arrivals=2, num_barriers=S),
         s_ready=plgpu.Barrier(num_arrivals=1, num_barriers=2),
@@ -92,8 +108,8 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, states: bool
     if varlen:
         scratch["seq_s"] = plgpu.SMEM((3, SEQ_COLS), jnp.int32)
 
-    def body(*refs, q_s, k_s, v_s, g0_s, g1_s, g2_s, pub_st, kd_s, o_s, in_bar, in_free, s_ready,
-             s_free, one_bar, seq_bar, done, seq_s=None):
+    def body(*refs, q_s, k_s, v_s, g0_s, g1_s, g2_s, pub_st, o_s, in_bar, in_free, s_ready,
+             s_free, one_bar, seq_bar, done, kd_s=None, seq_s=None):
         s_pub, st_s = pub_st
         refs = list(refs)
         q_ref, k_ref, v_ref, g_ref = (refs.pop(0) for _ in range(4))
@@ -143,14 +159,14 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, states: bool
                 dst[...] = (k_t * rows_of(jnp.exp2(g_last - g_row), (C, K))).astype(dt)
                 plgpu.commit_smem()
 
-            if KD_AHEAD:
+            if KD_AHEAD and not vt:
                 @pl.when(nc > 0)
                 def _():
                     form_kd(0, kd_s.at[0])
 
             def step(c, s_t):
                 slot, half = lax.rem(c, S), lax.rem(c, 2)
-                if not KD_AHEAD:
+                if vt or not KD_AHEAD:
                     plgpu.barrier_wait(in_bar.at[slot])
 
                 @pl.when(c >= 2)
@@ -166,7 +182,12 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, states: bool
                     plgpu.copy_smem_to_gmem(s_pub.at[half],
                                             hs_ref.at[b, h, c0 + c, pl.ds(v0, BV)])
                 g_last = g0_s[slot, C - 1]
-                if KD_AHEAD:    # chunk c + 1's decayed keys formed while this product runs
+                if vt:          # v^T exp2(g_l - g2) in registers, the product's left operand
+                    v_t = load_transposed(v_s.at[slot]).astype(F32)
+                    k_decay = jnp.exp2(g_last - load_vec(g0_s.at[slot], COLS))
+                    vd_t = (v_t * cols_of(k_decay, (BV, C))).astype(dt)
+                    s_new = matmul(vd_t, k_s.at[slot], (BV, K), init=s_t * jnp.exp2(g_last))
+                elif KD_AHEAD:    # chunk c + 1's decayed keys formed while this product runs
                     def ahead():
                         @pl.when(c + 1 < nc)
                         def _():
