@@ -174,11 +174,13 @@ def causal_decay(g_row, g_col, shape, transposed=False):
     return jnp.exp2(jnp.where(keep, expo, -jnp.inf))
 
 
-# Opt-in, not GPU-proven: every kernel under Lane semantics. Lowering (Python, part of a first
-# call) under jax 0.11.2 skips Mosaic's layout inference and dialect lowering: the GDN B1 T32768
-# forward 3.3 -> 2.2 s, its training step 8.3 -> 4.8 s (export_for_cuda on a CPU, RESULTS.md run
-# 26). Under jax 0.10 every kernel lowers this way already (its default).
-LANE_ALL = False
+# Every kernel under Lane semantics (jax 0.10's default; jax 0.11 defaults to Warpgroup). It
+# skips Mosaic's layout inference and dialect lowering, the Python part of a first call: on a
+# CPU under jax 0.11.2 the GDN B1 T32768 forward + step lower in 5.5 s instead of 9.3
+# (RESULTS.md run 26); H200 (run 27): GPU parity of every Mosaic op 0 failed, first calls
+# GLA B4 T4096 18.7 -> 16.3 s, run times unchanged (GLA 0.384 / 1.707 vs 0.388 / 1.704 ms).
+# False: each kernel's own choice (`lane=`).
+LANE_ALL = True
 
 
 def compiler_params(approx_math=False, lane=False):
