@@ -124,21 +124,22 @@ def test_interpreted_against_float64(case, monkeypatch):
             assert_passed(check("chunk_simple_gla", case, dtype, {"jax": "mosaic"}))
 
 
-@pytest.mark.parametrize("overlap,kd_ahead,step", [(True, False, "kd"), (False, True, "kd"),
-                                                   (True, True, "kd"), (False, False, "vt")])
-def test_ws_variants_interpreted_and_lower(overlap, kd_ahead, step, monkeypatch):
-    """mosaic_fwd_ws's opt-ins: OVERLAP (the output warpgroup's masks formed during q k^T;
-    q S and P v issued together), KD_AHEAD (the state warpgroup forms the next chunk's decayed
-    keys during its product), STATE_STEP="vt" (decayed v^T in registers as the update's left
-    operand; jax < 0.11 lowers "kd"); interpreted vs float64 (h0, a partial last chunk) and
-    lowered."""
+@pytest.mark.parametrize("step,overlap", [("kd", False), ("kd", True), ("vt", False),
+                                           ("vt", True)])
+def test_ws_variants_interpreted_and_lower(step, overlap, monkeypatch):
+    """mosaic_fwd_ws's choices (STATE_STEP "vt": decayed v^T in registers as the update's left
+    operand, "kd": decayed keys through SMEM; OVERLAP: the output warpgroup's masks formed during
+    q k^T, q S and P v issued together), set alike for the inference and the training forward:
+    interpreted vs float64 (h0, a partial last chunk; forward and gradients) and lowered."""
     from fla_jax.ops.simple_gla import mosaic_fwd_ws
-    monkeypatch.setattr(mosaic_fwd_ws, "OVERLAP", overlap)
-    monkeypatch.setattr(mosaic_fwd_ws, "KD_AHEAD", kd_ahead)
-    monkeypatch.setattr(mosaic_fwd_ws, "STATE_STEP", step)
+    assert mosaic_fwd_ws.choices(False)[1] and not mosaic_fwd_ws.choices(True)[1]
+    for name, value in (("STATE_STEP", step), ("TRAIN_STATE_STEP", step), ("OVERLAP", overlap),
+                        ("TRAIN_OVERLAP", overlap)):
+        monkeypatch.setattr(mosaic_fwd_ws, name, value)
     monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
     assert mosaic_fwd.TUNING["ws"]
     with gpu_interpret():
+        assert mosaic_fwd_ws.choices(False) == (step == "vt", overlap)
         assert_passed(check("chunk_simple_gla", "mos_sgla_g_h0_t150", "bf16", {"jax": "mosaic"}))
     assert "simple_gla_mosaic_fwd_ws" in _lower(128, "fp16", varlen=True, backward=False)
 

@@ -33,30 +33,34 @@ from .mosaic_fwd import BV, C, SEQ_COLS
 
 SMEM_BUDGET = 220 * 1024
 MAX_K = 128
-# Opt-in, read when traced: the output warpgroup forms the decay masks while q k^T runs and
-# issues q S and P v together (two accumulators, one wait) instead of one product at a time.
-# The trace of run 27 (benchmarks/mosaic_trace.py) shows that warpgroup setting the pace.
-OVERLAP = False
-# Opt-in, read when traced: the state warpgroup forms chunk c + 1's decayed keys (two SMEM
-# tiles) while chunk c's state product runs, so they are off its serial chain.
-KD_AHEAD = False
-# Opt-in, read when traced: "vt" forms the state update's left operand in registers, v^T
-# exp2(g_l - g2) by a transposed register load (jax >= 0.11), instead of the decayed keys
-# k exp2(g_l - g2) through an SMEM tile ("kd"); half the elements, no SMEM round trip, and
-# the freed tile lets 4 stages fit.
-STATE_STEP = "kd"
+# Two choices per forward, read when traced: the inference forward (output and final state)
+# and the training forward (`states`: it also TMA-stores every chunk's entering state).
+#   STATE_STEP "vt": the state update's left operand is v^T exp2(g_l - g2) in registers (a
+#     transposed register load, jax >= 0.11; older jax takes "kd"), no SMEM round trip, and the
+#     freed tile lets 4 stages fit at K = 128; "kd": the decayed keys k exp2(g_l - g2) through
+#     an SMEM tile, v^T from SMEM.
+#   OVERLAP: the output warpgroup forms the decay masks while q k^T runs and issues q S and
+#     P v together (two accumulators, one wait) instead of one product at a time.
+# H200, B4 T4096 H16 K=V=128 bf16, kernel device us (RESULTS.md run 27, kernel_profile.py;
+# jla's sg_fused_fwd 78.2): inference kd 84.9-86.0, vt 84.1, OVERLAP alone 88.0, **vt +
+# OVERLAP 76.3**; training kd 106.9, vt 111.6, vt + OVERLAP 110.0. GPU parity of both 0 failed.
+STATE_STEP = "vt"
+OVERLAP = True
+TRAIN_STATE_STEP = "kd"
+TRAIN_OVERLAP = False
 
 
-def _vt() -> bool:
-    if STATE_STEP not in ("kd", "vt"):
-        raise ValueError(f"STATE_STEP={STATE_STEP!r}; expected 'kd' or 'vt'")
-    return STATE_STEP == "vt" and transposed_load_lowers()
+def choices(states: bool) -> tuple[bool, bool]:
+    """(vt, overlap) of the forward with or without `states`."""
+    step, overlap = (TRAIN_STATE_STEP, TRAIN_OVERLAP) if states else (STATE_STEP, OVERLAP)
+    if step not in ("kd", "vt"):
+        raise ValueError(f"state step {step!r}; expected 'kd' or 'vt'")
+    return step == "vt" and transposed_load_lowers(), bool(overlap)
 
 
-def _stages(K, itemsize):
+def _stages(K, itemsize, vt=False):
     per = (2 * C * K + C * BV) * itemsize + 3 * C * 4
-    kd_tiles = 0 if _vt() else (2 if KD_AHEAD else 1)
-    fixed = 2 * BV * K * itemsize + kd_tiles * C * K * itemsize + 2 * C * BV * itemsize
+    fixed = 2 * BV * K * itemsize + (0 if vt else C * K * itemsize) + 2 * C * BV * itemsize
     fixed += 4096
     for s in (4, 3, 2):
         if s * per + fixed <= SMEM_BUDGET:
@@ -79,8 +83,8 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, states: bool
     varlen = seq is not None
     has_h0 = h0t is not None
     static_chunks = Tp // C
-    S = _stages(K, jnp.dtype(dt).itemsize)
-    vt = _vt()
+    vt, overlap = choices(states)
+    S = _stages(K, jnp.dtype(dt).itemsize, vt)
     out_type = [jax.ShapeDtypeStruct((Bq, Tp, H, V), dt),
                 jax.ShapeDtypeStruct((n_seqs, H, V, K), F32)]
     if states:
@@ -94,8 +98,7 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, states: bool
         g2_s=plgpu.SMEM((S, C), F32),
         # the published states; WG0's fp32 state before the first / after the last chunk
         pub_st=union(smem_tile((2, BV, K), dt), smem_tile((BV, K), F32)),
-        # the decayed keys (two tiles when formed a chunk ahead; none with "vt")
-        **({} if vt else {"kd_s": smem_tile((2, C, K) if KD_AHEAD else (C, K), dt)}),
+        **({} if vt else {"kd_s": smem_tile((C, K), dt)}),     # the decayed keys ("kd")
         o_s=smem_tile((2, C, BV), dt),
         in_bar=plgpu.Barrier(num_arrivals=6, num_barriers=S),
         in_free=plgpu.Barrier(num_arrivals=2, num_barriers=S),
@@ -150,24 +153,9 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, states: bool
             s0 = carried_state(h0_ref.at[n, h, pl.ds(v0, BV)] if has_h0 else None, st_s,
                                one_bar.at[0], (BV, K))
 
-            def form_kd(c, dst):    # chunk c landed: k exp2(g_l - g2) into dst
-                slot = lax.rem(c, S)
-                plgpu.barrier_wait(in_bar.at[slot])
-                g_row = load_vec(g0_s.at[slot], ROWS)
-                g_last = g0_s[slot, C - 1]
-                k_t = load_wgmma(k_s.at[slot]).astype(F32)
-                dst[...] = (k_t * rows_of(jnp.exp2(g_last - g_row), (C, K))).astype(dt)
-                plgpu.commit_smem()
-
-            if KD_AHEAD and not vt:
-                @pl.when(nc > 0)
-                def _():
-                    form_kd(0, kd_s.at[0])
-
             def step(c, s_t):
                 slot, half = lax.rem(c, S), lax.rem(c, 2)
-                if vt or not KD_AHEAD:
-                    plgpu.barrier_wait(in_bar.at[slot])
+                plgpu.barrier_wait(in_bar.at[slot])
 
                 @pl.when(c >= 2)
                 def _():     # WG1 has read the tile published two chunks ago
@@ -187,13 +175,6 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, states: bool
                     k_decay = jnp.exp2(g_last - load_vec(g0_s.at[slot], COLS))
                     vd_t = (v_t * cols_of(k_decay, (BV, C))).astype(dt)
                     s_new = matmul(vd_t, k_s.at[slot], (BV, K), init=s_t * jnp.exp2(g_last))
-                elif KD_AHEAD:    # chunk c + 1's decayed keys formed while this product runs
-                    def ahead():
-                        @pl.when(c + 1 < nc)
-                        def _():
-                            form_kd(c + 1, kd_s.at[1 - half])
-                    s_new = matmul(v_s.at[slot], kd_s.at[half], (BV, K),
-                                   init=s_t * jnp.exp2(g_last), ta=True, during=ahead)
                 else:
                     g_row = load_vec(g0_s.at[slot], ROWS)
                     k_t = load_wgmma(k_s.at[slot]).astype(F32)
@@ -220,7 +201,7 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, states: bool
                 plgpu.barrier_wait(in_bar.at[slot])
                 g_row = load_vec(g1_s.at[slot], ROWS)
                 g_col = load_vec(g2_s.at[slot], COLS)
-                if OVERLAP:     # the masks formed while q k^T runs; q S and P v in flight at once
+                if overlap:     # the masks formed while q k^T runs; q S and P v in flight at once
                     (p,), (d, q_decay) = products_during(
                         [(q_s.at[slot], k_s.at[slot], (C, C), False, True)],
                         lambda: (causal_decay(g_row, g_col, (C, C)), jnp.exp2(g_row)))

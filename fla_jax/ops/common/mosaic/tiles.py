@@ -38,34 +38,27 @@ def union(*groups):
     return plgpu.RefUnion(*groups)
 
 
-def matmul(a, b, shape, init=None, ta=False, tb=False, during=None):
+def matmul(a, b, shape, init=None, ta=False, tb=False):
     """init + op(a) @ op(b), fp32 accumulation on the tensor cores (op: transpose where ta /
     tb). a: SMEM ref or 16-bit register tile (WGMMA layout; ta needs a ref); b: SMEM ref
-    (transposes of 16-bit refs only). during: a callable (side effects only) the warpgroup
-    runs while the product is in flight; it must not touch the operands. The result passes an
-    optimization barrier so that no arithmetic on it is scheduled before the wgmma wait."""
+    (transposes of 16-bit refs only). The result passes an optimization barrier so that no
+    arithmetic on it is scheduled before the wgmma wait."""
     if interpreting():    # transposed refs, run_state and register operands do not interpret
         av = a[...] if hasattr(a, "at") else a
         av = av.T if ta else av
         bv = b[...].T if tb else b[...]
         out = jnp.dot(av.astype(F32), bv.astype(F32), precision=lax.Precision.HIGHEST)
-        if during is not None:
-            during()
         return out if init is None else init + out
     a = a.T if ta else a
     b = b.T if tb else b
     if init is None:
         def scoped(acc):
             plgpu.wgmma(acc, a, b)
-            if during is not None:
-                during()
             return acc[...]
         out = pl.run_scoped(scoped, plgpu.ACC(tuple(shape), F32))
     else:
         def body(acc):
             plgpu.wgmma(acc, a, b)
-            if during is not None:
-                during()
         out = pl.run_state(body)(plgpu.ACC.init(init))
     return lax.optimization_barrier(out)
 
