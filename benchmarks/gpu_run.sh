@@ -201,35 +201,15 @@ for step in ${STEPS:-1 2 3 4 5 6 10}; do
           | tee -a "$OUT/bench.txt"
         timeout ${BENCH_S:-300} python3 benchmarks/kernel_profile.py --ops simple_gla \
           --paths mosaic jla 2>&1 | grep -v -E "Warning|USDT" | tee -a "$OUT/bench.txt" ;;
-    # issue 11 (RESULTS.md run 26): where simple GLA's forward loses 5 us to jla's same-design
-    # kernel (per-warpgroup regions, Mosaic's on-device profiler), then the opt-in reverse-pass
-    # variants (step 1.984 -> 1.914 ms at B1 T32768, timed without parity) against the default at
-    # both shapes. Their parity first: MODE=parity IMPLS=mosaic DTYPES="bf16 fp16"
-    # OVERRIDE="fla_jax.ops.gated_delta_rule.mosaic_bwd_states_ws:OPERAND_SCALES=registers,DVL_IN_PREP=True"
-    # JOBS="chunk_gated_delta_rule:gpu_strong_edges,gpu_strong_uniform chunk_gated_delta_rule:gpu_4k
-    # chunk_gated_delta_rule:gpu_varlen chunk_gated_delta_rule:gpu_t16k chunk_gated_delta_rule:gpu_gqa
-    # chunk_delta_rule:gpu_4k,gpu_strong_uniform chunk_delta_rule:gpu_t16k chunk_delta_rule:gpu_varlen"
-    24) timeout ${BENCH_S:-300} python3 benchmarks/mosaic_trace.py --op simple_gla --shape B4T4096 \
-          --paths mosaic jla 2>&1 | grep -v Warning | tee -a "$OUT/bench.txt"
-        RS=fla_jax.ops.gated_delta_rule.mosaic_bwd_states_ws
-        for shape in B4T4096 B1T32768; do
-          timeout ${BENCH_S:-300} python3 benchmarks/pallas_launch_sweep.py --op gated_delta_rule \
-            --impl mosaic --shape $shape --variant "$RS:OPERAND_SCALES=registers" \
-            --variant "$RS:OPERAND_SCALES=registers,DVL_IN_PREP=True" 2>&1 | grep -v Warning \
-            | tee -a "$OUT/bench.txt"
-        done
-        # every kernel under Lane semantics (tiles.LANE_ALL, opt-in): lowering 9.3 -> 5.5 s at
-        # B1 T32768 on a CPU; the first calls and the rows on the GPU (its parity: MODE=parity
-        # IMPLS=mosaic OVERRIDE=fla_jax.ops.common.mosaic.tiles:LANE_ALL=True, every Mosaic op)
-        for lane in False True; do
-          timeout ${BENCH_S:-300} python3 benchmarks/with_override.py \
-            "fla_jax.ops.common.mosaic.tiles:LANE_ALL=$lane" -m compile_time \
-            --op gated_delta_rule --shape B1T32768 --path mosaic 2>&1 | grep -v Warning \
-            | tee -a "$OUT/bench.txt"
-        done
-        timeout ${BENCH_S:-300} python3 benchmarks/pallas_launch_sweep.py --op gated_delta_rule \
-          --impl mosaic --shape B4T4096 --variant "fla_jax.ops.common.mosaic.tiles:LANE_ALL=True" \
-          2>&1 | grep -v Warning | tee -a "$OUT/bench.txt" ;;
+    # issue 11 (RESULTS.md run 27): the rows whose jla half the time limits cut (GQA GDN,
+    # simple GLA B1 T32768), then where the first calls that miss 20 s go (GQA GDN 21.7 s,
+    # the delta family at T32768 31-35 s: ~2.4 s of backend compile per Mosaic kernel)
+    24) b 24a --ops gated_delta_rule --dtypes bf16 --shapes GQA_H8HV16 --paths mosaic jla
+        b 24b --ops simple_gla --dtypes bf16 --shapes B1T32768 --paths mosaic jla
+        for shape in GQA_H8HV16 B1T32768; do
+          timeout ${BENCH_S:-300} python3 benchmarks/compile_time.py --op gated_delta_rule \
+            --shape $shape --path mosaic 2>&1 | grep -v Warning | tee -a "$OUT/bench.txt"
+        done ;;
     # issue 10: the GLA forward (1.08x FLA on the H200, run 13): cumsum_scores spills at the
     # shipped 4 warps / BK 32 (offline sm_90 compile: 255 registers, 408 B stack; 8 warps /
     # BK 16: 192, none), so time its launch variants on the whole op, defaults first.
