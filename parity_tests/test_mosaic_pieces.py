@@ -271,11 +271,10 @@ def test_piece_scan_refuses_bad_inputs():
         piece_scan(m32, m32, None, N=1, P=4, K=32, x_row=32, backward=False)
 
 
-@pytest.mark.parametrize("scales,dvl_in_prep", [("registers", True), ("registers", False),
-                                                 ("smem", True)])
+@pytest.mark.parametrize("scales,dvl_in_prep", [("registers", True), ("smem", True)])
 def test_reverse_pass_variants_interpreted(scales, dvl_in_prep, spy_split, monkeypatch):
-    """The reverse-pass variants (mosaic_bwd_states_ws.OPERAND_SCALES, DVL_IN_PREP; the first
-    pair the default, "smem" what jax < 0.11 lowers, which ignores DVL_IN_PREP), interpreted in
+    """The reverse-pass variants (mosaic_bwd_states_ws.OPERAND_SCALES, DVL_IN_PREP: the default,
+    and "smem", what jax < 0.11 lowers, which ignores DVL_IN_PREP), interpreted in
     the split op (the reverse pass with stores over the pieces and the no-store run) against the
     float64 oracle, fp16's tight tolerances."""
     from fla_jax.ops.gated_delta_rule import mosaic_bwd_states_ws as rs
