@@ -23,7 +23,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ..common.mosaic.tiles import (COLS, F32, ROWS, build, causal_decay, load_vec, load_wgmma,
-                                   matmul, matmul_pair, rows_of, smem_tile, union, zeros_wgmma)
+                                   matmul, products_during, rows_of, smem_tile, union,
+                                   zeros_wgmma)
 
 C = 64
 BV = 64
@@ -128,9 +129,9 @@ def forward(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, out_final: bool
             plgpu.commit_smem()
             g_col = load_vec(g_s.at[slot], COLS)
             if TUNING["overlap"]:   # q k^T and q S in flight while the decays are formed
-                p, o, (d, q_decay) = matmul_pair(
-                    (q_s.at[slot], k_s.at[slot], (C, C), False, True),
-                    (q_s.at[slot], s_s, (C, BV), False, True),
+                (p, o), (d, q_decay) = products_during(
+                    [(q_s.at[slot], k_s.at[slot], (C, C), False, True),
+                     (q_s.at[slot], s_s, (C, BV), False, True)],
                     lambda: (causal_decay(g_row, g_col, (C, C)),
                              rows_of(jnp.exp2(g_row), (C, BV))))
                 p = (p * d).astype(dt)

@@ -209,7 +209,7 @@ def forward_ws(q, k, v, g2, h0t, seq, *, scale: float, n_seqs: int, states: bool
                     plgpu.barrier_wait(s_ready.at[half])
                     (oq, pv), _ = products_during(
                         [(q_s.at[slot], s_pub.at[half], (C, BV), False, True),
-                         (p, v_s.at[slot], (C, BV), False, False)], lambda: None)
+                         (p, v_s.at[slot], (C, BV), False, False)])
                     o = oq * rows_of(q_decay, (C, BV)) + pv
                 else:
                     p = matmul(q_s.at[slot], k_s.at[slot], (C, C), tb=True)

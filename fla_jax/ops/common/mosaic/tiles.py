@@ -80,37 +80,23 @@ def matmul_sum(pairs, shape):
     return lax.optimization_barrier(pl.run_scoped(scoped, plgpu.ACC(tuple(shape), F32)))
 
 
-def matmul_pair(first, second, between=None):
-    """Two independent products issued back to back (the tensor cores run them while the
-    warpgroup computes `between()`), then read: returns (out1, out2, between's result).
-    first, second: (a, b, shape, ta, tb) as in `matmul` (SMEM operands; no init)."""
-    if interpreting():
-        outs = [matmul(a, b_, shape, ta=ta, tb=tb) for a, b_, shape, ta, tb in (first, second)]
-        return outs[0], outs[1], None if between is None else between()
-
-    def scoped(acc1, acc2):
-        for acc, (a, b_, _, ta, tb) in ((acc1, first), (acc2, second)):
-            plgpu.wgmma(acc, a.T if ta else a, b_.T if tb else b_)
-        extra = None if between is None else between()
-        return acc1[...], acc2[...], extra
-
-    out = pl.run_scoped(scoped, plgpu.ACC(tuple(first[2]), F32), plgpu.ACC(tuple(second[2]), F32))
-    return lax.optimization_barrier(out)
-
-
-def products_during(ops, between):
+def products_during(ops, between=None):
     """Independent products issued back to back (SMEM or 16-bit register left operands, zero
-    accumulators), then `between()` runs on the warpgroup while the tensor cores work, then one
-    wait. ops: (a, b, shape, ta, tb) each. Returns (their fp32 results, between's result)."""
+    accumulators), then `between()` (if given) runs on the warpgroup while the tensor cores
+    work, then one wait. ops: (a, b, shape, ta, tb) each, as in `matmul`. Returns (their fp32
+    results, between's result or None)."""
+    def extra():
+        return None if between is None else between()
+
     if interpreting():
         return (tuple(matmul(a, b, shape, ta=ta, tb=tb) for a, b, shape, ta, tb in ops),
-                between())
+                extra())
 
     def scoped(*accs):
         for acc, (a, b, _, ta, tb) in zip(accs, ops):
             plgpu.wgmma(acc, a.T if ta else a, b.T if tb else b)
-        extra = between()
-        return tuple(acc[...] for acc in accs), extra
+        done = extra()
+        return tuple(acc[...] for acc in accs), done
 
     out = pl.run_scoped(scoped, *(plgpu.ACC(tuple(shape), F32) for _, _, shape, _, _ in ops))
     return lax.optimization_barrier(out)
