@@ -6,8 +6,11 @@ the forward and the training step of one op at one shape (run.py's calls: `jax_c
         --path mosaic [--dtype bf16]
 
 One process per (path, shape): the forward first, then the step, as run.py times them (the
-step reuses what the forward compiled: Mosaic GPU kernels are cached by their module, XLA's
-autotuning results by the fusion). Also prints JAX's own compile-event durations (trace,
+step reuses what the forward compiled where the modules match: Mosaic GPU caches compiled
+kernels by their module's hash -- jax 0.11 stamps each lowering anew, see
+fla_jax/ops/common/mosaic/kernel_cache.py -- and XLA its autotuning results by the fusion).
+The step takes do as an argument, as in training (run.py's default; FLA_BENCH_CONST_DO=1
+closes over it: a [B, T, HV, V] constant in the program, ~4 s more XLA compile at B1 T32768). Also prints JAX's own compile-event durations (trace,
 jaxpr -> MLIR, backend compile) and the custom calls in each program. Diagnose XLA's share
 with XLA_FLAGS=--xla_gpu_autotune_level=0 in a separate process (never a library setting).
 """
@@ -43,8 +46,6 @@ def main(argv=None):
         lambda name, secs, **kw: events.__setitem__(name, events[name] + secs))
 
     x = bench.make_numpy(a.op, bench.SHAPES[a.shape])
-    if os.environ.get("FLA_BENCH_TRACED_DO"):
-        raise SystemExit("compile_time.py times run.py's default (constant do) programs only")
     if a.path == "jla":
         fwd, step, args = bench.jla_programs(a.op, x, a.dtype)
     else:
@@ -52,14 +53,18 @@ def main(argv=None):
     total = 0.0
     for name, fn in (("fwd", fwd), ("step", step)):
         events.clear()
+        prog_args = args
+        if hasattr(fn, "traced_do"):       # do is an argument (run.py's default)
+            fn, do = fn.traced_do
+            prog_args = [do, *args]
         t0 = time.perf_counter()
-        lowered = fn.lower(*args)
+        lowered = fn.lower(*prog_args)
         t1 = time.perf_counter()
         compiled = lowered.compile()
         t2 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
+        jax.block_until_ready(compiled(*prog_args))
         t3 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
+        jax.block_until_ready(compiled(*prog_args))
         t4 = time.perf_counter()
         txt = lowered.as_text()
         calls = collections.Counter(re.findall(r"custom_call @(\w+)", txt))
@@ -79,7 +84,9 @@ def main(argv=None):
         print(f"{a.path} {a.op} {a.shape} {a.dtype} forward again (a new program): lower "
               f"{t1 - t0:.2f} s, compile {t2 - t1:.2f} s", flush=True)
     print(f"{a.path} {a.op} {a.shape} {a.dtype}: first calls together {total:.1f} s "
-          f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})", flush=True)
+          f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, "
+          f"do {'a constant' if os.environ.get('FLA_BENCH_CONST_DO') else 'an argument'})",
+          flush=True)
 
 
 if __name__ == "__main__":

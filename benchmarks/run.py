@@ -11,7 +11,10 @@ FLA and against jla from the same run.
 
 Timing: torch with CUDA events (triton.testing.do_bench, median); JAX by wall clock around
 block_until_ready over loops of 10 calls (median of 15 loops). Warm-up (compile, autotune) is
-excluded and reported separately as each path's first-call time.
+excluded and reported separately as each path's first-call time. A JAX path's training step
+takes do as an argument, as in training (FLA_BENCH_CONST_DO=1: closed over as a constant, the
+harness before RESULTS.md run 28, which let XLA fold work on do alone -- e.g. GLA's transposed
+copies of do -- and put a [B, T, HV, V] literal into every step program's compile).
 """
 from __future__ import annotations
 
@@ -139,16 +142,20 @@ def training_step(f, do):
     def step(*p):
         o, vjp = jax.vjp(f, *p)
         return o, vjp(do)
-    if not os.environ.get("FLA_BENCH_TRACED_DO"):
+    if os.environ.get("FLA_BENCH_CONST_DO"):
         return jax.jit(step)
 
-    # FLA_BENCH_TRACED_DO=1: do is an argument of the timed program, as in training (a
-    # constant do lets XLA fold what the backward computes from do alone, e.g. a transpose)
+    # do is an argument of the timed program, as in training (a constant do lets XLA fold
+    # what the backward computes from do alone, e.g. a transpose)
     def step_do(d, *p):
         o, vjp = jax.vjp(f, *p)
         return o, vjp(d)
     jitted = jax.jit(step_do)
-    return lambda *p: jitted(do, *p)
+
+    def call(*p):
+        return jitted(do, *p)
+    call.traced_do = (jitted, do)     # compile_time.py lowers the program itself
+    return call
 
 
 def jax_programs(op, x, dtype, impl):

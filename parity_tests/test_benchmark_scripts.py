@@ -322,3 +322,46 @@ def test_mosaic_trace_profiled_patches():
     (n1, p1), (n2, p2) = seen
     assert p1.profile_space == 7 and p1.profile_dir == "/tmp/mosaic_trace_test/a_fwd_ws"
     assert p2.profile_space == 0 and p2.profile_dir == ""
+
+
+def test_training_step_takes_do_as_an_argument(monkeypatch):
+    """run.py's JAX training step: do is an argument of the jitted program (as in training), the
+    same values as the FLA_BENCH_CONST_DO=1 program that closes over it; the kernel-by-kernel
+    compile tool finds the step's kernels through it."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    run = _load("run")
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((4, 8)), jnp.float32)
+    do = jnp.asarray(np.random.default_rng(1).standard_normal((4, 8)), jnp.float32)
+
+    def f(a):
+        return jnp.tanh(a) * a
+
+    monkeypatch.delenv("FLA_BENCH_CONST_DO", raising=False)
+    step = run.training_step(f, do)
+    jitted, bound = step.traced_do
+    assert bound is do
+    assert len(jitted.trace(do, x).jaxpr.jaxpr.invars) == 2      # do and x, no constant do
+    monkeypatch.setenv("FLA_BENCH_CONST_DO", "1")
+    const = run.training_step(f, do)
+    assert not hasattr(const, "traced_do")
+    (o1, (g1,)), (o2, (g2,)) = step(x), const(x)
+    np.testing.assert_array_equal(np.asarray(o1), np.asarray(o2))
+    np.testing.assert_allclose(np.asarray(g1), np.asarray(g2), rtol=1e-6)
+    t = jnp.tanh(x)
+    np.testing.assert_allclose(np.asarray(g1), np.asarray(do * (t + x * (1 - t ** 2))),
+                               rtol=1e-5)
+
+
+def test_kernel_compile_time_lists_the_mosaic_kernels(tmp_path):
+    """benchmarks/kernel_compile_time.py --lower-only (no GPU): one row per Mosaic kernel of the
+    forward and of the training step, the forward's kernels again in the step."""
+    p = _run(["benchmarks/kernel_compile_time.py", "--lower-only", "--op", "simple_gla",
+              "--shape", "B4T4096"], tmp_path, interpret=False)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [ln.split("|")[1:3] for ln in p.stdout.splitlines() if ln.startswith("| fwd") or
+            ln.startswith("| step")]
+    fwd = [k.strip() for prog, k in rows if prog.strip() == "fwd" and k.strip() != "all"]
+    step = [k.strip() for prog, k in rows if prog.strip() == "step" and k.strip() != "all"]
+    assert fwd and len(step) > len(fwd), p.stdout

@@ -15,6 +15,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from .kernel_cache import keep_hash_stable
+
 F32 = jnp.float32
 LOG2E = math.log2(math.e)
 WGMMA = plgpu.Layout.WGMMA
@@ -202,6 +204,7 @@ def build(body, *, name, out_type, scratch, grid, grid_names, threads=1, approx_
     if interpreting():
         return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
                             grid_names=grid_names, interpret=_INTERPRET[0], **kw)
+    keep_hash_stable(name)     # compiled once per process however often it is lowered
     return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
                         grid_names=grid_names, compiler_params=compiler_params(approx_math, lane),
                         kernel_name=name, **kw)
