@@ -12,7 +12,8 @@ fla_jax/ops/common/mosaic/kernel_cache.py -- and XLA its autotuning results by t
 The step takes do as an argument, as in training (run.py's default; FLA_BENCH_CONST_DO=1
 closes over it: a [B, T, HV, V] constant in the program, ~4 s more XLA compile at B1 T32768).
 Also prints JAX's own compile-event durations (trace, jaxpr -> MLIR, backend compile) and the
-custom calls in each program. Diagnose XLA's share with XLA_FLAGS=--xla_gpu_autotune_level=0 in a separate process (never a library setting).
+custom calls in each program. Diagnose XLA's share with XLA_FLAGS=--xla_gpu_autotune_level=0
+in a separate process (never a library setting).
 """
 from __future__ import annotations
 
