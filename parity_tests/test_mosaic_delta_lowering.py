@@ -158,6 +158,39 @@ def test_ws_forward_v_transposed_by_load(monkeypatch):
     assert "gdn_fwd_ws" in _lower(128, "bf16", varlen=True, backward=False)
 
 
+def test_ws_forward_later_in_kernel(monkeypatch):
+    """mosaic_fwd_ws.LATER_IN_KERNEL (opt-in): the update's decay exp2(G_last - G) from G's
+    columns in registers instead of the G_last - G vector. Interpreted, the forward's o and
+    final state match the default's to fp32 rounding of the decays (fails when the decay is off
+    by 2^-10 in log2 units); the kernel lowers, and its program no longer reads G_last - G."""
+    from fla_jax.ops.gated_delta_rule import mosaic_fwd_ws
+    rng = np.random.default_rng(5)
+    B, T, H, HV, K, V = 1, 2 * C, 1, 2, 64, 64
+    q, k = (jnp.asarray(rng.standard_normal((B, T, H, K)) / 8, jnp.bfloat16) for _ in range(2))
+    v = jnp.asarray(rng.standard_normal((B, T, HV, V)), jnp.bfloat16)
+    g = jnp.asarray(-rng.uniform(0, 0.3, (B, T, HV)), jnp.float32)
+    beta = jnp.asarray(rng.uniform(0.1, 1.0, (B, T, HV)), jnp.float32)
+    h0 = jnp.asarray(rng.standard_normal((B, HV, K, V)), jnp.float32)
+    outs = []
+    for in_kernel in (False, True):
+        monkeypatch.setattr(mosaic_fwd_ws, "LATER_IN_KERNEL", in_kernel)
+        with gpu_interpret():
+            outs.append(mosaic_chunk.forward(q, k, v, g, beta, h0, None, scale=0.125, l2=False))
+    (o0, h0_), (o1, h1) = outs
+    assert np.isfinite(np.asarray(h1)).all()
+    np.testing.assert_allclose(np.asarray(h1), np.asarray(h0_), rtol=1e-5, atol=1e-5)
+    # o in bf16: at most one rounding step apart
+    np.testing.assert_allclose(np.asarray(o1, np.float32), np.asarray(o0, np.float32),
+                               rtol=2 ** -7, atol=1e-3)
+    texts = {}
+    for in_kernel in (False, True):
+        monkeypatch.setattr(mosaic_fwd_ws, "LATER_IN_KERNEL", in_kernel)
+        texts[in_kernel] = _lower(128, "bf16", varlen=True, backward=False)
+        assert "gdn_fwd_ws" in texts[in_kernel]
+    # G_last - G (an XLA subtract) is formed only for the default kernel
+    assert texts[True].count("stablehlo.subtract") < texts[False].count("stablehlo.subtract")
+
+
 @pytest.mark.parametrize("case", ["mos_dr_gqa_h0_t100", "mos_dr_strong"])
 def test_one_warpgroup_gradients_interpreted(case, monkeypatch):
     """mosaic_bwd_grads.WARPGROUPS = 1 (the one-warpgroup kernel, no longer the default): the

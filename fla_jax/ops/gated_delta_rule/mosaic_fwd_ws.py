@@ -55,6 +55,14 @@ SMEM_BUDGET = 220 * 1024
 # regardless). Both GPU-proven (RESULTS.md run 20). The load frees the identity's 8 KB of
 # shared memory, which lets K = 128 take a third input stage.
 IDENTITY_V_T = False
+# The update's decay exp2(G_last - G) from the chunk's G already in registers (True: no
+# G_last - G vector is read, so a forward without the split's map pass needs none, and XLA
+# drops its slice and multiply kernels: RESULTS.md run 28 put the GDN B4 T4096 forward's glue
+# at 4 kernels, 10.2 us, against jla's 3, 7.1) or from the G_last - G vector (False, the
+# default, GPU-proven). The same fp32 difference either way (mosaic_layout.LATER="difference"
+# forms it in XLA), rounded after the log2(e) scale instead of before. Opt-in until a GPU
+# parity run and a profile decide.
+LATER_IN_KERNEL = False
 
 
 def plan(K: int, dtype) -> tuple[int, bool]:
@@ -101,10 +109,11 @@ def gate_vector_scratch(stages: int) -> dict:
 
 def copy_gate_vectors(gc_ref, gs_ref, b_ref, bufs, hv, rows, slot, bar):
     """TMA copies of one chunk's G, G_last - G and beta rows (gc_ref, gs_ref, b_ref [HV, R]
-    fp32) into stage `slot` of bufs (the GATE_VECTORS buffers, in that order), arriving at
-    bar: 5 arrivals."""
+    fp32) into stage `slot` of bufs (the GATE_VECTORS buffers, in that order; a None buffer,
+    with gs_ref None for s0_s, is skipped), arriving at bar: one arrival per buffer."""
     for src, dst in zip((gc_ref, gs_ref, gc_ref, gc_ref, b_ref), bufs):
-        plgpu.copy_gmem_to_smem(src.at[hv, rows], dst.at[slot], bar)
+        if dst is not None:
+            plgpu.copy_gmem_to_smem(src.at[hv, rows], dst.at[slot], bar)
 
 
 def ag_over_t0(t_tile, beta_vec, d):
@@ -123,7 +132,8 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
     """q, k: [R, H, K] (16-bit, one dtype; R a multiple of 64, every sequence starting at a
     chunk boundary, padding rows zero); v: [R, HV, V] (q's dtype, V a multiple of 64); t0:
     [HV, R, C] (q's dtype: mosaic_kkt.gate_free_inverse_mosaic without the WY factors); gcum,
-    gsuf, beta: [HV, R] fp32 (G, G_last - G in log2 units; beta); table: [N, TABLE_WIDTH] int32
+    gsuf, beta: [HV, R] fp32 (G, G_last - G in log2 units; beta; gsuf unread, may be None,
+    with LATER_IN_KERNEL); table: [N, TABLE_WIDTH] int32
     (column 0: first chunk of sequence n, column 1: its chunk count); h0t: None or
     [N, HV, V, K] fp32 (transposed initial states). Value head hv reads key head hv // (HV // H).
     Returns o [R, HV, V] in q's dtype and the transposed final states [N, HV, V, K] fp32; with
@@ -140,15 +150,20 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
         raise ValueError(f"fused_forward_ws: K={K}, V={V}, {jnp.dtype(dt).name}; expected "
                          f"K <= {MAX_K} and V a multiple of {BV}")
     S, eye = plan(K, dt)
+    later_in_kernel = bool(LATER_IN_KERNEL)
+    gates = gate_vector_scratch(S)
+    if later_in_kernel:
+        del gates["s0_s"]
     scratch = dict(
         q_s=smem_tile((S, C, K), dt), k_s=smem_tile((S, C, K), dt),
         v_s=smem_tile((S, C, BV), dt), t_s=smem_tile((S, C, C), dt),
-        **gate_vector_scratch(S),
+        **gates,
         # the published S^T pair; the fp32 state before the first / after the last chunk
         pub_st=union(smem_tile((2, BV, K), dt), smem_tile((BV, K), F32)),
         vn_pub=smem_tile((2, BV, C), dt), o_s=smem_tile((2, C, BV), dt),
         seq_s=plgpu.SMEM((3, TABLE_WIDTH), jnp.int32),
-        in_bar=plgpu.Barrier(num_arrivals=9, num_barriers=S),     # 9 TMA copies
+        # one arrival per TMA copy: 4 tiles and the gate vectors
+        in_bar=plgpu.Barrier(num_arrivals=4 + len(gates), num_barriers=S),
         in_free=plgpu.Barrier(num_arrivals=2, num_barriers=S),
         ag_ready=plgpu.Barrier(num_arrivals=1, num_barriers=S),
         s_ready=plgpu.Barrier(num_arrivals=1, num_barriers=2),
@@ -164,13 +179,14 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
         out_type += [jax.ShapeDtypeStruct((R // C, HV, V, K), dt),
                      jax.ShapeDtypeStruct((HV, V, R), dt)]
 
-    def body(*refs, q_s, k_s, v_s, t_s, g0_s, s0_s, g1r_s, g1c_s, b1_s, pub_st, vn_pub, o_s,
+    def body(*refs, q_s, k_s, v_s, t_s, g0_s, g1r_s, g1c_s, b1_s, pub_st, vn_pub, o_s,
              seq_s, in_bar, in_free, ag_ready, s_ready, s_free, one_bar, seq_bar, done,
-             eye_s=None):
+             eye_s=None, s0_s=None):
         s_pub, st_s = pub_st
         refs = list(refs)
-        q_ref, k_ref, v_ref, t_ref, gc_ref, gs_ref, b_ref, tab_ref = (refs.pop(0)
-                                                                       for _ in range(8))
+        q_ref, k_ref, v_ref, t_ref, gc_ref = (refs.pop(0) for _ in range(5))
+        gs_ref = None if later_in_kernel else refs.pop(0)
+        b_ref, tab_ref = refs.pop(0), refs.pop(0)
         h0_ref = refs.pop(0) if has_h0 else None
         o_ref, ht_ref = refs[:2]
         hs_ref, vn_ref = refs[2:] if residuals else (None, None)
@@ -232,7 +248,10 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
                 # the update's decay exp2(G_last - G) formed now, off the chain: loaded after
                 # the v_new product it waited behind that product's wgmma wait (kernel-only
                 # H100 B4 T4096: 125.6 -> 119.0 us, RESULTS.md run 22 call 4)
-                k_decay = jnp.exp2(load(s0_s.at[slot], COLS))
+                if s0_s is None:    # LATER_IN_KERNEL: G_last - G from G's columns
+                    k_decay = jnp.exp2(g_last - g_col)
+                else:
+                    k_decay = jnp.exp2(load(s0_s.at[slot], COLS))
                 if eye_s is None:     # v^T by a transposed register load (jax >= 0.11)
                     sk = matmul(s_lo, k_s.at[slot], tile, tb=True)
                     v_t = load_transposed(v_s.at[slot]).astype(F32)
@@ -293,7 +312,8 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
 
         finish_together(done)
 
-    args = [q, k, v, t0, gcum, gsuf, beta, table] + ([h0t] if has_h0 else [])
+    args = ([q, k, v, t0, gcum] + ([] if later_in_kernel else [gsuf]) + [beta, table]
+            + ([h0t] if has_h0 else []))
     kernel = build(body, name="gdn_fwd_ws", out_type=out_type, scratch=scratch,
                    grid=(N, HV, V // BV), grid_names=("n", "hv", "v"), threads=3,
                    approx_math=bool(APPROX_MATH))
