@@ -169,14 +169,19 @@ def _maps_float64(k, v, g, beta, table, group):
     return out
 
 
-@pytest.mark.parametrize("K,nc,P", [(64, 5, 4), (128, 3, 2)])
-def test_map_pass_against_float64(K, nc, P):
+@pytest.mark.parametrize("K,nc,P,later_in_kernel", [(64, 5, 4, False), (128, 3, 2, False),
+                                                    (64, 5, 4, True)])
+def test_map_pass_against_float64(K, nc, P, later_in_kernel, monkeypatch):
     """mosaic_map_ws.piece_maps (interpreted) against the float64 recurrence: GQA (2 value
     heads on 1 key head); K = V = 64: an identity block paired with a value block (both walk
     the larger count), pieces of 2, 2, 1, 0 chunks; K = V = 128: pairs of identity blocks
     and of value blocks, pieces of 2, 1 chunks, M skipped in the first piece and E in the last
     (rows of I and 0 stay). Relative RMS within bf16 rounding of the 16-bit operands (the
-    state is cast for each product); fails when the identity start or the decays are dropped."""
+    state is cast for each product); fails when the identity start or the decays are dropped.
+    later_in_kernel: mosaic_fwd_ws.LATER_IN_KERNEL (the update decay from G, no G_last - G
+    vector: None is passed for it)."""
+    from fla_jax.ops.gated_delta_rule import mosaic_fwd_ws
+    monkeypatch.setattr(mosaic_fwd_ws, "LATER_IN_KERNEL", later_in_kernel)
     rng = np.random.default_rng(4)
     H, HV, V = 1, 2, K
     R = nc * C
@@ -191,7 +196,8 @@ def test_map_pass_against_float64(K, nc, P):
     b32 = jnp.asarray(beta, jnp.float32)
     with gpu_interpret():
         t0, = gate_free_inverse(kq, b32, HV // H, jnp.bfloat16)
-        got = np.asarray(piece_maps(kq, vq, t0, G, later, b32.T, table), np.float64)
+        got = np.asarray(piece_maps(kq, vq, t0, G, None if later_in_kernel else later, b32.T,
+                                    table), np.float64)
     ref = _maps_float64(np.asarray(kq.astype(jnp.float32), np.float64),
                         np.asarray(vq.astype(jnp.float32), np.float64), g, beta,
                         np.asarray(table), HV // H)

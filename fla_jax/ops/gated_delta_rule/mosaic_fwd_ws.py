@@ -55,11 +55,11 @@ SMEM_BUDGET = 220 * 1024
 # regardless). Both GPU-proven (RESULTS.md run 20). The load frees the identity's 8 KB of
 # shared memory, which lets K = 128 take a third input stage.
 IDENTITY_V_T = False
-# The update's decay exp2(G_last - G) from the chunk's G already in registers (True: no
-# G_last - G vector is read, so a forward without the split's map pass needs none, and XLA
-# drops its slice and multiply kernels: RESULTS.md run 28 put the GDN B4 T4096 forward's glue
-# at 4 kernels, 10.2 us, against jla's 3, 7.1) or from the G_last - G vector (False, the
-# default, GPU-proven). The same fp32 difference either way (mosaic_layout.LATER="difference"
+# The update's decay exp2(G_last - G) from the chunk's G already in registers, in this kernel
+# and the split's map pass (mosaic_map_ws.py) (True: no forward kernel reads a G_last - G
+# vector, so XLA drops its slice and multiply kernels: RESULTS.md run 28 put the GDN B4 T4096
+# forward's glue at 4 kernels, 10.2 us, against jla's 3, 7.1) or from the G_last - G vector
+# (False, the default, GPU-proven). The same fp32 difference either way (mosaic_layout.LATER="difference"
 # forms it in XLA), rounded after the log2(e) scale instead of before. Opt-in until a GPU
 # parity run and a profile decide.
 LATER_IN_KERNEL = False

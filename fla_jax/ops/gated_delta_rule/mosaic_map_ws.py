@@ -35,6 +35,7 @@ from ..common.mosaic.serial import sequence_range
 from ..common.mosaic.tiles import (COLS, F32, ROWS, build, causal_decay, cols_of, iota,
                                    load, matmul, matmuls, smem_tile)
 from ..common.mosaic.warpgroups import finish_together, observe_last, registers
+from . import mosaic_fwd_ws
 from .mosaic_fwd_kernel import BV, C, TABLE_WIDTH
 from .mosaic_fwd_ws import ag_over_t0, copy_gate_vectors, gate_vector_scratch
 
@@ -66,7 +67,7 @@ def supports(K: int, V: int, dtype) -> bool:
 def piece_maps(k, v, t0, gcum, gsuf, beta, table):
     """k: [R, H, K]; v: [R, HV, V] (k's dtype); t0: [HV, R, C] (k's dtype, the gate-free
     inverse of mosaic_kkt.py); gcum, gsuf, beta: [HV, R] fp32 (G and G_last - G in log2 units;
-    beta); table: [P, TABLE_WIDTH] int32 (column 0: first chunk of piece p, 1: its chunk count
+    beta; gsuf unread, may be None, with mosaic_fwd_ws.LATER_IN_KERNEL); table: [P, TABLE_WIDTH] int32 (column 0: first chunk of piece p, 1: its chunk count
     for the value blocks, 2: for the identity blocks). Value head hv reads key head
     hv // (HV // H). Returns [M^T ; E^T] [P, HV, K + V, K] fp32 (rows :K hold M^T; a block
     that walks no chunk holds its start, rows of I or 0)."""
@@ -81,14 +82,19 @@ def piece_maps(k, v, t0, gcum, gsuf, beta, table):
     nid = K // BV                       # identity blocks
     pairs = (K + V) // BV // 2
     S = STAGES
+    later_in_kernel = bool(mosaic_fwd_ws.LATER_IN_KERNEL)
+    gates = gate_vector_scratch(S)
+    if later_in_kernel:
+        del gates["s0_s"]
     scratch = dict(
         k_s=smem_tile((S, C, K), dt), va_s=smem_tile((S, C, BV), dt),
         vb_s=smem_tile((S, C, BV), dt), t_s=smem_tile((S, C, C), dt),
-        **gate_vector_scratch(S),
+        **gates,
         st0_s=smem_tile((BV, K), F32), st1_s=smem_tile((BV, K), F32),
         eye_s=smem_tile((C, C), dt),
         seq_s=plgpu.SMEM((3, TABLE_WIDTH), jnp.int32),
-        in_bar=plgpu.Barrier(num_arrivals=9, num_barriers=S),     # 9 TMA copies
+        # one arrival per TMA copy: 4 tiles and the gate vectors
+        in_bar=plgpu.Barrier(num_arrivals=4 + len(gates), num_barriers=S),
         ag_ready=plgpu.Barrier(num_arrivals=1, num_barriers=S),
         in_free=plgpu.Barrier(num_arrivals=2, num_barriers=S),
         seq_bar=plgpu.Barrier(num_arrivals=1, num_barriers=3),
@@ -97,9 +103,12 @@ def piece_maps(k, v, t0, gcum, gsuf, beta, table):
     )
     out_type = jax.ShapeDtypeStruct((P, HV, K + V, K), F32)
 
-    def body(k_ref, v_ref, t_ref, gc_ref, gs_ref, b_ref, tab_ref, m_ref, *, k_s, va_s, vb_s,
-             t_s, g0_s, s0_s, g1r_s, g1c_s, b1_s, st0_s, st1_s, eye_s, seq_s, in_bar,
-             ag_ready, in_free, seq_bar, eye_bar, done):
+    def body(*refs, k_s, va_s, vb_s, t_s, g0_s, g1r_s, g1c_s, b1_s, st0_s, st1_s, eye_s, seq_s,
+             in_bar, ag_ready, in_free, seq_bar, eye_bar, done, s0_s=None):
+        refs = list(refs)
+        k_ref, v_ref, t_ref, gc_ref = (refs.pop(0) for _ in range(4))
+        gs_ref = None if later_in_kernel else refs.pop(0)
+        b_ref, tab_ref, m_ref = refs
         p, hv, pair = lax.axis_index("p"), lax.axis_index("hv"), lax.axis_index("pair")
         wg = lax.axis_index("wg")
         h = lax.div(hv, group)
@@ -186,7 +195,10 @@ def piece_maps(k, v, t0, gcum, gsuf, beta, table):
                 s_lo = s_t.astype(dt)
                 g_col = load(g0_s.at[slot], COLS)
                 g_last = g0_s[slot, C - 1]
-                k_decay = jnp.exp2(load(s0_s.at[slot], COLS))   # off the chain (fwd_ws)
+                if s0_s is None:    # LATER_IN_KERNEL: G_last - G from G's columns
+                    k_decay = jnp.exp2(g_last - g_col)
+                else:
+                    k_decay = jnp.exp2(load(s0_s.at[slot], COLS))   # off the chain (fwd_ws)
                 # S^T k^T and v^T = v^T I (a transposed register load of a swizzled tile does
                 # not lower under jax 0.10), one wait
                 sk, v_t = matmuls((s_lo, k_s.at[slot], tile, None, False, True),
@@ -221,4 +233,4 @@ def piece_maps(k, v, t0, gcum, gsuf, beta, table):
     kernel = build(body, name="gdn_map_ws", out_type=out_type, scratch=scratch,
                    grid=(P, HV, pairs), grid_names=("p", "hv", "pair"), threads=3,
                    approx_math=bool(APPROX_MATH))
-    return kernel(k, v, t0, gcum, gsuf, beta, table)
+    return kernel(k, v, t0, gcum, *([] if later_in_kernel else [gsuf]), beta, table)
