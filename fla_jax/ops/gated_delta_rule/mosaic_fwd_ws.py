@@ -59,9 +59,9 @@ IDENTITY_V_T = False
 # and the split's map pass (mosaic_map_ws.py) (True: no forward kernel reads a G_last - G
 # vector, so XLA drops its slice and multiply kernels: RESULTS.md run 28 put the GDN B4 T4096
 # forward's glue at 4 kernels, 10.2 us, against jla's 3, 7.1) or from the G_last - G vector
-# (False, the default, GPU-proven). The same fp32 difference either way (mosaic_layout.LATER="difference"
-# forms it in XLA), rounded after the log2(e) scale instead of before. Opt-in until a GPU
-# parity run and a profile decide.
+# (False, the default, GPU-proven). The same fp32 difference either way
+# (mosaic_layout.LATER="difference" forms it in XLA), rounded after the log2(e) scale instead
+# of before. Opt-in until a GPU parity run and a profile decide.
 LATER_IN_KERNEL = False
 
 

@@ -67,8 +67,9 @@ def supports(K: int, V: int, dtype) -> bool:
 def piece_maps(k, v, t0, gcum, gsuf, beta, table):
     """k: [R, H, K]; v: [R, HV, V] (k's dtype); t0: [HV, R, C] (k's dtype, the gate-free
     inverse of mosaic_kkt.py); gcum, gsuf, beta: [HV, R] fp32 (G and G_last - G in log2 units;
-    beta; gsuf unread, may be None, with mosaic_fwd_ws.LATER_IN_KERNEL); table: [P, TABLE_WIDTH] int32 (column 0: first chunk of piece p, 1: its chunk count
-    for the value blocks, 2: for the identity blocks). Value head hv reads key head
+    beta; gsuf unread, may be None, with mosaic_fwd_ws.LATER_IN_KERNEL); table: [P,
+    TABLE_WIDTH] int32 (column 0: first chunk of piece p, 1: its chunk count for the value
+    blocks, 2: for the identity blocks). Value head hv reads key head
     hv // (HV // H). Returns [M^T ; E^T] [P, HV, K + V, K] fp32 (rows :K hold M^T; a block
     that walks no chunk holds its start, rows of I or 0)."""
     R, H, K = k.shape
