@@ -211,15 +211,16 @@ for step in ${STEPS:-1 2 3 4 5 6 10}; do
             --shape $shape --path mosaic 2>&1 | grep -v Warning | tee -a "$OUT/bench.txt"
         done ;;
     # issue 11 (RESULTS.md run 28): the delta family's B4 T4096 forward (device busy 174 vs
-    # jla 167 us; XLA glue 4 kernels vs 3): mosaic_fwd_ws.LATER_IN_KERNEL (the update decay
-    # from G's columns, no G_last - G vector) by device time, then rows ABBA with it. Its GPU
-    # parity: MODE=parity IMPLS=mosaic DTYPES="bf16 fp16" OVERRIDE="<LIK>=True" JOBS="...".
+    # jla 167 us; XLA glue 4 kernels vs 3): mosaic_fwd_ws.LATER_IN_KERNEL (the ws forward's and
+    # the map pass's update decay from G's columns, no G_last - G vector) by device time, then
+    # rows ABBA with it. Its GPU parity first: MODE=parity IMPLS=mosaic DTYPES="bf16 fp16"
+    # OVERRIDE="<LIK>=True" JOBS="<GDN / delta gpu_4k,gpu_varlen gpu_t16k (the split) ...>".
     25) LIK=fla_jax.ops.gated_delta_rule.mosaic_fwd_ws:LATER_IN_KERNEL
-        for v in False True; do
+        for v in False True; do for shape in B4T4096 B1T32768; do
           timeout ${BENCH_S:-300} python3 benchmarks/with_override.py "$LIK=$v" \
-            -m kernel_profile --ops gated_delta_rule delta_rule --paths mosaic --shape B4T4096 \
+            -m kernel_profile --ops gated_delta_rule delta_rule --paths mosaic --shape $shape \
             --top 8 2>&1 | grep -v -E "Warning|USDT" | tee -a "$OUT/bench.txt"
-        done
+        done; done
         timeout ${BENCH_S:-300} python3 benchmarks/with_override.py "$LIK=True" -m run \
           --ops gated_delta_rule delta_rule --dtypes bf16 --shapes B4T4096 \
           --paths mosaic jla jla mosaic --json $BJ/25.json 2>&1 | grep -v Warning \
