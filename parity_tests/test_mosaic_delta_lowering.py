@@ -133,6 +133,20 @@ def test_interpreted_against_float64(op, case, backward, dtype, monkeypatch):
         assert_passed(check(op, case, dtype, {"jax": "mosaic"}))
 
 
+def _small_forward(seed: int):
+    """The delta family's Mosaic forward (o, final state), interpreted, on random inputs: two
+    chunks, GQA (2 value heads on 1 key head), K = V = 64, bf16, h0."""
+    rng = np.random.default_rng(seed)
+    B, T, H, HV, K, V = 1, 2 * C, 1, 2, 64, 64
+    q, k = (jnp.asarray(rng.standard_normal((B, T, H, K)) / 8, jnp.bfloat16) for _ in range(2))
+    v = jnp.asarray(rng.standard_normal((B, T, HV, V)), jnp.bfloat16)
+    g = jnp.asarray(-rng.uniform(0, 0.3, (B, T, HV)), jnp.float32)
+    beta = jnp.asarray(rng.uniform(0.1, 1.0, (B, T, HV)), jnp.float32)
+    h0 = jnp.asarray(rng.standard_normal((B, HV, K, V)), jnp.float32)
+    with gpu_interpret():
+        return mosaic_chunk.forward(q, k, v, g, beta, h0, None, scale=0.125, l2=False)
+
+
 def test_ws_forward_v_transposed_by_load(monkeypatch):
     """mosaic_fwd_ws.IDENTITY_V_T: v^T by a transposed register load (False, the default;
     lowers under jax >= 0.11, which the GPU runs, and in the interpreter; checked against
@@ -140,18 +154,10 @@ def test_ws_forward_v_transposed_by_load(monkeypatch):
     under older jax): the interpreted forward gives the same o and final state either way,
     bit for bit (fails when the transpose is dropped)."""
     from fla_jax.ops.gated_delta_rule import mosaic_fwd_ws
-    rng = np.random.default_rng(3)
-    B, T, H, HV, K, V = 1, 2 * C, 1, 2, 64, 64
-    q, k = (jnp.asarray(rng.standard_normal((B, T, H, K)) / 8, jnp.bfloat16) for _ in range(2))
-    v = jnp.asarray(rng.standard_normal((B, T, HV, V)), jnp.bfloat16)
-    g = jnp.asarray(-rng.uniform(0, 0.3, (B, T, HV)), jnp.float32)
-    beta = jnp.asarray(rng.uniform(0.1, 1.0, (B, T, HV)), jnp.float32)
-    h0 = jnp.asarray(rng.standard_normal((B, HV, K, V)), jnp.float32)
     outs = []
     for identity in (True, False):
         monkeypatch.setattr(mosaic_fwd_ws, "IDENTITY_V_T", identity)
-        with gpu_interpret():
-            outs.append(mosaic_chunk.forward(q, k, v, g, beta, h0, None, scale=0.125, l2=False))
+        outs.append(_small_forward(3))
     for a, b in zip(*outs):
         assert np.isfinite(np.asarray(a, np.float32)).all()
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
@@ -164,18 +170,10 @@ def test_ws_forward_later_in_kernel(monkeypatch):
     final state match the default's to fp32 rounding of the decays (fails when the decay is off
     by 2^-10 in log2 units); the kernel lowers, and its program no longer reads G_last - G."""
     from fla_jax.ops.gated_delta_rule import mosaic_fwd_ws
-    rng = np.random.default_rng(5)
-    B, T, H, HV, K, V = 1, 2 * C, 1, 2, 64, 64
-    q, k = (jnp.asarray(rng.standard_normal((B, T, H, K)) / 8, jnp.bfloat16) for _ in range(2))
-    v = jnp.asarray(rng.standard_normal((B, T, HV, V)), jnp.bfloat16)
-    g = jnp.asarray(-rng.uniform(0, 0.3, (B, T, HV)), jnp.float32)
-    beta = jnp.asarray(rng.uniform(0.1, 1.0, (B, T, HV)), jnp.float32)
-    h0 = jnp.asarray(rng.standard_normal((B, HV, K, V)), jnp.float32)
     outs = []
     for in_kernel in (False, True):
         monkeypatch.setattr(mosaic_fwd_ws, "LATER_IN_KERNEL", in_kernel)
-        with gpu_interpret():
-            outs.append(mosaic_chunk.forward(q, k, v, g, beta, h0, None, scale=0.125, l2=False))
+        outs.append(_small_forward(5))
     (o0, h0_), (o1, h1) = outs
     assert np.isfinite(np.asarray(h1)).all()
     np.testing.assert_allclose(np.asarray(h1), np.asarray(h0_), rtol=1e-5, atol=1e-5)
