@@ -54,10 +54,7 @@ def main(argv=None):
     total = 0.0
     for name, fn in (("fwd", fwd), ("step", step)):
         events.clear()
-        prog_args = args
-        if hasattr(fn, "traced_do"):       # do is an argument (run.py's default)
-            fn, do = fn.traced_do
-            prog_args = [do, *args]
+        fn, prog_args = bench.jitted_program(fn, args)    # do an argument: run.py's default
         t0 = time.perf_counter()
         lowered = fn.lower(*prog_args)
         t1 = time.perf_counter()

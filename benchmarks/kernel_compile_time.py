@@ -71,7 +71,6 @@ def main(argv=None):
     from fla_jax.ops.common.mosaic import lowering as mosaic_lowering
     x = bench.make_numpy(a.op, bench.SHAPES[a.shape])
     fwd, step, args = bench.jax_programs(a.op, x, a.dtype, "mosaic")
-    sds = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in args]
     print(f"{a.op} {a.shape} {a.dtype}, jax {jax.__version__}, "
           f"{'lowering only' if a.lower_only else jax.devices()[0].device_kind}", flush=True)
     print("| program | kernel | lower s | compile s |\n|---|---|---|---|", flush=True)
@@ -79,10 +78,8 @@ def main(argv=None):
     for prog, fn in (("fwd", fwd), ("step", step)):
         # without a GPU, trace as export_for_cuda does (which resets this after each export)
         mosaic_lowering._LOWERING_ONLY[0] = a.lower_only
-        prog_sds = sds
-        if hasattr(fn, "traced_do"):       # the step with do an argument (run.py's default)
-            fn, do = fn.traced_do
-            prog_sds = [jax.ShapeDtypeStruct(do.shape, do.dtype), *sds]
+        fn, prog_args = bench.jitted_program(fn, args)    # do an argument: run.py's default
+        prog_sds = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in prog_args]
         eqns = list(kernel_eqns(fn.trace(*prog_sds).jaxpr.jaxpr))
         for e in eqns:
             f, avals = alone(e)

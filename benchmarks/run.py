@@ -154,8 +154,17 @@ def training_step(f, do):
 
     def call(*p):
         return jitted(do, *p)
-    call.traced_do = (jitted, do)     # compile_time.py lowers the program itself
+    call.traced_do = (jitted, do)     # jitted_program: the program for tools that lower it
     return call
+
+
+def jitted_program(fn, args):
+    """(the jitted program behind fn, its arguments): fn itself, or for a training step with do
+    an argument (training_step), the jitted step and [do, *args]."""
+    if hasattr(fn, "traced_do"):
+        jitted, do = fn.traced_do
+        return jitted, [do, *args]
+    return fn, list(args)
 
 
 def jax_programs(op, x, dtype, impl):

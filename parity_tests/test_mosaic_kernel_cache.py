@@ -83,7 +83,6 @@ def test_stamp_dropped_for_ours_kept_for_others_and_for_dumps(monkeypatch):
     assert counter[0] == 2
 
     # dumps asked for: the stamp stays (dump files keep distinct names)
-    monkeypatch.setattr(wrapped, "__wrapped__", None)
     monkeypatch.setattr(kernel_cache, "_INSTALLED", [False])
     monkeypatch.setattr(dialect, "get_or_set_dump_options", _stamped(counter, ptx=True))
     kernel_cache.keep_hash_stable("fla_test_kernel")

@@ -102,9 +102,19 @@ def smem_bytes(K: int, dtype, stages: int | None = None, eye: bool | None = None
 GATE_VECTORS = ("g0_s", "s0_s", "g1r_s", "g1c_s", "b1_s")
 
 
-def gate_vector_scratch(stages: int) -> dict:
-    """The GATE_VECTORS stage buffers, fp32 [stages, C] each."""
-    return {name: plgpu.SMEM((stages, C), F32) for name in GATE_VECTORS}
+def gate_vector_scratch(stages: int, later: bool = True) -> dict:
+    """The GATE_VECTORS stage buffers, fp32 [stages, C] each; without `later` no s0_s (the
+    update decay then comes from G: update_decay)."""
+    return {name: plgpu.SMEM((stages, C), F32) for name in GATE_VECTORS
+            if later or name != "s0_s"}
+
+
+def update_decay(s0_s, slot, g_last, g_col):
+    """exp2(G_last - G) [C] (COLS) of the state update: from the stage's G_last - G vector, or
+    without one (s0_s None, LATER_IN_KERNEL) from G's columns g_col and G_last."""
+    if s0_s is None:
+        return jnp.exp2(g_last - g_col)
+    return jnp.exp2(load(s0_s.at[slot], COLS))
 
 
 def copy_gate_vectors(gc_ref, gs_ref, b_ref, bufs, hv, rows, slot, bar):
@@ -151,9 +161,7 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
                          f"K <= {MAX_K} and V a multiple of {BV}")
     S, eye = plan(K, dt)
     later_in_kernel = bool(LATER_IN_KERNEL)
-    gates = gate_vector_scratch(S)
-    if later_in_kernel:
-        del gates["s0_s"]
+    gates = gate_vector_scratch(S, later=not later_in_kernel)
     scratch = dict(
         q_s=smem_tile((S, C, K), dt), k_s=smem_tile((S, C, K), dt),
         v_s=smem_tile((S, C, BV), dt), t_s=smem_tile((S, C, C), dt),
@@ -248,10 +256,7 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
                 # the update's decay exp2(G_last - G) formed now, off the chain: loaded after
                 # the v_new product it waited behind that product's wgmma wait (kernel-only
                 # H100 B4 T4096: 125.6 -> 119.0 us, RESULTS.md run 22 call 4)
-                if s0_s is None:    # LATER_IN_KERNEL: G_last - G from G's columns
-                    k_decay = jnp.exp2(g_last - g_col)
-                else:
-                    k_decay = jnp.exp2(load(s0_s.at[slot], COLS))
+                k_decay = update_decay(s0_s, slot, g_last, g_col)
                 if eye_s is None:     # v^T by a transposed register load (jax >= 0.11)
                     sk = matmul(s_lo, k_s.at[slot], tile, tb=True)
                     v_t = load_transposed(v_s.at[slot]).astype(F32)

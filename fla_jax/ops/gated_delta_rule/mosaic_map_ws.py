@@ -37,7 +37,7 @@ from ..common.mosaic.tiles import (COLS, F32, ROWS, build, causal_decay, cols_of
 from ..common.mosaic.warpgroups import finish_together, observe_last, registers
 from . import mosaic_fwd_ws
 from .mosaic_fwd_kernel import BV, C, TABLE_WIDTH
-from .mosaic_fwd_ws import ag_over_t0, copy_gate_vectors, gate_vector_scratch
+from .mosaic_fwd_ws import ag_over_t0, copy_gate_vectors, gate_vector_scratch, update_decay
 
 MAX_K = 128
 STAGES = 3
@@ -84,9 +84,7 @@ def piece_maps(k, v, t0, gcum, gsuf, beta, table):
     pairs = (K + V) // BV // 2
     S = STAGES
     later_in_kernel = bool(mosaic_fwd_ws.LATER_IN_KERNEL)
-    gates = gate_vector_scratch(S)
-    if later_in_kernel:
-        del gates["s0_s"]
+    gates = gate_vector_scratch(S, later=not later_in_kernel)
     scratch = dict(
         k_s=smem_tile((S, C, K), dt), va_s=smem_tile((S, C, BV), dt),
         vb_s=smem_tile((S, C, BV), dt), t_s=smem_tile((S, C, C), dt),
@@ -196,10 +194,7 @@ def piece_maps(k, v, t0, gcum, gsuf, beta, table):
                 s_lo = s_t.astype(dt)
                 g_col = load(g0_s.at[slot], COLS)
                 g_last = g0_s[slot, C - 1]
-                if s0_s is None:    # LATER_IN_KERNEL: G_last - G from G's columns
-                    k_decay = jnp.exp2(g_last - g_col)
-                else:
-                    k_decay = jnp.exp2(load(s0_s.at[slot], COLS))   # off the chain (fwd_ws)
+                k_decay = update_decay(s0_s, slot, g_last, g_col)   # off the chain (fwd_ws)
                 # S^T k^T and v^T = v^T I (a transposed register load of a swizzled tile does
                 # not lower under jax 0.10), one wait
                 sk, v_t = matmuls((s_lo, k_s.at[slot], tile, None, False, True),
