@@ -7,9 +7,9 @@ S_n^T, the state each chunk starts from):
    kernel transposes A's blocks as it reads them) with
    the carried state dS / scale: its output is dv = kg dS_{n+1} + scale A^T do, its stored
    states dS_{n+1} / scale, its final state dh0 / scale (dS_n = el dS_{n+1} + scale qg^T do);
-2. XLA: dA = scale do v^T (the kernel reads its lower triangle), dqg = scale do S_n^T,
-   dkg = v dS_{n+1}^T (batched products)
-   and the state decay's gate term el (S_n . dS_{n+1}) per chunk and channel;
+2. dA = scale do v^T (the gradient kernel reads its lower triangle), dqg = scale do S_n^T,
+   dkg = scale v dS_{n+1}^T and the state decay's gate term el (S_n . dS_{n+1}) per chunk and
+   channel: one chunk-parallel Mosaic kernel (mosaic_bwd_products.py; PRODUCTS = "xla": XLA);
 3. mosaic_intra_bwd_kernel: dq, dk and dg (dg_t = sum_{s >= t} r1_s + sum_{s < t} r2_s + that
    term, two scans within the chunk).
 With mosaic_split.SPLIT the reverse pass runs over sequence pieces (mosaic_split.py).
@@ -26,9 +26,15 @@ from ..gated_delta_rule import mosaic_pieces
 from ..gated_delta_rule.mosaic_layout import from_rows, plan, to_rows
 from . import mosaic_split
 from .mosaic_fwd_kernel import C, gla_forward
+from .mosaic_bwd_products import gla_bwd_products
 from .mosaic_intra_bwd_kernel import PAD, gla_intra_bwd
 
 F32 = jnp.float32
+# The per-chunk products dA, dqg, dkg and the gate term of step 2: "kernel" (the default: one
+# chunk-parallel Mosaic kernel, mosaic_bwd_products.py, reading do, v and both state tensors
+# once) or "xla" (batched products on transposed copies of do and v, a separate reduce)
+PRODUCTS = "kernel"
+PRODUCTS_CHOICES = ("kernel", "xla")
 
 
 class Residuals(NamedTuple):
@@ -53,6 +59,24 @@ def _dot32(spec, a, b):
     if jax.default_backend() == "cpu":
         a, b = a.astype(F32), b.astype(F32)
     return jnp.einsum(spec, a, b, preferred_element_type=F32)
+
+
+def _products_xla(dor, vr, hs, dhs, last, scale):
+    """PRODUCTS = "xla": the per-chunk products (fp32 accumulation) on chunk-and-head-major
+    operands (one transposed copy of do and of v; v's chunks padded by PAD zero rows, which
+    gives dA its zero padding columns and dkg rows the gradient kernel ignores), outputs as
+    the batched products leave them, and the state decay's gate term el (S_n . dS_{n+1})
+    [H, NC, K]: what mosaic_bwd_products.gla_bwd_products forms in one kernel."""
+    R, H, V = dor.shape
+    NC = R // C
+    dot = dor.reshape(NC, C, H, V).transpose(0, 2, 1, 3)
+    vt = jnp.pad(vr.reshape(NC, C, H, V).transpose(0, 2, 1, 3),
+                 ((0, 0), (0, 0), (0, PAD), (0, 0)))
+    da = _dot32("nhiv,nhjv->nhij", dot, vt) * scale
+    dqg = _dot32("nhcv,nhvk->nhck", dot, hs) * scale
+    dkg = _dot32("nhcv,nhvk->nhck", vt, dhs) * scale
+    dstate = jnp.einsum("nhvk,nhvk->hnk", hs.astype(F32), dhs.astype(F32)) * scale
+    return da, dqg, dkg, dstate * jnp.exp2(last)
 
 
 def backward(res: Residuals, h0, cu_seqlens, do, dht, *, scale: float):
@@ -82,19 +106,13 @@ def backward(res: Residuals, h0, cu_seqlens, do, dht, *, scale: float):
         dv, dh0_t, dhs = gla_forward(kg, qg, dor, a, last, ptab, ends, scale=scale,
                                      reverse=True, states=True)
         dh0_t = mosaic_pieces.first_piece(dh0_t, N, P)
-    # the per-chunk products (fp32 accumulation) on chunk-and-head-major operands (one
-    # transposed copy of do and of v; v's chunks padded by PAD zero rows, which gives dA the
-    # padded rows the kernel reads and dkg rows it ignores): dA (the kernel reads its lower
-    # triangle), the state terms of dq and dk, outputs as the batched products leave them
-    dot = dor.reshape(NC, C, H, V).transpose(0, 2, 1, 3)
-    vt = jnp.pad(vr.reshape(NC, C, H, V).transpose(0, 2, 1, 3),
-                 ((0, 0), (0, 0), (0, PAD), (0, 0)))
-    da = _dot32("nhiv,nhjv->nhij", dot, vt) * scale
-    dqg = _dot32("nhcv,nhvk->nhck", dot, hs) * scale
-    dkg = _dot32("nhcv,nhvk->nhck", vt, dhs) * scale
-    # the state decay's gate term el (S_n . dS_{n+1}) [H, NC, K], on every row of chunk n
-    dstate = jnp.einsum("nhvk,nhvk->hnk", hs.astype(F32), dhs.astype(F32)) * scale
-    dstate = dstate * jnp.exp2(last)
+    if PRODUCTS not in PRODUCTS_CHOICES:
+        raise ValueError(f"mosaic_bwd.PRODUCTS={PRODUCTS!r}; expected one of {PRODUCTS_CHOICES}")
+    if PRODUCTS == "kernel":
+        da, dqg, dkg, dstate = gla_bwd_products(dor, vr, hs, dhs, last,
+                                                scale=scale)
+    else:
+        da, dqg, dkg, dstate = _products_xla(dor, vr, hs, dhs, last, scale)
     dq, dk, dg = gla_intra_bwd(qr, kr, gr, da, dqg, dkg, dstate)
     dh0 = None if h0 is None else jnp.swapaxes(dh0_t, -1, -2) * scale
     return (from_rows(dq, lay, B), from_rows(dk, lay, B), from_rows(dv, lay, B).astype(vr.dtype),
