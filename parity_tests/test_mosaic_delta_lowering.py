@@ -64,6 +64,23 @@ def _lower(K, dtype, varlen, backward, gated=True, T=300, H=2, HV=4, V=None):
     return export_for_cuda(fn, *args)
 
 
+def pallas_chunk_calls(text: str) -> int:
+    """Triton-lowered kernel calls in a lowered module other than the gate-rows kernel of the
+    Mosaic path (mosaic_gates.py): the Pallas chunk kernels."""
+    calls = text.split("custom_call @")[1:]
+    return sum(1 for c in calls if c.startswith("__gpu$xla.gpu.triton")
+               and "gdn_gate_rows" not in c)
+
+
+def test_gate_rows_kernel_in_the_mosaic_programs(mosaic_backward):
+    """The Mosaic forward and backward each form their gate vectors with the gate-rows kernel,
+    and no other Triton-lowered kernel is in them."""
+    text = _lower(128, "bf16", varlen=False, backward=True)
+    calls = text.split("custom_call @")[1:]
+    gates = [c for c in calls if c.startswith("__gpu$xla.gpu.triton") and "gdn_gate_rows" in c]
+    assert len(gates) == 2 and pallas_chunk_calls(text) == 0
+
+
 @pytest.mark.parametrize("K", [64, 128, 256])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_forward_lowers(K, dtype):
@@ -78,7 +95,7 @@ def test_forward_lowers_k_not_v(K, V, monkeypatch):
     monkeypatch.setattr(mosaic_chunk, "BACKWARD", "mosaic")
     text = _lower(K, "bf16", varlen=True, backward=True, V=V)
     if max(K, V) <= mosaic_bwd.MAX_HEAD:
-        assert "mosaic_gpu" in text and "triton" not in text
+        assert "mosaic_gpu" in text and pallas_chunk_calls(text) == 0
     else:   # the Mosaic backward's tiles do not fit shared memory: the Pallas one runs
         assert "triton" in text and "mosaic_gpu" not in text
 
@@ -103,7 +120,7 @@ def test_varlen_vjp_lowers(gated, monkeypatch):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_mosaic_backward_lowers(K, dtype, mosaic_backward):
     text = _lower(K, dtype, varlen=K == 64, backward=True)
-    assert "mosaic_gpu" in text and "triton" not in text
+    assert "mosaic_gpu" in text and pallas_chunk_calls(text) == 0
     assert "gdn_bwd_grads" in text and "gdn_bwd_states" in text
 
 
@@ -181,6 +198,9 @@ def test_ws_forward_later_in_kernel(monkeypatch):
     np.testing.assert_allclose(np.asarray(o1, np.float32), np.asarray(o0, np.float32),
                                rtol=2 ** -7, atol=1e-3)
     texts = {}
+    # the XLA gate vectors (mosaic_gates.GATES = "xla"), whose G_last - G is an XLA subtract
+    from fla_jax.ops.gated_delta_rule import mosaic_gates
+    monkeypatch.setattr(mosaic_gates, "GATES", "xla")
     for in_kernel in (False, True):
         monkeypatch.setattr(mosaic_fwd_ws, "LATER_IN_KERNEL", in_kernel)
         texts[in_kernel] = _lower(128, "bf16", varlen=True, backward=False)
@@ -206,7 +226,7 @@ def test_gradient_kernel_variants_lower(gated, warpgroups, mosaic_backward, monk
     only with beta B in the dq staging tile."""
     monkeypatch.setattr(mosaic_bwd_grads, "WARPGROUPS", warpgroups)
     text = _lower(128, "bf16", varlen=False, backward=True, gated=gated)
-    assert "gdn_bwd_grads" in text and "triton" not in text
+    assert "gdn_bwd_grads" in text and pallas_chunk_calls(text) == 0
     assert ("gdn_bwd_grads_ws" in text) == (warpgroups == 2)
 
 

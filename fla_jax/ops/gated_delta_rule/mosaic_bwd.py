@@ -25,7 +25,8 @@ from .mosaic_bwd_grads import MAX_HEAD, chunk_grads
 from .mosaic_bwd_kernel import reverse_states
 from .mosaic_bwd_states_ws import reverse_states_ws
 from .mosaic_fwd_kernel import C
-from .mosaic_layout import from_rows, gate_vectors, l2norm, plan, to_rows
+from .mosaic_gates import gate_inputs
+from .mosaic_layout import from_rows, l2norm, plan, to_rows
 
 F32 = jnp.float32
 
@@ -60,8 +61,7 @@ def backward(q, k, v, g, beta, h0, cu_seqlens, do, dht, *, scale: float, l2: boo
     qr, kr, vr = to_rows(qn, lay), to_rows(kn, lay), to_rows(v, lay)
     br = to_rows(beta.astype(F32), lay)
     R = qr.shape[0]
-    gcum, gsuf = gate_vectors(None if g is None else to_rows(g.astype(F32), lay), R, HV)
-    bt = br.T
+    gcum, gsuf, bt = gate_inputs(None if g is None else to_rows(g.astype(F32), lay), br)
     dor = to_rows(do.astype(dtype), lay)                                # [R, HV, V]
     dhtT = None if dht is None else jnp.swapaxes(dht.astype(F32), -1, -2)
     if wneg is None:    # the forward formed no -W' (reverse_from_t0)

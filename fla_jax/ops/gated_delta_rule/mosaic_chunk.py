@@ -1,9 +1,9 @@
 """Chunked gated delta rule (and the delta rule, g=None) with Pallas Mosaic GPU kernels
 (Hopper, sm_90): impl="mosaic".
 
-Forward: XLA prepares the chunk-aligned token layout and the gate vectors
-(mosaic_layout.py); a chunk-parallel Mosaic kernel forms the gate-free inverse T0 per chunk
-(mosaic_kkt.py); at K <= 128 (FORWARD="ws") the warp-specialized kernel mosaic_fwd_ws.py then
+Forward: XLA prepares the chunk-aligned token layout (mosaic_layout.py) and one small kernel
+the gate vectors and beta's rows (mosaic_gates.py); a chunk-parallel Mosaic kernel forms the
+gate-free inverse T0 per chunk (mosaic_kkt.py); at K <= 128 (FORWARD="ws") the warp-specialized kernel mosaic_fwd_ws.py then
 runs the sequential state pass fused with the output, applying the WY form in its chunk loop;
 at K = 256 (or FORWARD="wy") the T0 kernel also forms the WY factors W' and U^T and the
 one-warpgroup mosaic_fwd_kernel.py runs the state pass and the output. Few long sequences
@@ -36,7 +36,8 @@ from ..common.mosaic import check_mosaic
 from . import mosaic_bwd, mosaic_fwd_ws, mosaic_pieces
 from .mosaic_map_ws import piece_maps
 from .mosaic_fwd_kernel import C, fused_forward
-from .mosaic_layout import from_rows, gate_free_inverse, gate_vectors, l2norm, plan, to_rows
+from .mosaic_gates import gate_inputs
+from .mosaic_layout import from_rows, gate_free_inverse, l2norm, plan, to_rows
 from .pallas_chunk import chunk_gated_delta_rule_pallas
 
 F32 = jnp.float32
@@ -92,7 +93,7 @@ def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool,
     qr, kr, vr = to_rows(q, lay), to_rows(k, lay), to_rows(v, lay)
     br = to_rows(beta.astype(F32), lay)                                  # [R, HV]
     gr = None if g is None else to_rows(g.astype(F32), lay)
-    G, later = gate_vectors(gr, qr.shape[0], HV)
+    G, later, bt = gate_inputs(gr, br)                                   # [HV, R] each
     h0t = None if h0 is None else jnp.swapaxes(h0.astype(F32), -1, -2)
     group = HV // H
     if (FORWARD == "ws" and mosaic_fwd_ws.supports(K, q.dtype)
@@ -100,7 +101,8 @@ def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool,
         # T0 (and, for a backward whose reverse pass reads them, its WY keys -W'); the WY
         # form applied in the chunk loop
         with_w = residuals and not mosaic_bwd.reverse_from_t0()
-        t0, *wneg = gate_free_inverse(kr, br, group, q.dtype, gcum=G if with_w else None)
+        t0, *wneg = gate_free_inverse(kr, None, group, q.dtype, gcum=G if with_w else None,
+                                      beta_t=bt)
         wneg = wneg[0] if with_w else None
         N = table.shape[0]
         P = 1 if with_w else mosaic_pieces.pieces(N, HV, K, v.shape[-1],
@@ -109,18 +111,19 @@ def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool,
         if P > 1:   # sequence pieces: their maps and starts; the pass runs over pieces
             mtab = mosaic_pieces.map_table(table, P, first_map=h0 is not None,
                                            last_map=residuals)
-            maps = piece_maps(kr, vr, t0, G, later, br.T, mtab)
+            maps = piece_maps(kr, vr, t0, G, later, bt, mtab)
             seqs = mosaic_pieces.piece_table(table, P)
             starts = mosaic_pieces.forward_starts(maps, h0t, N, P, K)
             # the backward's scan reads M^T of pieces 1 .. P-1
             split = maps[:, :, :K] if residuals else None
-        outs = mosaic_fwd_ws.fused_forward_ws(qr, kr, vr, t0, G, later, br.T, seqs, starts,
+        outs = mosaic_fwd_ws.fused_forward_ws(qr, kr, vr, t0, G, later, bt, seqs, starts,
                                               scale=scale, residuals=residuals)
         if P > 1:
             outs = [outs[0], mosaic_pieces.last_piece(outs[1], N, P), *outs[2:]]
     else:
         # the WY factors (and, for the backward, T0) from one chunk-parallel kernel
-        wy = gate_free_inverse(kr, br, group, q.dtype, gcum=G, v_rows=vr, with_t0=residuals)
+        wy = gate_free_inverse(kr, None, group, q.dtype, gcum=G, v_rows=vr, with_t0=residuals,
+                               beta_t=bt)
         t0, wneg, uT = wy if residuals else (None, *wy)
         outs = fused_forward(qr, kr, wneg, uT, G, later, table, h0t, scale=scale,
                              residuals=residuals)

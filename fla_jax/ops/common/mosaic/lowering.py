@@ -2,6 +2,8 @@
 (`export_for_cuda`), which runs the whole Mosaic GPU lowering without a GPU."""
 from __future__ import annotations
 
+import contextlib
+
 import jax
 
 
@@ -35,6 +37,27 @@ def require_hopper(op: str) -> None:
 
 
 _LOWERING_ONLY = [False]
+
+
+@contextlib.contextmanager
+def _triton_targets_hopper():
+    """Without a GPU, jax >= 0.11's Pallas Triton lowering asks the local device for its compute
+    capability and fails ("No supported GPU devices found"); while exporting for CUDA it is told
+    an H100 (sm_90, what the Mosaic kernels beside it target). jax 0.10 needs nothing."""
+    try:
+        from jax._src.pallas.triton import gpu_info
+    except ImportError:
+        yield
+        return
+    if jax.default_backend() == "gpu" or not hasattr(gpu_info, "get_gpu_info_from_version"):
+        yield
+        return
+    saved = gpu_info.get_gpu_info
+    gpu_info.get_gpu_info = lambda: gpu_info.get_gpu_info_from_version(gpu_info.GpuVersion.H100)
+    try:
+        yield
+    finally:
+        gpu_info.get_gpu_info = saved
 _TRITON_CALL = "__gpu$xla.gpu.triton"     # Pallas Triton-lowering kernels (no export guarantee)
 
 
@@ -47,7 +70,7 @@ def export_for_cuda(fn, *shape_dtype_structs) -> str:
     from ..dispatch import compiled_for_gpu
     _LOWERING_ONLY[0] = True
     try:
-        with compiled_for_gpu():
+        with compiled_for_gpu(), _triton_targets_hopper():
             exported = jax.export.export(
                 jax.jit(fn), platforms=["cuda"],
                 disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(_TRITON_CALL)],
