@@ -1,8 +1,9 @@
 """The GLA backward's per-chunk products kernel (fla_jax/ops/gla/mosaic_bwd_products.py) on a
 CPU machine: interpreted (JAX's GPU interpret mode) against float64 and against the XLA
-formulation it replaced (mosaic_bwd.PRODUCTS = "xla"), outputs poisoned beforehand is not
-possible for kernel outputs, so every element is compared (dA's padding columns must be zero);
-lowering for CUDA at K, V in {64, 128, 256}; named errors."""
+formulation it replaced (mosaic_bwd.PRODUCTS = "xla"). Kernel outputs cannot be poisoned
+beforehand, so every element is compared, dA's padding columns included (they must be written
+as zeros: the test fails when that store is dropped); lowering for CUDA at K, V in {64, 128,
+256}; named errors."""
 from __future__ import annotations
 
 import os
