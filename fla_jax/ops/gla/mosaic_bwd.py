@@ -87,8 +87,7 @@ def backward(res: Residuals, h0, cu_seqlens, do, dht, *, scale: float):
     B, T = do.shape[:2]
     lay, _ = plan(B, T, cu_seqlens)       # the forward's row layout (table: in res)
     table, qr, kr, vr, gr, qg, kg, a, last, hs = res
-    R, H, _ = qr.shape
-    NC = R // C
+    H = qr.shape[1]
     V = vr.shape[-1]
     dor = to_rows(do.astype(qr.dtype), lay)
     dht_t = jnp.swapaxes(dht.astype(F32), -1, -2) / scale
@@ -109,8 +108,7 @@ def backward(res: Residuals, h0, cu_seqlens, do, dht, *, scale: float):
     if PRODUCTS not in PRODUCTS_CHOICES:
         raise ValueError(f"mosaic_bwd.PRODUCTS={PRODUCTS!r}; expected one of {PRODUCTS_CHOICES}")
     if PRODUCTS == "kernel":
-        da, dqg, dkg, dstate = gla_bwd_products(dor, vr, hs, dhs, last,
-                                                scale=scale)
+        da, dqg, dkg, dstate = gla_bwd_products(dor, vr, hs, dhs, last, scale=scale)
     else:
         da, dqg, dkg, dstate = _products_xla(dor, vr, hs, dhs, last, scale)
     dq, dk, dg = gla_intra_bwd(qr, kr, gr, da, dqg, dkg, dstate)
