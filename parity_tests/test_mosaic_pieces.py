@@ -266,6 +266,33 @@ def test_split_lowers(varlen):
     assert "gdn_map_ws" in text and "gdn_bwd_states_ws_nostore" in text
 
 
+def test_nostore_run_by_the_storing_kernel(spy_split, monkeypatch):
+    """mosaic_bwd.NOSTORE_RUN = "storing" (opt-in): the split's first reverse run by the storing
+    kernel (tiles discarded): interpreted against float64 and no no-store kernel lowered; a bad
+    choice is named."""
+    from fla_jax.ops.gated_delta_rule import mosaic_bwd
+    monkeypatch.setattr(mosaic_bwd, "NOSTORE_RUN", "storing")
+    with gpu_interpret():
+        assert_passed(check("chunk_gated_delta_rule", "mos_dr_split", "bf16", {"jax": "mosaic"}))
+    assert set(spy_split) == {4}
+    B, T, H, HV, K = 1, 4096, 2, 4, 128        # split into 4 pieces (test_split_lowers)
+    dt, f32 = jnp.bfloat16, jnp.float32
+    assert mosaic_pieces.pieces(1, HV, K, K, T // C, dt) == 4
+    args = [S((B, T, H, K), dt), S((B, T, H, K), dt), S((B, T, HV, K), dt), S((B, T, HV), f32),
+            S((B, T, HV), f32)]
+
+    def fb(q, k, v, g, beta):
+        o, vjp = jax.vjp(lambda *a: chunk_gated_delta_rule(*a, impl="mosaic")[0],
+                         q, k, v, g, beta)
+        return vjp(jnp.ones_like(o))
+    text = export_for_cuda(fb, *args)
+    assert "gdn_map_ws" in text and "gdn_bwd_states_ws" in text
+    assert "gdn_bwd_states_ws_nostore" not in text
+    monkeypatch.setattr(mosaic_bwd, "NOSTORE_RUN", "none")
+    with pytest.raises(ValueError, match="NOSTORE_RUN='none'"):
+        export_for_cuda(lambda *a: fb(*a), *args)     # a new function: traced anew
+
+
 def test_piece_scan_refuses_bad_inputs():
     """The scan kernel names a non-fp32 operand and a head size it cannot take."""
     from fla_jax.ops.gated_delta_rule.mosaic_piece_scan import piece_scan

@@ -29,6 +29,14 @@ from .mosaic_gates import gate_inputs
 from .mosaic_layout import from_rows, l2norm, plan, to_rows
 
 F32 = jnp.float32
+# The sequence split's first reverse run (the state gradient leaving each piece from a zero end
+# gradient): "nostore" (the default: a kernel variant that stores no tiles) or "storing" (the
+# reverse pass's own kernel, its dh / dv_new tiles written and discarded: one Mosaic kernel fewer
+# to compile in a first call at T32768, the no-store variant's 1.1-1.6 s (RESULTS.md run 28; it
+# is still lowered twice), for those stores; opt-in, interpreted and lowered, not yet timed on a
+# GPU)
+NOSTORE_RUN = "nostore"
+NOSTORE_RUNS = ("nostore", "storing")
 
 __all__ = ["MAX_HEAD", "backward", "reverse_from_t0"]
 # The reverse state pass: "ws" (mosaic_bwd_states_ws.py: three warpgroups, reads T0, so the
@@ -71,8 +79,14 @@ def backward(q, k, v, g, beta, h0, cu_seqlens, do, dht, *, scale: float, l2: boo
             # gradient leaving each piece from the pass without stores and the scan
             N = table.shape[0]
             P = maps.shape[0] // N
-            f, = reverse_states_ws(*args, mosaic_pieces.piece_table(table, P, skip_first=True),
-                                   None, scale=scale, group=group, store=False)
+            if NOSTORE_RUN not in NOSTORE_RUNS:
+                raise ValueError(f"mosaic_bwd.NOSTORE_RUN={NOSTORE_RUN!r}; expected one of "
+                                 f"{NOSTORE_RUNS}")
+            skip = mosaic_pieces.piece_table(table, P, skip_first=True)
+            if NOSTORE_RUN == "storing":    # the storing kernel, its tiles discarded
+                f = reverse_states_ws(*args, skip, None, scale=scale, group=group)[2]
+            else:
+                f, = reverse_states_ws(*args, skip, None, scale=scale, group=group, store=False)
             seqs = mosaic_pieces.piece_table(table, P)
             ends = mosaic_pieces.backward_ends(f, maps, dhtT, N, P, K)
         lamT, dvnT, dh0T = reverse_states_ws(*args, seqs, ends, scale=scale, group=group)
