@@ -225,6 +225,21 @@ for step in ${STEPS:-1 2 3 4 5 6 10}; do
           --ops gated_delta_rule delta_rule --dtypes bf16 --shapes B4T4096 \
           --paths mosaic jla jla mosaic --json $BJ/25.json 2>&1 | grep -v Warning \
           | tee -a "$OUT/bench.txt" | grep -E "FAILED|ms," ;;
+    # issue 11 (RESULTS.md run 29): first calls at B1 T32768 (delta rule 24.1 s; bar 20) with the
+    # split's first reverse run by the storing kernel (mosaic_bwd.NOSTORE_RUN=storing: one Mosaic
+    # compile fewer), then what its discarded stores cost (rows against jla). Its GPU parity
+    # first: MODE=parity IMPLS=mosaic DTYPES="bf16 fp16" OVERRIDE="<NS>=storing"
+    # JOBS="chunk_gated_delta_rule:gpu_t16k chunk_delta_rule:gpu_t16k,gpu_varlen"
+    26) NS=fla_jax.ops.gated_delta_rule.mosaic_bwd:NOSTORE_RUN
+        for v in nostore storing; do
+          timeout ${BENCH_S:-300} python3 benchmarks/with_override.py "$NS=$v" -m compile_time \
+            --op delta_rule --shape B1T32768 --path mosaic 2>&1 | grep -v Warning \
+            | tee -a "$OUT/bench.txt"
+        done
+        timeout ${BENCH_S:-300} python3 benchmarks/with_override.py "$NS=storing" -m run \
+          --ops delta_rule gated_delta_rule --dtypes bf16 --shapes B1T32768 \
+          --paths mosaic jla --json $BJ/26.json 2>&1 | grep -v Warning \
+          | tee -a "$OUT/bench.txt" | grep -E "FAILED|ms," ;;
     # issue 10: the GLA forward (1.08x FLA on the H200, run 13): cumsum_scores spills at the
     # shipped 4 warps / BK 32 (offline sm_90 compile: 255 registers, 408 B stack; 8 warps /
     # BK 16: 192, none), so time its launch variants on the whole op, defaults first.
