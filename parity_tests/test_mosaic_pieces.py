@@ -195,7 +195,7 @@ def test_map_pass_against_float64(K, nc, P, later_in_kernel, monkeypatch):
     G, later = gate_vectors(jnp.asarray(g, jnp.float32), R, HV)
     b32 = jnp.asarray(beta, jnp.float32)
     with gpu_interpret():
-        t0, = gate_free_inverse(kq, b32, HV // H, jnp.bfloat16)
+        t0, = gate_free_inverse(kq, b32.T, HV // H, jnp.bfloat16)
         got = np.asarray(piece_maps(kq, vq, t0, G, None if later_in_kernel else later, b32.T,
                                     table), np.float64)
     ref = _maps_float64(np.asarray(kq.astype(jnp.float32), np.float64),

@@ -3,8 +3,8 @@
 
 Forward: XLA prepares the chunk-aligned token layout (mosaic_layout.py) and one small kernel
 the gate vectors and beta's rows (mosaic_gates.py); a chunk-parallel Mosaic kernel forms the
-gate-free inverse T0 per chunk (mosaic_kkt.py); at K <= 128 (FORWARD="ws") the warp-specialized kernel mosaic_fwd_ws.py then
-runs the sequential state pass fused with the output, applying the WY form in its chunk loop;
+gate-free inverse T0 per chunk (mosaic_kkt.py); at K <= 128 (FORWARD="ws") the
+warp-specialized kernel mosaic_fwd_ws.py then runs the sequential state pass fused with the output, applying the WY form in its chunk loop;
 at K = 256 (or FORWARD="wy") the T0 kernel also forms the WY factors W' and U^T and the
 one-warpgroup mosaic_fwd_kernel.py runs the state pass and the output. Few long sequences
 (the serial passes at <= 32 CTAs, e.g. B=1 T=32768 H=16; fixed length or varlen) are cut into
@@ -101,8 +101,7 @@ def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool,
         # T0 (and, for a backward whose reverse pass reads them, its WY keys -W'); the WY
         # form applied in the chunk loop
         with_w = residuals and not mosaic_bwd.reverse_from_t0()
-        t0, *wneg = gate_free_inverse(kr, None, group, q.dtype, gcum=G if with_w else None,
-                                      beta_t=bt)
+        t0, *wneg = gate_free_inverse(kr, bt, group, q.dtype, gcum=G if with_w else None)
         wneg = wneg[0] if with_w else None
         N = table.shape[0]
         P = 1 if with_w else mosaic_pieces.pieces(N, HV, K, v.shape[-1],
@@ -122,8 +121,7 @@ def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool,
             outs = [outs[0], mosaic_pieces.last_piece(outs[1], N, P), *outs[2:]]
     else:
         # the WY factors (and, for the backward, T0) from one chunk-parallel kernel
-        wy = gate_free_inverse(kr, None, group, q.dtype, gcum=G, v_rows=vr, with_t0=residuals,
-                               beta_t=bt)
+        wy = gate_free_inverse(kr, bt, group, q.dtype, gcum=G, v_rows=vr, with_t0=residuals)
         t0, wneg, uT = wy if residuals else (None, *wy)
         outs = fused_forward(qr, kr, wneg, uT, G, later, table, h0t, scale=scale,
                              residuals=residuals)

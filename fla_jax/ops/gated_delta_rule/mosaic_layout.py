@@ -77,16 +77,14 @@ def gate_vectors(g_rows, R: int, HV: int):
     return (G * LOG2E).reshape(HV, R), (later * LOG2E).reshape(HV, R)
 
 
-def gate_free_inverse(k_rows, beta_rows, group: int, dtype, *, gcum=None, v_rows=None,
-                      with_t0: bool = True, beta_t=None):
-    """k_rows: [R, H, K] (16-bit); beta_rows: [R, HV] fp32. The gate-free inverse T0 = (I +
+def gate_free_inverse(k_rows, beta_t, group: int, dtype, *, gcum=None, v_rows=None,
+                      with_t0: bool = True):
+    """k_rows: [R, H, K] (16-bit); beta_t: [HV, R] fp32 (beta's rows transposed, as
+    mosaic_gates.gate_inputs gives them). The gate-free inverse T0 = (I +
     tril(beta_i k_i . k_j, -1))^-1 per chunk and value head [HV, R, C] (with_t0) and, from it,
     with gcum ([HV, R] fp32, G in log2 units) and v_rows ([R, HV, V]) the WY factors -W'
     [HV, R, K] and U^T [HV, V, R], all in `dtype`, as a tuple in that order (mosaic_kkt.py: one
     chunk-parallel Mosaic kernel; the H100 forward 0.673 ms with T0 from XLA, 0.394 with it,
-    RESULTS.md run 14). beta_t: beta_rows^T [HV, R] fp32 when the caller has it
-    (mosaic_gates.gate_inputs); beta_rows is then unread (may be None)."""
-    if beta_t is None:
-        beta_t = beta_rows.astype(F32).T
+    RESULTS.md run 14)."""
     return gate_free_inverse_mosaic(k_rows, beta_t, group, dtype, gcum=gcum, v_rows=v_rows,
                                     with_t0=with_t0)

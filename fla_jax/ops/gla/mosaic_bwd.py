@@ -64,8 +64,8 @@ def _dot32(spec, a, b):
 def _products_xla(dor, vr, hs, dhs, last, scale):
     """PRODUCTS = "xla": the per-chunk products (fp32 accumulation) on chunk-and-head-major
     operands (one transposed copy of do and of v; v's chunks padded by PAD zero rows, which
-    gives dA its zero padding columns and dkg rows the gradient kernel ignores), outputs as
-    the batched products leave them, and the state decay's gate term el (S_n . dS_{n+1})
+    gives dA its zero padding columns; dkg's padding rows dropped), outputs as the batched
+    products leave them, and the state decay's gate term el (S_n . dS_{n+1})
     [H, NC, K]: what mosaic_bwd_products.gla_bwd_products forms in one kernel."""
     R, H, V = dor.shape
     NC = R // C
@@ -74,7 +74,7 @@ def _products_xla(dor, vr, hs, dhs, last, scale):
                  ((0, 0), (0, 0), (0, PAD), (0, 0)))
     da = _dot32("nhiv,nhjv->nhij", dot, vt) * scale
     dqg = _dot32("nhcv,nhvk->nhck", dot, hs) * scale
-    dkg = _dot32("nhcv,nhvk->nhck", vt, dhs) * scale
+    dkg = _dot32("nhcv,nhvk->nhck", vt, dhs)[:, :, :C] * scale
     dstate = jnp.einsum("nhvk,nhvk->hnk", hs.astype(F32), dhs.astype(F32)) * scale
     return da, dqg, dkg, dstate * jnp.exp2(last)
 

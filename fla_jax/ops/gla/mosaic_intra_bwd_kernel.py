@@ -42,8 +42,7 @@ from .mosaic_intra_kernel import (C, EXACT, NSUB, P, PAD_SCAN, PITCH, SUB, and_e
                                   scan_buffer, scan_row_of, shift_down, zero_scan_pads)
 
 PAD_ABOVE = EXACT   # zero rows next to the row-shifted k and q (shifts up to EXACT - 1)
-PAD = EXACT         # padding of dA's columns (read row-shifted down to row C + EXACT - 1) and
-                    # of dkg's rows (as the product that gives dA leaves them)
+PAD = EXACT         # padding of dA's columns (read row-shifted down to row C + EXACT - 1)
 
 
 def _as_parts(shape, dtype):
@@ -58,7 +57,7 @@ def gla_intra_bwd(q_rows, k_rows, g_rows, da, dqg, dkg, dstate):
     """q_rows, k_rows: [R, H, K] (one 16-bit dtype; chunks of C consecutive rows); g_rows:
     [R, H, K] fp32 log-decay (natural log); da: [NC, H, C, C + 8] fp32 (scale do v^T per
     chunk, columns C.. padding; only its lower triangle is read); dqg: [NC, H, C, K] fp32;
-    dkg: [NC, H, C, K] or [NC, H, C + 8, K] fp32 (rows C.. padding, not read); dstate: [H, NC, K] fp32
+    dkg: [NC, H, C, K] fp32; dstate: [H, NC, K] fp32
     (the state decay's gate term, el (S_n . dS_{n+1}), on every row of chunk n), NC = R // C.
     Returns dq, dk [R, H, K] in q's dtype and dg [R, H, K] fp32 (see the module docstring)."""
     R, H, K = q_rows.shape
@@ -66,13 +65,12 @@ def gla_intra_bwd(q_rows, k_rows, g_rows, da, dqg, dkg, dstate):
     NC = R // C
     if R % C or K % P or k_rows.shape != (R, H, K) or g_rows.shape != (R, H, K) \
             or da.shape != (NC, H, C, C + EXACT) or dqg.shape != (NC, H, C, K) \
-            or dkg.shape not in ((NC, H, C, K), (NC, H, C + EXACT, K)) \
-            or dstate.shape != (H, NC, K):
+            or dkg.shape != (NC, H, C, K) or dstate.shape != (H, NC, K):
         raise ValueError(f"gla_intra_bwd: q_rows {q_rows.shape}, k_rows {k_rows.shape}, g_rows "
                          f"{g_rows.shape}, da {da.shape}, dqg {dqg.shape}, dkg {dkg.shape}, "
                          f"dstate {dstate.shape}; expected q/k/g [R, H, K] (R % {C} == 0, "
                          f"K % {P} == 0), da [R // {C}, H, {C}, {C + EXACT}], dqg "
-                         f"[R // {C}, H, {C}, K], dkg [R // {C}, H, {C} or {C + EXACT}, K], dstate "
+                         f"[R // {C}, H, {C}, K], dkg [R // {C}, H, {C}, K], dstate "
                          f"[H, R // {C}, K]")
     parts = K // P
     tile, sq, blk16 = (C, P), (C, C), (C, SUB)

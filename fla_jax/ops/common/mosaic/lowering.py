@@ -37,6 +37,7 @@ def require_hopper(op: str) -> None:
 
 
 _LOWERING_ONLY = [False]
+_TRITON_CALL = "__gpu$xla.gpu.triton"     # Pallas Triton-lowering kernels (no export guarantee)
 
 
 @contextlib.contextmanager
@@ -58,7 +59,6 @@ def _triton_targets_hopper():
         yield
     finally:
         gpu_info.get_gpu_info = saved
-_TRITON_CALL = "__gpu$xla.gpu.triton"     # Pallas Triton-lowering kernels (no export guarantee)
 
 
 def export_for_cuda(fn, *shape_dtype_structs) -> str:
