@@ -85,6 +85,10 @@ def main(argv=None):
           f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, "
           f"do {'a constant' if os.environ.get('FLA_BENCH_CONST_DO') else 'an argument'})",
           flush=True)
+    if a.path != "jla":
+        from fla_jax.ops.common.mosaic import compile_ahead as ca
+        print(f"  compile ahead {'on' if ca.COMPILE_AHEAD else 'off'}: {len(ca._SEEN)} kernels "
+              f"queued, failed {ca.FAILED}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,110 @@
+"""Lower each of this library's Mosaic GPU kernels once per process.
+
+JAX lowers a Pallas kernel anew in every program that holds it: a training step lowers the
+forward's kernels again (the delta family at B1 T32768: T0, the map pass and the piece scan,
+~1.2 s of Python on the H200 host), any second jit around an op lowers all of them again. The
+result is the same module each time (kernel_cache.py keeps it free of per-lowering stamps).
+
+Here the Mosaic module of a kernel of this library (registered by `tiles.build`) is kept, as
+MLIR bytecode, under a key that holds everything the lowering reads: the kernel's jaxpr as text
+(every equation and its parameters; the jaxpr itself is kept alive, so object addresses in it
+stay unique), its name, and the other arguments of the lowering (grid or mesh, operand shapes,
+compiler parameters) by repr. A second lowering with the same key parses the bytecode into the
+new program's MLIR context instead of lowering: the same module, hence the same kernel hash (a
+compile-cache hit in jaxlib). Where the key could hide a difference (numpy's '...' in the
+jaxpr text; `ref[...]`, a whole ref, is not one), or Mosaic dumps are asked for (MOSAIC_GPU_DUMP_*), it lowers as before.
+`LOWERING_CACHE = False` turns it off.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+
+LOWERING_CACHE = True
+STATS = {"hits": 0, "misses": 0, "skipped": 0}
+
+_OURS: set[str] = set()
+_CACHE: dict = {}
+_INSTALLED = [False]
+_NAMES = ("lower_unpipelined_jaxpr_to_module",     # jax 0.11 (mpmd_map kernels)
+          "lower_pipelined_jaxpr_to_module")       # jax 0.10 (pallas_call kernels)
+
+
+def _dumping() -> bool:
+    return any(k.startswith("MOSAIC_GPU_DUMP") and os.environ[k] not in ("", "0")
+               for k in os.environ)
+
+
+def _split(args, kwargs):
+    """(the kernel's jaxpr, the key of everything else) of a lowering call."""
+    from jax._src import core as jax_core
+    jaxpr, rest = None, []
+    for a in args:
+        if jaxpr is None and isinstance(a, jax_core.Jaxpr):
+            jaxpr = a
+        else:
+            rest.append(repr(a))
+    rest += [f"{k}={v!r}" for k, v in sorted(kwargs.items()) if k != "outer_traceback"]
+    return jaxpr, tuple(rest)
+
+
+def kernel_name(jaxpr) -> str | None:
+    from jax._src.interpreters import mlir
+    info = getattr(jaxpr, "debug_info", None)
+    name = getattr(info, "func_name", None)
+    return None if name is None else mlir.sanitize_name(name)
+
+
+def _wrap(fname: str, lower):
+    def lower_once(*args, **kwargs):
+        jaxpr, rest = _split(args, kwargs)
+        name = None if jaxpr is None else kernel_name(jaxpr)
+        if not LOWERING_CACHE or name not in _OURS or _dumping():
+            return lower(*args, **kwargs)
+        text = str(jaxpr)
+        if "..." in text.replace("[...]", ""):      # '[...]' indexes a whole ref; other
+            # dots: numpy elided an array, and the text may not tell two kernels apart
+            STATS["skipped"] += 1
+            return lower(*args, **kwargs)
+        key = (fname, name, text, rest)
+        hit = _CACHE.get(key)
+        if hit is not None:
+            STATS["hits"] += 1
+            return _restore(*hit[:2])
+        result = lower(*args, **kwargs)
+        STATS["misses"] += 1
+        buf = io.BytesIO()
+        result.module.operation.write_bytecode(buf)
+        # the first lowering's other fields (grid, shapes) without its module (whose context
+        # would stay alive with it); the jaxpr kept alive (see above)
+        _CACHE[key] = (dataclasses.replace(result, module=None), buf.getvalue(), jaxpr)
+        return result
+    lower_once.__wrapped__ = lower
+    return lower_once
+
+
+def _restore(result, bytecode):
+    """A copy of `result` whose module is parsed from `bytecode` into the current context."""
+    from jax._src.lib.mlir import ir
+    return dataclasses.replace(result, module=ir.Module.parse(bytecode))
+
+
+def _install() -> None:
+    if _INSTALLED[0]:
+        return
+    _INSTALLED[0] = True
+    try:
+        from jax._src.pallas.mosaic_gpu import lowering
+    except ImportError:
+        return
+    for fname in _NAMES:
+        lower = getattr(lowering, fname, None)
+        if lower is not None:
+            setattr(lowering, fname, _wrap(fname, lower))
+
+
+def lower_once(name: str) -> None:
+    """Kernels named `name` (their module's name) are lowered once per process and key."""
+    _OURS.add(name)
+    _install()
