@@ -240,6 +240,21 @@ for step in ${STEPS:-1 2 3 4 5 6 10}; do
           --ops delta_rule gated_delta_rule --dtypes bf16 --shapes B1T32768 \
           --paths mosaic jla --json $BJ/26.json 2>&1 | grep -v Warning \
           | tee -a "$OUT/bench.txt" | grep -E "FAILED|ms," ;;
+    # issue 11 (RESULTS.md run 30): first calls with the kernels compiled ahead and lowered
+    # once (common/mosaic/compile_ahead.py, lowering_cache.py), against both off, one process
+    # each; then the rows with jla in the same call: the delta rule's B4 T4096 forward (1.00x
+    # pooled in run 29) ABBA, and B1 T32768 first calls (ours first in a fresh process)
+    27) M=fla_jax.ops.common.mosaic
+        OFF="$M.compile_ahead:COMPILE_AHEAD=False;$M.lowering_cache:LOWERING_CACHE=False"
+        for op in delta_rule gated_delta_rule; do for v in on off; do
+          CMD=(benchmarks/compile_time.py)
+          [ $v = off ] && CMD=(benchmarks/with_override.py "$OFF" -m compile_time)
+          timeout ${BENCH_S:-300} python3 "${CMD[@]}" --op $op --shape B1T32768 --path mosaic \
+            2>&1 | grep -v Warning | tee -a "$OUT/bench.txt" | grep -E "together|ahead"
+        done; done
+        b 27a --ops delta_rule --dtypes bf16 --shapes B4T4096 --paths mosaic jla jla mosaic
+        b 27b --ops delta_rule --dtypes bf16 --shapes B1T32768 --paths mosaic jla
+        b 27c --ops gated_delta_rule --dtypes bf16 --shapes B1T32768 --paths mosaic jla ;;
     # issue 10: the GLA forward (1.08x FLA on the H200, run 13): cumsum_scores spills at the
     # shipped 4 warps / BK 32 (offline sm_90 compile: 255 registers, 408 B stack; 8 warps /
     # BK 16: 192, none), so time its launch variants on the whole op, defaults first.
