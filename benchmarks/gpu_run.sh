@@ -255,6 +255,15 @@ for step in ${STEPS:-1 2 3 4 5 6 10}; do
         b 27a --ops delta_rule --dtypes bf16 --shapes B4T4096 --paths mosaic jla jla mosaic
         b 27b --ops delta_rule --dtypes bf16 --shapes B1T32768 --paths mosaic jla
         b 27c --ops gated_delta_rule --dtypes bf16 --shapes B1T32768 --paths mosaic jla ;;
+    # issue 11 (RESULTS.md run 30): the delta rule's forward by the ws kernel without decays
+    # (g None: no gate vectors read, no decay products on the state chain); its device time
+    # against jla's, then rows. Its GPU parity first: MODE=parity IMPLS=mosaic
+    # DTYPES="bf16 fp16" JOBS="chunk_delta_rule:gpu_4k,gpu_varlen chunk_delta_rule:gpu_t16k,..."
+    28) timeout ${BENCH_S:-300} python3 benchmarks/kernel_profile.py --ops delta_rule \
+          --paths mosaic jla --shape B4T4096 --top 8 2>&1 | grep -v -E "Warning|USDT" \
+          | tee -a "$OUT/bench.txt"
+        b 28a --ops delta_rule --dtypes bf16 --shapes B4T4096 --paths mosaic jla jla mosaic
+        b 28b --ops delta_rule --dtypes bf16 --shapes B1T32768 --paths mosaic jla ;;
     # issue 10: the GLA forward (1.08x FLA on the H200, run 13): cumsum_scores spills at the
     # shipped 4 warps / BK 32 (offline sm_90 compile: 255 registers, 408 B stack; 8 warps /
     # BK 16: 192, none), so time its launch variants on the whole op, defaults first.

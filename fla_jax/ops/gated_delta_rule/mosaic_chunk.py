@@ -115,7 +115,9 @@ def forward(q, k, v, g, beta, h0, cu_seqlens, *, scale: float, l2: bool,
             starts = mosaic_pieces.forward_starts(maps, h0t, N, P, K)
             # the backward's scan reads M^T of pieces 1 .. P-1
             split = maps[:, :, :K] if residuals else None
-        outs = mosaic_fwd_ws.fused_forward_ws(qr, kr, vr, t0, G, later, bt, seqs, starts,
+        # the delta rule (g None): the kernel without decays (G is zero: no gate vectors)
+        ws_g = (None, None) if g is None else (G, later)
+        outs = mosaic_fwd_ws.fused_forward_ws(qr, kr, vr, t0, *ws_g, bt, seqs, starts,
                                               scale=scale, residuals=residuals)
         if P > 1:
             outs = [outs[0], mosaic_pieces.last_piece(outs[1], N, P), *outs[2:]]

@@ -143,7 +143,8 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
     chunk boundary, padding rows zero); v: [R, HV, V] (q's dtype, V a multiple of 64); t0:
     [HV, R, C] (q's dtype: mosaic_kkt.gate_free_inverse_mosaic without the WY factors); gcum,
     gsuf, beta: [HV, R] fp32 (G, G_last - G in log2 units; beta; gsuf unread, may be None,
-    with LATER_IN_KERNEL); table: [N, TABLE_WIDTH] int32
+    with LATER_IN_KERNEL; gcum and gsuf None: the delta rule, no decay, whose kernel neither
+    reads gate vectors nor scales by them); table: [N, TABLE_WIDTH] int32
     (column 0: first chunk of sequence n, column 1: its chunk count); h0t: None or
     [N, HV, V, K] fp32 (transposed initial states). Value head hv reads key head hv // (HV // H).
     Returns o [R, HV, V] in q's dtype and the transposed final states [N, HV, V, K] fp32; with
@@ -160,8 +161,10 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
         raise ValueError(f"fused_forward_ws: K={K}, V={V}, {jnp.dtype(dt).name}; expected "
                          f"K <= {MAX_K} and V a multiple of {BV}")
     S, eye = plan(K, dt)
-    later_in_kernel = bool(LATER_IN_KERNEL)
-    gates = gate_vector_scratch(S, later=not later_in_kernel)
+    gated = gcum is not None
+    later_in_kernel = bool(LATER_IN_KERNEL) or not gated
+    gates = gate_vector_scratch(S, later=not later_in_kernel) if gated else {
+        "b1_s": plgpu.SMEM((S, C), F32)}
     scratch = dict(
         q_s=smem_tile((S, C, K), dt), k_s=smem_tile((S, C, K), dt),
         v_s=smem_tile((S, C, BV), dt), t_s=smem_tile((S, C, C), dt),
@@ -187,12 +190,13 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
         out_type += [jax.ShapeDtypeStruct((R // C, HV, V, K), dt),
                      jax.ShapeDtypeStruct((HV, V, R), dt)]
 
-    def body(*refs, q_s, k_s, v_s, t_s, g0_s, g1r_s, g1c_s, b1_s, pub_st, vn_pub, o_s,
-             seq_s, in_bar, in_free, ag_ready, s_ready, s_free, one_bar, seq_bar, done,
-             eye_s=None, s0_s=None):
+    def body(*refs, q_s, k_s, v_s, t_s, b1_s, pub_st, vn_pub, o_s, seq_s, in_bar, in_free,
+             ag_ready, s_ready, s_free, one_bar, seq_bar, done, eye_s=None, g0_s=None,
+             g1r_s=None, g1c_s=None, s0_s=None):
         s_pub, st_s = pub_st
         refs = list(refs)
-        q_ref, k_ref, v_ref, t_ref, gc_ref = (refs.pop(0) for _ in range(5))
+        q_ref, k_ref, v_ref, t_ref = (refs.pop(0) for _ in range(4))
+        gc_ref = refs.pop(0) if gated else None
         gs_ref = None if later_in_kernel else refs.pop(0)
         b_ref, tab_ref = refs.pop(0), refs.pop(0)
         h0_ref = refs.pop(0) if has_h0 else None
@@ -251,31 +255,38 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
                 if residuals:
                     plgpu.commit_smem()
                     plgpu.copy_smem_to_gmem(s_pub.at[half], hs_ref.at[first + c, hv, cols])
-                g_col = load(g0_s.at[slot], COLS)
-                g_last = g0_s[slot, C - 1]
-                # the update's decay exp2(G_last - G) formed now, off the chain: loaded after
-                # the v_new product it waited behind that product's wgmma wait (kernel-only
-                # H100 B4 T4096: 125.6 -> 119.0 us, RESULTS.md run 22 call 4)
-                k_decay = update_decay(s0_s, slot, g_last, g_col)
+                if gated:
+                    g_col = load(g0_s.at[slot], COLS)
+                    g_last = g0_s[slot, C - 1]
+                    # the update's decay exp2(G_last - G) formed now, off the chain: loaded
+                    # after the v_new product it waited behind that product's wgmma wait
+                    # (kernel-only H100 B4 T4096: 125.6 -> 119.0 us, RESULTS.md run 22 call 4)
+                    k_decay = update_decay(s0_s, slot, g_last, g_col)
                 if eye_s is None:     # v^T by a transposed register load (jax >= 0.11)
                     sk = matmul(s_lo, k_s.at[slot], tile, tb=True)
                     v_t = load_transposed(v_s.at[slot]).astype(F32)
                 else:   # S^T k^T and v^T = v^T I (the transposed load does not lower), one wait
                     sk, v_t = matmuls((s_lo, k_s.at[slot], tile, None, False, True),
                                       (v_s.at[slot], eye_s, tile, None, True, False))
-                x = (v_t - sk * cols_of(jnp.exp2(g_col), tile)).astype(dt)      # X^T
+                if gated:
+                    sk = sk * cols_of(jnp.exp2(g_col), tile)
+                x = (v_t - sk).astype(dt)                                       # X^T
                 plgpu.barrier_wait(ag_ready.at[slot])
                 vn = matmul(x, t_s.at[slot], tile, tb=True)                     # v_new^T
                 if residuals:   # the store of chunk c - 2's v_new^T has read vn_pub[half]
                     plgpu.wait_smem_to_gmem(3, wait_read_only=True)
-                vn_pub.at[half][...] = vn.astype(dt)
+                vn_lo = vn.astype(dt)
+                vn_pub.at[half][...] = vn_lo
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(s_ready.at[half])
                 if residuals:
                     plgpu.copy_smem_to_gmem(vn_pub.at[half],
                                             vn_ref.at[hv, cols, pl.ds((first + c) * C, C)])
-                vd = (vn * cols_of(k_decay, tile)).astype(dt)
-                s_new = matmul(vd, k_s.at[slot], (BV, K), init=s_t * jnp.exp2(g_last))
+                if gated:
+                    vd = (vn * cols_of(k_decay, tile)).astype(dt)
+                    s_new = matmul(vd, k_s.at[slot], (BV, K), init=s_t * jnp.exp2(g_last))
+                else:
+                    s_new = matmul(vn_lo, k_s.at[slot], (BV, K), init=s_t)
                 plgpu.barrier_arrive(in_free.at[slot])
                 return s_new
 
@@ -295,8 +306,11 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
             def step(c, carry):
                 slot, half = lax.rem(c, S), lax.rem(c, 2)
                 plgpu.barrier_wait(in_bar.at[slot])
-                g_row = load(g1r_s.at[slot], ROWS)
-                d = causal_decay(g_row, load(g1c_s.at[slot], COLS), sq)
+                if gated:
+                    g_row = load(g1r_s.at[slot], ROWS)
+                    d = causal_decay(g_row, load(g1c_s.at[slot], COLS), sq)
+                else:     # no decay: the causal mask
+                    d = jnp.where(iota(sq, 0) >= iota(sq, 1), 1.0, 0.0)
                 ag_over_t0(t_s.at[slot], b1_s.at[slot], d)
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(ag_ready.at[slot])
@@ -305,7 +319,7 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
                 plgpu.barrier_wait(s_ready.at[half])
                 o = matmul(q_s.at[slot], s_pub.at[half], (C, BV), tb=True)
                 o = matmul(p_lo, vn_pub.at[half], (C, BV), tb=True,
-                           init=o * rows_of(jnp.exp2(g_row), (C, BV)))
+                           init=o * rows_of(jnp.exp2(g_row), (C, BV)) if gated else o)
                 plgpu.barrier_arrive(s_free.at[half])
                 plgpu.barrier_arrive(in_free.at[slot])
                 store_output(o_s, c, (o * scale).astype(dt),
@@ -317,7 +331,8 @@ def fused_forward_ws(q, k, v, t0, gcum, gsuf, beta, table, h0t, *, scale: float,
 
         finish_together(done)
 
-    args = ([q, k, v, t0, gcum] + ([] if later_in_kernel else [gsuf]) + [beta, table]
+    args = ([q, k, v, t0] + ([gcum] if gated else []) + ([] if later_in_kernel else [gsuf])
+            + [beta, table]
             + ([h0t] if has_h0 else []))
     kernel = build(body, name="gdn_fwd_ws", out_type=out_type, scratch=scratch,
                    grid=(N, HV, V // BV), grid_names=("n", "hv", "v"), threads=3,
