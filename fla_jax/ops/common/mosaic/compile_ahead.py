@@ -27,7 +27,6 @@ import threading
 COMPILE_AHEAD = True
 FAILED: list[str] = []        # "<kernel>: <error>" of compiles ahead that raised
 
-_OURS: set[str] = set()
 _SEEN: set = set()            # the custom calls queued in this process (their attributes)
 _INSTALLED = [False]
 _QUEUE: queue.Queue = queue.Queue()
@@ -155,7 +154,9 @@ def _compiles_here(ctx) -> bool:
     return "cuda" in tuple(platforms) and jax.default_backend() == "gpu"
 
 
-def _install() -> None:
+def install() -> None:
+    """Wrap Mosaic GPU's lowering rule (once): this library's kernels (kernel_cache.is_ours)
+    are compiled as soon as they are lowered."""
     if _INSTALLED[0]:
         return
     _INSTALLED[0] = True
@@ -166,21 +167,15 @@ def _install() -> None:
     rule = getattr(core, "_mosaic_gpu_lowering_rule", None)
     if rule is None:
         return
-    from .kernel_cache import _module_name
+    from . import kernel_cache
 
     def lowering_rule(ctx, *args, module, **kw):
-        name = _module_name(module)          # before the rule serializes the module
+        name = kernel_cache._module_name(module)     # before the rule serializes it
         results = rule(ctx, *args, module=module, **kw)
-        if name in _OURS and _compiles_here(ctx):
+        if kernel_cache.is_ours(name) and _compiles_here(ctx):
             job = capture(name, ctx, results)
             if job is not None:
                 submit(job)
         return results
     lowering_rule.__wrapped__ = rule
     core._mosaic_gpu_lowering_rule = lowering_rule
-
-
-def compile_ahead(name: str) -> None:
-    """Kernels named `name` (their module's name) are compiled as soon as they are lowered."""
-    _OURS.add(name)
-    _install()

@@ -53,6 +53,12 @@ def _install() -> None:
     dialect.get_or_set_dump_options = get_or_set_dump_options
 
 
+def is_ours(name) -> bool:
+    """A kernel of this library (registered by `keep_hash_stable`, i.e. built by tiles.build):
+    the one registry compile_ahead.py and lowering_cache.py read too."""
+    return name in _OURS
+
+
 def keep_hash_stable(name: str) -> None:
     """Lowerings of the kernel `name` (its module's name) hash alike: compiled once per process."""
     _OURS.add(name)

@@ -24,7 +24,6 @@ import os
 LOWERING_CACHE = True
 STATS = {"hits": 0, "misses": 0, "skipped": 0}
 
-_OURS: set[str] = set()
 _CACHE: dict = {}
 _INSTALLED = [False]
 _NAMES = ("lower_unpipelined_jaxpr_to_module",     # jax 0.11 (mpmd_map kernels)
@@ -57,10 +56,12 @@ def kernel_name(jaxpr) -> str | None:
 
 
 def _wrap(fname: str, lower):
+    from . import kernel_cache
+
     def lower_once(*args, **kwargs):
         jaxpr, rest = _split(args, kwargs)
         name = None if jaxpr is None else kernel_name(jaxpr)
-        if not LOWERING_CACHE or name not in _OURS or _dumping():
+        if not LOWERING_CACHE or not kernel_cache.is_ours(name) or _dumping():
             return lower(*args, **kwargs)
         text = str(jaxpr)
         if "..." in text.replace("[...]", ""):      # '[...]' indexes a whole ref; other
@@ -90,7 +91,9 @@ def _restore(result, bytecode):
     return dataclasses.replace(result, module=ir.Module.parse(bytecode))
 
 
-def _install() -> None:
+def install() -> None:
+    """Wrap Pallas' Mosaic GPU lowering (once): this library's kernels (kernel_cache.is_ours)
+    are lowered once per process and key."""
     if _INSTALLED[0]:
         return
     _INSTALLED[0] = True
@@ -102,9 +105,3 @@ def _install() -> None:
         lower = getattr(lowering, fname, None)
         if lower is not None:
             setattr(lowering, fname, _wrap(fname, lower))
-
-
-def lower_once(name: str) -> None:
-    """Kernels named `name` (their module's name) are lowered once per process and key."""
-    _OURS.add(name)
-    _install()

@@ -15,9 +15,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from .compile_ahead import compile_ahead
+from . import compile_ahead, lowering_cache
 from .kernel_cache import keep_hash_stable
-from .lowering_cache import lower_once
 
 F32 = jnp.float32
 LOG2E = math.log2(math.e)
@@ -206,9 +205,9 @@ def build(body, *, name, out_type, scratch, grid, grid_names, threads=1, approx_
     if interpreting():
         return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
                             grid_names=grid_names, interpret=_INTERPRET[0], **kw)
-    keep_hash_stable(name)     # compiled once per process however often it is lowered
-    compile_ahead(name)        # ... and while the rest of the program lowers
-    lower_once(name)           # lowered once per process for the same jaxpr and shapes
+    keep_hash_stable(name)     # compiled once per process however often it is lowered,
+    compile_ahead.install()    # ... while the rest of the program lowers,
+    lowering_cache.install()   # ... and lowered once per process per jaxpr and shapes
     return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
                         grid_names=grid_names, compiler_params=compiler_params(approx_math, lane),
                         kernel_name=name, **kw)
