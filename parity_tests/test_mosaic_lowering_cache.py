@@ -5,6 +5,7 @@ without it; a training step reuses the forward's lowerings; a kernel that differ
 (a constant, a head size) is lowered anew."""
 from __future__ import annotations
 
+import collections
 import os
 import re
 
@@ -45,7 +46,7 @@ def _delta_programs():
 
 def _fresh(monkeypatch, on: bool):
     monkeypatch.setattr(lc, "LOWERING_CACHE", on)
-    monkeypatch.setattr(lc, "_CACHE", {})
+    monkeypatch.setattr(lc, "_CACHE", collections.OrderedDict())
     monkeypatch.setattr(lc, "STATS", {"hits": 0, "misses": 0, "skipped": 0})
 
 
@@ -80,6 +81,29 @@ def test_a_different_constant_or_shape_is_lowered_anew(monkeypatch):
     assert lc.STATS["hits"] == 0 and lc.STATS["misses"] == 3 * len(a)
     assert a != b and a != c
     assert program(64, 0.25) == b and lc.STATS["hits"] == len(a)
+
+
+def test_the_cache_keeps_the_kernels_used_last(monkeypatch):
+    """At MAX_ENTRIES the kernel used longest ago is dropped (and lowered anew when asked for
+    again); a hit counts as a use."""
+    _fresh(monkeypatch, True)
+    monkeypatch.setattr(lc, "MAX_ENTRIES", 2)
+    B, T, H, K = 1, 128, 2, 64
+    args = [S((B, T, H, K), BF)] * 3 + [S((B, T, H), jnp.float32)]
+
+    def lower(scale):
+        export_for_cuda(lambda q, k, v, g: chunk_simple_gla(q, k, v, g=g, scale=scale,
+                                                            impl="mosaic")[0], *args)
+    lower(0.1)
+    lower(0.2)
+    lower(0.1)                         # a hit: 0.1 is now the one used last
+    assert (lc.STATS["hits"], lc.STATS["misses"]) == (1, 2)
+    lower(0.3)                         # drops 0.2
+    assert len(lc._CACHE) == 2
+    lower(0.1)
+    assert lc.STATS["hits"] == 2
+    lower(0.2)
+    assert lc.STATS["misses"] == 4
 
 
 def test_off_and_dumping_lower_as_before(monkeypatch):

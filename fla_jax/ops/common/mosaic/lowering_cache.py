@@ -13,18 +13,22 @@ compiler parameters) by repr. A second lowering with the same key parses the byt
 new program's MLIR context instead of lowering: the same module, hence the same kernel hash (a
 compile-cache hit in jaxlib). Where the key could hide a difference (numpy's '...' in the
 jaxpr text; `ref[...]`, a whole ref, is not one), or Mosaic dumps are asked for (MOSAIC_GPU_DUMP_*), it lowers as before.
-`LOWERING_CACHE = False` turns it off.
+The cache keeps the MAX_ENTRIES kernels used last (a training step of one op has at most
+nine; a process that lowers many shapes, a test suite, stays bounded). `LOWERING_CACHE = False`
+turns it off.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import io
 import os
 
 LOWERING_CACHE = True
+MAX_ENTRIES = 64
 STATS = {"hits": 0, "misses": 0, "skipped": 0}
 
-_CACHE: dict = {}
+_CACHE: collections.OrderedDict = collections.OrderedDict()
 _INSTALLED = [False]
 _NAMES = ("lower_unpipelined_jaxpr_to_module",     # jax 0.11 (mpmd_map kernels)
           "lower_pipelined_jaxpr_to_module")       # jax 0.10 (pallas_call kernels)
@@ -72,6 +76,7 @@ def _wrap(fname: str, lower):
         hit = _CACHE.get(key)
         if hit is not None:
             STATS["hits"] += 1
+            _CACHE.move_to_end(key)
             return _restore(*hit[:2])
         result = lower(*args, **kwargs)
         STATS["misses"] += 1
@@ -80,6 +85,8 @@ def _wrap(fname: str, lower):
         # the first lowering's other fields (grid, shapes) without its module (whose context
         # would stay alive with it); the jaxpr kept alive (see above)
         _CACHE[key] = (dataclasses.replace(result, module=None), buf.getvalue(), jaxpr)
+        while len(_CACHE) > MAX_ENTRIES:
+            _CACHE.popitem(last=False)
         return result
     lower_once.__wrapped__ = lower
     return lower_once
