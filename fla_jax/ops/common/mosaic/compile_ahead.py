@@ -21,6 +21,7 @@ real compile raises its own error. `COMPILE_AHEAD = False` turns it off.
 from __future__ import annotations
 
 import atexit
+import functools
 import queue
 import threading
 
@@ -28,7 +29,6 @@ COMPILE_AHEAD = True
 FAILED: list[str] = []        # "<kernel>: <error>" of compiles ahead that raised
 
 _SEEN: set = set()            # the custom calls queued in this process (their attributes)
-_INSTALLED = [False]
 _QUEUE: queue.Queue = queue.Queue()
 _WORKER: list = [None]
 _STOPPING = [False]
@@ -154,12 +154,10 @@ def _compiles_here(ctx) -> bool:
     return "cuda" in tuple(platforms) and jax.default_backend() == "gpu"
 
 
+@functools.cache
 def install() -> None:
     """Wrap Mosaic GPU's lowering rule (once): this library's kernels (kernel_cache.is_ours)
     are compiled as soon as they are lowered."""
-    if _INSTALLED[0]:
-        return
-    _INSTALLED[0] = True
     try:
         from jax.experimental.mosaic.gpu import core
     except ImportError:

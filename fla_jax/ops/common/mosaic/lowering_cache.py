@@ -12,8 +12,8 @@ stay unique), its name, and the other arguments of the lowering (grid or mesh, o
 compiler parameters) by repr. A second lowering with the same key parses the bytecode into the
 new program's MLIR context instead of lowering: the same module, hence the same kernel hash (a
 compile-cache hit in jaxlib). Where the key could hide a difference (numpy's '...' in the
-jaxpr text; `ref[...]`, a whole ref, is not one), or Mosaic dumps are asked for (MOSAIC_GPU_DUMP_*), it lowers as before.
-The cache keeps the MAX_ENTRIES kernels used last (a training step of one op has at most
+jaxpr text; `ref[...]`, a whole ref, is not one), or Mosaic dumps are asked for
+(MOSAIC_GPU_DUMP_*), it lowers as before. The cache keeps the MAX_ENTRIES kernels used last (a training step of one op has at most
 nine; a process that lowers many shapes, a test suite, stays bounded). `LOWERING_CACHE = False`
 turns it off.
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import io
 import os
 
@@ -29,7 +30,6 @@ MAX_ENTRIES = 64
 STATS = {"hits": 0, "misses": 0, "skipped": 0}
 
 _CACHE: collections.OrderedDict = collections.OrderedDict()
-_INSTALLED = [False]
 _NAMES = ("lower_unpipelined_jaxpr_to_module",     # jax 0.11 (mpmd_map kernels)
           "lower_pipelined_jaxpr_to_module")       # jax 0.10 (pallas_call kernels)
 
@@ -39,17 +39,17 @@ def _dumping() -> bool:
                for k in os.environ)
 
 
-def _split(args, kwargs):
-    """(the kernel's jaxpr, the key of everything else) of a lowering call."""
+def _jaxpr_of(args):
+    """The kernel's jaxpr among a lowering call's arguments (None if there is none)."""
     from jax._src import core as jax_core
-    jaxpr, rest = None, []
-    for a in args:
-        if jaxpr is None and isinstance(a, jax_core.Jaxpr):
-            jaxpr = a
-        else:
-            rest.append(repr(a))
+    return next((a for a in args if isinstance(a, jax_core.Jaxpr)), None)
+
+
+def _rest_key(args, kwargs, jaxpr):
+    """The lowering call's other arguments by repr (the traceback, locations only, left out)."""
+    rest = [repr(a) for a in args if a is not jaxpr]
     rest += [f"{k}={v!r}" for k, v in sorted(kwargs.items()) if k != "outer_traceback"]
-    return jaxpr, tuple(rest)
+    return tuple(rest)
 
 
 def kernel_name(jaxpr) -> str | None:
@@ -63,16 +63,18 @@ def _wrap(fname: str, lower):
     from . import kernel_cache
 
     def lower_once(*args, **kwargs):
-        jaxpr, rest = _split(args, kwargs)
+        if not LOWERING_CACHE:
+            return lower(*args, **kwargs)
+        jaxpr = _jaxpr_of(args)
         name = None if jaxpr is None else kernel_name(jaxpr)
-        if not LOWERING_CACHE or not kernel_cache.is_ours(name) or _dumping():
+        if not kernel_cache.is_ours(name) or _dumping():
             return lower(*args, **kwargs)
         text = str(jaxpr)
         if "..." in text.replace("[...]", ""):      # '[...]' indexes a whole ref; other
             # dots: numpy elided an array, and the text may not tell two kernels apart
             STATS["skipped"] += 1
             return lower(*args, **kwargs)
-        key = (fname, name, text, rest)
+        key = (fname, name, text, _rest_key(args, kwargs, jaxpr))
         hit = _CACHE.get(key)
         if hit is not None:
             STATS["hits"] += 1
@@ -98,12 +100,10 @@ def _restore(result, bytecode):
     return dataclasses.replace(result, module=ir.Module.parse(bytecode))
 
 
+@functools.cache
 def install() -> None:
     """Wrap Pallas' Mosaic GPU lowering (once): this library's kernels (kernel_cache.is_ours)
     are lowered once per process and key."""
-    if _INSTALLED[0]:
-        return
-    _INSTALLED[0] = True
     try:
         from jax._src.pallas.mosaic_gpu import lowering
     except ImportError:
