@@ -264,6 +264,36 @@ for step in ${STEPS:-1 2 3 4 5 6 10}; do
           | tee -a "$OUT/bench.txt"
         b 28a --ops delta_rule --dtypes bf16 --shapes B4T4096 --paths mosaic jla jla mosaic
         b 28b --ops delta_rule --dtypes bf16 --shapes B1T32768 --paths mosaic jla ;;
+    # issue 11 (RESULTS.md run 31): masks from row / column index vectors (tiles.iota: ~5% less
+    # MLIR over the delta family's nine kernels). First calls in fresh processes, jla's in the
+    # same call (step 30: rows of every Mosaic op against jla). Its GPU parity first (MODE=parity
+    # IMPLS=mosaic DTYPES="bf16 fp16" over the four ops)
+    29) for rep in 1 2; do for op in delta_rule gated_delta_rule; do
+          timeout ${BENCH_S:-300} python3 benchmarks/compile_time.py --op $op --shape B1T32768 \
+            --path mosaic 2>&1 | grep -v Warning | tee -a "$OUT/bench.txt" | grep -E "together"
+        done; done
+        for a in "gated_delta_rule GQA_H8HV16 mosaic" "simple_gla B1T32768 mosaic" \
+                 "gla B1T32768 mosaic" "gated_delta_rule B1T32768 jla"; do set -- $a
+          timeout ${BENCH_S:-300} python3 benchmarks/compile_time.py --op $1 --shape $2 \
+            --path $3 2>&1 | grep -v Warning | tee -a "$OUT/bench.txt" | grep -E "together"
+        done ;;
+    30) b 30a --ops delta_rule gated_delta_rule --dtypes bf16 --shapes B4T4096 \
+          --paths mosaic jla jla mosaic
+        b 30b --ops delta_rule gated_delta_rule --dtypes bf16 --shapes B1T32768 --paths mosaic jla
+        b 30c --ops simple_gla gla --dtypes bf16 --shapes B4T4096 --paths mosaic jla ;;
+    # ... and the GQA row against jla, every Mosaic op in fp16 beside bf16 (the 1.05x bar)
+    31) b 31a --ops gated_delta_rule --dtypes bf16 --shapes GQA_H8HV16 --paths mosaic jla
+        b 31b $A --dtypes bf16 fp16 --shapes B4T4096 --paths mosaic ;;
+    # ... 31's outliers again: device time per kernel (bf16 and fp16; the GQA row beside jla),
+    # then rows in the other order (fp16 first; jla first)
+    32) timeout ${BENCH_S:-300} python3 benchmarks/kernel_profile.py --ops simple_gla \
+          --paths mosaic --dtypes bf16 fp16 --shape B4T4096 --top 6 2>&1 \
+          | grep -v -E "Warning|USDT" | tee -a "$OUT/bench.txt"
+        timeout ${BENCH_S:-300} python3 benchmarks/kernel_profile.py --ops gated_delta_rule \
+          --paths mosaic jla --shape GQA_H8HV16 --top 6 2>&1 | grep -v -E "Warning|USDT" \
+          | tee -a "$OUT/bench.txt"
+        b 32a --ops simple_gla --dtypes fp16 bf16 --shapes B4T4096 --paths mosaic
+        b 32b --ops gated_delta_rule --dtypes bf16 --shapes GQA_H8HV16 --paths jla mosaic mosaic jla ;;
     # issue 10: the GLA forward (1.08x FLA on the H200, run 13): cumsum_scores spills at the
     # shipped 4 warps / BK 32 (offline sm_90 compile: 255 registers, 408 B stack; 8 warps /
     # BK 16: 192, none), so time its launch variants on the whole op, defaults first.

@@ -121,9 +121,15 @@ def matmuls(*ops):
 
 
 def iota(shape, dim):
+    """int32 [M, N] (WGMMA layout) holding each element's index along dim: the row (or column)
+    indices as a vector in ROWS (COLS), broadcast -- the same values as a 2-D iota, which
+    Mosaic GPU lowers to index arithmetic per register (~1/8 of some kernels' MLIR, and
+    compile time with it)."""
     if interpreting():
         return lax.broadcasted_iota(jnp.int32, shape, dim)
-    return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=WGMMA)
+    if dim == 0:
+        return rows_of(iota_vec(shape[0], ROWS), shape)
+    return cols_of(iota_vec(shape[1], COLS), shape)
 
 
 def iota_vec(n, layout):
