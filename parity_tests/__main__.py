@@ -101,8 +101,8 @@ def main(argv=None) -> int:
     if args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
-        os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 "
-                                           "--xla_llvm_disable_expensive_passes=true")
+        from . import CPU_XLA_FLAGS
+        os.environ.setdefault("XLA_FLAGS", CPU_XLA_FLAGS)
     os.environ["PARITY_DEVICE"] = args.device
     if args.device == "cpu" and "kernel" in args.impls and "torch" in args.frameworks:
         from . import triton_interpret_patch

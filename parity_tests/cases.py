@@ -53,6 +53,21 @@ LAYER_TOLERANCE = {
 }
 
 
+def interpreted_dtypes(i: int, dtypes=("fp32", "bf16", "fp16")) -> tuple:
+    """The dtypes of a kernel file's i-th case: every one of `dtypes` on a GPU run
+    (PARITY_DEVICE=cuda: the compiled kernels, whose bf16 and fp16 builds differ); interpreted on
+    CPU, fp32 and ONE 16-bit dtype, bf16 for even i and fp16 for odd i, so a file's cases still
+    run both. An interpreted kernel runs the same program text in bf16 and fp16 (only the
+    element type and its rounding differ), and its second 16-bit run was a third of the CI time
+    of those files. A case given only 16-bit dtypes keeps one of them."""
+    import os
+    if os.environ.get("PARITY_DEVICE", "cpu") == "cuda":
+        return tuple(dtypes)
+    half = [d for d in dtypes if d in ("bf16", "fp16")]
+    keep = ("bf16" if i % 2 == 0 else "fp16") if len(half) == 2 else None
+    return tuple(d for d in dtypes if d not in ("bf16", "fp16") or d == keep or len(half) < 2)
+
+
 def tolerance(dtype: str, tensor: str, cross: bool = False) -> float:
     if tensor not in TOLERANCE[dtype]:
         raise KeyError(f"no tolerance for {tensor!r} ({dtype}): add it to TOLERANCE in "

@@ -13,9 +13,8 @@ if DEVICE != "cuda":
     # warpgroups blocked at barriers starve the third, and a kernel whose carriers both wait
     # for its memory warpgroup (mosaic_map_ws.py) hangs
     os.environ.setdefault("NPROC", "8")
-    # CPU compile time dominates the suite; XLA's cheaper backend passes cut it by about a third.
-    os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 "
-                                       "--xla_llvm_disable_expensive_passes=true")
+    from parity_tests import CPU_XLA_FLAGS
+    os.environ.setdefault("XLA_FLAGS", CPU_XLA_FLAGS)   # compile time dominates: see there
     from parity_tests import triton_interpret_patch
     triton_interpret_patch.apply()   # bf16 tl.dot in the interpreter (triton#11584); CPU only
     # Mosaic GPU interpret mode: each warpgroup jaxpr compiled once, not per CTA (CI time;

@@ -12,10 +12,11 @@ from __future__ import annotations
 import os
 import sys
 
+from parity_tests import CPU_XLA_FLAGS
+
 DEVICES = 4
-# CPU compile time dominates; the suite's cheaper XLA backend passes (conftest.py) as well.
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "--xla_backend_optimization_level=0 "
-                                          "--xla_llvm_disable_expensive_passes=true")
+# CPU compile time dominates; the suite's XLA flags (parity_tests.CPU_XLA_FLAGS) as well.
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", CPU_XLA_FLAGS)
                            + f" --xla_force_host_platform_device_count={DEVICES}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 

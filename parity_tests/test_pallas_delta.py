@@ -6,11 +6,13 @@ traced cu_seqlens, cases.rel_rms and the one tolerance table).
 Covered here: grouped value heads with K != V, odd head sizes (K = 12, V = 20), varlen with an
 empty and a 3-token sequence and sequences over several chunks, l2-normalised q / k or not, no
 initial state, beta in (0, 2) with gates to -20 (negative eigenvalues), beta near 1, every case
-in fp32 / bf16 / fp16; fp32 dg under gates in [-20, -1] and [-20, -10] over several chunks, fp16
-dh0 with every gate in [-20, -10]; the chunk backward kept chunk-parallel (never the token-serial
-one unless asked for with backward="recurrent", which matches too), every chunk length the tile
-table may pick, and traced against eager cu_seqlens. Interpreted Pallas outputs start NaN-filled,
-so an unwritten element fails. With a GPU backend the same rows run the compiled kernels.
+in fp32 / bf16 / fp16 (interpreted on CPU: fp32 and one of bf16 / fp16 per row,
+cases.interpreted_dtypes); fp32 dg under gates in [-20, -1] and [-20, -10] over several chunks,
+fp16 dh0 with every gate in [-20, -10]; the chunk backward kept chunk-parallel (never the
+token-serial one unless asked for with backward="recurrent", which matches too), every chunk
+length the tile table may pick, and traced against eager cu_seqlens. Interpreted Pallas outputs
+start NaN-filled, so an unwritten element fails. With a GPU backend the same rows run the
+compiled kernels.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import pytest
 from fla_jax.ops.common.engine import launch, scalar_delta
 from fla_jax.ops.gated_delta_rule import pallas_chunk
 
-from .cases import CASES, OPS, make_inputs, rel_rms, seed_of, tolerance
+from .cases import CASES, OPS, interpreted_dtypes, make_inputs, rel_rms, seed_of, tolerance
 from .harness import assert_passed, check
 
 ALL = ("fp32", "bf16", "fp16")
@@ -41,7 +43,8 @@ def _param(op, case, dtype):
 
 # test_ops.py's kernel subset already runs basic (bf16, fp16), varlen / beta_edges /
 # uniform_strong (fp32), gqa_l2_beta2 (bf16) and short_strong (bf16, fp16) for all four ops.
-ROWS = [_param(op, c, d) for op in OPS_DR for c in SMALL for d in ALL]
+ROWS = [_param(op, c, d) for i, op in enumerate(OPS_DR) for j, c in enumerate(SMALL)
+        for d in interpreted_dtypes(i + j, ALL)]
 ROWS += [_param("chunk_gated_delta_rule", "dr_strong_multi_chunk", d) for d in ("fp32", "bf16")]
 ROWS += [_param("chunk_gated_delta_rule", c, "fp32")
          for c in ("dr_strong_long_beta1", "dr_uniform_strong_long")]

@@ -28,6 +28,7 @@ from fla_jax.ops.common.engine import delta_scores as ds
 from fla_jax.ops.common.engine import output_stage
 from fla_jax.ops.common.engine import varlen as vl
 
+from .cases import interpreted_dtypes
 from .score_stage import BT, DT, TOL, bounded_mismatch, inputs, run_stage
 
 
@@ -130,9 +131,14 @@ CASES = {
 VARIANTS = [("rows", None)] + [("chunk", d) for d in ds.DIAGS]
 
 
-@pytest.mark.parametrize("dtype", list(DT))
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("frame,diag", VARIANTS, ids=[f"{f}-{d}" for f, d in VARIANTS])
+# every variant x case in fp32 and, interpreted on CPU, one of bf16 / fp16 (alternating:
+# cases.interpreted_dtypes); on a GPU run in all three
+SCORE_ROWS = [pytest.param(f, d, c, dt, id=f"{f}-{d}-{c}-{dt}")
+              for i, (f, d) in enumerate(VARIANTS) for j, c in enumerate(CASES)
+              for dt in interpreted_dtypes(i + j, tuple(DT))]
+
+
+@pytest.mark.parametrize("frame,diag,case,dtype", SCORE_ROWS)
 def test_delta_scores(frame, diag, case, dtype):
     B, T, H, K, cu, gates = CASES[case]
     q, k, g = _inputs(dtype, B, T, H, K, gates, seed=len(case) * 7 + len(dtype))

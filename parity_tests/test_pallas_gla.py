@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from . import jax_runner, torch_runner
-from .cases import OPS, Case, make_inputs, rel_rms, seed_of, tolerance
+from .cases import OPS, Case, interpreted_dtypes, make_inputs, rel_rms, seed_of, tolerance
 from .harness import assert_passed, check, check_no_final_state
 
 ALL = ("fp32", "bf16", "fp16")
@@ -35,8 +35,8 @@ RECURRENT = ("pgla_varlen_empty_sub", "pgla_no_h0_k48_v32", "pgla_k100_v48",
 
 
 def _params(names=None):
-    return [pytest.param(c, d, id=f"{c}-{d}") for c, dts in CHUNK
-            if names is None or c in names for d in dts]
+    return [pytest.param(c, d, id=f"{c}-{d}") for i, (c, dts) in enumerate(CHUNK)
+            if names is None or c in names for d in interpreted_dtypes(i, dts)]
 
 
 @pytest.mark.parametrize("case,dtype", _params())

@@ -20,6 +20,7 @@ import pytest
 from fla_jax.ops.common.engine import scan
 from fla_jax.ops.simple_gla import pallas_recurrent
 
+from .cases import interpreted_dtypes
 from .harness import assert_passed, check
 
 ALL = ("fp32", "bf16", "fp16")
@@ -38,9 +39,10 @@ def tuning(module, settings):
 
 
 def _rows(*entries):
-    """(case, dtypes, tuning) -> pytest params (case, dtype, tuning)"""
+    """(case, dtypes, tuning) -> pytest params (case, dtype, tuning); interpreted on CPU, fp32
+    and one of bf16 / fp16 per entry (cases.interpreted_dtypes)"""
     return [pytest.param(c, d, t, id=f"{c}-{d}" + "".join(f"-{k}{v}" for k, v in t.items()))
-            for c, dts, t in entries for d in dts]
+            for i, (c, dts, t) in enumerate(entries) for d in interpreted_dtypes(i, dts)]
 
 
 # test_ops.py's kernel subset already runs basic (bf16, fp16), varlen / gamma (fp32) and
