@@ -63,3 +63,17 @@ def test_parity(op, case, dtype, kind):
         pytest.skip(f"no {kind} implementation of {op} is registered in either framework")
     rows = check(op, case, dtype, impls, device=DEVICE)
     assert rows and all(r.passed for r in rows), "\n" + format_rows(rows)
+
+
+def test_interpreted_dtypes(monkeypatch):
+    """The kernel files' CPU dtype thinning: fp32 and one 16-bit dtype alternating by case index,
+    both 16-bit dtypes over a file; every dtype on a GPU run."""
+    from .cases import interpreted_dtypes
+    monkeypatch.setenv("PARITY_DEVICE", "cpu")
+    every = ("fp32", "bf16", "fp16")
+    assert interpreted_dtypes(0, every) == ("fp32", "bf16")
+    assert interpreted_dtypes(1, every) == ("fp32", "fp16")
+    assert interpreted_dtypes(3, ("fp32", "bf16")) == ("fp32", "bf16")
+    assert interpreted_dtypes(2, ("fp16",)) == ("fp16",)
+    monkeypatch.setenv("PARITY_DEVICE", "cuda")
+    assert interpreted_dtypes(1, every) == every
