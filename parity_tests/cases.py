@@ -6,6 +6,7 @@ after that rounding, so a measured error is the implementation's, not the input 
 """
 from __future__ import annotations
 
+import os
 import zlib
 from dataclasses import dataclass
 
@@ -60,12 +61,10 @@ def interpreted_dtypes(i: int, dtypes=("fp32", "bf16", "fp16")) -> tuple:
     run both. An interpreted kernel runs the same program text in bf16 and fp16 (only the
     element type and its rounding differ), and its second 16-bit run was a third of the CI time
     of those files. A case given only 16-bit dtypes keeps one of them."""
-    import os
-    if os.environ.get("PARITY_DEVICE", "cpu") == "cuda":
+    if os.environ.get("PARITY_DEVICE", "cpu") == "cuda" or not {"bf16", "fp16"} <= set(dtypes):
         return tuple(dtypes)
-    half = [d for d in dtypes if d in ("bf16", "fp16")]
-    keep = ("bf16" if i % 2 == 0 else "fp16") if len(half) == 2 else None
-    return tuple(d for d in dtypes if d not in ("bf16", "fp16") or d == keep or len(half) < 2)
+    drop = "fp16" if i % 2 == 0 else "bf16"
+    return tuple(d for d in dtypes if d != drop)
 
 
 def tolerance(dtype: str, tensor: str, cross: bool = False) -> float:

@@ -45,8 +45,8 @@ def _rows(*entries):
             for i, (c, dts, t) in enumerate(entries) for d in interpreted_dtypes(i, dts)]
 
 
-# test_ops.py's kernel subset already runs basic (bf16, fp16), varlen / gamma (fp32) and
-# short_strong (bf16, fp16) with the default tiling.
+# test_ops.py's kernel subset already runs basic (bf16), varlen / gamma (fp32) and
+# short_strong (fp16) with the default tiling.
 CHUNK = _rows(
     ("sgla_b2_kv", ALL, {}), ("sgla_b2_kv", ALL, {"bt": 16}),
     ("sgla_t150_both", ALL, {}), ("sgla_t128", ALL, {"state_elems": 256}),

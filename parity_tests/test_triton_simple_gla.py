@@ -38,8 +38,8 @@ def _rows(*entries):
     return [(c, d) for c, dts in entries for d in dts]
 
 
-# test_ops.py's kernel subset already runs basic (bf16, fp16), varlen / gamma (fp32) and
-# short_strong (bf16, fp16) for both ops; these are the other dtypes and cases.
+# test_ops.py's kernel subset already runs basic (bf16), varlen / gamma (fp32) and
+# short_strong (fp16) for both ops; these are other dtypes and cases.
 CHUNK = _rows(
     ("t63_kv_weak", ALL), ("varlen", ("bf16", "fp16")), ("sgla_varlen_short", ALL),
     ("sgla_strong", ALL), ("short_strong", ("fp32",)), ("sgla_weak", ALL),
